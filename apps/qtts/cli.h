@@ -1,0 +1,55 @@
+// The qtts command line: every subcommand lives in its own cmd_*.cpp file and registers
+// itself with QTTS_COMMAND, so adding a command never touches main.cpp.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace qtts_cli {
+
+// Parsed "--name value", "--flag" and positional arguments. Options must be declared by the
+// command (value options and flags) so that typos are reported instead of ignored.
+class Args {
+public:
+    Args(std::vector<std::string> argv, std::vector<std::string> value_options,
+         std::vector<std::string> flag_options);
+
+    bool has(const std::string& name) const;  // option given (value or flag)
+    std::optional<std::string> get(const std::string& name) const;
+    std::string get_or(const std::string& name, const std::string& fallback) const;
+    long long get_int(const std::string& name, long long fallback) const;
+    double get_double(const std::string& name, double fallback) const;
+    const std::vector<std::string>& positional() const { return positional_; }
+
+private:
+    std::map<std::string, std::string> values_;
+    std::map<std::string, bool> flags_;
+    std::vector<std::string> positional_;
+};
+
+using CommandFn = std::function<int(const std::vector<std::string>& args)>;
+
+struct Command {
+    std::string name;
+    std::string summary;
+    CommandFn run;
+};
+
+std::map<std::string, Command>& command_registry();
+
+struct CommandRegistrar {
+    CommandRegistrar(const std::string& name, const std::string& summary, CommandFn fn);
+};
+
+// Options every command accepts (log level); returns the remaining arguments.
+std::vector<std::string> apply_common_options(const std::vector<std::string>& args);
+
+}  // namespace qtts_cli
+
+#define QTTS_CLI_CONCAT_INNER(a, b) a##b
+#define QTTS_CLI_CONCAT(a, b) QTTS_CLI_CONCAT_INNER(a, b)
+#define QTTS_COMMAND(name, summary, fn) \
+    static ::qtts_cli::CommandRegistrar QTTS_CLI_CONCAT(qtts_command_, __LINE__)(name, summary, fn)

@@ -1,0 +1,53 @@
+#include "common/device.h"
+
+#include <fmt/format.h>
+
+#ifdef QTTS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace qtts {
+
+bool cuda_compiled() {
+#ifdef QTTS_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef QTTS_HAVE_CUDA
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no driver" error
+        return 0;
+    }
+    return count;
+#else
+    return 0;
+#endif
+}
+
+std::string cuda_describe(int device) {
+#ifdef QTTS_HAVE_CUDA
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
+    }
+    if (device < 0 || device >= count) {
+        return fmt::format("CUDA device {} does not exist ({} present)", device, count);
+    }
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device);
+    return fmt::format("{} (sm_{}{}, {:.0f} GiB)", prop.name, prop.major, prop.minor,
+                       prop.totalGlobalMem / 1073741824.0);
+#else
+    (void)device;
+    return "this build has no CUDA backend (configured with QTTS_CUDA=OFF or no toolkit)";
+#endif
+}
+
+}  // namespace qtts
