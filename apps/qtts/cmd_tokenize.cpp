@@ -1,0 +1,77 @@
+// qtts tokenize: shows the text ids the engine feeds the talker (no chat template, no special
+// tokens added), for checking against the Hugging Face tokenizer.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.h"
+#include "common/error.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+using qtts::ErrorCode;
+using qtts::fail;
+
+void print_help() {
+    std::printf(
+        "usage: qtts tokenize --model DIR [--json] [--regex qwen2|mistral-fix] (TEXT... | --file F)\n\n"
+        "Prints the token ids of TEXT (several words are joined with single spaces) as 'id<TAB>token'\n"
+        "lines, or with --json one object {\"ids\": [...], \"tokens\": [...]}. No special tokens are added;\n"
+        "special token strings in the text (e.g. <|im_end|>) become their ids.\n\n"
+        "  --model DIR    model folder with vocab.json, merges.txt, tokenizer_config.json\n"
+        "  --file F       read the text from file F instead of the command line\n"
+        "  --regex NAME   pre-tokenizer regex: qwen2 (default) or mistral-fix\n"
+        "  --json         print one JSON object\n");
+}
+
+std::string text_read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(ErrorCode::ERROR_NOT_FOUND, "cannot open text file '{}'", path);
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    return buffer.str();
+}
+
+int cmd_tokenize(const std::vector<std::string>& argv) {
+    qtts_cli::Args args(argv, {"model", "file", "regex"}, {"json", "help"});
+    if (args.has("help")) {
+        print_help();
+        return 0;
+    }
+    const auto model = args.get("model");
+    if (!model) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--model DIR is required (a folder holding vocab.json)");
+
+    std::string text;
+    if (auto file = args.get("file")) {
+        if (!args.positional().empty())
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "give the text either on the command line or with --file, not both");
+        text = text_read_file(*file);
+    } else {
+        for (size_t i = 0; i < args.positional().size(); ++i) text += (i ? " " : "") + args.positional()[i];
+    }
+    if (text.empty()) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "no text to tokenize (pass TEXT or --file F with content)");
+
+    qtts::TokenizerOptions options;
+    options.regex = qtts::pretokenizer_regex_parse(args.get_or("regex", "qwen2"));
+    const qtts::Tokenizer tokenizer = qtts::Tokenizer::load(*model, options);
+    const std::vector<int32_t> ids = tokenizer.encode(text);
+
+    if (args.has("json")) {
+        nlohmann::json out;
+        out["ids"] = ids;
+        nlohmann::json tokens = nlohmann::json::array();
+        for (int32_t id : ids) tokens.push_back(tokenizer.id_to_token(id));
+        out["tokens"] = std::move(tokens);
+        std::printf("%s\n", out.dump().c_str());
+    } else {
+        for (int32_t id : ids) std::printf("%d\t%s\n", id, tokenizer.id_to_token(id).c_str());
+    }
+    return 0;
+}
+
+}  // namespace
+
+QTTS_COMMAND("tokenize", "print the text token ids of a text (Qwen2 BPE)", cmd_tokenize);

@@ -1,0 +1,102 @@
+// The talker's prompt: which text and codec tokens make up each prefill position, and which
+// text tokens are added to the decode steps afterwards ("trailing text"). Spec: model doc §6.
+//
+// Building is pure bookkeeping on ids (no weights); embedding turns the layout into vectors
+// with any backend's tables through the small EmbeddingTables interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace qtts {
+
+// How the target text is laid out (model doc §6.3/§6.4; the reference's non_streaming_mode).
+enum class TextLayout {
+    TEXT_LAYOUT_STREAMING,      // one text token per generated frame (the dual-track layout)
+    TEXT_LAYOUT_NON_STREAMING,  // the whole text inside the prefill; every step adds <tts_pad>
+};
+const char* text_layout_name(TextLayout layout);
+
+struct PromptRequest {
+    // Ids of "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n", tokenized as one
+    // string: [0,3) are the role tokens, [3, n-5) the text.
+    std::vector<int32_t> input_ids;
+    // Ids of "<|im_start|>user\n{instruct}<|im_end|>\n" (all of them are used); empty = none.
+    std::vector<int32_t> instruct_ids;
+    std::string speaker;           // CustomVoice speaker name (case-insensitive); empty otherwise
+    std::string language = "auto"; // a config language (case-insensitive) or "auto"
+    TextLayout layout = TextLayout::TEXT_LAYOUT_NON_STREAMING;
+    // Streaming layout only: false when more text will be appended while generating. The final
+    // <tts_text_eod> is then left out of the trailing text (the generator adds it on close).
+    bool text_complete = true;
+    // The official wrapper drops the instruct of 0.6B CustomVoice models (tts_model_size "0b6")
+    // with no message; we drop it with a log line. The reference's low-level generate() keeps it,
+    // and the golden files were made that way: set this to reproduce them.
+    bool keep_instruct_on_0b6_custom_voice = false;
+
+    // Base models: the speaker encoder's x-vector [H] (required for Base, refused otherwise).
+    std::vector<float> x_vector;
+    // Base in-context cloning (ICL): ids of "<|im_start|>assistant\n{ref_text}<|im_end|>\n"
+    // ([3, n-2) is the transcript) and the reference clip's codes [ref_frames, 16].
+    std::vector<int32_t> ref_ids;
+    std::vector<int32_t> ref_codes;
+    int ref_frames = 0;
+};
+
+// Where the codec track of a position comes from.
+enum class CodecSource {
+    CODEC_SOURCE_NONE,
+    CODEC_SOURCE_ID,         // talker codec_embedding[value] (a codebook-0 code or a control id)
+    CODEC_SOURCE_X_VECTOR,   // Prompt::x_vector
+    CODEC_SOURCE_REF_FRAME,  // sum of the 16 codebook embeddings of reference frame `value`
+};
+
+// One prefill position: text track + codec track (either may be absent, not both).
+struct PromptPosition {
+    int32_t text_id = -1;  // -1 = no text track
+    CodecSource codec = CodecSource::CODEC_SOURCE_NONE;
+    int32_t value = -1;    // codec id or reference frame index
+};
+
+struct Prompt {
+    std::vector<PromptPosition> positions;  // the prefill, in order
+    std::vector<int32_t> trailing_ids;      // text track of decode steps 0..T-1 (then <tts_pad>)
+    std::vector<float> x_vector;            // [H] when a position uses it
+    std::vector<int32_t> ref_codes;         // [ref_frames, 16] when positions use them
+    int ref_frames = 0;
+    int text_tokens = 0;                    // target text tokens (drives the frame budget)
+    TextLayout layout = TextLayout::TEXT_LAYOUT_NON_STREAMING;
+    bool text_complete = true;
+    int32_t tts_pad_id = 151671;
+    int32_t tts_eos_id = 151673;
+};
+
+// Validates the request against the model and lays out the prompt. Throws qtts::Error for an
+// unknown speaker or language (listing the supported ones), a missing CustomVoice speaker, a
+// speaker given to VoiceDesign/Base, a Base request without x-vector, ICL inputs on a non-Base
+// model, malformed template ids or out-of-range ids/codes.
+Prompt prompt_build(const ModelConfig& config, const PromptRequest& request);
+
+// Embedding tables of one loaded model (implemented by each backend's LM weights).
+class EmbeddingTables {
+public:
+    virtual ~EmbeddingTables() = default;
+    virtual int hidden_size() const = 0;
+    // text_projection(text_embedding[id]) → out[H]
+    virtual void text_vector(int32_t id, float* out) const = 0;
+    // codebook 0: talker codec_embedding[id] (ids 0..3071); codebook j ≥ 1: the code predictor's
+    // codec_embedding[j-1][id] (ids 0..2047) → out[H]
+    virtual void codec_vector(int codebook, int32_t id, float* out) const = 0;
+};
+
+// Sum of the codebook embeddings of one frame of `groups` codes → out[H].
+void frame_vector(const EmbeddingTables& tables, const int32_t* codes, int groups, float* out);
+
+// The prefill as vectors [positions, H] and the trailing text as vectors [trailing, H].
+std::vector<float> prompt_embed(const Prompt& prompt, const EmbeddingTables& tables, int num_code_groups);
+std::vector<float> prompt_embed_trailing(const Prompt& prompt, const EmbeddingTables& tables);
+
+}  // namespace qtts

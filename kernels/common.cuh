@@ -1,0 +1,137 @@
+// Helpers shared by the kernel files: launch options (stream + programmatic dependent launch),
+// bf16 unpacking, warp reductions and the Hopper grid-dependency / L2-prefetch instructions.
+//
+// The launcher API of every op family (kernels/<family>.cuh) is plain C++: host code compiled by
+// g++ includes it. Device-only helpers below are guarded by __CUDACC__.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace qtts::kernels {
+
+// How a launcher launches its kernel(s).
+//   pdl: the kernel may start while the previous kernel on the stream is still running
+//        (programmatic dependent launch, sm_90+). Every kernel in kernels/ is written for it:
+//        before griddepcontrol.wait it only reads weights (constant) and prefetches them into
+//        L2; everything that depends on the previous kernel comes after the wait.
+struct Launch {
+    cudaStream_t stream = nullptr;
+    bool pdl = false;
+};
+
+// bf16 weights are passed around as raw 16-bit words so that host code needs no CUDA headers.
+using bf16_t = uint16_t;
+
+}  // namespace qtts::kernels
+
+#ifdef __CUDACC__
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace qtts::kernels {
+
+// Launches `kernel` with the PDL attribute when requested. Returns the launch status.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(const Launch& l, dim3 grid, dim3 block, size_t smem, void (*kernel)(KArgs...),
+                          Args&&... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = l.stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = l.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Lets the next kernel on the stream be scheduled (it still waits in pdl_wait() for this one).
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits until the previous kernel on the stream has completed and its writes are visible.
+// A no-op when the kernel was launched without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Asks the copy engine to pull [ptr, ptr + bytes) into L2 (fire and forget). ptr and bytes must
+// be multiples of 16. Used for weights before pdl_wait(), so that they stream in while the
+// previous kernel finishes.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const char* p = static_cast<const char*>(ptr);
+    constexpr uint32_t CHUNK = 1u << 16;
+    while (bytes > 0) {
+        const uint32_t n = bytes < CHUNK ? bytes : CHUNK;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+        p += n;
+        bytes -= n;
+    }
+#else
+    (void)ptr;
+    (void)bytes;
+#endif
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_to_float(uint16_t w) { return __uint_as_float(uint32_t(w) << 16); }
+
+// Round-to-nearest-even fp32 -> bf16 bits (NaN kept quiet), as the host conversion does.
+__device__ __forceinline__ uint16_t float_to_bf16(float f) {
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+    const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t((u + rounding) >> 16);
+}
+
+// Dot product of 8 bf16 weights (one 16-byte load) with 8 fp32 values.
+__device__ __forceinline__ float dot8(const uint4& w, const float4& a, const float4& b) {
+    float s = bf16_lo(w.x) * a.x;
+    s = fmaf(bf16_hi(w.x), a.y, s);
+    s = fmaf(bf16_lo(w.y), a.z, s);
+    s = fmaf(bf16_hi(w.y), a.w, s);
+    s = fmaf(bf16_lo(w.z), b.x, s);
+    s = fmaf(bf16_hi(w.z), b.y, s);
+    s = fmaf(bf16_lo(w.w), b.z, s);
+    s = fmaf(bf16_hi(w.w), b.w, s);
+    return s;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Reads a value produced by another block of the same grid (bypasses the non-coherent L1).
+__device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
+
+// silu exactly as the CPU reference writes it.
+__device__ __forceinline__ float silu_ref(float x) { return x / (1.0f + expf(-x)); }
+
+// The position a kernel works at: read from device memory (graphs) or given by value.
+__device__ __forceinline__ int position_read(const int32_t* dev, int host) { return dev ? *dev : host; }
+
+}  // namespace qtts::kernels
+
+#endif  // __CUDACC__

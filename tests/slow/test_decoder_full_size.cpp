@@ -1,0 +1,75 @@
+// The CPU speech decoder at the real release size (decoder_dim 1536, latent 1024, hidden 512,
+// 8 layers; random weights from model_write_random): exact streaming and the CPU time per
+// frame (printed, never asserted).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cpu/speech_decoder.h"
+#include "model/make_model.h"
+#include "model/weights.h"
+#include "test_support.h"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("full-size decoder: exact streaming and CPU time per frame", "[decoder][slow]") {
+    // Tiny talker (irrelevant here), release-size speech decoder.
+    qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
+    preset.speech_config.decoder = qtts::DecoderConfig{};
+    const std::string dir = qtts_test::temp_dir() + "/full-decoder";
+    auto t0 = std::chrono::steady_clock::now();
+    qtts::model_write_random(preset, dir, 21);
+    const auto ckpt = qtts::checkpoint_load(dir);
+    const qtts::cpu::CpuSpeechDecoder dec(*ckpt);
+    std::printf("full-size decoder: written, loaded and converted in %.1f s\n", seconds_since(t0));
+    REQUIRE(dec.config().decoder_dim == 1536);
+    REQUIRE(dec.config().latent_dim == 1024);
+    REQUIRE(dec.config().hidden_size == 512);
+    REQUIRE(dec.config().num_layers == 8);
+    REQUIRE(dec.samples_per_frame() == 1920);
+
+    const int n = 12;
+    const int nq = dec.num_quantizers();
+    const auto u = qtts_test::random_floats(size_t(n) * nq, 77, 0.0f, 1.0f);
+    std::vector<int32_t> codes(u.size());
+    for (size_t i = 0; i < u.size(); ++i) codes[i] = std::min(2047, int(u[i] * 2048.0f));
+
+    t0 = std::chrono::steady_clock::now();
+    const auto full = dec.decode_full(codes.data(), n);
+    const double full_s = seconds_since(t0);
+    REQUIRE(full.size() == size_t(n) * 1920);
+    double ss = 0.0, peak = 0.0;
+    for (float v : full) {
+        ss += double(v) * v;
+        peak = std::max(peak, double(std::fabs(v)));
+    }
+    const double rms = std::sqrt(ss / double(full.size()));
+    std::printf("full-size decoder: decode_full of %d frames: %.1f ms/frame (rms %.3f, peak %.3f)\n", n,
+                full_s * 1e3 / n, rms, peak);
+    REQUIRE(rms > 1e-3);
+
+    for (int chunk : {1, 4}) {
+        qtts::cpu::DecoderState state = dec.state_new();
+        std::vector<float> pcm;
+        t0 = std::chrono::steady_clock::now();
+        for (int s = 0; s < n; s += chunk) dec.decode(state, codes.data() + size_t(s) * nq, std::min(chunk, n - s), &pcm);
+        const double s_total = seconds_since(t0);
+        REQUIRE(pcm.size() == full.size());
+        const double err = qtts_test::max_abs_error(pcm.data(), full.data(), full.size());
+        std::printf("full-size decoder: streaming chunk %d: %.1f ms/frame, max abs diff vs full %.3g; carried state %.2f MB\n",
+                    chunk, s_total * 1e3 / n, err, double(state.carried_bytes()) / 1e6);
+        CAPTURE(chunk);
+        CHECK(err <= 1e-5);
+    }
+}
