@@ -53,6 +53,8 @@ cudaError_t launch_kernel(const Launch& l, dim3 grid, dim3 block, size_t smem, v
 }
 
 // Lets the next kernel on the stream be scheduled (it still waits in pdl_wait() for this one).
+// Kernels call it right after their own pdl_wait(), so at most one kernel runs ahead: its
+// prologue (weight prefetch) overlaps this kernel's work.
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

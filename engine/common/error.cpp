@@ -12,6 +12,7 @@ const char* error_code_name(ErrorCode code) {
         case ErrorCode::ERROR_UNSUPPORTED: return "unsupported";
         case ErrorCode::ERROR_CUDA: return "cuda error";
         case ErrorCode::ERROR_CANCELLED: return "cancelled";
+        case ErrorCode::ERROR_BUSY: return "busy";
         case ErrorCode::ERROR_INTERNAL: return "internal error";
     }
     return "error";

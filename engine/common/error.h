@@ -18,6 +18,7 @@ enum class ErrorCode {
     ERROR_UNSUPPORTED,       // valid but not supported by this build or model
     ERROR_CUDA,              // CUDA / cuBLAS failure
     ERROR_CANCELLED,         // the request was cancelled
+    ERROR_BUSY,              // the engine is at its concurrency limit; retry later
     ERROR_INTERNAL,          // a bug: an invariant did not hold
 };
 

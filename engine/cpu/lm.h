@@ -51,6 +51,7 @@ public:
     static std::shared_ptr<const LmWeights> load(std::shared_ptr<const Checkpoint> checkpoint);
 
     const ModelConfig& config() const { return checkpoint_->config; }
+    const GenerationConfig& generation_config() const { return checkpoint_->generation; }
     int hidden_size() const override { return talker.hidden; }
     int num_code_groups() const { return num_code_groups_; }
     int codec_vocab() const { return codec_vocab_; }          // talker head size (3072)

@@ -1,6 +1,7 @@
 #include "cpu/speech_decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/error.h"
@@ -40,6 +41,25 @@ void add_transposed(float* y, const float* x_time_major, int C, int T) {
     for (int t = 0; t < T; ++t) {
         const float* row = x_time_major + size_t(t) * C;
         for (int c = 0; c < C; ++c) y[size_t(c) * T + t] += row[c];
+    }
+}
+
+// Rotate-half RoPE in place on x [T, n_heads * head_dim]; row t is at absolute position
+// positions[t]. Angles are formed in fp32 as the reference does (inv_freq · position).
+void rope_rotate(float* x, int T, int n_heads, int head_dim, const int64_t* positions, const float* inv_freq) {
+    const int half = head_dim / 2;
+    for (int t = 0; t < T; ++t) {
+        const float pos = float(positions[t]);
+        for (int i = 0; i < half; ++i) {
+            const float angle = inv_freq[i] * pos;
+            const float c = std::cos(angle), s = std::sin(angle);
+            for (int h = 0; h < n_heads; ++h) {
+                float* v = x + (size_t(t) * n_heads + h) * head_dim;
+                const float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
     }
 }
 
@@ -139,6 +159,18 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
     const int latent = d.latent_dim, D = d.hidden_size, I = d.intermediate_size;
     const int qd = d.num_heads * d.head_dim, kvd = d.num_kv_heads * d.head_dim;
     codebook_half_ = half;
+
+    // RoPE inverse frequencies, computed in fp32 like the reference: 1 / theta^(2i / head_dim).
+    const int half_hd = d.head_dim / 2;
+    if (options_.rope_inv_freq.empty()) {
+        for (int i = 0; i < half_hd; ++i)
+            rope_inv_freq_.push_back(1.0f / std::pow(float(d.rope_theta), float(2 * i) / float(d.head_dim)));
+    } else if (int(options_.rope_inv_freq.size()) == half_hd) {
+        rope_inv_freq_ = options_.rope_inv_freq;
+    } else {
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: rope_inv_freq has {} values, expected head_dim/2 = {}",
+             options_.rope_inv_freq.size(), half_hd);
+    }
 
     // RVQ codebooks, normalised once: embedding_sum / max(cluster_usage, eps).
     auto codebook_make = [&](Tensor sum_t, Tensor usage_t) {
@@ -382,8 +414,8 @@ void CpuSpeechDecoder::transformer_layer_forward(DecoderState& state, int layer,
     linear(s.xn.data(), n, D, L.q_proj.data(), nullptr, qd, s.q.data());
     linear(s.xn.data(), n, D, L.k_proj.data(), nullptr, kvd, s.k.data());
     linear(s.xn.data(), n, D, L.v_proj.data(), nullptr, kvd, s.v.data());
-    rope_apply(s.q.data(), n, d.num_heads, d.head_dim, s.positions.data(), d.rope_theta);
-    rope_apply(s.k.data(), n, d.num_kv_heads, d.head_dim, s.positions.data(), d.rope_theta);
+    rope_rotate(s.q.data(), n, d.num_heads, d.head_dim, s.positions.data(), rope_inv_freq_.data());
+    rope_rotate(s.k.data(), n, d.num_kv_heads, d.head_dim, s.positions.data(), rope_inv_freq_.data());
 
     // Keys/values visible to this chunk: the cached past, then the chunk itself.
     const int S = cache.rows + n;

@@ -73,6 +73,11 @@ struct CpuSpeechDecoderOptions {
     // memory: the 24 kHz stage holds C_last × 1920 × frames floats). Results do not depend on
     // it beyond float rounding, because streaming is exact.
     int max_chunk_frames = 25;
+
+    // RoPE inverse frequencies [head_dim / 2] replacing the standard 1 / theta^(2i / head_dim).
+    // Empty (the default) = standard. Exists only to reproduce the reference goldens, which were
+    // generated with a randomly initialised `inv_freq` buffer (see docs/decoder.md).
+    std::vector<float> rope_inv_freq;
 };
 
 class CpuSpeechDecoder {
@@ -169,6 +174,7 @@ private:
 
     DecoderConfig config_;
     CpuSpeechDecoderOptions options_;
+    std::vector<float> rope_inv_freq_;  // [head_dim / 2]
     int samples_per_frame_ = 0;
     int codebook_half_ = 0;
 

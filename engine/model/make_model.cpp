@@ -20,8 +20,8 @@ namespace qtts {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::vector<AddedToken>& qwen3_tts_added_tokens() {
-    static const std::vector<AddedToken> tokens = {
+const std::vector<AddedTokenSpec>& qwen3_tts_added_tokens() {
+    static const std::vector<AddedTokenSpec> tokens = {
         {151643, "<|endoftext|>", true},     {151644, "<|im_start|>", true},       {151645, "<|im_end|>", true},
         {151646, "<|object_ref_start|>", true}, {151647, "<|object_ref_end|>", true}, {151648, "<|box_start|>", true},
         {151649, "<|box_end|>", true},       {151650, "<|quad_start|>", true},     {151651, "<|quad_end|>", true},
@@ -180,6 +180,9 @@ InitRange init_range(const TensorSpec& spec) {
             // Residual-branch outputs and LayerScale/gamma vectors: damped so activations stay in range.
             if (spec.shape.size() == 1) return {0.05f, 0.02f};
             return {0.0f, 0.2f * uniform_for_unit_std / std::sqrt(float(spec.fan_in))};
+        case Init::OUTPUT:
+            // The waveform conv: small enough that random codes give speech-level audio (rms ~0.1).
+            return {0.0f, 0.04f * uniform_for_unit_std / std::sqrt(float(spec.fan_in))};
         case Init::NORM_ONE: return {1.0f, spec.shape.size() == 1 && spec.shape[0] == 1 ? 0.0f : 0.05f};
         case Init::ZERO: return {0.0f, 0.02f};
         case Init::LOG_SCALE: return {0.0f, 0.1f};
@@ -212,19 +215,11 @@ SafetensorsWriter::FillFn random_fill(const TensorSpec& spec, DType dtype, uint6
     };
 }
 
-// GPT-2 byte-to-unicode table: printable bytes map to themselves, the rest to U+0100 onwards.
+// GPT-2 byte-level alphabet in vocabulary order: the printable bytes first, then the others
+// (mapped to U+0100 onwards). Id i of a Qwen2 vocabulary is entry i of this list, so "\n" = 198.
 std::vector<std::string> byte_level_tokens() {
-    std::vector<int> cps(256, -1);
-    for (int b = 0; b < 256; ++b) {
-        const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        if (printable) cps[size_t(b)] = b;
-    }
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-        if (cps[size_t(b)] < 0) cps[size_t(b)] = next++;
-    }
-    std::vector<std::string> out;
-    for (int cp : cps) {
+    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    auto utf8 = [](int cp) {
         std::string s;
         if (cp < 0x80) {
             s.push_back(char(cp));
@@ -232,8 +227,14 @@ std::vector<std::string> byte_level_tokens() {
             s.push_back(char(0xC0 | (cp >> 6)));
             s.push_back(char(0x80 | (cp & 0x3F)));
         }
-        out.push_back(s);
-    }
+        return s;
+    };
+    std::vector<std::string> out;
+    for (int b = 0; b < 256; ++b)
+        if (printable(b)) out.push_back(utf8(b));
+    int next = 256;
+    for (int b = 0; b < 256; ++b)
+        if (!printable(b)) out.push_back(utf8(next++));
     return out;
 }
 
@@ -248,10 +249,22 @@ void write_tokenizer_files(const std::string& dir) {
     json vocab = json::object();
     const auto tokens = byte_level_tokens();
     for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = int(i);
+    // The prompt templates need the real ids of "assistant" (77091) and "user" (872): add them
+    // with a chain of merges whose intermediate pieces take ids 256 onwards.
+    std::string merges = "#version: 0.2\n";
+    int next_id = 256;
+    for (const auto& [word, id] : {std::pair<std::string, int>{"assistant", 77091}, {"user", 872}}) {
+        std::string piece(1, word[0]);
+        for (size_t i = 1; i < word.size(); ++i) {
+            merges += piece + " " + word[i] + "\n";
+            piece += word[i];
+            if (!vocab.contains(piece)) vocab[piece] = i + 1 == word.size() ? id : next_id++;
+        }
+    }
     write_text(dir + "/vocab.json", vocab.dump());
-    write_text(dir + "/merges.txt", "#version: 0.2\n");
+    write_text(dir + "/merges.txt", merges);
     json added = json::object();
-    for (const AddedToken& t : qwen3_tts_added_tokens()) {
+    for (const AddedTokenSpec& t : qwen3_tts_added_tokens()) {
         added[std::to_string(t.id)] = {{"content", t.content}, {"lstrip", false}, {"normalized", false},
                                        {"rstrip", false},      {"single_word", false}, {"special", t.special}};
     }
@@ -322,7 +335,7 @@ std::string default_model_dir() {
     } else {
         cache = (fs::temp_directory_path() / "qtts-cache").string();
     }
-    const std::string dir = cache + "/tiny-customvoice-v1";
+    const std::string dir = cache + "/tiny-customvoice-v2";
     if (fs::exists(dir + "/speech_tokenizer/model.safetensors")) return dir;
 
     // Write into a temporary sibling and rename, so a concurrent or interrupted first run never

@@ -37,16 +37,16 @@ struct MakeModelStats {
 // tokenizer_config.json into out_dir (created if needed).
 MakeModelStats model_write_random(const ModelPreset& preset, const std::string& out_dir, uint64_t seed);
 
-// The embedded default model: <cache>/tiny-customvoice-v1, generated on first use.
+// The embedded default model: <cache>/tiny-customvoice-v2, generated on first use.
 // cache = $QTTS_CACHE_DIR, else $XDG_CACHE_HOME/qtts, else ~/.cache/qtts.
 std::string default_model_dir();
 
 // The 33 added tokens of the Qwen3-TTS tokenizer (id, content, special).
-struct AddedToken {
+struct AddedTokenSpec {
     int id;
     const char* content;
     bool special;
 };
-const std::vector<AddedToken>& qwen3_tts_added_tokens();
+const std::vector<AddedTokenSpec>& qwen3_tts_added_tokens();
 
 }  // namespace qtts

@@ -264,7 +264,7 @@ void bind_decoder(Binder& b, const SpeechTokenizerConfig& sc, SpeechDecoderWeigh
         C = Cout;
     }
     w->snake_out = bind_snake(b, "decoder.decoder." + std::to_string(d.upsample_rates.size() + 1), C);
-    w->conv_out = b.conv("decoder.decoder." + std::to_string(d.upsample_rates.size() + 2) + ".conv", 1, C, 7, true, Init::SMALL);
+    w->conv_out = b.conv("decoder.decoder." + std::to_string(d.upsample_rates.size() + 2) + ".conv", 1, C, 7, true, Init::OUTPUT);
 }
 
 void bind_encoder(Binder& b, const SpeechTokenizerConfig& sc, SpeechEncoderWeights* w) {

@@ -175,7 +175,7 @@ struct SpeechEncoderWeights {
 struct TensorSpec {
     std::string name;
     std::vector<int64_t> shape;
-    enum class Init { WEIGHT, NORM_ONE, ZERO, LOG_SCALE, USAGE, SMALL } init = Init::WEIGHT;
+    enum class Init { WEIGHT, NORM_ONE, ZERO, LOG_SCALE, USAGE, SMALL, OUTPUT } init = Init::WEIGHT;
     int fan_in = 1;  // for WEIGHT init
 };
 

@@ -215,15 +215,16 @@ Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
         int32_t value;
     };
     std::vector<Entry> prefix;
+    prefix.reserve(8);
     if (language_id >= 0) {
-        prefix = {{CodecSource::CODEC_SOURCE_ID, t.codec_think_id},
-                  {CodecSource::CODEC_SOURCE_ID, t.codec_think_bos_id},
-                  {CodecSource::CODEC_SOURCE_ID, language_id},
-                  {CodecSource::CODEC_SOURCE_ID, t.codec_think_eos_id}};
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, t.codec_think_id});
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, t.codec_think_bos_id});
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, language_id});
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, t.codec_think_eos_id});
     } else {
-        prefix = {{CodecSource::CODEC_SOURCE_ID, t.codec_nothink_id},
-                  {CodecSource::CODEC_SOURCE_ID, t.codec_think_bos_id},
-                  {CodecSource::CODEC_SOURCE_ID, t.codec_think_eos_id}};
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, t.codec_nothink_id});
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, t.codec_think_bos_id});
+        prefix.push_back({CodecSource::CODEC_SOURCE_ID, t.codec_think_eos_id});
     }
     if (speaker_id >= 0) prefix.push_back({CodecSource::CODEC_SOURCE_ID, speaker_id});
     if (is_base) {
@@ -280,7 +281,7 @@ Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
 void frame_vector(const EmbeddingTables& tables, const int32_t* codes, int groups, float* out) {
     const int H = tables.hidden_size();
     tables.codec_vector(0, codes[0], out);
-    std::vector<float> row(size_t(H));
+    std::vector<float> row(static_cast<size_t>(H));
     for (int g = 1; g < groups; ++g) {
         tables.codec_vector(g, codes[g], row.data());
         for (int i = 0; i < H; ++i) out[i] += row[size_t(i)];

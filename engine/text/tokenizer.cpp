@@ -116,6 +116,121 @@ uint32_t utf8_next(std::string_view s, size_t& i) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// NFC
+// ---------------------------------------------------------------------------------------------
+
+std::string nfc_full(std::string_view text) {
+    if (text.empty()) return std::string();
+    utf8proc_uint8_t* result = nullptr;
+    const utf8proc_ssize_t rc =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), utf8proc_ssize_t(text.size()), &result,
+                     utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (rc < 0) {
+        std::free(result);
+        fail(ErrorCode::ERROR_INTERNAL, "NFC normalisation failed: {}", utf8proc_errmsg(rc));
+    }
+    std::string out(reinterpret_cast<const char*>(result), size_t(rc));
+    std::free(result);
+    return out;
+}
+
+// Code points below this limit have an "inert" flag; all canonical decompositions live below it.
+constexpr uint32_t NFC_TABLE_LIMIT = 0x30000;
+
+// inert[cp]: cp is unchanged by NFC, is a starter (ccc 0), and can never be the second half of a
+// composition, nor starts with one when decomposed. A string can then be cut just before an
+// inert code point and the two parts normalised separately, and a run of inert code points is
+// already NFC. That lets utf8proc run only on the few regions that may change (combining
+// marks, Hangul jamo, compatibility ideographs...), instead of on all text.
+const std::vector<bool>& nfc_inert_table() {
+    static const std::vector<bool> table = [] {
+        std::vector<bool> maybe_second(NFC_TABLE_LIMIT, false);
+        std::vector<bool> not_inert(NFC_TABLE_LIMIT, false);
+        std::vector<uint32_t> first_of(NFC_TABLE_LIMIT, 0);  // first code point of the decomposition
+        for (uint32_t cp = 0; cp < NFC_TABLE_LIMIT; ++cp) {
+            if (cp >= 0xD800 && cp <= 0xDFFF) {
+                not_inert[cp] = true;
+                continue;
+            }
+            first_of[cp] = cp;
+            if (utf8proc_get_property(utf8proc_int32_t(cp))->combining_class != 0) not_inert[cp] = true;
+            utf8proc_int32_t parts[32];
+            int boundclass = 0;
+            const utf8proc_ssize_t count = utf8proc_decompose_char(utf8proc_int32_t(cp), parts, 32,
+                                                                   UTF8PROC_DECOMPOSE, &boundclass);
+            if (count <= 0 || (count == 1 && uint32_t(parts[0]) == cp)) continue;  // no canonical decomposition
+            first_of[cp] = uint32_t(parts[0]);
+            for (utf8proc_ssize_t k = 1; k < count; ++k)
+                if (uint32_t(parts[k]) < NFC_TABLE_LIMIT) maybe_second[uint32_t(parts[k])] = true;
+            const bool hangul_syllable = cp >= 0xAC00 && cp <= 0xD7A3;  // always NFC
+            if (!hangul_syllable) {
+                std::string single;
+                utf8_append(single, cp);
+                if (nfc_full(single) != single) not_inert[cp] = true;
+            }
+        }
+        std::vector<bool> inert(NFC_TABLE_LIMIT, false);
+        for (uint32_t cp = 0; cp < NFC_TABLE_LIMIT; ++cp) {
+            const uint32_t first = first_of[cp];
+            inert[cp] = !not_inert[cp] && !maybe_second[cp] && !(first < NFC_TABLE_LIMIT && maybe_second[first]);
+        }
+        return inert;
+    }();
+    return table;
+}
+
+// NFC of well-formed UTF-8. Returns text itself when it is already normalised (the common
+// case), otherwise a view of storage.
+std::string_view nfc_apply(std::string_view text, std::string& storage) {
+    const std::vector<bool>& inert = nfc_inert_table();
+    auto is_inert = [&](uint32_t cp) { return cp < NFC_TABLE_LIMIT && inert[cp]; };
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    bool changed = false;
+    size_t copied = 0;                    // text[0, copied) is already in storage (when changed)
+    size_t last_inert = std::string::npos;  // start of the latest inert code point
+    size_t i = 0;
+    while (i < n) {
+        if (p[i] < 0x80) {
+            last_inert = i++;
+            continue;
+        }
+        size_t next = i;
+        const uint32_t cp = utf8_next(text, next);
+        if (is_inert(cp)) {
+            last_inert = i;
+            i = next;
+            continue;
+        }
+        // A region that may change: from the starter before it to the next inert code point.
+        const size_t region_begin = last_inert == std::string::npos ? 0 : last_inert;
+        size_t region_end = next;
+        while (region_end < n) {
+            if (p[region_end] < 0x80) break;
+            size_t after = region_end;
+            if (is_inert(utf8_next(text, after))) break;
+            region_end = after;
+        }
+        const std::string_view region = text.substr(region_begin, region_end - region_begin);
+        const std::string normalised = nfc_full(region);
+        if (normalised != region) {
+            if (!changed) {
+                storage.clear();
+                storage.reserve(n + 16);
+                changed = true;
+            }
+            storage.append(text.data() + copied, region_begin - copied);
+            storage += normalised;
+            copied = region_end;
+        }
+        i = region_end;
+    }
+    if (!changed) return text;
+    storage.append(text.data() + copied, n - copied);
+    return storage;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Pre-tokenizer regexes
 // ---------------------------------------------------------------------------------------------
 
@@ -202,6 +317,68 @@ inline uint64_t pair_key(int32_t left, int32_t right) {
     return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
 }
 
+// Reads vocab.json (one flat object of token -> id) with a SAX parser: building the DOM of
+// 151k entries first would cost more than the rest of the load together.
+class VocabSax : public nlohmann::json_sax<nlohmann::json> {
+public:
+    explicit VocabSax(std::unordered_map<std::string, int32_t>& tokens) : tokens_(tokens) {}
+    std::string error;
+
+    bool null() override { return unexpected("null"); }
+    bool boolean(bool) override { return unexpected("a boolean"); }
+    bool number_integer(number_integer_t value) override { return id_add(value); }
+    bool number_unsigned(number_unsigned_t value) override {
+        return id_add(value > number_unsigned_t(INT32_MAX) ? -1 : number_integer_t(value));
+    }
+    bool number_float(number_float_t, const string_t&) override { return unexpected("a fractional number"); }
+    bool string(string_t&) override { return unexpected("a string"); }
+    bool binary(binary_t&) override { return unexpected("binary data"); }
+    bool start_object(std::size_t) override { return ++depth_ == 1 || unexpected("a nested object"); }
+    bool end_object() override {
+        --depth_;
+        return true;
+    }
+    bool start_array(std::size_t) override { return unexpected("an array"); }
+    bool end_array() override { return true; }
+    bool key(string_t& value) override {
+        key_ = std::move(value);
+        return true;
+    }
+    bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+        error = fmt::format("not valid JSON at byte {}: {}", position, e.what());
+        return false;
+    }
+
+private:
+    bool id_add(number_integer_t value) {
+        if (depth_ != 1) return unexpected("a bare number");
+        if (value < 0 || value > INT32_MAX) {
+            error = fmt::format("token '{}' has id {}, expected 0..{}", key_, value, INT32_MAX);
+            return false;
+        }
+        tokens_[key_] = int32_t(value);
+        return true;
+    }
+    bool unexpected(const char* what) {
+        error = depth_ >= 1 ? fmt::format("token '{}' maps to {}, expected an integer id", key_, what)
+                            : fmt::format("found {}, expected an object mapping token strings to ids", what);
+        return false;
+    }
+    std::unordered_map<std::string, int32_t>& tokens_;
+    std::string key_;
+    int depth_ = 0;
+};
+
+void vocab_read(const std::filesystem::path& path, std::unordered_map<std::string, int32_t>& tokens) {
+    const std::string text = file_read(path);
+    tokens.reserve(text.size() / 12);
+    VocabSax sax(tokens);
+    const bool ok = nlohmann::json::sax_parse(text, &sax);
+    if (!ok || !sax.error.empty())
+        fail(ErrorCode::ERROR_FORMAT, "{}: {}", path.string(), sax.error.empty() ? "malformed" : sax.error);
+    if (tokens.empty()) fail(ErrorCode::ERROR_FORMAT, "{} holds no tokens", path.string());
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -229,9 +406,19 @@ struct Tokenizer::Impl {
     std::unordered_map<std::string, int32_t> added_ids;
     std::array<std::vector<int32_t>, 256> added_by_first_byte;  // indices into added, longest first
 
+    // Pre-token -> ids cache. Keys and ids live in two flat arenas so that a lookup allocates
+    // nothing; entries are found by a 64-bit hash and confirmed by comparing the bytes.
+    struct CacheEntry {
+        uint32_t key_offset;
+        uint32_t key_length;
+        uint32_t ids_offset;
+        uint32_t ids_length;
+    };
     size_t cache_capacity = 0;
     mutable std::mutex cache_mutex;
-    mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+    mutable std::unordered_map<uint64_t, CacheEntry> cache;
+    mutable std::string cache_keys;            // [sum of key lengths] bytes
+    mutable std::vector<int32_t> cache_ids;    // [sum of id counts]
 
     static constexpr int8_t ID_KIND_NONE = 0;
     static constexpr int8_t ID_KIND_BYTE_LEVEL = 1;
@@ -289,13 +476,8 @@ void Tokenizer::Impl::added_split(std::string_view text, Fn&& on_piece) const {
 
 template <typename Fn>
 void Tokenizer::Impl::segment_pretokenize(std::string_view segment, Fn&& on_pretoken) const {
-    // Code points below U+0300 (lead byte < 0xCC) are all NFC-stable and never compose with
-    // what precedes them, so most Latin text skips the normaliser.
-    std::string normalised;
-    if (std::any_of(segment.begin(), segment.end(), [](char c) { return (unsigned char)c >= 0xCC; })) {
-        normalised = utf8_nfc(segment);
-        segment = normalised;
-    }
+    std::string storage;
+    segment = nfc_apply(segment, storage);
     std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> match(
         pcre2_match_data_create_from_pattern(regex_code.get(), nullptr));
     if (!match) fail(ErrorCode::ERROR_INTERNAL, "out of memory creating PCRE2 match data");
@@ -341,20 +523,34 @@ void Tokenizer::Impl::pretoken_encode(std::string_view piece, std::vector<int32_
     // evict useful entries.
     constexpr size_t CACHE_MAX_PIECE = 64;
     const bool cacheable = cache_capacity > 0 && piece.size() <= CACHE_MAX_PIECE;
+    uint64_t hash = 0;
     if (cacheable) {
+        hash = std::hash<std::string_view>()(piece);
         std::lock_guard<std::mutex> lock(cache_mutex);
-        auto it = cache.find(std::string(piece));
+        auto it = cache.find(hash);
         if (it != cache.end()) {
-            out.insert(out.end(), it->second.begin(), it->second.end());
-            return;
+            const CacheEntry& e = it->second;
+            if (std::string_view(cache_keys).substr(e.key_offset, e.key_length) == piece) {
+                out.insert(out.end(), cache_ids.begin() + e.ids_offset, cache_ids.begin() + e.ids_offset + e.ids_length);
+                return;
+            }
         }
     }
     const size_t first = out.size();
     bpe_merge(piece, out);
     if (cacheable) {
         std::lock_guard<std::mutex> lock(cache_mutex);
-        if (cache.size() >= cache_capacity) cache.clear();
-        cache.emplace(std::string(piece), std::vector<int32_t>(out.begin() + long(first), out.end()));
+        if (cache.size() >= cache_capacity) {
+            cache.clear();
+            cache_keys.clear();
+            cache_ids.clear();
+        }
+        const CacheEntry entry{uint32_t(cache_keys.size()), uint32_t(piece.size()), uint32_t(cache_ids.size()),
+                               uint32_t(out.size() - first)};
+        if (cache.emplace(hash, entry).second) {  // a (rare) hash collision keeps the older entry
+            cache_keys.append(piece);
+            cache_ids.insert(cache_ids.end(), out.begin() + long(first), out.end());
+        }
     }
 }
 
@@ -364,6 +560,40 @@ void Tokenizer::Impl::pretoken_encode(std::string_view piece, std::vector<int32_
 // word of n bytes costs O(n log n) instead of the O(n^2) of rescanning after every merge.
 void Tokenizer::Impl::bpe_merge(std::string_view piece, std::vector<int32_t>& out) const {
     const int32_t n = int32_t(piece.size());
+    // Short pieces (nearly every word) take an allocation-free path: the ranks of adjacent pairs
+    // sit in an array, each merge rescans it and looks up only the two pairs it changed. Same
+    // order of merges as the heap below.
+    constexpr int32_t SHORT_PIECE = 24;
+    if (n <= SHORT_PIECE) {
+        std::array<int32_t, SHORT_PIECE> ids{};     // [count] live symbols, in order
+        std::array<int32_t, SHORT_PIECE> ranks{};   // [count - 1] rank of (ids[i], ids[i+1]), INT32_MAX: none
+        std::array<int32_t, SHORT_PIECE> merged{};  // [count - 1] id the pair merges into
+        int32_t count = n;
+        auto pair_rank = [&](int32_t i) {
+            auto it = merges.find(pair_key(ids[size_t(i)], ids[size_t(i + 1)]));
+            ranks[size_t(i)] = it == merges.end() ? INT32_MAX : it->second.rank;
+            merged[size_t(i)] = it == merges.end() ? -1 : it->second.merged_id;
+        };
+        for (int32_t i = 0; i < n; ++i) ids[size_t(i)] = byte_ids[(unsigned char)piece[size_t(i)]];
+        for (int32_t i = 0; i + 1 < n; ++i) pair_rank(i);
+        while (count > 1) {
+            int32_t best_at = 0;
+            for (int32_t i = 1; i + 1 < count; ++i)
+                if (ranks[size_t(i)] < ranks[size_t(best_at)]) best_at = i;  // strict: leftmost on ties
+            if (ranks[size_t(best_at)] == INT32_MAX) break;
+            ids[size_t(best_at)] = merged[size_t(best_at)];
+            for (int32_t i = best_at + 1; i + 1 < count; ++i) {
+                ids[size_t(i)] = ids[size_t(i + 1)];
+                ranks[size_t(i)] = ranks[size_t(i + 1)];
+                merged[size_t(i)] = merged[size_t(i + 1)];
+            }
+            --count;
+            if (best_at + 1 < count) pair_rank(best_at);
+            if (best_at > 0) pair_rank(best_at - 1);
+        }
+        out.insert(out.end(), ids.begin(), ids.begin() + count);
+        return;
+    }
     std::vector<int32_t> symbol_ids(size_t(n), 0);  // [n] current token id of each symbol
     std::vector<int32_t> prev(size_t(n), 0);        // [n] index of the previous live symbol, -1 at start
     std::vector<int32_t> next(size_t(n), 0);        // [n] index of the next live symbol, -1 at end
@@ -427,19 +657,9 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const TokenizerOptions& 
 
     // vocab.json: {"token": id}
     const fs::path vocab_path = dir / "vocab.json";
-    const nlohmann::json vocab = json_read(vocab_path);
-    if (!vocab.is_object() || vocab.empty())
-        fail(ErrorCode::ERROR_FORMAT, "{} must be a non-empty object mapping token strings to ids", vocab_path.string());
+    vocab_read(vocab_path, impl->token_ids);
     int32_t max_id = -1;
-    impl->token_ids.reserve(vocab.size());
-    for (const auto& [token, id_json] : vocab.items()) {
-        if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > INT32_MAX)
-            fail(ErrorCode::ERROR_FORMAT, "{}: token '{}' has id {}, expected a non-negative integer", vocab_path.string(),
-                 token, id_json.dump());
-        const int32_t id = id_json.get<int32_t>();
-        impl->token_ids.emplace(token, id);
-        max_id = std::max(max_id, id);
-    }
+    for (const auto& entry : impl->token_ids) max_id = std::max(max_id, entry.second);
 
     // tokenizer_config.json: added_tokens_decoder {"id": {"content": ..., "special": ...}}
     const fs::path config_path = dir / "tokenizer_config.json";
@@ -538,6 +758,8 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const TokenizerOptions& 
     size_t line_number = 0;
     int32_t rank = 0;
     size_t merges_skipped = 0;
+    std::string left, right, merged;  // reused key buffers
+    impl->merges.reserve(impl->token_ids.size());
     while (line_begin < merges_text.size()) {
         size_t line_end = merges_text.find('\n', line_begin);
         if (line_end == std::string::npos) line_end = merges_text.size();
@@ -551,11 +773,12 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const TokenizerOptions& 
             line.find(' ', space + 1) != std::string_view::npos)
             fail(ErrorCode::ERROR_FORMAT, "{} line {}: expected two tokens separated by one space, got '{}'",
                  merges_path.string(), line_number, std::string(line));
-        const std::string left(line.substr(0, space));
-        const std::string right(line.substr(space + 1));
+        left.assign(line.data(), space);
+        right.assign(line.data() + space + 1, line.size() - space - 1);
+        merged.assign(left).append(right);
         auto left_it = impl->token_ids.find(left);
         auto right_it = impl->token_ids.find(right);
-        auto merged_it = impl->token_ids.find(left + right);
+        auto merged_it = impl->token_ids.find(merged);
         if (left_it == impl->token_ids.end() || right_it == impl->token_ids.end() || merged_it == impl->token_ids.end()) {
             ++merges_skipped;  // HF refuses such files; we only note it since it cannot change ids
             ++rank;
@@ -569,6 +792,7 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const TokenizerOptions& 
                       merges_path.string());
 
     impl->regex_code = regex_compile(options.regex);
+    nfc_inert_table();  // built once per process; here rather than inside the first encode()
     QTTS_LOG_DEBUG("tokenizer: loaded {} tokens, {} merges, {} added tokens, regex {}", impl->token_ids.size(),
                    impl->merges.size(), impl->added.size(), pretokenizer_regex_name(options.regex));
     return Tokenizer(std::move(impl));
@@ -713,18 +937,9 @@ std::string utf8_nfc(std::string_view text) {
         sanitised = utf8_sanitize(text);
         text = sanitised;
     }
-    if (text.empty()) return std::string();
-    utf8proc_uint8_t* result = nullptr;
-    const utf8proc_ssize_t rc =
-        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), utf8proc_ssize_t(text.size()), &result,
-                     utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-    if (rc < 0) {
-        std::free(result);
-        fail(ErrorCode::ERROR_INTERNAL, "NFC normalisation failed: {}", utf8proc_errmsg(rc));
-    }
-    std::string out(reinterpret_cast<const char*>(result), size_t(rc));
-    std::free(result);
-    return out;
+    std::string storage;
+    const std::string_view normalised = nfc_apply(text, storage);
+    return normalised.data() == storage.data() ? std::move(storage) : std::string(normalised);
 }
 
 }  // namespace qtts

@@ -23,10 +23,20 @@ nlohmann::json cases_load() {
     return nlohmann::json::parse(in);
 }
 
-qtts::Tokenizer tokenizer_load(PretokenizerRegex regex) {
-    qtts::TokenizerOptions options;
-    options.regex = regex;
-    return qtts::Tokenizer::load(qtts_test::reference_model_dir("tiny-customvoice"), options);
+// Loaded once per regex and shared by the test cases (loading the 151k-token files is the
+// slowest part of this test).
+const qtts::Tokenizer& tokenizer_load(PretokenizerRegex regex) {
+    auto load = [](PretokenizerRegex r) {
+        qtts::TokenizerOptions options;
+        options.regex = r;
+        return qtts::Tokenizer::load(qtts_test::reference_model_dir("tiny-customvoice"), options);
+    };
+    if (regex == PretokenizerRegex::PRETOKENIZER_QWEN2) {
+        static const qtts::Tokenizer native = load(regex);
+        return native;
+    }
+    static const qtts::Tokenizer fixed = load(regex);
+    return fixed;
 }
 
 std::vector<int32_t> ids_of(const nlohmann::json& list) {
@@ -65,7 +75,7 @@ const std::vector<FixCase>& fix_cases() {
 
 TEST_CASE("golden: all cases, native Qwen2 regex, match the HF ids") {
     const nlohmann::json cases = cases_load();
-    const auto tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
+    const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
     REQUIRE(cases.at("texts").size() == 31);
     REQUIRE(tokenizer.vocab_size() == cases.at("default_len").get<int32_t>());
     for (size_t i = 0; i < cases.at("texts").size(); ++i) {
@@ -78,7 +88,7 @@ TEST_CASE("golden: all cases, native Qwen2 regex, match the HF ids") {
 
 TEST_CASE("golden: mistral-fix regex matches the golden ids where the regexes agree, and the reference where they differ") {
     const nlohmann::json cases = cases_load();
-    const auto fixed = tokenizer_load(PretokenizerRegex::PRETOKENIZER_MISTRAL_FIX);
+    const auto& fixed = tokenizer_load(PretokenizerRegex::PRETOKENIZER_MISTRAL_FIX);
     REQUIRE(fixed.vocab_size() == cases.at("fix_mistral_regex_len").get<int32_t>());
     size_t divergent = 0;
     for (size_t i = 0; i < cases.at("texts").size(); ++i) {
@@ -97,8 +107,8 @@ TEST_CASE("golden: mistral-fix regex matches the golden ids where the regexes ag
 }
 
 TEST_CASE("golden: the two regexes give the independently computed ids on texts where they diverge") {
-    const auto native = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
-    const auto fixed = tokenizer_load(PretokenizerRegex::PRETOKENIZER_MISTRAL_FIX);
+    const auto& native = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
+    const auto& fixed = tokenizer_load(PretokenizerRegex::PRETOKENIZER_MISTRAL_FIX);
     for (const FixCase& c : fix_cases()) {
         INFO(c.text);
         CHECK(native.encode(c.text) == c.qwen2_ids);
@@ -109,7 +119,7 @@ TEST_CASE("golden: the two regexes give the independently computed ids on texts 
 
 TEST_CASE("golden: decode inverts encode on every case (NFC applied)") {
     const nlohmann::json cases = cases_load();
-    const auto tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
+    const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
     for (size_t i = 0; i < cases.at("texts").size(); ++i) {
         const std::string text = cases.at("texts")[i].get<std::string>();
         INFO("case " << i << ": " << text);
@@ -120,7 +130,7 @@ TEST_CASE("golden: decode inverts encode on every case (NFC applied)") {
 TEST_CASE("golden: prompt ids of the reference scenarios re-encode from their decoded text") {
     // scenarios.json records the ids the reference built for whole prompts (role tokens, text,
     // <|im_end|>, instruct blocks); tokenising their decoded text must give them back.
-    const auto tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
+    const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
     std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
     REQUIRE(in.good());
     const nlohmann::json scenarios = nlohmann::json::parse(in);
@@ -155,7 +165,7 @@ TEST_CASE("golden: prompt ids of the reference scenarios re-encode from their de
 TEST_CASE("golden: 1 MB of concatenated cases gives the concatenated golden ids") {
     // <|im_end|> between the cases separates them exactly like independent calls would.
     const nlohmann::json cases = cases_load();
-    const auto tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
+    const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
     std::string text;
     std::vector<int32_t> expected;
     for (size_t round = 0; text.size() < (1u << 20); ++round) {
@@ -174,12 +184,12 @@ TEST_CASE("golden: 1 MB of concatenated cases gives the concatenated golden ids"
 
 TEST_CASE("golden: cache on and off agree") {
     const nlohmann::json cases = cases_load();
-    qtts::TokenizerOptions no_cache;
-    no_cache.cache_entries = 0;
-    const auto uncached = qtts::Tokenizer::load(qtts_test::reference_model_dir("tiny-customvoice"), no_cache);
     qtts::TokenizerOptions tiny_cache;
     tiny_cache.cache_entries = 3;  // forces many evictions
     const auto cached = qtts::Tokenizer::load(qtts_test::reference_model_dir("tiny-customvoice"), tiny_cache);
+    qtts::TokenizerOptions no_cache;
+    no_cache.cache_entries = 0;
+    const auto uncached = qtts::Tokenizer::load(qtts_test::reference_model_dir("tiny-customvoice"), no_cache);
     for (int pass = 0; pass < 2; ++pass) {
         for (size_t i = 0; i < cases.at("texts").size(); ++i) {
             const std::string text = cases.at("texts")[i].get<std::string>();

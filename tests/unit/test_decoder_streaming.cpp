@@ -194,7 +194,7 @@ TEST_CASE("dequantize is the sum of both projected codebook groups", "[decoder]"
         const qtts::TensorView* usage = q == 0 ? w.rvq_first_cluster_usage : w.rvq_rest_cluster_usage[size_t(q - 1)];
         const auto s = qtts::tensor_to_f32(*sum);
         const auto u = qtts::tensor_to_f32(*usage);
-        std::vector<double> row(size_t(half));
+        std::vector<double> row(static_cast<size_t>(half));
         for (int j = 0; j < half; ++j) row[size_t(j)] = s[size_t(code) * half + j] / std::max(u[size_t(code)], 1e-5f);
         return row;
     };
@@ -202,7 +202,7 @@ TEST_CASE("dequantize is the sum of both projected codebook groups", "[decoder]"
     const auto rest = qtts::tensor_to_f32(*w.rvq_rest_output_proj);
     for (int t = 0; t < n; ++t) {
         const auto sem = book_row(0, codes[size_t(t) * nq]);
-        std::vector<double> ac(size_t(half), 0.0);
+        std::vector<double> ac(static_cast<size_t>(half), 0.0);
         for (int q = 1; q < nq; ++q) {
             const auto r = book_row(q, codes[size_t(t) * nq + q]);
             for (int j = 0; j < half; ++j) ac[size_t(j)] += r[size_t(j)];

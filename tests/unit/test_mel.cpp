@@ -53,7 +53,7 @@ std::vector<double> reference_log_mel(const std::vector<float>& audio, const Mel
         for (int k = 0; k < n_bins; ++k)
             bank[size_t(m) * n_bins + k] = reference_filter(m, double(k) * c.sample_rate / c.n_fft, c.n_mels, c.fmin, c.fmax);
     std::vector<double> out(size_t(frames) * c.n_mels);
-    std::vector<double> mag(size_t(n_bins));
+    std::vector<double> mag(static_cast<size_t>(n_bins));
     for (int t = 0; t < frames; ++t) {
         for (int k = 0; k < n_bins; ++k) {
             double re = 0.0, im = 0.0;

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <random>
+#include <utf8proc.h>
 
 #include "common/error.h"
 #include "test_support.h"
@@ -73,6 +76,16 @@ std::string utf8_of(uint32_t cp) {
         s += char(0x80 | ((cp >> 6) & 0x3F));
         s += char(0x80 | (cp & 0x3F));
     }
+    return s;
+}
+
+std::string utf8_of4(uint32_t cp) {
+    if (cp < 0x10000) return utf8_of(cp);
+    std::string s;
+    s += char(0xF0 | (cp >> 18));
+    s += char(0x80 | ((cp >> 12) & 0x3F));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
     return s;
 }
 
@@ -265,6 +278,31 @@ TEST_CASE("text is NFC-normalised before BPE, added tokens are matched before no
     CHECK(qtts::utf8_nfc("\xEF\xAC\x81") == "\xEF\xAC\x81");  // ﬁ ligature: NFKC would change it, NFC must not
 }
 
+TEST_CASE("NFC agrees with a plain utf8proc pass on random strings of tricky code points") {
+    // The library only runs utf8proc on regions that may change; this checks that shortcut
+    // against normalising the whole string at once.
+    const std::vector<uint32_t> pool = {
+        'a', 'e', 'A', ' ', '.', 0xE9, 0x300, 0x301, 0x308, 0x323, 0x345, 0x344, 0x340, 0x37E, 0x387,
+        0x1E0B, 0x212B, 0x2126, 0xFB01, 0x0F73, 0x0F71, 0x0F72, 0x0B47, 0x0B3E, 0x0B56, 0x0BC6, 0x0BBE,
+        0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01, 0x304B, 0x3099, 0x309A, 0x30AB, 0x4E00, 0xF900, 0x2F800,
+        0x0418, 0x0306, 0x0627, 0x0653, 0x0654, 0x0E01, 0x0E31, 0x0E48, 0x1F600, 0x1F3FD, 0x110BA, 0x11099};
+    std::mt19937 rng(1234);
+    for (int trial = 0; trial < 3000; ++trial) {
+        std::string text;
+        const int length = 1 + int(rng() % 12);
+        for (int k = 0; k < length; ++k) text += utf8_of4(pool[rng() % pool.size()]);
+        utf8proc_uint8_t* expected_raw = nullptr;
+        const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                                utf8proc_ssize_t(text.size()), &expected_raw,
+                                                utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+        REQUIRE(n >= 0);
+        const std::string expected(reinterpret_cast<const char*>(expected_raw), size_t(n));
+        std::free(expected_raw);
+        INFO("trial " << trial);
+        REQUIRE(qtts::utf8_nfc(text) == expected);
+    }
+}
+
 TEST_CASE("BPE applies merges by rank, leftmost first on ties") {
     const auto tokenizer = qtts::Tokenizer::load(merges_model_dir());
     const std::vector<int32_t> b = demo_byte_ids();
@@ -279,6 +317,15 @@ TEST_CASE("BPE applies merges by rank, leftmost first on ties") {
     CHECK(tokenizer.encode("aaaaa") == std::vector<int32_t>{AAAA, b['a']});
     CHECK(tokenizer.encode("aaa") == std::vector<int32_t>{AA, b['a']});
     CHECK(tokenizer.decode(tokenizer.encode("aaaaa hello abc")) == "aaaaa hello abc");
+    // Runs of every length (short pieces and long ones take different code paths): n a's give
+    // n/4 "aaaa", then "aa" if n/2 is odd, then "a" if n is odd.
+    for (size_t n = 1; n <= 80; ++n) {
+        std::vector<int32_t> expected(n / 4, AAAA);
+        if ((n / 2) % 2 == 1) expected.push_back(AA);
+        if (n % 2 == 1) expected.push_back(b['a']);
+        INFO("n = " << n);
+        CHECK(tokenizer.encode(std::string(n, 'a')) == expected);
+    }
     CHECK(tokenizer.id_to_token(HELLO) == "hello");
     CHECK(tokenizer.token_to_id("aaaa") == AAAA);
     CHECK(tokenizer.token_to_id("zzz") == -1);

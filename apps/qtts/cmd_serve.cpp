@@ -1,0 +1,111 @@
+// qtts serve: the HTTP / WebSocket / plain TCP speech server (API: docs/server.md).
+#include <signal.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "audio_io/http_server.h"
+#include "audio_io/speech_service.h"
+#include "cli.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "runtime/engine.h"
+
+namespace {
+
+using qtts::ErrorCode;
+using qtts::fail;
+
+void print_usage() {
+    std::printf(
+        "usage: qtts serve [--model DIR] [options]\n"
+        "  --model DIR            checkpoint directory (default: the embedded demo model)\n"
+        "  --host ADDR            listen address (default 127.0.0.1; 0.0.0.0 serves the network)\n"
+        "  --port N               HTTP + WebSocket port (default 8080; 0 = any free port)\n"
+        "  --tcp-port N           also serve plain TCP: one line in, Ogg Opus out (default off)\n"
+        "  --max-streams N        concurrent streams, more get 429 (default 16)\n"
+        "  --max-connections N    open connections, more get 503 (default 256)\n"
+        "  --bitrate N            Opus bits per second (default 32000)\n"
+        "  --max-text-bytes N     text per request or utterance (default 8192)\n"
+        "  --idle-timeout S       seconds without a request or message before closing (default 30)\n"
+        "  --io-threads N         network threads (default 2)\n"
+        "  --backend cpu|cuda|auto  (default auto)   --device N   --no-cuda-graphs\n"
+        "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /healthz, GET /metrics,\n"
+        "WebSocket /v1/audio/stream. Stop with Ctrl-C (SIGINT) or SIGTERM.\n");
+}
+
+int int_option(const qtts_cli::Args& args, const char* name, long long fallback, long long lo, long long hi) {
+    const long long v = args.get_int(name, fallback);
+    if (v < lo || v > hi) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--{} must be in {}..{}, got {}", name, lo, hi, v);
+    return int(v);
+}
+
+std::string model_name_of(const std::string& dir) {
+    if (dir.empty()) return "qtts-default";
+    std::string d = dir;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    const auto slash = d.find_last_of('/');
+    return slash == std::string::npos ? d : d.substr(slash + 1);
+}
+
+int cmd_serve(const std::vector<std::string>& argv) {
+    qtts_cli::Args args(argv,
+                        {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
+                         "idle-timeout", "io-threads", "backend", "device"},
+                        {"help", "no-cuda-graphs"});
+    if (args.has("help")) {
+        print_usage();
+        return 0;
+    }
+    if (!args.positional().empty())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unexpected argument '{}' (run qtts serve --help)", args.positional()[0]);
+
+    qtts::ServerOptions options;
+    options.host = args.get_or("host", "127.0.0.1");
+    options.port = int_option(args, "port", 8080, 0, 65535);
+    options.tcp_port = int_option(args, "tcp-port", -1, -1, 65535);
+    options.max_streams = int_option(args, "max-streams", 16, 1, 1024);
+    options.max_connections = int_option(args, "max-connections", 256, 1, 100000);
+    options.bitrate = int_option(args, "bitrate", 32000, 6000, 510000);
+    options.max_text_bytes = size_t(int_option(args, "max-text-bytes", 8192, 16, 1 << 20));
+    options.idle_timeout = std::chrono::milliseconds(1000LL * int_option(args, "idle-timeout", 30, 1, 86400));
+    options.io_threads = int_option(args, "io-threads", 2, 1, 64);
+    qtts::server_options_validate(options);
+
+    qtts::EngineOptions engine_options;
+    engine_options.model_dir = args.get_or("model", "");
+    engine_options.backend = args.get_or("backend", "auto");
+    engine_options.device = int_option(args, "device", 0, 0, 64);
+    engine_options.cuda_graphs = !args.has("no-cuda-graphs");
+    engine_options.max_streams = options.max_streams;
+
+    // Block the stop signals before any thread starts (threads inherit the mask), then wait for
+    // them here with sigwait: no work in a signal handler.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    // A client that vanishes must not kill the server with SIGPIPE (Asio also guards its sends).
+    std::signal(SIGPIPE, SIG_IGN);
+
+    qtts::Engine engine(engine_options);
+    qtts::EngineSpeechService service(engine, model_name_of(engine_options.model_dir), options.max_streams);
+    qtts::HttpServer server(service, options);
+    server.start();
+    std::printf("qtts serve: http://%s:%d  (model %s, backend %s)\n", options.host.c_str(), server.port(),
+                service.model_name().c_str(), service.backend_name().c_str());
+    if (server.tcp_port() >= 0) std::printf("qtts serve: plain TCP on %s:%d\n", options.host.c_str(), server.tcp_port());
+    std::fflush(stdout);
+
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    QTTS_LOG_INFO("serve: received signal {}, stopping", signal_number);
+    server.stop();
+    return 0;
+}
+
+}  // namespace
+
+QTTS_COMMAND("serve", "serve speech over HTTP (OpenAI-compatible), WebSocket and plain TCP", cmd_serve);

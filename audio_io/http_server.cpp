@@ -1,0 +1,225 @@
+// The server object: listeners for the HTTP and TCP ports, the I/O threads and the pumps.
+#include "audio_io/http_server.h"
+
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "audio_io/server_internal.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qtts {
+
+using namespace qtts::server;
+
+void server_options_validate(const ServerOptions& o) {
+    const auto check = [](bool ok, const std::string& message) {
+        if (!ok) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{}", message);
+    };
+    check(o.port >= 0 && o.port <= 65535, fmt::format("port must be in 0..65535 (0 = any free port), got {}", o.port));
+    check(o.tcp_port >= -1 && o.tcp_port <= 65535,
+          fmt::format("tcp port must be in 0..65535, or -1 for no TCP mode, got {}", o.tcp_port));
+    check(o.io_threads >= 1 && o.io_threads <= 64, fmt::format("io threads must be in 1..64, got {}", o.io_threads));
+    check(o.max_streams >= 1 && o.max_streams <= 1024, fmt::format("max streams must be in 1..1024, got {}", o.max_streams));
+    check(o.max_connections >= 1, fmt::format("max connections must be at least 1, got {}", o.max_connections));
+    OpusEncoderOptions opus;
+    opus.bitrate = o.bitrate;
+    opus.complexity = o.opus_complexity;
+    opus_encoder_options_validate(opus);
+    check(o.max_body_bytes >= 256, "max body bytes must be at least 256");
+    check(o.max_header_bytes >= 1024, "max header bytes must be at least 1024");
+    check(o.max_text_bytes >= 16, "max text bytes must be at least 16");
+    check(o.max_ws_message_bytes >= 256, "max WebSocket message bytes must be at least 256");
+    check(o.max_backlog_bytes >= 4096, "max backlog bytes must be at least 4096");
+    check(o.idle_timeout.count() > 0 && o.send_timeout.count() > 0, "timeouts must be positive");
+    check(o.cancel_grace.count() >= 0, "cancel grace must not be negative");
+    check(!o.host.empty(), "host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)");
+}
+
+namespace {
+
+enum class ListenerKind { LISTENER_HTTP, LISTENER_TCP };
+
+class Listener : public std::enable_shared_from_this<Listener> {
+public:
+    Listener(ServerCore& core, ListenerKind kind, const tcp::endpoint& endpoint)
+        : core_(core), kind_(kind), acceptor_(net::make_strand(core.ioc)), retry_timer_(acceptor_.get_executor()) {
+        beast::error_code ec;
+        const auto bind_fail = [&](const char* what) {
+            fail(ErrorCode::ERROR_IO, "cannot listen on {}:{} ({}): {}", endpoint.address().to_string(), endpoint.port(), what,
+                 ec.message());
+        };
+        acceptor_.open(endpoint.protocol(), ec);
+        if (ec) bind_fail("open");
+        acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+        if (ec) bind_fail("SO_REUSEADDR");
+        acceptor_.bind(endpoint, ec);
+        if (ec) bind_fail("bind");
+        acceptor_.listen(net::socket_base::max_listen_connections, ec);
+        if (ec) bind_fail("listen");
+        port_ = acceptor_.local_endpoint().port();
+    }
+
+    int port() const { return port_; }
+
+    void run() {
+        net::dispatch(acceptor_.get_executor(), [self = shared_from_this()] { self->accept_next(); });
+    }
+
+    void stop() {
+        net::dispatch(acceptor_.get_executor(), [self = shared_from_this()] {
+            beast::error_code ec;
+            self->acceptor_.close(ec);
+            self->retry_timer_.cancel();
+        });
+    }
+
+private:
+    void accept_next() {
+        if (core_.stopping.load() || !acceptor_.is_open()) return;
+        // Each connection gets its own strand: its handlers never run concurrently.
+        acceptor_.async_accept(net::make_strand(core_.ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket s) {
+            self->accept_on(ec, std::move(s));
+        });
+    }
+
+    void accept_on(beast::error_code ec, tcp::socket socket) {
+        if (ec == net::error::operation_aborted || core_.stopping.load()) return;
+        if (ec) {
+            // Usually out of file descriptors: wait a little instead of spinning.
+            QTTS_LOG_WARN("server: accept failed: {}", ec.message());
+            retry_timer_.expires_after(std::chrono::milliseconds(100));
+            retry_timer_.async_wait([self = shared_from_this()](beast::error_code wec) {
+                if (!wec) self->accept_next();
+            });
+            return;
+        }
+        socket.set_option(tcp::no_delay(true), ec);  // audio chunks are small and latency-bound
+        if (core_.options.socket_send_buffer_bytes > 0)
+            socket.set_option(net::socket_base::send_buffer_size(core_.options.socket_send_buffer_bytes), ec);
+        if (core_.connections.load() >= core_.options.max_connections) {
+            reject(std::move(socket));
+        } else if (kind_ == ListenerKind::LISTENER_HTTP) {
+            http_session_run(core_, std::move(socket), ConnectionSlot(core_));
+        } else {
+            tcp_session_run(core_, std::move(socket), ConnectionSlot(core_));
+        }
+        accept_next();
+    }
+
+    // Over the connection limit: a short answer and close, without reading the request.
+    void reject(tcp::socket socket) {
+        core_.metrics.error_count("connection_limit");
+        std::string text;
+        if (kind_ == ListenerKind::LISTENER_HTTP) {
+            const std::string body = error_body_json(
+                fmt::format("too many open connections (limit {}); retry later", core_.options.max_connections),
+                "unavailable_error", "", "max_connections");
+            text = fmt::format("HTTP/1.1 503 Service Unavailable\r\nServer: {}\r\nContent-Type: application/json\r\n"
+                               "Retry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
+                               kServerName, body.size(), body);
+        } else {
+            text = "ERROR: too many open connections; retry later\n";
+        }
+        auto sock = std::make_shared<tcp::socket>(std::move(socket));
+        auto data = std::make_shared<std::string>(std::move(text));
+        net::async_write(*sock, net::buffer(*data), [sock, data](beast::error_code, size_t) {
+            beast::error_code ec;
+            sock->shutdown(tcp::socket::shutdown_both, ec);
+            sock->close(ec);
+        });
+    }
+
+    ServerCore& core_;
+    ListenerKind kind_;
+    tcp::acceptor acceptor_;
+    net::steady_timer retry_timer_;
+    int port_ = 0;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+    Impl(SpeechService& service, const ServerOptions& options) : core(service, options) {}
+
+    ServerCore core;
+    std::shared_ptr<Listener> http_listener;
+    std::shared_ptr<Listener> tcp_listener;
+    std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+    std::vector<std::thread> threads;
+    bool started = false;
+    bool stopped = false;
+};
+
+HttpServer::HttpServer(SpeechService& service, const ServerOptions& options) {
+    server_options_validate(options);
+    impl_ = std::make_unique<Impl>(service, options);
+}
+
+HttpServer::~HttpServer() {
+    try {
+        stop();
+    } catch (const std::exception& e) {
+        QTTS_LOG_ERROR("server: stopping failed: {}", e.what());
+    }
+}
+
+void HttpServer::start() {
+    Impl& s = *impl_;
+    if (s.started) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the server is already started");
+    const ServerOptions& o = s.core.options;
+    beast::error_code ec;
+    const auto address = net::ip::make_address(o.host, ec);
+    if (ec)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "host '{}' is not an IP address (examples: 127.0.0.1, 0.0.0.0, ::1)", o.host);
+    s.http_listener = std::make_shared<Listener>(s.core, ListenerKind::LISTENER_HTTP, tcp::endpoint(address, uint16_t(o.port)));
+    if (o.tcp_port >= 0)
+        s.tcp_listener = std::make_shared<Listener>(s.core, ListenerKind::LISTENER_TCP, tcp::endpoint(address, uint16_t(o.tcp_port)));
+    s.started = true;
+    s.core.pumps = std::make_unique<PumpPool>(s.core, o.max_streams);
+    s.work.emplace(net::make_work_guard(s.core.ioc));
+    s.http_listener->run();
+    if (s.tcp_listener) s.tcp_listener->run();
+    for (int i = 0; i < o.io_threads; ++i) {
+        s.threads.emplace_back([&core = s.core] {
+            // A handler that throws is a bug; log it and keep serving the other connections.
+            for (;;) {
+                try {
+                    core.ioc.run();
+                    return;
+                } catch (const std::exception& e) {
+                    QTTS_LOG_ERROR("server: unexpected exception in an I/O handler: {}", e.what());
+                }
+            }
+        });
+    }
+    QTTS_LOG_INFO("server: HTTP on {}:{}{}, {} stream slots, {} I/O threads", o.host, port(),
+                  tcp_port() >= 0 ? fmt::format(", plain TCP on {}:{}", o.host, tcp_port()) : std::string(), o.max_streams,
+                  o.io_threads);
+}
+
+void HttpServer::stop() {
+    Impl& s = *impl_;
+    if (!s.started || s.stopped) return;
+    s.stopped = true;
+    s.core.stopping = true;
+    if (s.http_listener) s.http_listener->stop();
+    if (s.tcp_listener) s.tcp_listener->stop();
+    s.core.pumps->stop();  // every running stream is cancelled; joins
+    s.work.reset();
+    s.core.ioc.stop();
+    for (auto& t : s.threads) t.join();
+    s.threads.clear();
+    QTTS_LOG_INFO("server: stopped");
+}
+
+int HttpServer::port() const { return impl_->http_listener ? impl_->http_listener->port() : -1; }
+int HttpServer::tcp_port() const { return impl_->tcp_listener ? impl_->tcp_listener->port() : -1; }
+int64_t HttpServer::active_streams() const { return impl_->core.active_streams.load(); }
+int64_t HttpServer::connections() const { return impl_->core.connections.load(); }
+const ServerMetrics& HttpServer::metrics() const { return impl_->core.metrics; }
+
+}  // namespace qtts

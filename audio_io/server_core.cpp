@@ -1,0 +1,326 @@
+// The server's shared pieces: audio formatters, the pump threads, the core state.
+#include <algorithm>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "audio_io/server_internal.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qtts::server {
+
+const char* const kServerName = "qtts/" QTTS_VERSION;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+const char* stop_reason_text(StopReason reason) {
+    switch (reason) {
+        case StopReason::STOP_NONE: return "none";
+        case StopReason::STOP_EOS: return "eos";
+        case StopReason::STOP_FRAME_BUDGET: return "frame_budget";
+        case StopReason::STOP_MAX_FRAMES: return "max_frames";
+        case StopReason::STOP_CANCELLED: return "cancelled";
+        case StopReason::STOP_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+std::string base64_encode(const std::string& bytes) {
+    static const char* const kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((bytes.size() + 2) / 3 * 4);
+    const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+    size_t i = 0;
+    for (; i + 3 <= bytes.size(); i += 3) {
+        const uint32_t v = (uint32_t(s[i]) << 16) | (uint32_t(s[i + 1]) << 8) | s[i + 2];
+        out += kAlphabet[(v >> 18) & 63];
+        out += kAlphabet[(v >> 12) & 63];
+        out += kAlphabet[(v >> 6) & 63];
+        out += kAlphabet[v & 63];
+    }
+    const size_t rest = bytes.size() - i;
+    if (rest > 0) {
+        uint32_t v = uint32_t(s[i]) << 16;
+        if (rest == 2) v |= uint32_t(s[i + 1]) << 8;
+        out += kAlphabet[(v >> 18) & 63];
+        out += kAlphabet[(v >> 12) & 63];
+        out += rest == 2 ? kAlphabet[(v >> 6) & 63] : '=';
+        out += '=';
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatters
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+class OggFormatter : public AudioFormatter {
+public:
+    explicit OggFormatter(const OpusEncoderOptions& o) : enc_(o) {}
+    void start(std::vector<std::string>& out) override { push(enc_.header_pages(), out); }
+    void write(const float* pcm, size_t n, std::vector<std::string>& out) override { push(enc_.write(pcm, n), out); }
+    void finish(std::vector<std::string>& out) override { push(enc_.finish(), out); }
+
+private:
+    static void push(std::string bytes, std::vector<std::string>& out) {
+        if (!bytes.empty()) out.push_back(std::move(bytes));
+    }
+    OggOpusStreamEncoder enc_;
+};
+
+class PacketFormatter : public AudioFormatter {
+public:
+    explicit PacketFormatter(const OpusEncoderOptions& o) : enc_(o) {}
+    void start(std::vector<std::string>&) override {}
+    void write(const float* pcm, size_t n, std::vector<std::string>& out) override {
+        packets_.clear();
+        enc_.write(pcm, n, packets_);
+        frame(out);
+    }
+    void finish(std::vector<std::string>& out) override {
+        packets_.clear();
+        enc_.finish(packets_);
+        frame(out);
+    }
+    int pre_skip() const override { return enc_.pre_skip(); }
+
+private:
+    void frame(std::vector<std::string>& out) {
+        for (const auto& p : packets_) out.push_back(opus_frame_pack(p, enc_.frame_samples()));
+    }
+    OpusPacketEncoder enc_;
+    std::vector<OpusPacket> packets_;
+};
+
+class PcmFormatter : public AudioFormatter {
+public:
+    explicit PcmFormatter(bool wav_header) : wav_header_(wav_header) {}
+    void start(std::vector<std::string>& out) override {
+        if (wav_header_) out.push_back(wav_header_s16_streaming(kSampleRate, 1));
+    }
+    void write(const float* pcm, size_t n, std::vector<std::string>& out) override {
+        std::string bytes;
+        pcm_append_s16le(pcm, n, bytes);
+        if (!bytes.empty()) out.push_back(std::move(bytes));
+    }
+    void finish(std::vector<std::string>&) override {}
+
+private:
+    bool wav_header_;
+};
+
+}  // namespace
+
+std::unique_ptr<AudioFormatter> audio_formatter_create(AudioFormat format, const OpusEncoderOptions& opus) {
+    switch (format) {
+        case AudioFormat::AUDIO_FORMAT_OGG_OPUS: return std::make_unique<OggFormatter>(opus);
+        case AudioFormat::AUDIO_FORMAT_OPUS_PACKETS: return std::make_unique<PacketFormatter>(opus);
+        case AudioFormat::AUDIO_FORMAT_WAV: return std::make_unique<PcmFormatter>(true);
+        case AudioFormat::AUDIO_FORMAT_PCM: return std::make_unique<PcmFormatter>(false);
+    }
+    fail(ErrorCode::ERROR_INTERNAL, "unknown audio format {}", int(format));
+}
+
+void wav_header_patch(std::string& body) {
+    QTTS_ASSERT(body.size() >= kWavHeaderBytes);
+    const std::string header = wav_header_s16(kSampleRate, 1, uint32_t(body.size() - kWavHeaderBytes));
+    body.replace(0, kWavHeaderBytes, header);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pumps
+// ---------------------------------------------------------------------------------------------
+PumpPool::PumpPool(ServerCore& core, int threads) : core_(core) {
+    threads_.reserve(size_t(threads));
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { worker_run(); });
+}
+
+PumpPool::~PumpPool() { stop(); }
+
+void PumpPool::job_add(PumpJob job) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+}
+
+void PumpPool::stop() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_)
+        if (t.joinable()) t.join();
+    threads_.clear();
+    // Jobs never started: their streams were admitted, so cancel them and give the slots back.
+    for (auto& job : jobs_) {
+        job.stream->cancel();
+        core_.stream_slot_release();
+    }
+    jobs_.clear();
+}
+
+void PumpPool::worker_run() {
+    for (;;) {
+        PumpJob job;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+            if (jobs_.empty()) return;  // stop_ and nothing left
+            job = std::move(jobs_.front());
+            jobs_.pop_front();
+        }
+        job_run(job);
+    }
+}
+
+void PumpPool::job_run(PumpJob& job) {
+    Stream& stream = *job.stream;
+    PumpSink& sink = *job.sink;
+    StreamOutcome outcome;
+    std::vector<std::string> pieces;
+    // 0.2 s per read: big enough to take a whole engine chunk (4 frames = 7680 samples) in a
+    // couple of reads, small enough that backpressure is checked often.
+    std::vector<float> pcm(4800);
+
+    const auto deliver = [&](int64_t samples) {
+        if (pieces.empty() && samples == 0) return;
+        size_t bytes = 0;
+        for (const auto& p : pieces) bytes += p.size();
+        sink.pump_backlog().fetch_add(bytes);
+        sink.pump_audio(std::move(pieces), bytes, samples);
+        pieces.clear();
+    };
+
+    try {
+        job.formatter->start(pieces);
+        deliver(0);
+        for (;;) {
+            if (core_.stopping.load() || sink.pump_abandoned()) {
+                outcome.cancelled = true;
+                break;
+            }
+            if (sink.pump_backlog().load() > core_.options.max_backlog_bytes) {
+                outcome.slow_client = true;
+                break;
+            }
+            stream.wait(std::chrono::milliseconds(20));
+            int64_t samples = 0;
+            // Bounded: at most ~1 s of audio per round, then the checks above run again.
+            for (int round = 0; round < 5; ++round) {
+                const size_t n = stream.read(pcm.data(), pcm.size());
+                if (n == 0) break;
+                job.formatter->write(pcm.data(), n, pieces);
+                samples += int64_t(n);
+            }
+            outcome.samples += samples;
+            deliver(samples);
+            if (stream.finished()) {
+                job.formatter->finish(pieces);
+                deliver(0);
+                break;
+            }
+        }
+    } catch (const std::exception& e) {
+        QTTS_LOG_ERROR("stream {}: encoding failed: {}", stream.id(), e.what());
+        outcome.error = std::string("internal error while encoding: ") + e.what();
+    }
+
+    if (outcome.cancelled || outcome.slow_client || !outcome.error.empty()) {
+        stream.cancel();
+        // Give the engine a moment to end the stream, so its slot is free again when this one is
+        // released (otherwise a new request could pass our count and be refused by the engine).
+        const auto deadline = Clock::now() + core_.options.cancel_grace;
+        while (!stream.generation_done() && Clock::now() < deadline) {
+            stream.wait(std::chrono::milliseconds(10));
+            while (stream.read(pcm.data(), pcm.size()) > 0) {
+            }  // discard: wait() returns at once while unread audio is left
+        }
+    }
+    outcome.metrics = stream.metrics();
+    if (outcome.error.empty()) outcome.error = stream.error();
+
+    StreamReport report;
+    report.audio_seconds = double(outcome.samples) / kSampleRate;
+    report.rtf = outcome.metrics.rtf;
+    report.stalls = outcome.metrics.stalls;
+    report.cancelled = outcome.cancelled || outcome.slow_client;
+    report.failed = !report.cancelled && !outcome.error.empty();
+    report.completed = !report.cancelled && !report.failed;
+    core_.metrics.stream_finished(report);
+    if (outcome.slow_client) core_.metrics.error_count("slow_client");
+    if (report.failed) core_.metrics.error_count("stream_error");
+
+    // Release before telling the client, so a client that starts its next request the moment
+    // this one ends finds the slot free.
+    job.stream.reset();
+    core_.stream_slot_release();
+    sink.pump_end(std::move(outcome));
+    job.sink.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Core
+// ---------------------------------------------------------------------------------------------
+ServerCore::ServerCore(SpeechService& service_, const ServerOptions& options_)
+    : service(service_), options(options_), ioc(std::max(1, options_.io_threads)) {
+    limits.max_text_bytes = options.max_text_bytes;
+    opus.sample_rate = kSampleRate;
+    opus.bitrate = options.bitrate;
+    opus.complexity = options.opus_complexity;
+}
+
+bool ServerCore::stream_slot_acquire() {
+    int64_t current = active_streams.load();
+    while (current < options.max_streams) {
+        if (active_streams.compare_exchange_weak(current, current + 1)) return true;
+    }
+    return false;
+}
+
+void ServerCore::stream_slot_release() { active_streams.fetch_sub(1); }
+
+MetricGauges ServerCore::gauges() const {
+    MetricGauges g;
+    g.active_streams = active_streams.load();
+    g.max_streams = options.max_streams;
+    g.connections = connections.load();
+    return g;
+}
+
+nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
+    const StreamMetrics& m = o.metrics;
+    nlohmann::json j;
+    j["stop_reason"] = o.slow_client ? "slow_client" : o.cancelled ? "cancelled" : stop_reason_text(m.stop_reason);
+    j["samples"] = o.samples;
+    j["audio_seconds"] = double(o.samples) / kSampleRate;
+    j["frames"] = m.frames;
+    j["ttfa_ms"] = ttfa_seconds >= 0 ? nlohmann::json(ttfa_seconds * 1000.0) : nlohmann::json(nullptr);
+    j["ttfa_gen_ms"] = m.ttfa_gen_ms;
+    j["generation_ms"] = m.generation_ms;
+    j["rtf"] = m.rtf;
+    j["stalls"] = m.stalls;
+    return j;
+}
+
+RequestError submit_error_map(const std::exception& e) {
+    if (dynamic_cast<const ServiceBusyError*>(&e))
+        return RequestError(429, "rate_limit_error", "", std::string("the engine is at its stream limit: ") + e.what());
+    if (const auto* err = dynamic_cast<const Error*>(&e)) {
+        switch (err->code()) {
+            case ErrorCode::ERROR_INVALID_ARGUMENT:
+            case ErrorCode::ERROR_NOT_FOUND:
+            case ErrorCode::ERROR_FORMAT:
+            case ErrorCode::ERROR_UNSUPPORTED: return RequestError(400, "invalid_request_error", "", err->what());
+            case ErrorCode::ERROR_CANCELLED: return RequestError(503, "unavailable_error", "", err->what());
+            default: break;
+        }
+    }
+    return RequestError(500, "server_error", "", std::string("the request failed inside the server: ") + e.what());
+}
+
+}  // namespace qtts::server

@@ -1,0 +1,188 @@
+// Internals of the network server (audio_io/http_server.h), shared by its source files:
+// the state every connection sees (ServerCore), the audio formatters, and the pump threads that
+// read engine streams and hand encoded audio to the connections.
+//
+// Threading model:
+//  - Asio I/O threads run the sockets; every connection lives on its own strand, so a session's
+//    members are touched by one handler at a time.
+//  - One pump thread per active stream: it blocks in Stream::wait (never on an I/O thread, never
+//    on the engine thread), reads PCM with Stream::read (the single consumer), encodes it and
+//    posts the bytes to the connection's strand through PumpSink.
+//  - Backpressure: the sink reports how many bytes are queued on its socket; past
+//    ServerOptions::max_backlog_bytes the pump cancels the stream and the connection is dropped,
+//    so a client that stops reading costs a bounded amount of memory.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json_fwd.hpp>
+
+#include "audio_io/http_server.h"
+#include "audio_io/opus_encoder.h"
+#include "audio_io/pcm_format.h"
+#include "audio_io/server_metrics.h"
+#include "audio_io/speech_params.h"
+#include "audio_io/speech_service.h"
+
+namespace qtts::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using Request = http::request<http::string_body>;
+
+constexpr int kSampleRate = Stream::kSampleRate;
+extern const char* const kServerName;  // "qtts/<version>" for Server headers
+
+double seconds_since(Clock::time_point t);
+const char* stop_reason_text(StopReason reason);  // "eos", "frame_budget", ...
+std::string base64_encode(const std::string& bytes);
+
+// ---------------------------------------------------------------------------------------------
+// Audio formatting: PCM in, the byte pieces a connection sends out. A piece is one WebSocket
+// binary message; HTTP and TCP simply concatenate the pieces.
+// ---------------------------------------------------------------------------------------------
+class AudioFormatter {
+public:
+    virtual ~AudioFormatter() = default;
+    virtual void start(std::vector<std::string>& out) = 0;  // container headers, if any
+    virtual void write(const float* pcm, size_t n, std::vector<std::string>& out) = 0;
+    virtual void finish(std::vector<std::string>& out) = 0;
+    virtual int pre_skip() const { return 0; }  // raw Opus packets: decoder delay at 24 kHz
+};
+
+// AUDIO_FORMAT_WAV streams a header with unknown sizes; whole-file responses patch it (see
+// wav_header_patch).
+std::unique_ptr<AudioFormatter> audio_formatter_create(AudioFormat format, const OpusEncoderOptions& opus);
+// Rewrites the 44-byte header at the start of a complete WAV body with its real sizes.
+void wav_header_patch(std::string& body);
+
+// ---------------------------------------------------------------------------------------------
+// Pumps
+// ---------------------------------------------------------------------------------------------
+struct StreamOutcome {
+    StreamMetrics metrics;
+    std::string error;         // the engine's error (empty when none)
+    bool cancelled = false;    // by the client (cancel message or disconnect) or server stop
+    bool slow_client = false;  // the connection's backlog passed the limit
+    int64_t samples = 0;       // PCM samples read from the stream and encoded
+};
+
+// The connection side of a stream. Called on the pump thread; implementations only post work
+// to their strand and read atomics.
+class PumpSink {
+public:
+    virtual ~PumpSink() = default;
+    // pieces hold `bytes` bytes of encoded audio covering `samples` new PCM samples. The pump
+    // has already added `bytes` to the backlog the sink reports.
+    virtual void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) = 0;
+    virtual void pump_end(StreamOutcome outcome) = 0;
+    virtual bool pump_abandoned() const = 0;  // stop: the client went away or cancelled
+    virtual std::atomic<size_t>& pump_backlog() = 0;  // bytes queued, not yet on the socket
+};
+
+struct PumpJob {
+    std::shared_ptr<Stream> stream;
+    std::unique_ptr<AudioFormatter> formatter;
+    std::shared_ptr<PumpSink> sink;
+};
+
+struct ServerCore;
+
+// A fixed set of threads, one per stream slot: an admitted stream always finds a free thread.
+class PumpPool {
+public:
+    PumpPool(ServerCore& core, int threads);
+    ~PumpPool();
+    void job_add(PumpJob job);
+    void stop();  // running jobs see core.stopping, cancel their streams and end; joins
+
+private:
+    void worker_run();
+    void job_run(PumpJob& job);
+
+    ServerCore& core_;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<PumpJob> jobs_;
+    bool stop_ = false;
+    std::vector<std::thread> threads_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Shared server state
+// ---------------------------------------------------------------------------------------------
+struct ServerCore {
+    ServerCore(SpeechService& service, const ServerOptions& options);
+
+    SpeechService& service;
+    const ServerOptions options;
+    SpeechLimits limits;
+    OpusEncoderOptions opus;
+    ServerMetrics metrics;
+    std::atomic<int64_t> active_streams{0};
+    std::atomic<int64_t> connections{0};
+    std::atomic<bool> stopping{false};
+    std::unique_ptr<PumpPool> pumps;
+    // Declared last so it is destroyed first: destroying it destroys the handlers still queued,
+    // which own sessions, whose destructors use the members above.
+    net::io_context ioc;
+
+    bool stream_slot_acquire();  // false at max_streams
+    void stream_slot_release();
+    MetricGauges gauges() const;
+};
+
+// Counts an open connection for ServerOptions::max_connections; moves with the socket.
+class ConnectionSlot {
+public:
+    ConnectionSlot() = default;
+    explicit ConnectionSlot(ServerCore& core) : core_(&core) { core.connections.fetch_add(1); }
+    ConnectionSlot(ConnectionSlot&& other) noexcept : core_(other.core_) { other.core_ = nullptr; }
+    ConnectionSlot& operator=(ConnectionSlot&& other) noexcept {
+        if (this != &other) {
+            release();
+            core_ = other.core_;
+            other.core_ = nullptr;
+        }
+        return *this;
+    }
+    ConnectionSlot(const ConnectionSlot&) = delete;
+    ConnectionSlot& operator=(const ConnectionSlot&) = delete;
+    ~ConnectionSlot() { release(); }
+
+private:
+    void release() {
+        if (core_) core_->connections.fetch_sub(1);
+        core_ = nullptr;
+    }
+    ServerCore* core_ = nullptr;
+};
+
+// The `done` metrics shared by WebSocket events and SSE.
+nlohmann::json outcome_json(const StreamOutcome& outcome, double ttfa_seconds);
+// Maps a submit() failure to a RequestError (status, type, message).
+RequestError submit_error_map(const std::exception& e);
+
+// Session entry points (each in its own source file).
+void http_session_run(ServerCore& core, tcp::socket socket, ConnectionSlot slot);
+// The HTTP session hands over an upgrade request it has read. (A client sends no WebSocket frame
+// before the 101 response, so no bytes beyond the request need to move along.)
+void ws_session_run(ServerCore& core, tcp::socket socket, ConnectionSlot slot, Request request);
+void tcp_session_run(ServerCore& core, tcp::socket socket, ConnectionSlot slot);
+
+}  // namespace qtts::server

@@ -1,0 +1,131 @@
+#include "audio_io/server_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace qtts {
+
+namespace {
+
+// Prometheus floats: shortest round-trip text, "+Inf" for infinity.
+std::string number_text(double v) {
+    if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    if (std::isnan(v)) return "NaN";
+    return fmt::format("{}", v);
+}
+
+void header_append(std::string& out, const std::string& name, const char* type, const std::string& help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+}  // namespace
+
+MetricHistogram::MetricHistogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void MetricHistogram::observe(double value) {
+    size_t i = 0;
+    while (i < bounds_.size() && value > bounds_[i]) ++i;
+    ++counts_[i];
+    sum_ += value;
+    ++count_;
+}
+
+void MetricHistogram::render(const std::string& name, const std::string& help, std::string& out) const {
+    header_append(out, name, "histogram", help);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+        cumulative += counts_[i];
+        out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, number_text(bounds_[i]), cumulative);
+    }
+    cumulative += counts_.back();
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, cumulative);
+    out += fmt::format("{}_sum {}\n{}_count {}\n", name, number_text(sum_), name, count_);
+}
+
+ServerMetrics::ServerMetrics()
+    : ttfa_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0}),
+      rtf_({0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0}) {}
+
+void ServerMetrics::request_count(const std::string& endpoint, int status) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++requests_[{endpoint, status}];
+}
+
+void ServerMetrics::error_count(const std::string& type) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++errors_[type];
+}
+
+void ServerMetrics::ttfa_observe(double seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ttfa_.observe(seconds);
+}
+
+void ServerMetrics::stream_started() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++streams_started_;
+}
+
+void ServerMetrics::stream_finished(const StreamReport& r) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (r.completed) ++streams_completed_;
+    if (r.cancelled) ++streams_cancelled_;
+    if (r.failed) ++streams_failed_;
+    stalls_ += uint64_t(std::max<int64_t>(0, r.stalls));
+    audio_seconds_ += r.audio_seconds;
+    if (r.completed && r.rtf > 0.0) rtf_.observe(r.rtf);
+}
+
+uint64_t ServerMetrics::errors(const std::string& type) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = errors_.find(type);
+    return it == errors_.end() ? 0 : it->second;
+}
+
+uint64_t ServerMetrics::requests(const std::string& endpoint, int status) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = requests_.find({endpoint, status});
+    return it == requests_.end() ? 0 : it->second;
+}
+
+std::string ServerMetrics::prometheus_text(const MetricGauges& g) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string out;
+    out.reserve(4096);
+    header_append(out, "qtts_requests_total", "counter", "Requests handled, by endpoint and status code.");
+    for (const auto& [key, n] : requests_)
+        out += fmt::format("qtts_requests_total{{endpoint=\"{}\",code=\"{}\"}} {}\n", key.first, key.second, n);
+    header_append(out, "qtts_errors_total", "counter", "Errors, by type.");
+    for (const auto& [type, n] : errors_) out += fmt::format("qtts_errors_total{{type=\"{}\"}} {}\n", type, n);
+
+    header_append(out, "qtts_active_streams", "gauge", "Speech streams being generated or sent now.");
+    out += fmt::format("qtts_active_streams {}\n", g.active_streams);
+    header_append(out, "qtts_max_streams", "gauge", "Concurrent stream limit (more are refused with 429).");
+    out += fmt::format("qtts_max_streams {}\n", g.max_streams);
+    header_append(out, "qtts_connections", "gauge", "Open client connections (HTTP, WebSocket and TCP).");
+    out += fmt::format("qtts_connections {}\n", g.connections);
+
+    header_append(out, "qtts_streams_started_total", "counter", "Speech streams started.");
+    out += fmt::format("qtts_streams_started_total {}\n", streams_started_);
+    header_append(out, "qtts_streams_completed_total", "counter", "Speech streams that ran to their end.");
+    out += fmt::format("qtts_streams_completed_total {}\n", streams_completed_);
+    header_append(out, "qtts_streams_cancelled_total", "counter", "Speech streams cancelled by the client or a disconnect.");
+    out += fmt::format("qtts_streams_cancelled_total {}\n", streams_cancelled_);
+    header_append(out, "qtts_streams_failed_total", "counter", "Speech streams that failed inside the engine.");
+    out += fmt::format("qtts_streams_failed_total {}\n", streams_failed_);
+    header_append(out, "qtts_stream_stalls_total", "counter",
+                  "Times a stream's reader found no audio before generation ended (engine fell behind).");
+    out += fmt::format("qtts_stream_stalls_total {}\n", stalls_);
+    header_append(out, "qtts_audio_seconds_total", "counter", "Seconds of audio generated.");
+    out += fmt::format("qtts_audio_seconds_total {}\n", number_text(audio_seconds_));
+
+    ttfa_.render("qtts_ttfa_seconds",
+                 "Time to first audio: request received to the first audio bytes queued on the socket.", out);
+    rtf_.render("qtts_real_time_factor", "Generation time divided by audio duration, per completed stream.", out);
+    return out;
+}
+
+}  // namespace qtts

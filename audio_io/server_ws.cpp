@@ -1,0 +1,379 @@
+// WebSocket /v1/audio/stream: JSON text messages for control and events, binary messages for
+// audio. One utterance at a time per connection; text appended while it speaks continues the
+// same utterance (an incremental engine request fed with Stream::text_append / text_close).
+// Protocol reference: docs/server.md.
+#include <boost/beast/websocket.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "audio_io/server_internal.h"
+#include "common/log.h"
+
+namespace qtts::server {
+
+namespace {
+
+using json = nlohmann::json;
+namespace websocket = beast::websocket;
+
+class WsSession : public std::enable_shared_from_this<WsSession>, public PumpSink {
+public:
+    WsSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
+        : core_(core), ws_(std::move(socket)), slot_(std::move(slot)), timer_(ws_.get_executor()) {}
+
+    void run(Request request) {
+        request_ = std::move(request);
+        net::dispatch(ws_.get_executor(), [self = shared_from_this()] { self->accept(); });
+    }
+
+    // ---- PumpSink (pump thread) ----
+    void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
+        net::post(ws_.get_executor(), [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
+            self->audio_on(std::move(pieces), bytes, samples);
+        });
+    }
+    void pump_end(StreamOutcome outcome) override {
+        net::post(ws_.get_executor(),
+                  [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
+    }
+    bool pump_abandoned() const override { return closed_flag_.load() || cancel_requested_.load(); }
+    std::atomic<size_t>& pump_backlog() override { return backlog_; }
+
+private:
+    enum class State { IDLE, SPEAKING, CANCELLING };
+
+    struct OutMessage {
+        bool text = true;
+        std::string data;
+    };
+
+    // ---------------------------------------------------------------------------------------
+    void accept() {
+        ws_.read_message_max(core_.options.max_ws_message_bytes);
+        ws_.auto_fragment(false);
+        ws_.set_option(websocket::stream_base::decorator(
+            [](websocket::response_type& res) { res.set(http::field::server, kServerName); }));
+        deadline_set(core_.options.send_timeout);
+        ws_.async_accept(request_, [self = shared_from_this()](beast::error_code ec) { self->accept_on(ec); });
+    }
+
+    void accept_on(beast::error_code ec) {
+        if (closed_) return;
+        if (ec) {
+            core_.metrics.request_count("websocket", 400);
+            core_.metrics.error_count("bad_request");
+            close_now();
+            return;
+        }
+        core_.metrics.request_count("websocket", 101);
+        deadline_set(core_.options.idle_timeout);
+        read_next();
+    }
+
+    void deadline_set(std::chrono::milliseconds d) {
+        timer_.expires_after(d);
+        timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+            if (ec || self->closed_ || self->timer_.expiry() > Clock::now()) return;
+            core_timeout(*self);
+        });
+    }
+
+    static void core_timeout(WsSession& s) {
+        s.core_.metrics.error_count("timeout");
+        QTTS_LOG_DEBUG("websocket: closing a connection after {} ms without activity",
+                       (long long)s.core_.options.idle_timeout.count());
+        s.close_now();
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Client messages
+    // ---------------------------------------------------------------------------------------
+    void read_next() {
+        if (closed_) return;
+        ws_.async_read(rbuf_, [self = shared_from_this()](beast::error_code ec, size_t) { self->read_on(ec); });
+    }
+
+    void read_on(beast::error_code ec) {
+        if (closed_) return;
+        if (ec) {
+            if (ec != websocket::error::closed && ec != net::error::eof && ec != net::error::operation_aborted) {
+                QTTS_LOG_DEBUG("websocket: read failed: {}", ec.message());
+                core_.metrics.error_count(ec == websocket::error::message_too_big ? "too_large" : "disconnect");
+            } else if (state_ != State::IDLE) {
+                core_.metrics.error_count("disconnect");
+            }
+            close_now();  // cancels a running utterance through pump_abandoned()
+            return;
+        }
+        if (!writing_) deadline_set(core_.options.idle_timeout);
+        const bool text = ws_.got_text();
+        std::string data = beast::buffers_to_string(rbuf_.data());
+        rbuf_.consume(rbuf_.size());
+        if (!text) {
+            error_send("invalid_request_error", "",
+                       "binary messages are not accepted; send JSON text messages: start, append, end, cancel");
+        } else {
+            message_handle(data);
+        }
+        read_next();
+    }
+
+    void message_handle(const std::string& data) {
+        json msg;
+        try {
+            msg = json::parse(data);
+        } catch (const json::parse_error& e) {
+            core_.metrics.error_count("bad_request");
+            error_send("invalid_request_error", "", fmt::format("the message is not valid JSON: {}", e.what()));
+            return;
+        }
+        if (!msg.is_object() || !msg.contains("type") || !msg["type"].is_string()) {
+            core_.metrics.error_count("bad_request");
+            error_send("invalid_request_error", "type",
+                       "a message must be a JSON object with a string `type`: start, append, end or cancel");
+            return;
+        }
+        const std::string type = msg["type"].get<std::string>();
+        try {
+            if (type == "start") {
+                start_handle(msg);
+            } else if (type == "append") {
+                append_handle(msg, false);
+            } else if (type == "end") {
+                append_handle(msg, true);
+            } else if (type == "cancel") {
+                cancel_handle();
+            } else {
+                throw RequestError(400, "invalid_request_error", "type",
+                                   fmt::format("unknown message type '{}'; accepted: start, append, end, cancel", type));
+            }
+        } catch (const RequestError& e) {
+            core_.metrics.error_count("bad_request");
+            error_send(e.type(), e.param(), e.what());
+        }
+    }
+
+    void start_handle(const json& msg) {
+        if (state_ != State::IDLE)
+            throw RequestError(400, "invalid_request_error", "",
+                               "an utterance is already in progress; send `end` and wait for `done`, or send `cancel`");
+        SpeechParams params = speech_params_parse_ws_start(msg, core_.service, core_.limits);
+        if (!core_.stream_slot_acquire()) {
+            core_.metrics.error_count("busy");
+            error_send("rate_limit_error", "",
+                       fmt::format("too many concurrent streams ({} active, limit {}); retry later",
+                                   core_.active_streams.load(), core_.options.max_streams),
+                       "max_streams");
+            return;
+        }
+        std::unique_ptr<AudioFormatter> formatter;
+        try {
+            formatter = audio_formatter_create(params.format, core_.opus);
+            stream_ = core_.service.submit(params.request);
+        } catch (const std::exception& e) {
+            core_.stream_slot_release();
+            const RequestError mapped = submit_error_map(e);
+            core_.metrics.error_count(mapped.status() == 429 ? "busy" : mapped.status() >= 500 ? "internal" : "bad_request");
+            error_send(mapped.type(), mapped.param(), mapped.what(), mapped.status() == 429 ? "max_streams" : "");
+            return;
+        }
+        core_.metrics.stream_started();
+        state_ = State::SPEAKING;
+        format_ = params.format;
+        text_bytes_ = params.request.text.size();
+        text_closed_ = false;
+        first_audio_ = false;
+        ttfa_seconds_ = -1.0;
+        cancel_requested_ = false;
+        // Time to first audio counts from the moment there is text to speak.
+        text_time_set_ = !params.request.text.empty();
+        if (text_time_set_) text_time_ = Clock::now();
+
+        json started = {{"type", "started"},
+                        {"stream_id", stream_->id()},
+                        {"format", msg.value("format", std::string("opus"))},
+                        {"sample_rate", kSampleRate},
+                        {"channels", 1}};
+        if (format_ == AudioFormat::AUDIO_FORMAT_OPUS_PACKETS) {
+            started["frame_samples"] = kSampleRate / 50;
+            started["pre_skip"] = formatter->pre_skip();
+        }
+        event_send(started);
+        core_.pumps->job_add(PumpJob{stream_, std::move(formatter), shared_from_this()});
+        // `start` may carry "end": true for a one-shot utterance.
+        if (msg.value("end", false)) append_handle(json{{"type", "end"}}, true);
+    }
+
+    void append_handle(const json& msg, bool close_text) {
+        if (state_ != State::SPEAKING || !stream_)
+            throw RequestError(400, "invalid_request_error", "",
+                               fmt::format("`{}` needs an utterance in progress; send `start` first", close_text ? "end" : "append"));
+        if (text_closed_)
+            throw RequestError(400, "invalid_request_error", "",
+                               "the utterance's text is already closed by `end`; wait for `done`, then `start` again");
+        std::string text;
+        auto it = msg.find("text");
+        if (it != msg.end() && !it->is_null()) {
+            if (!it->is_string()) throw RequestError(400, "invalid_request_error", "text", "`text` must be a string");
+            text = it->get<std::string>();
+        } else if (!close_text) {
+            throw RequestError(400, "invalid_request_error", "text", "`append` needs `text`: the text to add");
+        }
+        text_check(text, "text", core_.limits.max_text_bytes);
+        if (text_bytes_ + text.size() > core_.limits.max_text_bytes)
+            throw RequestError(400, "invalid_request_error", "text",
+                               fmt::format("the utterance would reach {} bytes of text; the limit is {} bytes",
+                                           text_bytes_ + text.size(), core_.limits.max_text_bytes));
+        if (!text.empty()) {
+            text_bytes_ += text.size();
+            if (!text_time_set_) {
+                text_time_set_ = true;
+                text_time_ = Clock::now();
+            }
+            stream_->text_append(text);
+        }
+        if (close_text) {
+            text_closed_ = true;
+            stream_->text_close();
+        }
+    }
+
+    void cancel_handle() {
+        if (state_ != State::SPEAKING) return;  // nothing to cancel: harmless
+        state_ = State::CANCELLING;
+        cancel_requested_ = true;
+        // Audio not yet on the socket is dropped; the pump cancels the stream and reports `done`.
+        std::deque<OutMessage> kept;
+        for (auto& m : out_) {
+            if (m.text) {
+                kept.push_back(std::move(m));
+            } else {
+                backlog_.fetch_sub(m.data.size());
+            }
+        }
+        out_ = std::move(kept);
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Audio and events
+    // ---------------------------------------------------------------------------------------
+    void audio_on(std::vector<std::string> pieces, size_t bytes, int64_t samples) {
+        if (closed_ || state_ != State::SPEAKING) {
+            backlog_.fetch_sub(bytes);
+            return;
+        }
+        if (!first_audio_ && samples > 0) {
+            first_audio_ = true;
+            ttfa_seconds_ = seconds_since(text_time_set_ ? text_time_ : Clock::now());
+            core_.metrics.ttfa_observe(ttfa_seconds_);
+            event_send(json{{"type", "first_audio"}, {"stream_id", stream_ ? stream_->id() : 0}, {"ttfa_ms", ttfa_seconds_ * 1000.0}});
+        }
+        for (auto& p : pieces) out_.push_back(OutMessage{false, std::move(p)});  // already counted by the pump
+        write_next();
+    }
+
+    void end_on(StreamOutcome outcome) {
+        if (closed_) return;
+        if (outcome.slow_client) {
+            QTTS_LOG_WARN("websocket: the client reads too slowly (over {} bytes queued); disconnecting",
+                          core_.options.max_backlog_bytes);
+            close_now();
+            return;
+        }
+        const uint64_t id = stream_ ? stream_->id() : 0;
+        if (!outcome.error.empty())
+            error_send("server_error", "", "speech generation failed: " + outcome.error);
+        json done = outcome_json(outcome, ttfa_seconds_);
+        done["type"] = "done";
+        done["stream_id"] = id;
+        event_send(done);
+        stream_.reset();
+        state_ = State::IDLE;
+        cancel_requested_ = false;
+    }
+
+    void error_send(const std::string& type, const std::string& param, const std::string& message,
+                    const std::string& code = "") {
+        json body = json::parse(error_body_json(message, type, param, code));
+        body["type"] = "error";
+        event_send(body);
+    }
+
+    void event_send(const json& event) {
+        std::string data = event.dump(-1, ' ', false, json::error_handler_t::replace);
+        backlog_.fetch_add(data.size());
+        out_.push_back(OutMessage{true, std::move(data)});
+        write_next();
+    }
+
+    void write_next() {
+        if (writing_ || closed_ || out_.empty()) return;
+        inflight_ = std::move(out_.front());
+        out_.pop_front();
+        writing_ = true;
+        ws_.text(inflight_.text);
+        deadline_set(core_.options.send_timeout);
+        ws_.async_write(net::buffer(inflight_.data), [self = shared_from_this()](beast::error_code ec, size_t) {
+            self->write_on(ec);
+        });
+    }
+
+    void write_on(beast::error_code ec) {
+        writing_ = false;
+        backlog_.fetch_sub(inflight_.data.size());
+        inflight_.data.clear();
+        if (closed_) return;
+        if (ec) {
+            if (state_ != State::IDLE) core_.metrics.error_count("disconnect");
+            close_now();
+            return;
+        }
+        deadline_set(core_.options.idle_timeout);
+        write_next();
+    }
+
+    void close_now() {
+        if (closed_) return;
+        closed_ = true;
+        closed_flag_ = true;
+        beast::error_code ec;
+        auto& socket = beast::get_lowest_layer(ws_);
+        socket.shutdown(tcp::socket::shutdown_both, ec);
+        socket.close(ec);
+        timer_.cancel();
+        for (auto& m : out_) backlog_.fetch_sub(m.data.size());
+        out_.clear();
+    }
+
+    ServerCore& core_;
+    websocket::stream<tcp::socket> ws_;
+    ConnectionSlot slot_;
+    net::steady_timer timer_;
+    Request request_;
+    beast::flat_buffer rbuf_;
+    std::deque<OutMessage> out_;
+    OutMessage inflight_;
+    bool writing_ = false;
+    bool closed_ = false;
+    std::atomic<bool> closed_flag_{false};  // closed_, readable from the pump thread
+
+    State state_ = State::IDLE;
+    std::shared_ptr<Stream> stream_;
+    AudioFormat format_ = AudioFormat::AUDIO_FORMAT_OPUS_PACKETS;
+    size_t text_bytes_ = 0;
+    bool text_closed_ = false;
+    bool first_audio_ = false;
+    bool text_time_set_ = false;
+    Clock::time_point text_time_;
+    double ttfa_seconds_ = -1.0;
+    std::atomic<bool> cancel_requested_{false};
+    std::atomic<size_t> backlog_{0};
+};
+
+}  // namespace
+
+void ws_session_run(ServerCore& core, tcp::socket socket, ConnectionSlot slot, Request request) {
+    std::make_shared<WsSession>(core, std::move(socket), std::move(slot))->run(std::move(request));
+}
+
+}  // namespace qtts::server

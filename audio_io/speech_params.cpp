@@ -1,0 +1,274 @@
+#include "audio_io/speech_params.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace qtts {
+
+namespace {
+
+using json = nlohmann::json;
+
+const char* const kInvalid = "invalid_request_error";
+
+[[noreturn]] void bad_request(const std::string& param, const std::string& message) {
+    throw RequestError(400, kInvalid, param, message);
+}
+
+std::string lower(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    return s;
+}
+
+std::string list_join(const std::vector<std::string>& items) {
+    std::string out;
+    for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+    return out;
+}
+
+bool blank(const std::string& s) {
+    return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c) != 0; });
+}
+
+const char* json_type_name(const json& v) { return v.type_name(); }
+
+// A string field, or fallback when absent or null.
+std::string string_field(const json& obj, const char* name, const std::string& fallback = "") {
+    auto it = obj.find(name);
+    if (it == obj.end() || it->is_null()) return fallback;
+    if (!it->is_string()) bad_request(name, fmt::format("`{}` must be a string, got {}", name, json_type_name(*it)));
+    return it->get<std::string>();
+}
+
+bool bool_field(const json& obj, const char* name, bool fallback) {
+    auto it = obj.find(name);
+    if (it == obj.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) bad_request(name, fmt::format("`{}` must be true or false, got {}", name, json_type_name(*it)));
+    return it->get<bool>();
+}
+
+std::optional<uint64_t> seed_field(const json& obj) {
+    auto it = obj.find("seed");
+    if (it == obj.end() || it->is_null()) return std::nullopt;
+    if (it->is_number_unsigned()) return it->get<uint64_t>();
+    if (it->is_number_integer()) {
+        bad_request("seed", fmt::format("`seed` must be a non-negative integer, got {}", it->get<int64_t>()));
+    }
+    bad_request("seed", fmt::format("`seed` must be a non-negative integer, got {}", json_type_name(*it)));
+}
+
+// Maps a user-given name onto the service's spelling, case-insensitively.
+std::string name_match(const std::string& given, const std::vector<std::string>& accepted, const char* field,
+                       const char* what) {
+    const std::string want = lower(given);
+    for (const auto& name : accepted)
+        if (lower(name) == want) return name;
+    bad_request(field, fmt::format("unknown {} '{}'; accepted: {}", what, given, list_join(accepted)));
+}
+
+// voice, language, instructions and seed: shared by the three entry points.
+void common_fields_parse(const json& obj, const SpeechService& service, const SpeechLimits& limits, SpeechRequest& r) {
+    const std::string voice = string_field(obj, "voice");
+    if (!voice.empty()) {
+        const auto voices = service.voices();
+        if (voices.empty())
+            bad_request("voice", fmt::format("this model ({}) has no preset voices; leave out `voice` (got '{}')",
+                                             service.model_name(), voice));
+        r.speaker = name_match(voice, voices, "voice", "voice");
+    }
+    const std::string language = string_field(obj, "language", "auto");
+    const auto languages = service.languages();
+    r.language = languages.empty() ? language : name_match(language, languages, "language", "language");
+    r.instruct = string_field(obj, "instructions");
+    text_check(r.instruct, "instructions", limits.max_text_bytes);
+    r.seed = seed_field(obj);
+}
+
+json object_parse(const std::string& text, const char* what) {
+    json body;
+    try {
+        body = json::parse(text);
+    } catch (const json::parse_error& e) {
+        // nlohmann rejects ill-formed UTF-8 inside strings here as well.
+        bad_request("", fmt::format("{} is not valid JSON: {}", what, e.what()));
+    }
+    if (!body.is_object()) bad_request("", fmt::format("{} must be a JSON object, got {}", what, json_type_name(body)));
+    return body;
+}
+
+}  // namespace
+
+const char* audio_format_name(AudioFormat format) {
+    switch (format) {
+        case AudioFormat::AUDIO_FORMAT_OGG_OPUS: return "ogg_opus";
+        case AudioFormat::AUDIO_FORMAT_OPUS_PACKETS: return "opus_packets";
+        case AudioFormat::AUDIO_FORMAT_WAV: return "wav";
+        case AudioFormat::AUDIO_FORMAT_PCM: return "pcm";
+    }
+    return "unknown";
+}
+
+std::string audio_format_content_type(AudioFormat format) {
+    switch (format) {
+        case AudioFormat::AUDIO_FORMAT_OGG_OPUS: return "audio/ogg; codecs=opus";
+        case AudioFormat::AUDIO_FORMAT_OPUS_PACKETS: return "audio/opus";
+        case AudioFormat::AUDIO_FORMAT_WAV: return "audio/wav";
+        case AudioFormat::AUDIO_FORMAT_PCM: return "audio/pcm; rate=24000; channels=1; encoding=s16le";
+    }
+    return "application/octet-stream";
+}
+
+std::string error_body_json(const std::string& message, const std::string& type, const std::string& param,
+                            const std::string& code) {
+    json error = {{"message", message}, {"type", type}};
+    error["param"] = param.empty() ? json(nullptr) : json(param);
+    error["code"] = code.empty() ? json(nullptr) : json(code);
+    // Replace, never throw, if a message carries bytes that are not UTF-8 (e.g. echoed input).
+    return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+bool utf8_valid(const std::string& text) {
+    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+    const size_t n = text.size();
+    size_t i = 0;
+    while (i < n) {
+        const unsigned c = s[i];
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        size_t len = 0;
+        uint32_t cp = 0;
+        if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+            cp = c & 0x1F;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            cp = c & 0x0F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            cp = c & 0x07;
+        } else {
+            return false;  // continuation byte first, 0xC0/0xC1 (overlong) or 0xF5.. (past U+10FFFF)
+        }
+        if (i + len > n) return false;
+        for (size_t k = 1; k < len; ++k) {
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) return false;  // overlong
+        if (cp >= 0xD800 && cp <= 0xDFFF) return false;                            // surrogate
+        if (cp > 0x10FFFF) return false;
+        i += len;
+    }
+    return true;
+}
+
+void text_check(const std::string& text, const std::string& field, size_t max_bytes) {
+    if (!utf8_valid(text)) bad_request(field, fmt::format("`{}` is not valid UTF-8", field));
+    if (text.size() > max_bytes)
+        throw RequestError(400, kInvalid, field,
+                           fmt::format("`{}` is {} bytes long; the limit is {} bytes (UTF-8)", field, text.size(), max_bytes));
+}
+
+SpeechParams speech_params_parse_http(const std::string& body_text, const SpeechService& service,
+                                      const SpeechLimits& limits) {
+    const json body = object_parse(body_text, "the request body");
+    SpeechParams p;
+    SpeechRequest& r = p.request;
+
+    string_field(body, "model");  // any name: this server speaks with the one model it loaded
+    auto input = body.find("input");
+    if (input == body.end() || input->is_null()) bad_request("input", "`input` is required: the text to speak");
+    if (!input->is_string()) bad_request("input", fmt::format("`input` must be a string, got {}", json_type_name(*input)));
+    r.text = input->get<std::string>();
+    text_check(r.text, "input", limits.max_text_bytes);
+    if (blank(r.text)) bad_request("input", "`input` is empty; give the text to speak");
+
+    common_fields_parse(body, service, limits, r);
+
+    const std::string format = lower(string_field(body, "response_format", "opus"));
+    if (format == "opus") {
+        p.format = AudioFormat::AUDIO_FORMAT_OGG_OPUS;
+    } else if (format == "wav") {
+        p.format = AudioFormat::AUDIO_FORMAT_WAV;
+    } else if (format == "pcm") {
+        p.format = AudioFormat::AUDIO_FORMAT_PCM;
+    } else {
+        bad_request("response_format",
+                    fmt::format("response_format '{}' is not supported; accepted: opus (Ogg Opus), wav, pcm "
+                                "(s16le, 24 kHz mono)",
+                                format));
+    }
+
+    auto speed = body.find("speed");
+    if (speed != body.end() && !speed->is_null()) {
+        if (!speed->is_number()) bad_request("speed", fmt::format("`speed` must be a number, got {}", json_type_name(*speed)));
+        const double v = speed->get<double>();
+        if (std::fabs(v - 1.0) > 1e-9)
+            bad_request("speed", fmt::format("`speed` {} is not supported; only 1.0 is accepted", v));
+    }
+
+    p.stream = bool_field(body, "stream", false);
+    const std::string stream_format = lower(string_field(body, "stream_format"));
+    if (!stream_format.empty()) {
+        if (stream_format == "audio") {
+            p.stream = true;
+        } else if (stream_format == "sse") {
+            p.stream = true;
+            p.sse = true;
+        } else {
+            bad_request("stream_format", fmt::format("stream_format '{}' is not supported; accepted: audio, sse", stream_format));
+        }
+    }
+    return p;
+}
+
+SpeechParams speech_params_parse_ws_start(const json& message, const SpeechService& service, const SpeechLimits& limits) {
+    SpeechParams p;
+    SpeechRequest& r = p.request;
+    r.incremental = true;
+    r.text = string_field(message, "text");
+    text_check(r.text, "text", limits.max_text_bytes);
+    common_fields_parse(message, service, limits, r);
+    const std::string format = lower(string_field(message, "format", "opus"));
+    if (format == "opus") {
+        p.format = AudioFormat::AUDIO_FORMAT_OPUS_PACKETS;
+    } else if (format == "ogg") {
+        p.format = AudioFormat::AUDIO_FORMAT_OGG_OPUS;
+    } else if (format == "pcm") {
+        p.format = AudioFormat::AUDIO_FORMAT_PCM;
+    } else {
+        bad_request("format", fmt::format("format '{}' is not supported; accepted: opus (raw packets), ogg, pcm", format));
+    }
+    p.stream = true;
+    return p;
+}
+
+SpeechParams speech_params_parse_tcp_line(const std::string& line, const SpeechService& service,
+                                          const SpeechLimits& limits) {
+    SpeechParams p;
+    p.format = AudioFormat::AUDIO_FORMAT_OGG_OPUS;
+    p.stream = true;
+    size_t first = 0;
+    while (first < line.size() && std::isspace(static_cast<unsigned char>(line[first]))) ++first;
+    if (first < line.size() && line[first] == '{') {
+        const json obj = object_parse(line, "the JSON line");
+        auto input = obj.find("input");
+        if (input == obj.end() || !input->is_string()) bad_request("input", "the JSON line needs `input`: the text to speak");
+        p.request.text = input->get<std::string>();
+        common_fields_parse(obj, service, limits, p.request);
+    } else {
+        p.request.text = line;
+    }
+    text_check(p.request.text, "input", limits.max_text_bytes);
+    if (blank(p.request.text)) bad_request("input", "the line is empty; send the text to speak followed by a newline");
+    return p;
+}
+
+}  // namespace qtts

@@ -1,0 +1,58 @@
+// What the network server needs from a speech engine, as an interface: the server core is
+// written against SpeechService and qtts::Stream, so it can be tested with a scripted source
+// (a deterministic sine in tests/net) as well as with the real qtts::Engine.
+//
+// Thread safety: every method may be called from any thread (the server calls submit from its
+// I/O threads and reads each stream from one pump thread).
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace qtts {
+
+// Thrown by SpeechService::submit when the request is fine but there is no free stream slot;
+// the server answers 429 and the client should retry later.
+class ServiceBusyError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+class SpeechService {
+public:
+    virtual ~SpeechService() = default;
+
+    // Starts a request and returns its stream at once. Throws qtts::Error for a bad request
+    // (unknown voice or language, bad text) and ServiceBusyError when at capacity.
+    virtual std::shared_ptr<Stream> submit(const SpeechRequest& request) = 0;
+
+    virtual std::vector<std::string> voices() const = 0;     // accepted `voice` names
+    virtual std::vector<std::string> languages() const = 0;  // accepted `language` names
+    virtual std::string model_name() const = 0;
+    virtual std::string backend_name() const = 0;
+};
+
+// Serves a qtts::Engine. Kept in its own source file (engine_service.cpp) so programs that do not
+// use it do not link the engine.
+class EngineSpeechService : public SpeechService {
+public:
+    // model_name is what /healthz and /v1/audio/voices report (e.g. the model folder's name).
+    EngineSpeechService(Engine& engine, std::string model_name, int max_streams);
+
+    std::shared_ptr<Stream> submit(const SpeechRequest& request) override;
+    std::vector<std::string> voices() const override;
+    std::vector<std::string> languages() const override;
+    std::string model_name() const override { return model_name_; }
+    std::string backend_name() const override;
+
+private:
+    Engine& engine_;
+    std::string model_name_;
+    int max_streams_;
+};
+
+}  // namespace qtts

@@ -1,0 +1,103 @@
+// Owning device and pinned-host allocations (RAII). Everything the real-time path touches is
+// allocated once, before any graph capture (graph rule 14), through these types.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_check.h"
+
+namespace qtts::cuda {
+
+// cudaMalloc'd bytes on the current device. Not copyable; movable.
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t bytes) { allocate(bytes); }
+    ~DeviceBuffer() { release(); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) {
+            release();
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            bytes_ = std::exchange(o.bytes_, 0);
+        }
+        return *this;
+    }
+
+    void allocate(size_t bytes) {
+        release();
+        if (bytes == 0) return;
+        CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+        bytes_ = bytes;
+    }
+    void release() noexcept {
+        if (ptr_) cudaFree(ptr_);
+        ptr_ = nullptr;
+        bytes_ = 0;
+    }
+
+    void* get() const { return ptr_; }
+    size_t bytes() const { return bytes_; }
+    template <typename T>
+    T* as() const {
+        return static_cast<T*>(ptr_);
+    }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// A typed device array.
+template <typename T>
+class DeviceArray {
+public:
+    DeviceArray() = default;
+    explicit DeviceArray(size_t count) : buffer_(count * sizeof(T)), count_(count) {}
+    T* get() const { return buffer_.as<T>(); }
+    size_t size() const { return count_; }
+    size_t bytes() const { return buffer_.bytes(); }
+
+private:
+    DeviceBuffer buffer_;
+    size_t count_ = 0;
+};
+
+// Page-locked host memory (for asynchronous copies).
+template <typename T>
+class PinnedArray {
+public:
+    PinnedArray() = default;
+    explicit PinnedArray(size_t count) {
+        if (count) CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
+        count_ = count;
+    }
+    ~PinnedArray() {
+        if (ptr_) cudaFreeHost(ptr_);
+    }
+    PinnedArray(const PinnedArray&) = delete;
+    PinnedArray& operator=(const PinnedArray&) = delete;
+    PinnedArray(PinnedArray&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+    PinnedArray& operator=(PinnedArray&& o) noexcept {
+        if (this != &o) {
+            if (ptr_) cudaFreeHost(ptr_);
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            count_ = std::exchange(o.count_, 0);
+        }
+        return *this;
+    }
+    T* get() const { return ptr_; }
+    T& operator[](size_t i) const { return ptr_[i]; }
+    size_t size() const { return count_; }
+
+private:
+    T* ptr_ = nullptr;
+    size_t count_ = 0;
+};
+
+}  // namespace qtts::cuda

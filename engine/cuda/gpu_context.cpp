@@ -1,0 +1,83 @@
+#include "cuda/gpu_context.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <cublas_v2.h>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qtts::cuda {
+
+DeviceScope::DeviceScope(int device) {
+    CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) {
+        CUDA_CHECK(cudaSetDevice(device));
+        changed_ = true;
+    }
+}
+
+DeviceScope::~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+}
+
+bool cuda_graphs_disabled_by_env() {
+    const char* v = std::getenv("QTTS_NO_CUDA_GRAPHS");
+    return v && *v && std::strcmp(v, "0") != 0;
+}
+
+bool cuda_pdl_enabled_by_env() {
+    const char* v = std::getenv("QTTS_PDL");
+    return !(v && std::strcmp(v, "0") == 0);
+}
+
+GpuContext::GpuContext(int device) : device_(device) {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        cudaGetLastError();
+        fail(ErrorCode::ERROR_CUDA, "no usable CUDA device ({}: {}); run with the CPU backend instead",
+             cudaGetErrorName(status), cudaGetErrorString(status));
+    }
+    if (device < 0 || device >= count)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "CUDA device {} does not exist: {} device(s) present (use --device 0..{})",
+             device, count, count - 1);
+    DeviceScope scope(device_);
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = prop.name;
+    sm_count_ = prop.multiProcessorCount;
+    major_ = prop.major;
+    pdl_ = major_ >= 9 && cuda_pdl_enabled_by_env();
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    workspace_.allocate(size_t(major_ >= 9 ? 32 : 4) << 20);
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_.get(), workspace_.bytes()));
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    QTTS_LOG_INFO("CUDA device {}: {} (sm_{}{}, {} SMs, {:.0f} GiB), cuBLAS workspace {} MiB, PDL {}", device_, name_,
+                  prop.major, prop.minor, sm_count_, prop.totalGlobalMem / 1073741824.0, workspace_.bytes() >> 20,
+                  pdl_ ? "on" : "off");
+}
+
+GpuContext::~GpuContext() {
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (cublas_) cublasDestroy(cublas_);
+    workspace_.release();
+    if (stream_) cudaStreamDestroy(stream_);
+    if (previous >= 0) cudaSetDevice(previous);
+}
+
+void GpuContext::pdl_set(bool enabled) { pdl_ = enabled && major_ >= 9; }
+
+void GpuContext::synchronize() {
+    guard_.check("GpuContext::synchronize");
+    DeviceScope scope(device_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace qtts::cuda

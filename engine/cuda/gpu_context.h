@@ -1,0 +1,77 @@
+// One CUDA device as the engine thread sees it: the device index, a dedicated non-blocking
+// stream, one cuBLAS handle bound to that stream with its own workspace (32 MiB on Hopper and
+// newer, 4 MiB otherwise; graph rule 15), the programmatic-dependent-launch switch, and the
+// owner guard of everything allocated for this device.
+//
+// Every GPU object built on a context belongs to the context's owner thread. Nothing assumes
+// device 0: each entry point makes the context's device current first (DeviceScope).
+#pragma once
+
+#include <string>
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda/device_buffer.h"
+#include "cuda/owner_guard.h"
+#include "kernels/common.cuh"
+
+namespace qtts::cuda {
+
+// Makes `device` current for the lifetime of the scope and restores the previous one.
+class DeviceScope {
+public:
+    explicit DeviceScope(int device);
+    ~DeviceScope();
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+private:
+    int previous_ = -1;
+    bool changed_ = false;
+};
+
+// True when QTTS_NO_CUDA_GRAPHS is set to anything but "" or "0".
+bool cuda_graphs_disabled_by_env();
+// False when QTTS_PDL=0 (programmatic dependent launch off; on by default on sm_90+).
+bool cuda_pdl_enabled_by_env();
+
+class GpuContext {
+public:
+    // Throws qtts::Error (ERROR_CUDA) with a clear message when the device cannot be used.
+    explicit GpuContext(int device);
+    ~GpuContext();
+    GpuContext(const GpuContext&) = delete;
+    GpuContext& operator=(const GpuContext&) = delete;
+
+    int device() const { return device_; }
+    const std::string& device_name() const { return name_; }
+    int sm_count() const { return sm_count_; }
+    int compute_major() const { return major_; }
+    cudaStream_t stream() const { return stream_; }
+    cublasHandle_t cublas() const { return cublas_; }
+    size_t cublas_workspace_bytes() const { return workspace_.bytes(); }
+
+    // Launch options for the context stream.
+    kernels::Launch launch() const { return {stream_, pdl_}; }
+    bool pdl() const { return pdl_; }
+    void pdl_set(bool enabled);  // ignored (stays off) below sm_90
+
+    OwnerGuard& guard() { return guard_; }
+    const OwnerGuard& guard() const { return guard_; }
+
+    void synchronize();
+
+private:
+    int device_ = 0;
+    std::string name_;
+    int sm_count_ = 0;
+    int major_ = 0;
+    bool pdl_ = false;
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t cublas_ = nullptr;
+    DeviceBuffer workspace_;
+    OwnerGuard guard_;
+};
+
+}  // namespace qtts::cuda

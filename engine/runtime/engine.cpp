@@ -1,0 +1,321 @@
+#include "runtime/engine.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include <concurrentqueue.h>
+
+#include "audio_io/spsc_ring.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "model/make_model.h"
+#include "runtime/synthesizer.h"
+
+namespace qtts {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Consumer-facing stream. The engine thread is its only producer; one consumer thread reads.
+class StreamImpl final : public Stream {
+public:
+    StreamImpl(uint64_t id, PreparedSpeech prepared, size_t ring_samples, std::function<void()> wake_engine)
+        : id_(id), prepared_(std::move(prepared)), ring_(ring_samples), wake_engine_(std::move(wake_engine)),
+          submitted_(Clock::now()) {}
+
+    uint64_t id() const override { return id_; }
+
+    size_t read(float* out, size_t n) override {
+        const size_t got = ring_.read(out, n);
+        // Wait-free: no lock and no wake-up call here (a reader may be an audio callback). A
+        // stream held back by a full ring resumes at the engine's next poll (<= 20 ms).
+        if (got > 0) {
+            was_empty_ = false;
+        } else if (!gen_done_.load(std::memory_order_acquire) && !was_empty_) {
+            was_empty_ = true;
+            stalls_.fetch_add(1, std::memory_order_relaxed);
+        }
+        return got;
+    }
+
+    bool wait(std::chrono::milliseconds timeout) override {
+        std::unique_lock<std::mutex> lock(mutex_);
+        return cv_.wait_for(lock, timeout, [&] { return ring_.available_read() > 0 || gen_done_.load(std::memory_order_acquire); });
+    }
+
+    bool finished() const override { return gen_done_.load(std::memory_order_acquire) && ring_.available_read() == 0; }
+    bool generation_done() const override { return gen_done_.load(std::memory_order_acquire); }
+
+    void text_append(const std::string& text) override {
+        if (!prepared_.incremental) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "this stream was not opened for incremental text");
+        if (text_closed_.load()) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text was already closed");
+        if (!utf8_is_valid(text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "appended text is not valid UTF-8");
+        text_queue_.enqueue(text);
+        wake_engine_();
+    }
+    void text_close() override {
+        text_closed_.store(true);
+        wake_engine_();
+    }
+    void cancel() override {
+        cancelled_.store(true);
+        wake_engine_();
+    }
+
+    StreamMetrics metrics() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        StreamMetrics m = metrics_;
+        m.stalls = stalls_.load();
+        return m;
+    }
+    std::string error() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return error_;
+    }
+    std::vector<std::vector<int32_t>> codes() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<std::vector<int32_t>> out;
+        for (const auto& f : codes_) out.emplace_back(f.begin(), f.end());
+        return out;
+    }
+
+    // ---- engine side ----
+    void publish(const std::vector<float>& pcm, const std::vector<FrameCodes>& frames) {
+        const size_t written = ring_.write(pcm.data(), pcm.size());
+        QTTS_ASSERT(written == pcm.size());  // the engine checked the free space first
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            codes_.insert(codes_.end(), frames.begin(), frames.end());
+            if (metrics_.ttfa_gen_ms < 0 && !pcm.empty()) metrics_.ttfa_gen_ms = ms_since(submitted_);
+            metrics_.frames += int64_t(frames.size());
+            metrics_.samples += int64_t(pcm.size());
+        }
+        cv_.notify_all();
+    }
+    void finish(StopReason reason, const std::string& error) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            metrics_.stop_reason = reason;
+            metrics_.generation_ms = ms_since(submitted_);
+            const double audio_ms = metrics_.samples / 24.0;
+            metrics_.rtf = audio_ms > 0 ? metrics_.generation_ms / audio_ms : 0.0;
+            error_ = error;
+        }
+        gen_done_.store(true, std::memory_order_release);
+        cv_.notify_all();
+    }
+
+    const uint64_t id_;
+    PreparedSpeech prepared_;
+    SpscRing<float> ring_;
+    std::function<void()> wake_engine_;
+    Clock::time_point submitted_;
+    std::atomic<bool> cancelled_{false};
+    std::atomic<bool> text_closed_{false};
+    bool text_close_applied_ = false;  // engine thread only
+    moodycamel::ConcurrentQueue<std::string> text_queue_;
+    std::unique_ptr<Utterance> utterance_;  // engine thread only
+    bool waiting_for_text_ = false;        // engine thread only
+    size_t text_seen_ = 0;                 // engine thread only
+
+private:
+    std::atomic<bool> gen_done_{false};
+    std::atomic<int64_t> stalls_{0};
+    bool was_empty_ = false;  // consumer thread only
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    StreamMetrics metrics_;
+    std::string error_;
+    std::vector<FrameCodes> codes_;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+    EngineOptions options;
+    std::shared_ptr<const SpeechModel> model;
+    std::thread thread;
+    moodycamel::ConcurrentQueue<std::shared_ptr<StreamImpl>> intake;
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> next_id{1};
+    std::atomic<int64_t> admitted{0};  // queued + active streams (the concurrency limit)
+
+    std::mutex wake_mutex;
+    std::condition_variable wake_cv;
+    bool wake_flag = false;
+
+    mutable std::mutex stats_mutex;
+    EngineStats stats;
+
+    void wake() {
+        {
+            std::lock_guard<std::mutex> lock(wake_mutex);
+            wake_flag = true;
+        }
+        wake_cv.notify_one();
+    }
+
+    void finish(StreamImpl& s, StopReason reason, const std::string& error) {
+        s.finish(reason, error);
+        admitted.fetch_sub(1);
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        stats.active_streams = admitted.load();
+        if (reason == StopReason::STOP_CANCELLED) ++stats.cancelled;
+        else if (reason == StopReason::STOP_ERROR) ++stats.errors;
+        else ++stats.completed;
+        stats.audio_seconds += s.metrics().samples / 24000.0;
+    }
+
+    // One chunk for one stream; returns true when it made progress.
+    bool service(StreamImpl& s, std::vector<float>& pcm, std::vector<FrameCodes>& frames, bool& finished) {
+        finished = false;
+        if (s.cancelled_.load()) {
+            finish(s, StopReason::STOP_CANCELLED, "");
+            finished = true;
+            return true;
+        }
+        std::string text;
+        bool got_text = false;
+        while (s.text_queue_.try_dequeue(text)) {
+            s.utterance_->text_append(text);
+            got_text = true;
+        }
+        if (s.text_closed_.load() && !s.text_close_applied_) {
+            while (s.text_queue_.try_dequeue(text)) s.utterance_->text_append(text);
+            s.utterance_->text_close();
+            s.text_close_applied_ = true;
+            got_text = true;
+        }
+        if (s.waiting_for_text_ && !got_text) return false;
+        const int k = s.utterance_->frames() == 0 ? options.first_chunk_frames : options.chunk_frames;
+        if (s.ring_.available_write() < size_t(k) * 1920) return false;  // reader is behind: backpressure
+        pcm.clear();
+        frames.clear();
+        const UtteranceStatus status = s.utterance_->chunk(k, &pcm, &frames);
+        s.waiting_for_text_ = status == UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT && frames.empty();
+        if (!frames.empty()) s.publish(pcm, frames);
+        if (status == UtteranceStatus::UTTERANCE_DONE) {
+            finish(s, s.utterance_->stop_reason(), "");
+            finished = true;
+        }
+        return !frames.empty() || finished;
+    }
+
+    void run() {
+        std::list<std::shared_ptr<StreamImpl>> active;
+        std::vector<float> pcm;
+        std::vector<FrameCodes> frames;
+        while (!stop.load()) {
+            std::shared_ptr<StreamImpl> incoming;
+            while (intake.try_dequeue(incoming)) {
+                try {
+                    incoming->utterance_ = std::make_unique<Utterance>(model, incoming->prepared_);
+                    active.push_back(incoming);
+                } catch (const std::exception& e) {
+                    finish(*incoming, StopReason::STOP_ERROR, e.what());
+                }
+            }
+            bool progressed = false;
+            for (auto it = active.begin(); it != active.end();) {
+                bool finished = false;
+                try {
+                    progressed |= service(**it, pcm, frames, finished);
+                } catch (const std::exception& e) {
+                    QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());
+                    finish(**it, StopReason::STOP_ERROR, e.what());
+                    finished = true;
+                }
+                it = finished ? active.erase(it) : std::next(it);
+            }
+            if (!progressed) {
+                std::unique_lock<std::mutex> lock(wake_mutex);
+                wake_cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return wake_flag || stop.load(); });
+                wake_flag = false;
+            }
+        }
+        for (auto& s : active) finish(*s, StopReason::STOP_CANCELLED, "engine stopped");
+        std::shared_ptr<StreamImpl> left;
+        while (intake.try_dequeue(left)) finish(*left, StopReason::STOP_CANCELLED, "engine stopped");
+    }
+};
+
+Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
+    impl_->options = options;
+    if (options.max_streams < 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_streams must be >= 1");
+    if (options.first_chunk_frames < 1 || options.chunk_frames < 1)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk sizes must be >= 1 frame");
+    const std::string dir = options.model_dir.empty() ? default_model_dir() : options.model_dir;
+    SpeechModelOptions mo;
+    mo.backend = options.backend;
+    mo.device = options.device;
+    mo.cuda_graphs = options.cuda_graphs;
+    // The engine thread loads (and so owns) the model: GPU buffers and graphs are created there.
+    std::promise<void> loaded;
+    auto loaded_future = loaded.get_future();
+    Impl* impl = impl_.get();
+    impl_->thread = std::thread([impl, dir, mo, &loaded]() {
+        try {
+            impl->model = SpeechModel::load(dir, mo);
+            loaded.set_value();
+        } catch (...) {
+            loaded.set_exception(std::current_exception());
+            return;
+        }
+        impl->run();
+    });
+    try {
+        loaded_future.get();
+    } catch (...) {
+        impl_->thread.join();
+        throw;
+    }
+    QTTS_LOG_INFO("engine ready: {} on {}", dir, impl_->model->backend_name());
+}
+
+Engine::~Engine() {
+    impl_->stop.store(true);
+    impl_->wake();
+    if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+std::shared_ptr<Stream> Engine::submit(const SpeechRequest& request) {
+    PreparedSpeech prepared = impl_->model->prepare(request);  // throws on a bad request
+    if (impl_->admitted.fetch_add(1) >= impl_->options.max_streams) {
+        impl_->admitted.fetch_sub(1);
+        fail(ErrorCode::ERROR_BUSY, "the engine is at its limit of {} concurrent streams; retry later",
+             impl_->options.max_streams);
+    }
+    const size_t ring = size_t(std::max(1.0, impl_->options.ring_seconds) * 24000.0) +
+                        size_t(std::max(impl_->options.chunk_frames, impl_->options.first_chunk_frames)) * 1920;
+    Impl* impl = impl_.get();
+    auto stream = std::make_shared<StreamImpl>(impl_->next_id.fetch_add(1), std::move(prepared), ring, [impl] { impl->wake(); });
+    {
+        std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+        ++impl_->stats.requests;
+        impl_->stats.active_streams = impl_->admitted.load();
+    }
+    impl_->intake.enqueue(stream);
+    impl_->wake();
+    return stream;
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+    EngineStats s = impl_->stats;
+    s.active_streams = impl_->admitted.load();
+    return s;
+}
+
+const Checkpoint& Engine::checkpoint() const { return impl_->model->checkpoint(); }
+std::vector<std::string> Engine::speakers() const { return impl_->model->speakers(); }
+std::vector<std::string> Engine::languages() const { return impl_->model->languages(); }
+std::string Engine::backend_name() const { return impl_->model->backend_name(); }
+
+}  // namespace qtts

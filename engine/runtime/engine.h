@@ -1,0 +1,121 @@
+// The qtts engine: one long-lived object, one engine thread that owns every model buffer
+// (CPU or GPU), and streams that carry PCM to any number of consumer threads.
+//
+// Thread safety: Engine::submit/stats and every Stream method may be called from any thread.
+// Stream::read is wait-free (SPSC ring; exactly one consumer thread per stream).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "text/prompt.h"
+
+namespace qtts {
+
+struct Checkpoint;
+
+struct SpeechRequest {
+    std::string text;                // the sentence(s) to speak; may be empty when `incremental`
+    std::string speaker;             // CustomVoice speaker (case-insensitive); empty = model default
+    std::string language = "auto";   // a language name or "auto"
+    std::string instruct;            // VoiceDesign description / CustomVoice style instruction
+    std::optional<uint64_t> seed;    // fixed seed for reproducible sampling
+    bool greedy = false;             // argmax decoding (tests, debugging)
+    int max_frames = 0;              // 0 = the frame budget rule
+    std::optional<TextLayout> text_layout;  // unset = the variant's default (streaming for Base)
+    bool incremental = false;        // text arrives later through Stream::text_append, ends with text_close
+    std::string voice_path;          // saved voice file (.qv) for Base models
+    std::vector<int32_t> input_ids;     // debugging: assistant-template ids, skips the tokenizer
+    std::vector<int32_t> instruct_ids;  // debugging: instruct-template ids
+};
+
+enum class StopReason { STOP_NONE, STOP_EOS, STOP_FRAME_BUDGET, STOP_MAX_FRAMES, STOP_CANCELLED, STOP_ERROR };
+const char* stop_reason_name(StopReason reason);
+
+struct StreamMetrics {
+    double ttfa_gen_ms = -1.0;    // submit -> first PCM chunk available to the consumer
+    double generation_ms = 0.0;   // submit -> last chunk produced
+    int64_t frames = 0;           // 80 ms codec frames produced
+    int64_t samples = 0;          // PCM samples produced (frames * 1920)
+    double rtf = 0.0;             // generation wall time / audio duration
+    int64_t stalls = 0;           // times the consumer found the ring empty before the end
+    StopReason stop_reason = StopReason::STOP_NONE;
+};
+
+class Stream {
+public:
+    virtual ~Stream() = default;
+    virtual uint64_t id() const = 0;
+    static constexpr int kSampleRate = 24000;
+
+    // Copies up to n samples of 24 kHz mono float PCM; never blocks; returns the count copied.
+    virtual size_t read(float* out, size_t n) = 0;
+    // Blocks until audio is readable, the stream ended, or the timeout passed. True when
+    // something changed (audio available or the stream ended).
+    virtual bool wait(std::chrono::milliseconds timeout) = 0;
+    // True once generation ended (for any reason) and every sample has been read.
+    virtual bool finished() const = 0;
+    // True once generation ended (audio may remain unread).
+    virtual bool generation_done() const = 0;
+
+    // Incremental text (requests made with `incremental = true`).
+    virtual void text_append(const std::string& text) = 0;
+    virtual void text_close() = 0;
+    // Stops generation within one chunk; the engine frees the stream's slot.
+    virtual void cancel() = 0;
+
+    virtual StreamMetrics metrics() const = 0;
+    // The error message when the stream failed after it was accepted (empty otherwise).
+    virtual std::string error() const = 0;
+    // Codes of every frame produced so far (16 per frame), for --codes-out and tests.
+    virtual std::vector<std::vector<int32_t>> codes() const = 0;
+};
+
+struct EngineOptions {
+    std::string model_dir;          // empty = the embedded default model
+    std::string backend = "auto";   // cpu, cuda or auto
+    int device = 0;                 // CUDA device index
+    bool cuda_graphs = true;        // false = eager GPU execution (same results)
+    int max_streams = 16;           // concurrent streams; more are refused with ERROR_UNSUPPORTED
+    int first_chunk_frames = 1;     // frames in a stream's first chunk (time to first audio)
+    int chunk_frames = 4;           // frames per chunk afterwards
+    double ring_seconds = 30.0;     // PCM buffered per stream before the engine waits for the reader
+};
+
+struct EngineStats {
+    int64_t requests = 0;
+    int64_t active_streams = 0;
+    int64_t completed = 0;
+    int64_t errors = 0;
+    int64_t cancelled = 0;
+    double audio_seconds = 0.0;
+};
+
+class Engine {
+public:
+    explicit Engine(const EngineOptions& options);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // Validates the request on the calling thread (text, speaker, language, voice, limits) and
+    // throws qtts::Error for a bad one; otherwise queues it and returns its stream at once.
+    std::shared_ptr<Stream> submit(const SpeechRequest& request);
+
+    EngineStats stats() const;
+    const Checkpoint& checkpoint() const;
+    std::vector<std::string> speakers() const;   // CustomVoice speaker names
+    std::vector<std::string> languages() const;  // "auto" and the model's languages
+    std::string backend_name() const;            // "cpu" or "cuda:N"
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qtts

@@ -1,0 +1,37 @@
+#include "runtime/lm_backend.h"
+
+#include "common/device.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qtts {
+
+const char* lm_backend_name(LmBackend backend) {
+    return backend == LmBackend::LM_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+LmBackendChoice lm_backend_choose(const std::string& requested, int device) {
+    if (requested != "auto" && requested != "cpu" && requested != "cuda")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown backend '{}': use auto, cpu or cuda", requested);
+    LmBackendChoice choice;
+    choice.device = device;
+    if (requested == "cpu") {
+        choice.reason = "CPU backend requested";
+        return choice;
+    }
+    const int count = cuda_device_count();
+    const bool usable = cuda_compiled() && device >= 0 && device < count;
+    if (usable) {
+        choice.backend = LmBackend::LM_BACKEND_CUDA;
+        choice.reason = "CUDA device " + std::to_string(device) + ": " + cuda_describe(device);
+        return choice;
+    }
+    const std::string why = cuda_describe(device);
+    if (requested == "cuda")
+        fail(ErrorCode::ERROR_UNSUPPORTED, "the CUDA backend was requested but cannot run: {}", why);
+    choice.reason = "no usable GPU (" + why + "); falling back to the CPU backend";
+    QTTS_LOG_WARN("{}", choice.reason);
+    return choice;
+}
+
+}  // namespace qtts

@@ -1,0 +1,285 @@
+#include "runtime/synthesizer.h"
+
+#include <algorithm>
+#include <random>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "text/text_split.h"
+
+namespace qtts {
+
+const char* stop_reason_name(StopReason reason) {
+    switch (reason) {
+        case StopReason::STOP_NONE: return "none";
+        case StopReason::STOP_EOS: return "eos";
+        case StopReason::STOP_FRAME_BUDGET: return "frame_budget";
+        case StopReason::STOP_MAX_FRAMES: return "max_frames";
+        case StopReason::STOP_CANCELLED: return "cancelled";
+        case StopReason::STOP_ERROR: return "error";
+    }
+    return "?";
+}
+
+namespace {
+
+std::string lower(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    return s;
+}
+
+bool is_blank(const std::string& s) {
+    return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
+}
+
+StopReason stop_reason_from(cpu::StopReason r) {
+    switch (r) {
+        case cpu::StopReason::STOP_REASON_EOS: return StopReason::STOP_EOS;
+        case cpu::StopReason::STOP_REASON_FRAME_BUDGET: return StopReason::STOP_FRAME_BUDGET;
+        case cpu::StopReason::STOP_REASON_MAX_FRAMES: return StopReason::STOP_MAX_FRAMES;
+        default: return StopReason::STOP_NONE;
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// SpeechModel
+// ---------------------------------------------------------------------------------------------
+
+SpeechModel::SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok)
+    : checkpoint_(std::move(ckpt)), tokenizer_(std::move(tok)) {}
+
+std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_dir, const SpeechModelOptions& options) {
+    auto ckpt = checkpoint_load(model_dir);
+    Tokenizer tok = Tokenizer::load(model_dir);
+    std::shared_ptr<SpeechModel> model(new SpeechModel(ckpt, std::move(tok)));
+    if (options.backend != "cpu" && options.backend != "auto" && options.backend != "cuda")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown backend '{}' (expected cpu, cuda or auto)", options.backend);
+    model->lm_ = cpu::LmWeights::load(ckpt);
+    model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt);
+    return model;
+}
+
+TextLayout SpeechModel::default_layout() const {
+    return checkpoint_->config.type == ModelType::MODEL_TYPE_BASE ? TextLayout::TEXT_LAYOUT_STREAMING
+                                                                  : TextLayout::TEXT_LAYOUT_NON_STREAMING;
+}
+
+std::string SpeechModel::default_speaker() const {
+    const auto& ids = checkpoint_->config.talker.speaker_ids;
+    if (ids.empty()) return "";
+    if (ids.count("vivian")) return "vivian";
+    return ids.begin()->first;
+}
+
+std::vector<std::string> SpeechModel::speakers() const {
+    std::vector<std::string> out;
+    for (const auto& [name, id] : checkpoint_->config.talker.speaker_ids) out.push_back(name);
+    return out;
+}
+
+std::vector<std::string> SpeechModel::languages() const {
+    std::vector<std::string> out{"auto"};
+    for (const auto& [name, id] : checkpoint_->config.talker.language_ids) out.push_back(name);
+    return out;
+}
+
+std::vector<int32_t> SpeechModel::assistant_ids(const std::string& text) const {
+    return tokenizer_.encode("<|im_start|>assistant\n" + text + "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+std::vector<int32_t> SpeechModel::instruct_ids(const std::string& instruct) const {
+    return tokenizer_.encode("<|im_start|>user\n" + instruct + "<|im_end|>\n");
+}
+
+PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
+    const ModelConfig& config = checkpoint_->config;
+    PreparedSpeech prep;
+    PromptRequest& base = prep.base;
+
+    // Text: complete text must be non-empty valid UTF-8 within the size limit.
+    if (request.text.size() > REQUEST_MAX_TEXT_BYTES)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is {} bytes; at most {} bytes are accepted per request",
+             request.text.size(), REQUEST_MAX_TEXT_BYTES);
+    if (!utf8_is_valid(request.text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is not valid UTF-8");
+    if (!utf8_is_valid(request.instruct)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "instruct is not valid UTF-8");
+    if (request.instruct.size() > REQUEST_MAX_INSTRUCT_BYTES)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "instruct is {} bytes; at most {} are accepted", request.instruct.size(),
+             REQUEST_MAX_INSTRUCT_BYTES);
+    prep.incremental = request.incremental;
+    if (request.input_ids.empty() && !request.incremental && is_blank(request.text))
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
+
+    base.layout = request.text_layout ? *request.text_layout : default_layout();
+    if (request.incremental && base.layout != TextLayout::TEXT_LAYOUT_STREAMING) {
+        if (request.text_layout)
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "incremental text needs the streaming text layout");
+        base.layout = TextLayout::TEXT_LAYOUT_STREAMING;
+    }
+    base.language = request.language.empty() ? "auto" : lower(request.language);
+    base.speaker = lower(request.speaker);
+    if (config.type == ModelType::MODEL_TYPE_CUSTOM_VOICE && base.speaker.empty()) base.speaker = default_speaker();
+    if (!request.instruct_ids.empty()) base.instruct_ids = request.instruct_ids;
+    else if (!request.instruct.empty()) base.instruct_ids = instruct_ids(request.instruct);
+    if (config.type == ModelType::MODEL_TYPE_BASE) {
+        if (request.voice_path.empty())
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+                 "Base (voice cloning) models need a voice: pass a saved voice (--voice FILE.qv) or reference audio");
+        fail(ErrorCode::ERROR_UNSUPPORTED, "voice files are not supported by this build yet");
+    }
+
+    // Segments: debugging ids as given, else the text split at sentence boundaries.
+    if (!request.input_ids.empty()) {
+        prep.segments.push_back(request.input_ids);
+    } else if (!request.incremental) {
+        for (const std::string& seg : text_split_sentences(request.text)) prep.segments.push_back(assistant_ids(seg));
+        if (prep.segments.empty()) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
+    }
+    // Validate speaker/language/ids now, on the caller's thread, with the first segment (or a
+    // placeholder for incremental text), so a bad request fails before it is queued.
+    {
+        PromptRequest probe = base;
+        probe.input_ids = prep.segments.empty() ? assistant_ids("a") : prep.segments.front();
+        prompt_build(config, probe);
+    }
+
+    prep.params = request.greedy ? generation_params_greedy(checkpoint_->generation)
+                                 : generation_params_from_config(checkpoint_->generation);
+    if (request.max_frames < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_frames must be >= 0");
+    prep.max_frames = request.max_frames;
+    prep.seed = request.seed ? *request.seed : std::random_device{}();
+    return prep;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Utterance
+// ---------------------------------------------------------------------------------------------
+
+Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared)
+    : model_(std::move(model)),
+      prepared_(std::move(prepared)),
+      generator_(model_->lm_shared()),
+      decoder_state_(model_->decoder().state_new()) {}
+
+bool Utterance::segment_start() {
+    if (next_segment_ >= prepared_.segments.size()) return false;
+    PromptRequest req = prepared_.base;
+    req.input_ids = prepared_.segments[next_segment_];
+    const Prompt prompt = prompt_build(model_->checkpoint().config, req);
+    GenerationParams params = prepared_.params;
+    if (prepared_.max_frames > 0) params.max_frames = int(std::max<int64_t>(1, prepared_.max_frames - frames_));
+    // Each segment draws from its own counter range so segments do not repeat each other.
+    generator_.start(prompt, params, prepared_.seed + 0x9E3779B97F4A7C15ull * next_segment_);
+    ++next_segment_;
+    generating_ = true;
+    return true;
+}
+
+void Utterance::incremental_commit(bool all) {
+    if (pending_text_.empty()) return;
+    const std::string text = utf8_nfc(pending_text_);
+    std::vector<std::string> pieces = model_->tokenizer().pretokenize(text);
+    // The last two pre-tokens may still change when more text arrives (a word continues,
+    // whitespace attaches to the next word); keep them pending unless the text is closed.
+    const size_t keep = all ? 0 : std::min<size_t>(2, pieces.size());
+    if (pieces.size() <= keep) return;
+    std::string ready;
+    for (size_t i = 0; i + keep < pieces.size(); ++i) ready += pieces[i];
+    const std::vector<int32_t> ids = model_->tokenizer().encode(ready);
+    committed_ids_.insert(committed_ids_.end(), ids.begin(), ids.end());
+    pending_text_ = text.substr(ready.size());
+}
+
+bool Utterance::incremental_start() {
+    if (committed_ids_.empty()) return false;
+    PromptRequest req = prepared_.base;
+    const auto role = model_->assistant_ids("");  // role + end template, no text
+    // assistant_ids("") = [im_start, assistant, \n, im_end, \n, im_start, assistant, \n]
+    req.input_ids.assign(role.begin(), role.begin() + 3);
+    req.input_ids.insert(req.input_ids.end(), committed_ids_.begin(), committed_ids_.end());
+    req.input_ids.insert(req.input_ids.end(), role.begin() + 3, role.end());
+    req.text_complete = text_closed_ && pending_text_.empty();
+    const Prompt prompt = prompt_build(model_->checkpoint().config, req);
+    GenerationParams params = prepared_.params;
+    if (prepared_.max_frames > 0) params.max_frames = prepared_.max_frames;
+    generator_.start(prompt, params, prepared_.seed);
+    committed_ids_.clear();
+    generating_ = true;
+    next_segment_ = 1;
+    return true;
+}
+
+void Utterance::text_append(const std::string& text) {
+    if (!prepared_.incremental) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "this stream was not opened for incremental text");
+    if (text_closed_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text was already closed");
+    if (!utf8_is_valid(text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "appended text is not valid UTF-8");
+    pending_text_ += text;
+    incremental_commit(false);
+    if (generating_ && !committed_ids_.empty()) {
+        generator_.text_append(committed_ids_.data(), committed_ids_.size());
+        committed_ids_.clear();
+    }
+}
+
+void Utterance::text_close() {
+    if (!prepared_.incremental || text_closed_) return;
+    text_closed_ = true;
+    incremental_commit(true);
+    if (generating_) {
+        if (!committed_ids_.empty()) generator_.text_append(committed_ids_.data(), committed_ids_.size());
+        committed_ids_.clear();
+        generator_.text_close();
+    }
+}
+
+UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {
+    if (done_) return UtteranceStatus::UTTERANCE_DONE;
+    frame_buf_.clear();
+    bool waiting = false;
+    while (int(frame_buf_.size()) < max_frames) {
+        if (!generating_) {
+            const bool started = prepared_.incremental ? (next_segment_ == 0 && incremental_start()) : segment_start();
+            if (!started) {
+                if (prepared_.incremental && next_segment_ == 0 && !text_closed_) {
+                    waiting = true;
+                } else {
+                    done_ = true;
+                    if (stop_reason_ == StopReason::STOP_NONE) stop_reason_ = StopReason::STOP_EOS;
+                }
+                break;
+            }
+        }
+        cpu::FrameCodes frame{};
+        const cpu::FrameStatus status = generator_.next_frame(frame);
+        if (status == cpu::FrameStatus::FRAME_STATUS_FRAME) {
+            frame_buf_.push_back(frame);
+            ++frames_;
+            continue;
+        }
+        if (status == cpu::FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT) {
+            waiting = true;
+            break;
+        }
+        // Segment finished.
+        generating_ = false;
+        stop_reason_ = stop_reason_from(generator_.stop_reason());
+        const bool out_of_frames = prepared_.max_frames > 0 && frames_ >= prepared_.max_frames;
+        if (prepared_.incremental || out_of_frames || next_segment_ >= prepared_.segments.size()) {
+            if (out_of_frames) stop_reason_ = StopReason::STOP_MAX_FRAMES;
+            done_ = true;
+            break;
+        }
+    }
+    if (!frame_buf_.empty()) {
+        std::vector<int32_t> flat(frame_buf_.size() * 16);
+        for (size_t f = 0; f < frame_buf_.size(); ++f) std::copy(frame_buf_[f].begin(), frame_buf_[f].end(), flat.begin() + f * 16);
+        model_->decoder().decode(decoder_state_, flat.data(), int(frame_buf_.size()), pcm);
+        if (codes) codes->insert(codes->end(), frame_buf_.begin(), frame_buf_.end());
+        return UtteranceStatus::UTTERANCE_CHUNK;
+    }
+    if (done_) return UtteranceStatus::UTTERANCE_DONE;
+    return waiting ? UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT : UtteranceStatus::UTTERANCE_CHUNK;
+}
+
+}  // namespace qtts

@@ -1,0 +1,130 @@
+// From a request to audio: the read-only speech model shared by every stream (checkpoint,
+// tokenizer, backend weights) and the per-stream utterance that turns text into PCM chunks.
+//
+//   auto model = SpeechModel::load(dir, {});
+//   PreparedSpeech prep = model->prepare(request);      // any thread; throws on bad input
+//   Utterance utt(model, std::move(prep));              // engine thread from here on
+//   while (utt.chunk(4, &pcm, &codes) != UtteranceStatus::UTTERANCE_DONE) { ... }
+//
+// Long text is split at sentence boundaries (text/text_split.h) and the segments are spoken
+// back to back with one decoder state, so the audio is one continuous stream.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/generator.h"
+#include "cpu/lm.h"
+#include "cpu/speech_decoder.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "runtime/sampling.h"
+#include "text/prompt.h"
+#include "text/tokenizer.h"
+
+namespace qtts {
+
+using FrameCodes = cpu::FrameCodes;
+
+// Limits on one request (documented in docs/generation.md).
+constexpr size_t REQUEST_MAX_TEXT_BYTES = 1 << 20;  // 1 MiB of UTF-8 per request
+constexpr size_t REQUEST_MAX_INSTRUCT_BYTES = 4096;
+
+struct SpeechModelOptions {
+    std::string backend = "auto";  // cpu, cuda, auto
+    int device = 0;
+    bool cuda_graphs = true;
+};
+
+struct PreparedSpeech {
+    PromptRequest base;                       // speaker, language, layout, instruct ids, voice
+    std::vector<std::vector<int32_t>> segments;  // assistant-template ids of each text segment
+    bool incremental = false;
+    GenerationParams params;
+    uint64_t seed = 0;
+    int max_frames = 0;  // over the whole utterance; 0 = per-segment budget rule only
+};
+
+class SpeechModel {
+public:
+    static std::shared_ptr<const SpeechModel> load(const std::string& model_dir, const SpeechModelOptions& options = {});
+
+    const Checkpoint& checkpoint() const { return *checkpoint_; }
+    const Tokenizer& tokenizer() const { return tokenizer_; }
+    const cpu::LmWeights& lm() const { return *lm_; }
+    std::shared_ptr<const cpu::LmWeights> lm_shared() const { return lm_; }
+    const cpu::CpuSpeechDecoder& decoder() const { return *decoder_; }
+    std::string backend_name() const { return "cpu"; }
+
+    // Validates and lays out a request; throws qtts::Error for empty/huge/invalid text,
+    // unknown speaker or language, missing voice for Base models, bad ids.
+    PreparedSpeech prepare(const SpeechRequest& request) const;
+
+    // "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n" as ids.
+    std::vector<int32_t> assistant_ids(const std::string& text) const;
+    // "<|im_start|>user\n{instruct}<|im_end|>\n" as ids.
+    std::vector<int32_t> instruct_ids(const std::string& instruct) const;
+    // Text ids of a piece of text (no template).
+    std::vector<int32_t> text_ids(const std::string& text) const { return tokenizer_.encode(text); }
+
+    TextLayout default_layout() const;
+    std::string default_speaker() const;  // CustomVoice: "vivian" when present, else the first
+    std::vector<std::string> speakers() const;
+    std::vector<std::string> languages() const;
+
+private:
+    std::shared_ptr<const Checkpoint> checkpoint_;
+    Tokenizer tokenizer_;
+    std::shared_ptr<const cpu::LmWeights> lm_;
+    std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;
+    SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok);
+};
+
+enum class UtteranceStatus {
+    UTTERANCE_CHUNK,             // frames were produced (pcm/codes appended)
+    UTTERANCE_WAITING_FOR_TEXT,  // incremental text ran dry; append or close, then call again
+    UTTERANCE_DONE,              // finished; see stop_reason()
+};
+
+// One utterance in flight. Not thread-safe: the engine thread drives it.
+class Utterance {
+public:
+    Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared);
+
+    // Generates up to max_frames frames, decodes them, appends frames × 1920 samples to pcm
+    // and the frames' codes to codes. Returns UTTERANCE_CHUNK when at least one frame was made.
+    UtteranceStatus chunk(int max_frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes);
+
+    // Incremental text (prepared with incremental = true).
+    void text_append(const std::string& text);
+    void text_close();
+
+    StopReason stop_reason() const { return stop_reason_; }
+    int64_t frames() const { return frames_; }
+
+private:
+    bool segment_start();              // starts the next complete segment; false when none is left
+    bool incremental_start();          // starts the incremental utterance once text exists
+    void incremental_commit(bool all);  // tokenizes pending text whose ids can no longer change
+
+    std::shared_ptr<const SpeechModel> model_;
+    PreparedSpeech prepared_;
+    cpu::Generator generator_;
+    cpu::DecoderState decoder_state_;
+    size_t next_segment_ = 0;
+    bool generating_ = false;
+    bool done_ = false;
+    int64_t frames_ = 0;
+    StopReason stop_reason_ = StopReason::STOP_NONE;
+
+    // incremental text
+    std::string pending_text_;            // NFC text not yet tokenized
+    std::vector<int32_t> committed_ids_;  // tokenized, not yet handed to the generator
+    bool text_closed_ = false;
+    std::vector<cpu::FrameCodes> frame_buf_;
+};
+
+}  // namespace qtts

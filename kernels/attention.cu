@@ -1,0 +1,248 @@
+#include "kernels/attention.cuh"
+
+#include <algorithm>
+#include <atomic>
+
+#include "cuda/cuda_check.h"
+#include "kernels/rope.cuh"
+
+namespace qtts::kernels {
+
+namespace {
+
+constexpr int ATTN_WARPS = 4;
+constexpr int ATTN_THREADS = ATTN_WARPS * 32;
+constexpr int ATTN_MIN_CHUNK = 16;  // keys; below this, fewer blocks do more work each
+constexpr int ATTN_KEY_BATCH = 4;   // key rows loaded per warp before use
+
+__host__ __device__ inline int query_tiles(int T) { return (T + ATTN_TILE - 1) / ATTN_TILE; }
+
+// grid: (n_kv, splits, query tiles). See attention.cuh.
+__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const AttentionArgs a) {
+    extern __shared__ float4 attn_smem4[];
+    __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
+    __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
+    __shared__ int is_last;
+
+    pdl_wait();
+    pdl_trigger();
+
+    const int hd = a.head_dim;
+    const int group = a.n_heads / a.n_kv;
+    const int g = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
+    const int t0 = tile * ATTN_TILE;
+    const int qt = min(ATTN_TILE, a.T - t0);
+    const int nq = qt * group;
+    const int nq_cap = min(a.T, ATTN_TILE) * group;
+    const int cap = ATTN_KEYS_PER_SPLIT;
+    float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
+    float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
+    float* scratch = s_s + nq_cap * cap;                 // [ATTN_WARPS, 128]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* my_scratch = scratch + warp * 128;
+
+    const int pos0 = position_read(a.pos_dev, a.pos_host);
+    const int ctx = pos0 + a.T;
+    int chunk = (ctx + a.splits - 1) / a.splits;
+    chunk = min(max(chunk, ATTN_MIN_CHUNK), cap);
+    const int k0 = split * chunk;
+    const int k1 = min(ctx, k0 + chunk);
+    const int k1_visible = min(k1, pos0 + t0 + qt);  // keys some query of this tile can see
+    const size_t head_base = size_t(g) * size_t(a.max_ctx);
+
+    // New keys/values that fall into this block's key range.
+    if (a.append) {
+        const int r0 = max(k0, pos0);
+        for (int r = r0 + warp; r < k1; r += ATTN_WARPS) {
+            const float* row = a.qkv + size_t(r - pos0) * a.ld_qkv;
+            const float* k_src = row + size_t(a.n_heads + g) * hd;
+            const float* v_src = row + size_t(a.n_heads + a.n_kv + g) * hd;
+            float* k_dst = a.k_cache + (head_base + r) * hd;
+            float* v_dst = a.v_cache + (head_base + r) * hd;
+            warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
+            for (int d = lane; d < hd; d += 32) v_dst[d] = v_src[d];
+        }
+    }
+    // Queries of this tile: q_s[qi] with qi = token * group + head-in-group.
+    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd, a.q_norm,
+                            a.eps, a.inv_freq, pos0 + t);
+    }
+    __syncthreads();
+
+    // Scores: a warp takes ATTN_KEY_BATCH keys at a time, lanes split the head dimension.
+    const int n = max(0, k1_visible - k0);
+    const float scale = 1.0f / sqrtf(float(hd));
+    for (int j0 = warp * ATTN_KEY_BATCH; j0 < n; j0 += ATTN_WARPS * ATTN_KEY_BATCH) {
+        float kv[ATTN_KEY_BATCH][4];
+#pragma unroll
+        for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
+            const float* k_row = a.k_cache + (head_base + k0 + j0 + b) * hd;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int d = lane + 32 * i;
+                kv[b][i] = (j0 + b < n && d < hd) ? k_row[d] : 0.0f;
+            }
+        }
+        for (int qi = 0; qi < nq; ++qi) {
+            const int q_pos = pos0 + t0 + qi / group;
+            float qv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int d = lane + 32 * i;
+                qv[i] = d < hd ? q_s[qi * hd + d] : 0.0f;
+            }
+#pragma unroll
+            for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
+                float p = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) p = fmaf(qv[i], kv[b][i], p);
+                p = warp_sum(p);
+                const int j = j0 + b;
+                if (lane == 0 && j < n) s_s[qi * cap + j] = (k0 + j <= q_pos) ? p * scale : -INFINITY;
+            }
+        }
+    }
+    __syncthreads();
+
+    // Softmax statistics per query (unnormalised probabilities stay in s_s).
+    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+        float* s = s_s + qi * cap;
+        float m = -INFINITY;
+        for (int j = lane; j < n; j += 32) m = fmaxf(m, s[j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < n; j += 32) {
+            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
+            s[j] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            m_s[qi] = m;
+            l_s[qi] = l;
+        }
+    }
+    __syncthreads();
+
+    // Probabilities times values.
+    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
+        const int qi = o / hd, d = o % hd;
+        const float* p = s_s + qi * cap;
+        const float* v_col = a.v_cache + (head_base + k0) * hd + d;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) acc = fmaf(p[j], v_col[size_t(j) * hd], acc);
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        if (a.splits == 1) {
+            const float l = l_s[qi];
+            a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
+        } else {
+            float* P = a.partial + ((size_t(t) * a.n_heads + h) * a.splits + split) * (hd + 2);
+            P[d] = acc;
+            if (d == 0) {
+                P[hd] = m_s[qi];
+                P[hd + 1] = l_s[qi];
+            }
+        }
+    }
+    if (a.splits == 1) return;
+
+    // The last block of this (KV head, tile) combines every split's partial state.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t* counter = a.counters + size_t(g) * query_tiles(a.T) + tile;
+        const uint32_t before = atomicAdd(counter, 1u);
+        is_last = before == uint32_t(a.splits - 1);
+        if (is_last) *counter = 0u;  // every split has arrived: reset for the next launch
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
+        const int qi = o / hd, d = o % hd;
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2);
+        float M = -INFINITY;
+        for (int sp = 0; sp < a.splits; ++sp) M = fmaxf(M, load_coherent(P + sp * (hd + 2) + hd));
+        float L = 0.0f, acc = 0.0f;
+        if (M != -INFINITY) {
+            for (int sp = 0; sp < a.splits; ++sp) {
+                const float* Ps = P + sp * (hd + 2);
+                const float m = load_coherent(Ps + hd);
+                if (m == -INFINITY) continue;
+                const float w = expf(m - M);
+                L = fmaf(w, load_coherent(Ps + hd + 1), L);
+                acc = fmaf(w, load_coherent(Ps + d), acc);
+            }
+        }
+        a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
+    }
+}
+
+// grid: (T, n_kv); one warp per KV head row.
+__global__ void __launch_bounds__(32) kv_append_kernel(const AttentionArgs a) {
+    __shared__ float scratch[128];
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, g = blockIdx.y, hd = a.head_dim;
+    const int r = position_read(a.pos_dev, a.pos_host) + t;
+    const float* row = a.qkv + size_t(t) * a.ld_qkv;
+    const size_t dst = (size_t(g) * a.max_ctx + r) * hd;
+    warp_head_norm_rope(row + size_t(a.n_heads + g) * hd, scratch, a.k_cache + dst, hd, a.k_norm, a.eps, a.inv_freq,
+                        r);
+    const float* v_src = row + size_t(a.n_heads + a.n_kv + g) * hd;
+    for (int d = threadIdx.x; d < hd; d += 32) a.v_cache[dst + d] = v_src[d];
+}
+
+void attention_validate(const AttentionArgs& a) {
+    const bool ok = a.qkv && a.k_cache && a.v_cache && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
+                    a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP && a.head_dim >= 2 &&
+                    a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 &&
+                    (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
+                    (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T;
+    if (!ok)
+        cuda::check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
+                         __func__, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+int attention_splits(int max_ctx) { return std::max(1, (max_ctx + ATTN_KEYS_PER_SPLIT - 1) / ATTN_KEYS_PER_SPLIT); }
+
+size_t attention_partial_floats(int n_heads, int T, int splits, int head_dim) {
+    return size_t(n_heads) * size_t(T) * size_t(splits) * size_t(head_dim + 2);
+}
+
+size_t attention_counter_count(int n_kv, int T) { return size_t(n_kv) * size_t(query_tiles(T)); }
+
+void attention(const AttentionArgs& a, const Launch& l) {
+    attention_validate(a);
+    if (a.append && a.T > ATTN_TILE)
+        cuda::check_fail("attention", "append needs T <= ATTN_TILE (use kv_append for longer prefills)", __func__,
+                         __FILE__, __LINE__);
+    const int group = a.n_heads / a.n_kv;
+    const int nq_cap = std::min(a.T, ATTN_TILE) * group;
+    const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128) * sizeof(float);
+    if (smem > 48 * 1024) {
+        static std::atomic<uint64_t> raised{0};
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        const uint64_t bit = uint64_t(1) << (device & 63);
+        if (!(raised.load() & bit)) {
+            CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+            raised.fetch_or(bit);
+        }
+    }
+    const dim3 grid(a.n_kv, a.splits, query_tiles(a.T));
+    CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a));
+}
+
+void kv_append(const AttentionArgs& a, const Launch& l) {
+    attention_validate(a);
+    CUDA_CHECK(launch_kernel(l, dim3(a.T, a.n_kv), dim3(32), 0, kv_append_kernel, a));
+}
+
+}  // namespace qtts::kernels

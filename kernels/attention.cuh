@@ -1,0 +1,56 @@
+// Causal grouped-query attention over a KV cache whose length is read from device memory.
+//
+// One launch covers T new tokens (queries) at absolute positions pos0..pos0+T-1, where pos0 (the
+// number of positions already cached) is read from device memory, so a captured graph replays
+// at a new position every frame. Each block owns one KV head, one slice of the key range and up
+// to ATTN_TILE query tokens. The queries (and, when `append` is set, the new keys) get the
+// per-head RMSNorm and rotary embedding here. With splits > 1 every block writes a partial
+// softmax state and the last block of its group combines them (split-K, flash-decoding style).
+// KV cache layout: [n_kv, max_ctx, head_dim] fp32.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace qtts::kernels {
+
+constexpr int ATTN_TILE = 8;          // query tokens per block
+constexpr int ATTN_KEYS_PER_SPLIT = 128;  // upper bound of one block's key range
+constexpr int ATTN_MAX_HEAD_DIM = 128;
+constexpr int ATTN_MAX_GROUP = 4;     // query heads per KV head
+
+struct AttentionArgs {
+    const float* qkv = nullptr;    // [T, ld_qkv]: q heads, then k heads, then v heads (raw projections)
+    int ld_qkv = 0;
+    int T = 1;
+    int n_heads = 0;
+    int n_kv = 0;
+    int head_dim = 0;
+    const float* q_norm = nullptr;   // [head_dim] per-head RMSNorm weight (null: none)
+    const float* k_norm = nullptr;   // [head_dim]
+    float eps = 1e-6f;
+    const float* inv_freq = nullptr; // [head_dim / 2] rotary frequencies (null: no rotation)
+    float* k_cache = nullptr;        // [n_kv, max_ctx, head_dim]
+    float* v_cache = nullptr;
+    int max_ctx = 0;
+    const int32_t* pos_dev = nullptr;  // position of query 0; null: pos_host
+    int pos_host = 0;
+    bool append = true;  // normalise, rotate and store the T new keys/values (needs T <= ATTN_TILE)
+    float* out = nullptr;  // [T, ld_out], heads concatenated
+    int ld_out = 0;
+    int splits = 1;                  // key-range slices per KV head (fixed; sized for max_ctx)
+    float* partial = nullptr;        // attention_partial_floats() scratch (splits > 1)
+    uint32_t* counters = nullptr;    // attention_counter_count() zeros (splits > 1); left zeroed
+};
+
+// Slices needed so that no slice exceeds ATTN_KEYS_PER_SPLIT keys at max_ctx.
+int attention_splits(int max_ctx);
+size_t attention_partial_floats(int n_heads, int T, int splits, int head_dim);
+size_t attention_counter_count(int n_kv, int T);
+
+void attention(const AttentionArgs& args, const Launch& launch);
+
+// Prefill helper: per-head RMSNorm + rotary embedding of the T new keys and a copy of the values
+// into the cache at rows pos0..pos0+T-1 (what attention() does itself when `append` is set).
+void kv_append(const AttentionArgs& args, const Launch& launch);
+
+}  // namespace qtts::kernels

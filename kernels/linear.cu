@@ -1,0 +1,44 @@
+#include "kernels/linear.cuh"
+
+#include <algorithm>
+
+#include "cuda/cuda_check.h"
+
+namespace qtts::kernels {
+
+namespace {
+
+__global__ void split_combine_kernel(const float* y2, int ld_y2, int T, int n, const float* bias,
+                                     LinearEpilogue epilogue, float* y, int ldy) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.y;
+    const float* hi = y2 + size_t(t) * ld_y2;
+    const float* lo = y2 + size_t(T + t) * ld_y2;
+    float* out = y + size_t(t) * ldy;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        switch (epilogue) {
+            case LinearEpilogue::LINEAR_EPILOGUE_STORE: out[i] = hi[i] + lo[i] + (bias ? bias[i] : 0.0f); break;
+            case LinearEpilogue::LINEAR_EPILOGUE_ADD: out[i] += hi[i] + lo[i] + (bias ? bias[i] : 0.0f); break;
+            case LinearEpilogue::LINEAR_EPILOGUE_SWIGLU:
+                out[i] = silu_ref(hi[i] + lo[i]) * (hi[n + i] + lo[n + i]);
+                break;
+            case LinearEpilogue::LINEAR_EPILOGUE_SILU_BIAS:
+                out[i] = silu_ref(hi[i] + lo[i] + (bias ? bias[i] : 0.0f));
+                break;
+        }
+    }
+}
+
+}  // namespace
+
+void linear_split_combine(const float* y2, int ld_y2, int T, int n, const float* bias, LinearEpilogue epilogue,
+                          float* y, int ldy, const Launch& l) {
+    if (T <= 0 || n <= 0 || !y2 || !y)
+        cuda::check_fail("linear_split_combine", "invalid arguments", __func__, __FILE__, __LINE__);
+    const int blocks = std::min((n + 255) / 256, 64);
+    CUDA_CHECK(launch_kernel(l, dim3(blocks, T), dim3(256), 0, split_combine_kernel, y2, ld_y2, T, n, bias, epilogue,
+                             y, ldy));
+}
+
+}  // namespace qtts::kernels

@@ -1,0 +1,22 @@
+// Epilogues of the prefill products. A prefill linear layer runs as one cuBLAS bf16 GEMM over
+// the split input [x_hi; x_lo] (kernels/rmsnorm.cuh), so the fp32 activations keep ~16 bits of
+// mantissa while the weights stay bf16: y2 = [W x_hi; W x_lo] in fp32, and the epilogue adds
+// the halves, the bias, and applies the layer's output rule.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace qtts::kernels {
+
+enum class LinearEpilogue {
+    LINEAR_EPILOGUE_STORE,      // y = a + b (+ bias)
+    LINEAR_EPILOGUE_ADD,        // y += a + b (+ bias)                      (residual)
+    LINEAR_EPILOGUE_SWIGLU,     // y[:, i] = silu(h[:, i]) * h[:, n + i]    (h = a + b, 2n columns)
+    LINEAR_EPILOGUE_SILU_BIAS,  // y = silu(a + b + bias)                   (text projection fc1)
+};
+
+// y2: [2T, ld_y2] fp32 from the GEMM (rows [0,T) = W x_hi, [T,2T) = W x_lo); n output columns.
+void linear_split_combine(const float* y2, int ld_y2, int T, int n, const float* bias, LinearEpilogue epilogue,
+                          float* y, int ldy, const Launch& launch);
+
+}  // namespace qtts::kernels

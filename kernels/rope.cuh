@@ -1,0 +1,78 @@
+// Per-head RMSNorm followed by the rotary embedding (rotate-half pairs (i, i + d/2)), the way
+// Qwen3 prepares queries and keys. Device helpers used by attention.cu, plus a standalone
+// launcher used by tests and by anything that needs normed+rotated heads in a plain buffer.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace qtts::kernels {
+
+// x [T, n_heads * head_dim] in place: optional RMSNorm per head with `norm_w` [head_dim], then
+// rotation at positions pos0 + t (pos0 from pos_dev when given). head_dim <= 128, even.
+void head_norm_rope(float* x, int T, int n_heads, int head_dim, const float* norm_w, float eps,
+                    const float* inv_freq, const int32_t* pos_dev, int pos_host, const Launch& launch);
+
+}  // namespace qtts::kernels
+
+#ifdef __CUDACC__
+namespace qtts::kernels {
+
+// One warp normalises and rotates one head vector. src: global or shared [head_dim];
+// scratch: this warp's shared [head_dim]; dst may be global or shared (may equal scratch).
+// Lane l owns dims l, l+32, l+64, l+96.
+__device__ __forceinline__ void warp_head_norm_rope(const float* src, float* scratch, float* dst, int head_dim,
+                                                    const float* norm_w, float eps, const float* inv_freq, int pos) {
+    const int lane = threadIdx.x & 31;
+    float v[4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int d = lane + 32 * i;
+        v[i] = d < head_dim ? src[d] : 0.0f;
+        ss += v[i] * v[i];
+    }
+    if (norm_w) {
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / float(head_dim) + eps);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = lane + 32 * i;
+            if (d < head_dim) v[i] = (v[i] * inv) * norm_w[d];
+        }
+    }
+    if (inv_freq) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = lane + 32 * i;
+            if (d < head_dim) scratch[d] = v[i];
+        }
+        __syncwarp();
+        const int half = head_dim / 2;
+        const float p = float(pos);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int d = lane + 32 * i;
+            if (d >= head_dim) continue;
+            const int f = d < half ? d : d - half;
+            float s, c;
+            sincosf(p * inv_freq[f], &s, &c);
+            if (d < half) {
+                const float b = scratch[d + half];
+                v[i] = v[i] * c - b * s;
+            } else {
+                const float a = scratch[d - half];
+                v[i] = v[i] * c + a * s;
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int d = lane + 32 * i;
+        if (d < head_dim) dst[d] = v[i];
+    }
+    __syncwarp();
+}
+
+}  // namespace qtts::kernels
+#endif

@@ -1,0 +1,352 @@
+#include "kernels/sampling.cuh"
+
+#include "cuda/cuda_check.h"
+
+namespace qtts::kernels {
+
+namespace {
+
+constexpr int SAMPLE_THREADS = 1024;
+constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
+constexpr int PER_THREAD = SAMPLE_MAX_VOCAB / SAMPLE_THREADS;
+
+__host__ __device__ inline uint32_t mul_hi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
+
+// Philox4x32-10, first output word; counter = {index lo, index hi, stream, 0}, key = seed.
+__host__ __device__ inline uint32_t philox_word0(uint64_t seed, uint32_t stream, uint64_t index) {
+    uint32_t c0 = uint32_t(index), c1 = uint32_t(index >> 32), c2 = stream, c3 = 0u;
+    uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+        const uint32_t hi0 = mul_hi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        const uint32_t hi1 = mul_hi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c0;
+}
+
+__host__ __device__ inline float philox_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
+    return float(philox_word0(seed, stream, index) >> 8) * (1.0f / 16777216.0f);
+}
+
+// Float -> unsigned key with the same order.
+__device__ __forceinline__ uint32_t order_key(float v) {
+    const uint32_t u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+struct SampleShared {
+    uint32_t hist[256];
+    float red_v[SAMPLE_WARPS];
+    int red_i[SAMPLE_WARPS];
+    int warp_count[SAMPLE_WARPS];
+    int digit;
+    int above;
+    int result;
+    int count;
+    float value[SAMPLE_MAX_VOCAB];  // compacted candidates (probabilities or values)
+    int index[SAMPLE_MAX_VOCAB];
+    unsigned char removed[SAMPLE_MAX_VOCAB];
+};
+
+// Largest value; ties -> lowest index (torch.argmax). Every thread gets the index.
+__device__ __forceinline__ int block_argmax(const float (&v)[PER_THREAD], int n, SampleShared& sh) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float best = -INFINITY;
+    int best_i = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int i = tid + j * SAMPLE_THREADS;
+        if (i < n && (best_i == 0x7fffffff || v[j] > best)) {
+            best = v[j];
+            best_i = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+    if (lane == 0) {
+        sh.red_v[warp] = best;
+        sh.red_i[warp] = best_i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        best = sh.red_v[lane];
+        best_i = sh.red_i[lane];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ov > best || (ov == best && oi < best_i)) {
+                best = ov;
+                best_i = oi;
+            }
+        }
+        if (lane == 0) sh.result = best_i;
+    }
+    __syncthreads();
+    return sh.result;
+}
+
+__device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], int n, SampleShared& sh) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j)
+        if (tid + j * SAMPLE_THREADS < n) m = fmaxf(m, v[j]);
+    m = warp_max(m);
+    __syncthreads();
+    if (lane == 0) sh.red_v[warp] = m;
+    __syncthreads();
+    m = sh.red_v[0];
+    for (int w = 1; w < SAMPLE_WARPS; ++w) m = fmaxf(m, sh.red_v[w]);
+    return m;
+}
+
+// The k-th largest value among v[i], i < n (radix select on order-preserving keys, 8 bits a pass).
+__device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD], int n, int k, SampleShared& sh) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint32_t key[PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) key[j] = order_key(v[j]);
+    uint32_t prefix = 0u, mask = 0u;
+    int remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        if (tid < 256) sh.hist[tid] = 0u;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j)
+            if (tid + j * SAMPLE_THREADS < n && (key[j] & mask) == prefix) atomicAdd(&sh.hist[(key[j] >> shift) & 255u], 1u);
+        __syncthreads();
+        if (warp == 0) {
+            // Lane l holds digits 255-8l .. 248-8l (descending).
+            uint32_t c[8];
+            uint32_t lane_total = 0u;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                c[i] = sh.hist[255 - (8 * lane + i)];
+                lane_total += c[i];
+            }
+            uint32_t inclusive = lane_total;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t t = __shfl_up_sync(0xffffffffu, inclusive, o);
+                if (lane >= o) inclusive += t;
+            }
+            uint32_t before = inclusive - lane_total;
+            if (before < uint32_t(remaining) && uint32_t(remaining) <= inclusive) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    if (before + c[i] >= uint32_t(remaining)) {
+                        sh.digit = 255 - (8 * lane + i);
+                        sh.above = int(before);
+                        break;
+                    }
+                    before += c[i];
+                }
+            }
+        }
+        __syncthreads();
+        prefix |= uint32_t(sh.digit) << shift;
+        mask |= 255u << shift;
+        remaining -= sh.above;
+    }
+    return key_value(prefix);
+}
+
+// Writes the finite entries (i < n) into sh.index/sh.value in ascending index order, with
+// value = f(v). Returns the count (every thread).
+template <typename F>
+__device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n, SampleShared& sh, F f) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int base = 0;
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int i = tid + j * SAMPLE_THREADS;
+        const bool keep = i < n && v[j] != -INFINITY;
+        const unsigned ballot = __ballot_sync(0xffffffffu, keep);
+        if (lane == 0) sh.warp_count[warp] = __popc(ballot);
+        __syncthreads();
+        int offset = base, total = 0;
+        for (int w = 0; w < SAMPLE_WARPS; ++w) {
+            const int c = sh.warp_count[w];
+            if (w < warp) offset += c;
+            total += c;
+        }
+        if (keep) {
+            const int slot = offset + __popc(ballot & ((1u << lane) - 1u));
+            sh.index[slot] = i;
+            sh.value[slot] = f(v[j]);
+        }
+        base += total;
+        __syncthreads();
+    }
+    return base;
+}
+
+// HF TopPLogitsWarper (engine/runtime/sampling.cpp logits_apply_top_p) on the `count` finite
+// entries compacted into sh.value/sh.index: sets sh.removed[i] for the ids it drops. Kept out of
+// line: it is the slow path (top_p < 1) and would otherwise crowd the registers of the draw.
+__device__ __noinline__ void block_top_p_mark(int count, int n, float top_p, SampleShared& sh) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < n; i += SAMPLE_THREADS) sh.removed[i] = 0;
+    if (count <= 1) {
+        __syncthreads();
+        return;
+    }
+    int padded = 1;
+    while (padded < count) padded <<= 1;
+    for (int i = count + tid; i < padded; i += SAMPLE_THREADS) {
+        sh.value[i] = INFINITY;
+        sh.index[i] = 0x7fffffff;
+    }
+    __syncthreads();
+    // Bitonic sort ascending by (value, index): the stable ascending order of the reference.
+    for (int size = 2; size <= padded; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < padded; i += SAMPLE_THREADS) {
+                const int j = i ^ stride;
+                if (j <= i) continue;
+                const float vi = sh.value[i], vj = sh.value[j];
+                const int ii = sh.index[i], ij = sh.index[j];
+                const bool greater = vi > vj || (vi == vj && ii > ij);
+                const bool ascending = (i & size) == 0;
+                if (greater == ascending) {
+                    sh.value[i] = vj;
+                    sh.value[j] = vi;
+                    sh.index[i] = ij;
+                    sh.index[j] = ii;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (tid == 0) {
+        const float max_v = sh.value[count - 1];
+        float total = 0.0f;
+        for (int i = 0; i < count; ++i) total += expf(sh.value[i] - max_v);
+        const float limit = 1.0f - top_p;
+        float cumulative = 0.0f;
+        for (int i = 0; i < count - 1; ++i) {
+            cumulative += expf(sh.value[i] - max_v) / total;
+            if (cumulative <= limit) sh.removed[sh.index[i]] = 1;
+        }
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const SampleArgs a) {
+    __shared__ SampleShared sh;
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x, n = a.n;
+    GenerationDeviceState* st = a.state;
+    const SamplingDeviceParams p = a.group == 0 ? st->talker : st->predictor;
+    const int frame = st->frame + a.frame_offset;
+
+    float v[PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int i = tid + j * SAMPLE_THREADS;
+        v[j] = i < n ? a.logits[i] : -INFINITY;
+    }
+    if (a.group == 0) {
+        const bool mask_eos = st->history_count < st->min_new_tokens;
+        const float penalty = p.repetition_penalty;
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j) {
+            const int i = tid + j * SAMPLE_THREADS;
+            if (i >= n) continue;
+            if (penalty != 1.0f && a.seen[i]) v[j] = v[j] < 0.0f ? v[j] * penalty : v[j] / penalty;
+            if (mask_eos && i == a.eos_id) v[j] = -INFINITY;
+            if (i >= a.suppress_begin && i != a.eos_id) v[j] = -INFINITY;
+        }
+    }
+
+    int chosen;
+    if (p.greedy) {
+        chosen = block_argmax(v, n, sh);
+    } else {
+        if (p.temperature != 1.0f) {
+#pragma unroll
+            for (int j = 0; j < PER_THREAD; ++j) v[j] = v[j] / p.temperature;
+        }
+        if (p.top_k > 0 && p.top_k < n) {
+            const float threshold = block_kth_largest(v, n, p.top_k, sh);
+#pragma unroll
+            for (int j = 0; j < PER_THREAD; ++j)
+                if (v[j] < threshold) v[j] = -INFINITY;
+        }
+        if (p.top_p < 1.0f && n > 1) {
+            const int count = block_compact(v, n, sh, [](float x) { return x; });
+            block_top_p_mark(count, n, p.top_p, sh);
+#pragma unroll
+            for (int j = 0; j < PER_THREAD; ++j) {
+                const int i = tid + j * SAMPLE_THREADS;
+                if (i < n && sh.removed[i]) v[j] = -INFINITY;
+            }
+            __syncthreads();
+        }
+        const float max_v = block_max(v, n, sh);
+        const int count = block_compact(v, n, sh, [max_v](float x) { return expf(x - max_v); });
+        if (tid == 0) {
+            // Sequential sums in index order, exactly as probs_draw() on the CPU.
+            float total = 0.0f;
+            for (int i = 0; i < count; ++i) total += sh.value[i];
+            const float target = philox_uniform(st->seed, uint32_t(a.group), uint64_t(frame)) * total;
+            float cumulative = 0.0f;
+            int pick = count > 0 ? sh.index[0] : 0;
+            for (int i = 0; i < count; ++i) {
+                const float prob = sh.value[i];
+                if (prob == 0.0f) continue;
+                cumulative += prob;
+                pick = sh.index[i];
+                if (cumulative > target) break;
+            }
+            sh.result = pick;
+        }
+        __syncthreads();
+        chosen = sh.result;
+    }
+
+    if (tid == 0) {
+        st->current[a.group] = chosen;
+        if (frame >= 0 && frame < st->code_capacity) a.codes[size_t(frame) * SAMPLE_MAX_GROUPS + a.group] = chosen;
+        if (a.group == 0) {
+            if (chosen >= 0 && chosen < n) a.seen[chosen] = 1;
+            st->history_count += 1;
+        }
+        if (a.advance) {
+            st->frame += 1;
+            st->position += 1;
+        }
+    }
+}
+
+}  // namespace
+
+float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index) { return philox_uniform(seed, stream, index); }
+
+void sample(const SampleArgs& a, const Launch& l) {
+    if (!a.logits || a.n <= 0 || a.n > SAMPLE_MAX_VOCAB || !a.state || !a.codes || a.group < 0 ||
+        a.group >= SAMPLE_MAX_GROUPS || (a.group == 0 && !a.seen))
+        cuda::check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen set)", __func__,
+                         __FILE__, __LINE__);
+    CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_THREADS), 0, sample_kernel, a));
+}
+
+}  // namespace qtts::kernels

@@ -1,0 +1,60 @@
+// On-device token sampling, reproducing engine/runtime/sampling.h step for step:
+//   codebook 0: repetition penalty over the codebook-0 ids generated so far (a seen-flag array
+//               in device memory) → EOS mask while fewer than min_new_tokens were generated →
+//               suppression of [suppress_begin, n) except EOS → [sampling] temperature → top-k →
+//               top-p → softmax → draw;   greedy: argmax after the first three steps.
+//   codebooks 1..15: temperature → top-k → top-p → softmax → draw (or argmax).
+// The uniform number of a draw is Philox4x32-10 (seed, stream = codebook, index = frame), the
+// same pure function the CPU uses, so the GPU reproduces the CPU's random stream. The frame
+// index, the seed, the parameters and the history live in device memory (GenerationDeviceState)
+// and are advanced by the kernel itself, so graph replays keep drawing fresh numbers.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace qtts::kernels {
+
+constexpr int SAMPLE_MAX_VOCAB = 4096;
+constexpr int SAMPLE_MAX_GROUPS = 16;
+
+struct SamplingDeviceParams {
+    int32_t greedy = 0;
+    float temperature = 1.0f;
+    int32_t top_k = 0;
+    float top_p = 1.0f;
+    float repetition_penalty = 1.0f;
+};
+
+// One utterance's generation state in device memory.
+struct GenerationDeviceState {
+    uint64_t seed = 0;
+    int32_t frame = 0;           // frame whose codes are being completed (its codebook 0 is known)
+    int32_t position = 0;        // talker positions in the KV cache
+    int32_t history_count = 0;   // codebook-0 tokens sampled so far
+    int32_t min_new_tokens = 2;
+    int32_t trailing_rows = 0;   // text-track rows available
+    int32_t code_capacity = 0;   // rows of the codes buffer
+    SamplingDeviceParams talker;
+    SamplingDeviceParams predictor;
+    int32_t current[SAMPLE_MAX_GROUPS] = {};  // codes of the frame in progress
+};
+
+struct SampleArgs {
+    const float* logits = nullptr;  // [n] raw logits
+    int n = 0;                      // <= SAMPLE_MAX_VOCAB
+    GenerationDeviceState* state = nullptr;
+    int group = 0;         // 0: codebook 0 (talker rules); 1..15: code predictor
+    int frame_offset = 0;  // the draw belongs to frame state->frame + frame_offset
+    bool advance = false;  // after storing: frame += 1, position += 1 (codebook 0 after a talker step)
+    int eos_id = 2150;     // codebook-0 rules
+    int suppress_begin = 2048;
+    int32_t* seen = nullptr;   // [n] codebook-0 repetition flags
+    int32_t* codes = nullptr;  // [code_capacity, SAMPLE_MAX_GROUPS]
+};
+
+void sample(const SampleArgs& args, const Launch& launch);
+
+// Host mirror of the device Philox draw (for tests): uniform in [0, 1).
+float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index);
+
+}  // namespace qtts::kernels

@@ -1,0 +1,204 @@
+// CUDA graph behaviour of the frame step (realtime-and-graphs.md, "What the graph tests must
+// cover"), on a full-size random 1.7B checkpoint when QTTS_TEST_MODEL_DIR points to one
+// (tools/gpu-run.sh generates it with `qtts make-model`), else on a random tiny checkpoint:
+//   graph replay == eager for 200 frames with seeded sampling; the graphs-off switch; an
+//   uncaptured chunk size falls back to eager; determinism; no aliasing across replays;
+//   the owner guard (other thread, re-entrant replay, replay during capture); graph memory.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/frame_graphs.h"
+#include "cuda/gpu_generator.h"
+#include "model/make_model.h"
+#include "model/weights.h"
+#include "runtime/sampling.h"
+#include "test_support.h"
+#include "text/prompt.h"
+
+namespace qc = qtts::cuda;
+using qtts::cpu::FrameCodes;
+using qtts::cpu::FrameStatus;
+
+namespace {
+
+constexpr int FRAMES = 200;
+
+qc::GpuContext& context() {
+    static qc::GpuContext ctx(0);
+    static bool init = [] {
+        ctx.guard().set_mode(qc::OwnerGuardMode::OWNER_GUARD_THROW);  // the guard is tested below
+        return true;
+    }();
+    (void)init;
+    return ctx;
+}
+
+std::shared_ptr<const qtts::Checkpoint> test_checkpoint() {
+    static std::shared_ptr<const qtts::Checkpoint> checkpoint = [] {
+        std::string dir;
+        if (const char* env = std::getenv("QTTS_TEST_MODEL_DIR")) {
+            dir = env;
+        } else {
+            dir = qtts_test::temp_dir() + "/tiny";
+            qtts::model_write_random(qtts::model_preset("tiny-customvoice"), dir, 99);
+        }
+        return qtts::checkpoint_load(dir);
+    }();
+    return checkpoint;
+}
+
+std::shared_ptr<const qc::GpuLmWeights> test_weights() {
+    static auto weights = qc::GpuLmWeights::upload(test_checkpoint(), context().device());
+    return weights;
+}
+
+qtts::Prompt test_prompt() {
+    const auto& config = test_checkpoint()->config;
+    qtts::PromptRequest r;
+    r.input_ids = {151644, 77091, 198, 785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 151645, 198,
+                   151644, 77091, 198};
+    r.language = "english";
+    if (config.type == qtts::ModelType::MODEL_TYPE_CUSTOM_VOICE) r.speaker = config.talker.speaker_ids.begin()->first;
+    return qtts::prompt_build(config, r);
+}
+
+qtts::GenerationParams sampled_params() {
+    qtts::GenerationParams p = qtts::generation_params_from_config(test_checkpoint()->generation);
+    p.talker.greedy = false;
+    p.predictor.greedy = false;
+    p.min_new_tokens = 1 << 20;  // EOS masked: exactly FRAMES frames
+    p.max_frames = FRAMES;
+    return p;
+}
+
+qc::GpuGeneratorOptions options(bool graphs, int first, int steady, std::vector<int> graph_frames = {1, 4}) {
+    qc::GpuGeneratorOptions o;
+    o.lm = qc::GpuLmOptions{1024, 64};
+    o.graphs = graphs;
+    o.first_chunk_frames = first;
+    o.chunk_frames = steady;
+    o.graph_frames = std::move(graph_frames);
+    return o;
+}
+
+std::vector<FrameCodes> run(qc::GpuGenerator& gen, uint64_t seed, int frames = FRAMES) {
+    gen.start(test_prompt(), sampled_params(), seed);
+    std::vector<FrameCodes> out;
+    FrameCodes c{};
+    while (int(out.size()) < frames && gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME) out.push_back(c);
+    return out;
+}
+
+const std::vector<FrameCodes>& eager_reference() {
+    static const std::vector<FrameCodes> ref = [] {
+        qc::GpuGenerator eager(test_weights(), context(), options(false, 1, 4));
+        REQUIRE(!eager.graphs_enabled());
+        return run(eager, 1234);
+    }();
+    return ref;
+}
+
+}  // namespace
+
+TEST_CASE("graph replay equals eager execution bitwise for 200 sampled frames", "[gpu][graphs]") {
+    if (qc::cuda_graphs_disabled_by_env()) {
+        WARN("QTTS_NO_CUDA_GRAPHS is set: graph cases skipped");
+        return;
+    }
+    const auto& ref = eager_reference();
+    REQUIRE(ref.size() == size_t(FRAMES));
+    qc::GpuGenerator gen(test_weights(), context(), options(true, 1, 4));
+    REQUIRE(gen.graphs_enabled());
+    REQUIRE(gen.graphs().has(1));
+    REQUIRE(gen.graphs().has(4));
+    const auto got = run(gen, 1234);
+    CHECK(got == ref);
+
+    SECTION("determinism: the same seed replays the same codes; another seed does not") {
+        CHECK(run(gen, 1234) == ref);
+        CHECK(run(gen, 4321) != ref);
+    }
+    SECTION("no aliasing: the device still holds every frame exactly as it was handed out") {
+        std::vector<int32_t> device_codes(size_t(FRAMES) * 16);
+        gen.lm().codes_read(0, FRAMES, device_codes.data());
+        for (int f = 0; f < FRAMES; ++f)
+            for (int g = 0; g < 16; ++g) REQUIRE(device_codes[size_t(f) * 16 + g] == got[size_t(f)][size_t(g)]);
+    }
+    SECTION("graph memory stays within budget (no graph allocates)") {
+        INFO("graph device memory " << gen.graphs().device_bytes() << " bytes");
+        CHECK(gen.graphs().device_bytes() < 64ll << 20);
+        size_t pool = 1;
+        REQUIRE(cudaDeviceGetGraphMemAttribute(context().device(), cudaGraphMemAttrUsedMemCurrent, &pool) == cudaSuccess);
+        CHECK(pool == 0);
+    }
+}
+
+TEST_CASE("an uncaptured chunk size falls back to eager with identical codes", "[gpu][graphs]") {
+    const auto& ref = eager_reference();
+    qc::GpuGenerator gen(test_weights(), context(), options(true, 3, 3));
+    CHECK(!gen.graphs().has(3));
+    CHECK(run(gen, 1234) == ref);
+    // A mix: first chunk from a captured graph (1), the rest eager (3).
+    gen.chunk_frames_set(1, 3);
+    CHECK(run(gen, 1234) == ref);
+}
+
+TEST_CASE("the graphs-off switch gives identical codes", "[gpu][graphs]") {
+    const auto& ref = eager_reference();
+    setenv("QTTS_NO_CUDA_GRAPHS", "1", 1);
+    qc::GpuGenerator off(test_weights(), context(), options(true, 1, 4));
+    unsetenv("QTTS_NO_CUDA_GRAPHS");
+    CHECK(!off.graphs_enabled());
+    CHECK(run(off, 1234) == ref);
+}
+
+TEST_CASE("programmatic dependent launch on or off gives identical codes", "[gpu][graphs]") {
+    const auto& ref = eager_reference();
+    const bool was = context().pdl();
+    context().pdl_set(!was);
+    qc::GpuGenerator flipped(test_weights(), context(), options(true, 1, 4));
+    const auto got = run(flipped, 1234);
+    context().pdl_set(was);
+    CHECK(got == ref);
+}
+
+TEST_CASE("the owner guard refuses foreign and re-entrant replays", "[gpu][graphs][owner]") {
+    qc::GpuContext& ctx = context();
+    qc::GpuGenerator gen(test_weights(), ctx, options(true, 1, 4));
+    gen.start(test_prompt(), sampled_params(), 1);
+
+    std::atomic<int> refused{0};
+    std::thread other([&] {
+        try {
+            gen.graphs().run(1);
+        } catch (const qtts::Error& e) {
+            if (e.code() == qtts::ErrorCode::ERROR_INTERNAL) ++refused;
+        }
+        try {
+            std::vector<float> logits(size_t(gen.lm().weights().codec_vocab));
+            gen.lm().talker_logits_read(logits.data());
+        } catch (const qtts::Error& e) {
+            if (e.code() == qtts::ErrorCode::ERROR_INTERNAL) ++refused;
+        }
+    });
+    other.join();
+    CHECK(refused == 2);
+
+    {
+        qc::OwnerGuard::Scope replay(ctx.guard(), "a replay in progress");
+        CHECK_THROWS_AS(gen.graphs().run(1), qtts::Error);  // re-entrant replay
+        CHECK_THROWS_AS(gen.graphs().run(3), qtts::Error);  // re-entrant eager steps
+    }
+    // A replay attempted while a capture is in progress is refused, and the capture unwinds.
+    CHECK_THROWS_AS(qc::graph_capture(ctx, "bad capture", [&] { gen.graphs().run(1); }, nullptr), qtts::Error);
+    CHECK(!ctx.guard().busy());
+    // The context is still healthy: generation continues from where it was.
+    FrameCodes c{};
+    CHECK(gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME);
+    CHECK(gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME);
+}

@@ -1,0 +1,606 @@
+// Every CUDA kernel family against the fp32 CPU reference ops, on fresh random inputs, with
+// poisoned outputs (NaN) so that an unwritten element fails the comparison.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <cublas_v2.h>
+
+#include "cpu/ops.h"
+#include "cuda/gpu_context.h"
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/linear.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/swiglu.cuh"
+#include "model/safetensors.h"
+#include "runtime/sampling.h"
+#include "test_support.h"
+
+namespace k = qtts::kernels;
+using qtts::cuda::DeviceArray;
+using qtts_test::random_floats;
+using qtts_test::rel_error;
+
+namespace {
+
+qtts::cuda::GpuContext& context() {
+    static qtts::cuda::GpuContext ctx(0);
+    return ctx;
+}
+
+template <typename T>
+DeviceArray<T> upload(const std::vector<T>& v) {
+    DeviceArray<T> d(std::max<size_t>(v.size(), 1));
+    CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceArray<T>& d, size_t n) {
+    CUDA_CHECK(cudaStreamSynchronize(context().stream()));
+    std::vector<T> v(n);
+    CUDA_CHECK(cudaMemcpy(v.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// NaN-filled device buffer: elements a kernel fails to write stay NaN.
+DeviceArray<float> poisoned(size_t n) {
+    return upload(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
+}
+
+bool all_finite(const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = qtts::f32_to_bf16(v[i]);
+    return b;
+}
+
+std::vector<float> from_bf16(const std::vector<uint16_t>& b) {
+    std::vector<float> v(b.size());
+    for (size_t i = 0; i < b.size(); ++i) v[i] = qtts::bf16_to_f32(b[i]);
+    return v;
+}
+
+uint64_t fresh_seed() {
+    static std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]") {
+    struct Shape {
+        int out, in, rows;
+    };
+    const Shape shapes[] = {{1024, 2048, 1}, {4096, 1024, 2}, {3072, 2048, 1}, {2048, 6144, 1},
+                            {100, 96, 3},    {2048, 1024, 8}, {61, 64, 5}};
+    for (const Shape s : shapes) {
+        const uint64_t seed = fresh_seed();
+        INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " seed " << seed);
+        const auto w_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed, -0.05f, 0.05f));
+        const auto w2_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed + 1, -0.05f, 0.05f));
+        const auto w = from_bf16(w_bf), w2 = from_bf16(w2_bf);
+        const auto x = random_floats(size_t(s.rows) * s.in, seed + 2, -2.0f, 2.0f);
+        const auto bias = random_floats(size_t(s.out), seed + 3);
+        const auto norm_w = random_floats(size_t(s.in), seed + 4, 0.5f, 1.5f);
+        const auto residual = random_floats(size_t(s.rows) * s.out, seed + 5);
+        auto d_w = upload(w_bf), d_w2 = upload(w2_bf);
+        auto d_x = upload(x), d_bias = upload(bias), d_norm = upload(norm_w);
+
+        k::GemvArgs a;
+        a.w = d_w.get();
+        a.out = s.out;
+        a.in = s.in;
+        a.rows = s.rows;
+        a.x = d_x.get();
+        a.ldx = s.in;
+        a.ldy = s.out;
+
+        SECTION("plain input, store with bias") {
+            auto d_y = poisoned(size_t(s.rows) * s.out);
+            a.bias = d_bias.get();
+            a.y = d_y.get();
+            k::gemv(a, context().launch());
+            const auto y = download(d_y, size_t(s.rows) * s.out);
+            std::vector<float> ref(y.size());
+            qtts::cpu::linear(x.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+        }
+        SECTION("RMSNorm input, residual add") {
+            auto d_y = upload(residual);
+            a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
+            a.norm_w = d_norm.get();
+            a.eps = 1e-6f;
+            a.output = k::GemvOutput::GEMV_OUTPUT_ADD;
+            a.y = d_y.get();
+            k::gemv(a, context().launch());
+            const auto y = download(d_y, size_t(s.rows) * s.out);
+            std::vector<float> xn(x.size()), ref(y.size());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), nullptr, s.out, ref.data());
+            for (size_t i = 0; i < ref.size(); ++i) ref[i] += residual[i];
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+        }
+        SECTION("RMSNorm input, SwiGLU output") {
+            auto d_y = poisoned(size_t(s.rows) * s.out);
+            a.w2 = d_w2.get();
+            a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
+            a.norm_w = d_norm.get();
+            a.output = k::GemvOutput::GEMV_OUTPUT_SWIGLU;
+            a.y = d_y.get();
+            k::gemv(a, context().launch());
+            const auto y = download(d_y, size_t(s.rows) * s.out);
+            std::vector<float> xn(x.size()), g(y.size()), u(y.size()), ref(y.size());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), nullptr, s.out, g.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, w2.data(), nullptr, s.out, u.data());
+            qtts::cpu::swiglu(g.data(), u.data(), ref.size(), ref.data());
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+        }
+        SECTION("gathered bf16 input rows") {
+            const int vocab = 50;
+            const auto table_bf = to_bf16(random_floats(size_t(vocab) * s.in, seed + 6));
+            const auto table = from_bf16(table_bf);
+            std::vector<int32_t> ids(size_t(s.rows));
+            for (int r = 0; r < s.rows; ++r) ids[size_t(r)] = int32_t((seed + 7 * r) % vocab);
+            auto d_table = upload(table_bf);
+            auto d_ids = upload(ids);
+            auto d_y = poisoned(size_t(s.rows) * s.out);
+            a.input = k::GemvInput::GEMV_INPUT_GATHER;
+            a.table = d_table.get();
+            a.index = d_ids.get();
+            a.bias = d_bias.get();
+            a.y = d_y.get();
+            k::gemv(a, context().launch());
+            const auto y = download(d_y, size_t(s.rows) * s.out);
+            std::vector<float> xg(size_t(s.rows) * s.in), ref(y.size());
+            for (int r = 0; r < s.rows; ++r)
+                std::copy_n(table.begin() + long(ids[size_t(r)]) * s.in, s.in, xg.begin() + long(r) * s.in);
+            qtts::cpu::linear(xg.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("rmsnorm, the bf16 hi/lo split and swiglu match the CPU", "[gpu][rmsnorm][swiglu]") {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    const int T = 7, C = 2048;
+    const auto x = random_floats(size_t(T) * C, seed, -3.0f, 3.0f);
+    const auto w = random_floats(size_t(C), seed + 1, 0.5f, 1.5f);
+    auto d_x = upload(x), d_w = upload(w);
+    auto d_y = poisoned(x.size());
+    k::rmsnorm(d_x.get(), T, C, C, d_w.get(), 1e-6f, d_y.get(), C, context().launch());
+    const auto y = download(d_y, x.size());
+    std::vector<float> ref(x.size());
+    qtts::cpu::rms_norm(x.data(), T, C, w.data(), 1e-6f, ref.data());
+    REQUIRE(all_finite(y));
+    CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-6);
+
+    DeviceArray<uint16_t> d_split(2 * x.size());
+    k::rmsnorm_split_bf16(d_x.get(), T, C, C, d_w.get(), 1e-6f, d_split.get(), context().launch());
+    const auto split = download(d_split, 2 * x.size());
+    std::vector<float> joined(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+        joined[i] = qtts::bf16_to_f32(split[i]) + qtts::bf16_to_f32(split[x.size() + i]);
+    CHECK(rel_error(joined.data(), ref.data(), ref.size()) < 2e-5);
+
+    const auto gate = random_floats(size_t(T) * C, seed + 2, -4.0f, 4.0f);
+    const auto up = random_floats(size_t(T) * C, seed + 3);
+    auto d_gate = upload(gate), d_up = upload(up);
+    auto d_out = poisoned(gate.size());
+    k::swiglu(d_gate.get(), C, d_up.get(), C, T, C, d_out.get(), C, context().launch());
+    const auto out = download(d_out, gate.size());
+    std::vector<float> sref(gate.size());
+    qtts::cpu::swiglu(gate.data(), up.data(), gate.size(), sref.data());
+    REQUIRE(all_finite(out));
+    CHECK(rel_error(out.data(), sref.data(), out.size()) < 1e-6);
+}
+
+TEST_CASE("per-head RMSNorm + RoPE matches the CPU", "[gpu][rope]") {
+    for (const int head_dim : {128, 16, 24}) {
+        const uint64_t seed = fresh_seed();
+        INFO("head_dim " << head_dim << " seed " << seed);
+        const int T = 5, heads = 6, pos0 = 1234;
+        const double theta = 1e6;
+        auto x = random_floats(size_t(T) * heads * head_dim, seed, -2.0f, 2.0f);
+        const auto w = random_floats(size_t(head_dim), seed + 1, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(head_dim / 2));
+        for (int i = 0; i < head_dim / 2; ++i)
+            inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / head_dim));
+        auto d_x = upload(x), d_w = upload(w), d_f = upload(inv_freq);
+        k::head_norm_rope(d_x.get(), T, heads, head_dim, d_w.get(), 1e-6f, d_f.get(), nullptr, pos0,
+                          context().launch());
+        const auto y = download(d_x, x.size());
+        std::vector<int64_t> pos(size_t(T));
+        for (int t = 0; t < T; ++t) pos[size_t(t)] = pos0 + t;
+        qtts::cpu::rms_norm(x.data(), T * heads, head_dim, w.data(), 1e-6f, x.data());
+        qtts::cpu::rope_apply(x.data(), T, heads, head_dim, pos.data(), theta);
+        REQUIRE(all_finite(y));
+        CHECK(rel_error(y.data(), x.data(), x.size()) < 1e-5);
+    }
+}
+
+namespace {
+
+// CPU model of one attention launch: normalises/rotates the new rows, appends them to a copy of
+// the cache, attends. Cache layout [n_kv, max_ctx, hd].
+struct AttentionCase {
+    int T, n_heads, n_kv, hd, max_ctx, pos0;
+};
+
+void attention_reference(const AttentionCase& c, const std::vector<float>& qkv, const std::vector<float>& qn,
+                         const std::vector<float>& kn, const std::vector<float>& inv_freq_unused,
+                         std::vector<float>& k_cache, std::vector<float>& v_cache, std::vector<float>& out) {
+    (void)inv_freq_unused;
+    const int qd = c.n_heads * c.hd, kvd = c.n_kv * c.hd, ld = qd + 2 * kvd;
+    std::vector<float> q(size_t(c.T) * qd), kk(size_t(c.T) * kvd), vv(size_t(c.T) * kvd);
+    for (int t = 0; t < c.T; ++t) {
+        std::copy_n(qkv.begin() + long(t) * ld, qd, q.begin() + long(t) * qd);
+        std::copy_n(qkv.begin() + long(t) * ld + qd, kvd, kk.begin() + long(t) * kvd);
+        std::copy_n(qkv.begin() + long(t) * ld + qd + kvd, kvd, vv.begin() + long(t) * kvd);
+    }
+    std::vector<int64_t> pos(size_t(c.T));
+    for (int t = 0; t < c.T; ++t) pos[size_t(t)] = c.pos0 + t;
+    qtts::cpu::rms_norm(q.data(), c.T * c.n_heads, c.hd, qn.data(), 1e-6f, q.data());
+    qtts::cpu::rms_norm(kk.data(), c.T * c.n_kv, c.hd, kn.data(), 1e-6f, kk.data());
+    qtts::cpu::rope_apply(q.data(), c.T, c.n_heads, c.hd, pos.data(), 1e6);
+    qtts::cpu::rope_apply(kk.data(), c.T, c.n_kv, c.hd, pos.data(), 1e6);
+    for (int t = 0; t < c.T; ++t)
+        for (int g = 0; g < c.n_kv; ++g)
+            for (int d = 0; d < c.hd; ++d) {
+                const size_t at = (size_t(g) * c.max_ctx + c.pos0 + t) * c.hd + d;
+                k_cache[at] = kk[size_t(t) * kvd + size_t(g) * c.hd + d];
+                v_cache[at] = vv[size_t(t) * kvd + size_t(g) * c.hd + d];
+            }
+    // Re-layout the cache to [S, n_kv * hd] for the CPU attention.
+    const int S = c.pos0 + c.T;
+    std::vector<float> ks(size_t(S) * kvd), vs(size_t(S) * kvd);
+    for (int s = 0; s < S; ++s)
+        for (int g = 0; g < c.n_kv; ++g)
+            for (int d = 0; d < c.hd; ++d) {
+                ks[size_t(s) * kvd + size_t(g) * c.hd + d] = k_cache[(size_t(g) * c.max_ctx + s) * c.hd + d];
+                vs[size_t(s) * kvd + size_t(g) * c.hd + d] = v_cache[(size_t(g) * c.max_ctx + s) * c.hd + d];
+            }
+    out.assign(size_t(c.T) * qd, 0.0f);
+    qtts::cpu::attention(q.data(), c.T, pos.data(), ks.data(), vs.data(), S, 0, c.n_heads, c.n_kv, c.hd, 0,
+                         out.data());
+}
+
+}  // namespace
+
+TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][attention]") {
+    struct Mode {
+        AttentionCase c;
+        bool fused_append;
+        int splits;
+    };
+    const Mode modes[] = {
+        {{1, 16, 8, 128, 4096, 300}, true, 32},   // talker decode, split-K
+        {{1, 16, 8, 128, 4096, 0}, true, 32},     // first position
+        {{1, 16, 8, 128, 512, 511}, true, 4},     // last position of the cache
+        {{2, 16, 8, 128, 16, 0}, true, 1},        // predictor pass 0
+        {{1, 16, 8, 128, 16, 9}, true, 1},        // predictor pass
+        {{1, 4, 2, 16, 64, 20}, true, 1},         // tiny model decode
+        {{37, 16, 8, 128, 4096, 5}, false, 1},    // prefill chunk (separate append)
+        {{37, 4, 2, 24, 512, 100}, false, 2},     // prefill chunk after earlier chunks, split-K
+    };
+    for (const Mode& m : modes) {
+        const AttentionCase& c = m.c;
+        const uint64_t seed = fresh_seed();
+        INFO("T " << c.T << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
+                  << " splits " << m.splits << " fused " << m.fused_append << " seed " << seed);
+        const int qd = c.n_heads * c.hd, kvd = c.n_kv * c.hd, ld = qd + 2 * kvd;
+        const auto qkv = random_floats(size_t(c.T) * ld, seed, -2.0f, 2.0f);
+        const auto qn = random_floats(size_t(c.hd), seed + 1, 0.5f, 1.5f);
+        const auto kn = random_floats(size_t(c.hd), seed + 2, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(c.hd / 2));
+        for (int i = 0; i < c.hd / 2; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / c.hd));
+        std::vector<float> k_cache = random_floats(size_t(c.n_kv) * c.max_ctx * c.hd, seed + 3);
+        std::vector<float> v_cache = random_floats(size_t(c.n_kv) * c.max_ctx * c.hd, seed + 4);
+        auto d_qkv = upload(qkv), d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
+        auto d_k = upload(k_cache), d_v = upload(v_cache);
+        auto d_out = poisoned(size_t(c.T) * qd);
+        const std::vector<int32_t> pos{c.pos0};
+        auto d_pos = upload(pos);
+        DeviceArray<float> d_partial(k::attention_partial_floats(c.n_heads, c.T, m.splits, c.hd));
+        auto d_counters = upload(std::vector<uint32_t>(k::attention_counter_count(c.n_kv, c.T), 0u));
+
+        k::AttentionArgs a;
+        a.qkv = d_qkv.get();
+        a.ld_qkv = ld;
+        a.T = c.T;
+        a.n_heads = c.n_heads;
+        a.n_kv = c.n_kv;
+        a.head_dim = c.hd;
+        a.q_norm = d_qn.get();
+        a.k_norm = d_kn.get();
+        a.eps = 1e-6f;
+        a.inv_freq = d_f.get();
+        a.k_cache = d_k.get();
+        a.v_cache = d_v.get();
+        a.max_ctx = c.max_ctx;
+        a.pos_dev = d_pos.get();  // the position comes from device memory, as in the graphs
+        a.append = m.fused_append;
+        a.out = d_out.get();
+        a.ld_out = qd;
+        a.splits = m.splits;
+        a.partial = d_partial.get();
+        a.counters = d_counters.get();
+        if (!m.fused_append) k::kv_append(a, context().launch());
+        k::attention(a, context().launch());
+        // Twice: the split-K counters must have been left at zero by the first launch.
+        k::attention(a, context().launch());
+        const auto out = download(d_out, size_t(c.T) * qd);
+        const auto k_gpu = download(d_k, k_cache.size());
+        const auto v_gpu = download(d_v, v_cache.size());
+        const auto counters = download(d_counters, k::attention_counter_count(c.n_kv, c.T));
+
+        std::vector<float> ref;
+        attention_reference(c, qkv, qn, kn, inv_freq, k_cache, v_cache, ref);
+        REQUIRE(all_finite(out));
+        CHECK(rel_error(out.data(), ref.data(), ref.size()) < 1e-5);
+        CHECK(rel_error(k_gpu.data(), k_cache.data(), k_cache.size()) < 1e-6);
+        CHECK(rel_error(v_gpu.data(), v_cache.data(), v_cache.size()) == 0.0);
+        CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+    }
+}
+
+TEST_CASE("split-bf16 cuBLAS products with their epilogues match the CPU linear", "[gpu][linear]") {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    const int T = 19, in = 1024, out = 768;
+    const auto x = random_floats(size_t(T) * in, seed, -2.0f, 2.0f);
+    const auto w_bf = to_bf16(random_floats(size_t(2 * out) * in, seed + 1, -0.05f, 0.05f));
+    const auto w = from_bf16(w_bf);
+    const auto bias = random_floats(size_t(2 * out), seed + 2);
+    const auto residual = random_floats(size_t(T) * out, seed + 3);
+    auto d_x = upload(x), d_w = upload(w_bf), d_bias = upload(bias);
+    DeviceArray<uint16_t> d_xb(2 * x.size());
+    DeviceArray<float> d_y2(size_t(2 * T) * 2 * out);
+    k::rmsnorm_split_bf16(d_x.get(), T, in, in, nullptr, 0.0f, d_xb.get(), context().launch());
+    const float alpha = 1.0f, beta = 0.0f;
+    // y2 [2T, 2 out] = xb [2T, in] · W[2 out, in]^T
+    CUBLAS_CHECK(cublasGemmEx(context().cublas(), CUBLAS_OP_T, CUBLAS_OP_N, 2 * out, 2 * T, in, &alpha, d_w.get(),
+                              CUDA_R_16BF, in, d_xb.get(), CUDA_R_16BF, in, &beta, d_y2.get(), CUDA_R_32F, 2 * out,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    std::vector<float> full(size_t(T) * 2 * out);
+    qtts::cpu::linear(x.data(), T, in, w.data(), nullptr, 2 * out, full.data());
+
+    auto d_store = poisoned(size_t(T) * 2 * out);
+    k::linear_split_combine(d_y2.get(), 2 * out, T, 2 * out, d_bias.get(), k::LinearEpilogue::LINEAR_EPILOGUE_STORE,
+                            d_store.get(), 2 * out, context().launch());
+    auto d_add = upload(residual);
+    k::linear_split_combine(d_y2.get(), 2 * out, T, out, nullptr, k::LinearEpilogue::LINEAR_EPILOGUE_ADD, d_add.get(),
+                            out, context().launch());
+    auto d_swiglu = poisoned(size_t(T) * out);
+    k::linear_split_combine(d_y2.get(), 2 * out, T, out, nullptr, k::LinearEpilogue::LINEAR_EPILOGUE_SWIGLU,
+                            d_swiglu.get(), out, context().launch());
+    auto d_silu = poisoned(size_t(T) * out);
+    k::linear_split_combine(d_y2.get(), 2 * out, T, out, d_bias.get(), k::LinearEpilogue::LINEAR_EPILOGUE_SILU_BIAS,
+                            d_silu.get(), out, context().launch());
+
+    std::vector<float> r_store(full.size()), r_add(residual), r_swiglu(size_t(T) * out), r_silu(size_t(T) * out);
+    for (int t = 0; t < T; ++t)
+        for (int o = 0; o < 2 * out; ++o) {
+            const float v = full[size_t(t) * 2 * out + o];
+            r_store[size_t(t) * 2 * out + o] = v + bias[size_t(o)];
+            if (o < out) {
+                r_add[size_t(t) * out + o] += v;
+                r_swiglu[size_t(t) * out + o] = qtts::cpu::silu(v) * full[size_t(t) * 2 * out + out + o];
+                r_silu[size_t(t) * out + o] = qtts::cpu::silu(v + bias[size_t(o)]);
+            }
+        }
+    const auto store = download(d_store, r_store.size());
+    const auto add = download(d_add, r_add.size());
+    const auto swig = download(d_swiglu, r_swiglu.size());
+    const auto silu = download(d_silu, r_silu.size());
+    REQUIRE(all_finite(store));
+    REQUIRE(all_finite(swig));
+    REQUIRE(all_finite(silu));
+    // Split bf16 keeps ~16 mantissa bits of the activations: far below the 1e-2 budget of the LM.
+    CHECK(rel_error(store.data(), r_store.data(), store.size()) < 1e-4);
+    CHECK(rel_error(add.data(), r_add.data(), add.size()) < 1e-4);
+    CHECK(rel_error(swig.data(), r_swiglu.data(), swig.size()) < 1e-4);
+    CHECK(rel_error(silu.data(), r_silu.data(), silu.size()) < 1e-4);
+}
+
+TEST_CASE("embedding gathers, the frame sum and row scatter match the CPU", "[gpu][embedding]") {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    const int G = 16, V = 300, H = 256;
+    std::vector<std::vector<uint16_t>> tables_bf;
+    std::vector<DeviceArray<uint16_t>> d_tables;
+    for (int g = 0; g < G; ++g) {
+        tables_bf.push_back(to_bf16(random_floats(size_t(V) * H, seed + uint64_t(g))));
+        d_tables.push_back(upload(tables_bf.back()));
+    }
+    std::mt19937 rng(uint32_t(seed));
+    std::vector<int32_t> codes(size_t(3) * G);
+    for (auto& c : codes) c = int32_t(rng() % V);
+    auto d_codes = upload(codes);
+
+    // Gather (rows 0..2 of codebook 0's table).
+    auto d_gather = poisoned(size_t(3) * H);
+    std::vector<int32_t> ids{codes[0], codes[size_t(G)], codes[size_t(2 * G)]};
+    auto d_ids = upload(ids);
+    k::embedding_gather(d_tables[0].get(), H, d_ids.get(), 3, d_gather.get(), H, false, context().launch());
+    const auto gathered = download(d_gather, size_t(3) * H);
+    for (int r = 0; r < 3; ++r)
+        for (int i = 0; i < H; ++i)
+            REQUIRE(gathered[size_t(r) * H + i] == qtts::bf16_to_f32(tables_bf[0][size_t(ids[size_t(r)]) * H + i]));
+
+    // Frame sums with the text track: row index 1 of 2 trailing rows, then past the end -> pad.
+    const auto trailing = random_floats(size_t(2) * H, seed + 100);
+    const auto pad = random_floats(size_t(H), seed + 101);
+    auto d_trailing = upload(trailing), d_pad = upload(pad);
+    for (const int index : {1, 2}) {
+        std::vector<int32_t> scalars{2, index};  // trailing rows, text index
+        auto d_scalars = upload(scalars);
+        k::FrameEmbedArgs f;
+        for (int g = 0; g < G; ++g) f.tables[g] = d_tables[size_t(g)].get();
+        f.groups = G;
+        f.dim = H;
+        f.codes = d_codes.get();
+        f.code_stride = G;
+        f.rows = 1;
+        f.trailing = d_trailing.get();
+        f.trailing_rows = d_scalars.get();
+        f.text_index = d_scalars.get() + 1;
+        f.pad = d_pad.get();
+        auto d_out = poisoned(size_t(H));
+        f.out = d_out.get();
+        f.ldo = H;
+        k::frame_embed(f, context().launch());
+        const auto out = download(d_out, size_t(H));
+        for (int i = 0; i < H; ++i) {
+            float sum = qtts::bf16_to_f32(tables_bf[0][size_t(codes[0]) * H + i]);
+            for (int g = 1; g < G; ++g) sum += qtts::bf16_to_f32(tables_bf[size_t(g)][size_t(codes[size_t(g)]) * H + i]);
+            sum += index < 2 ? trailing[size_t(index) * H + i] : pad[size_t(i)];
+            REQUIRE(out[size_t(i)] == sum);  // same order of additions: bitwise equal
+        }
+    }
+
+    // rows_add: scatter rows 0,1,2 of `gathered` to rows 4,0,2 of a 5-row buffer.
+    const auto base = random_floats(size_t(5) * H, seed + 200);
+    auto d_base = upload(base);
+    const std::vector<int32_t> dst_rows{4, 0, 2};
+    auto d_dst_rows = upload(dst_rows);
+    k::rows_add(d_gather.get(), H, nullptr, 3, H, d_dst_rows.get(), d_base.get(), H, context().launch());
+    const auto scattered = download(d_base, base.size());
+    for (int r = 0; r < 5; ++r)
+        for (int i = 0; i < H; ++i) {
+            float expect = base[size_t(r) * H + i];
+            for (int s = 0; s < 3; ++s)
+                if (dst_rows[size_t(s)] == r) expect += gathered[size_t(s) * H + i];
+            REQUIRE(scattered[size_t(r) * H + i] == expect);
+        }
+}
+
+TEST_CASE("on-device sampling reproduces the CPU sampler and its random stream", "[gpu][sampling]") {
+    // Philox: the host mirror of the device generator equals the CPU RNG exactly.
+    const qtts::SamplingRng rng(0x1234abcd5678ef01ull);
+    for (uint32_t stream = 0; stream < 16; ++stream)
+        for (uint64_t index : {0ull, 1ull, 77ull, 1ull << 33})
+            REQUIRE(k::philox_uniform_host(rng.seed(), stream, index) == rng.uniform(stream, index));
+
+    struct Case {
+        const char* name;
+        bool greedy;
+        float temperature;
+        int top_k;
+        float top_p;
+        int n;
+        int group;
+    };
+    const Case cases[] = {
+        {"codebook 0 greedy", true, 1.0f, 0, 1.0f, 3072, 0},
+        {"codebook 0 reference sampling", false, 0.9f, 50, 1.0f, 3072, 0},
+        {"codebook 0 top-p", false, 0.8f, 0, 0.7f, 3072, 0},
+        {"predictor greedy", true, 1.0f, 0, 1.0f, 2048, 5},
+        {"predictor reference sampling", false, 0.9f, 50, 1.0f, 2048, 7},
+        {"predictor top-k + top-p", false, 1.3f, 200, 0.9f, 2048, 15},
+    };
+    qtts::cuda::GpuContext& ctx = context();
+    DeviceArray<k::GenerationDeviceState> d_state(1);
+    DeviceArray<int32_t> d_codes(size_t(64) * k::SAMPLE_MAX_GROUPS);
+    for (const Case& c : cases) {
+        int mismatches = 0;
+        const int trials = 60;
+        for (int trial = 0; trial < trials; ++trial) {
+            const uint64_t seed = fresh_seed();
+            INFO(c.name << " trial " << trial << " seed " << seed);
+            const auto logits = random_floats(size_t(c.n), seed, -6.0f, 6.0f);
+            const int frame = int(seed % 40);
+            qtts::TokenHistory history(c.n);
+            std::vector<int32_t> seen(size_t(c.n), 0);
+            const int history_tokens = int(seed % 5);  // < 2 keeps EOS masked
+            for (int i = 0; i < history_tokens; ++i) {
+                const int32_t id = int32_t((seed >> (8 * i)) % 2048);
+                history.add(id);
+                seen[size_t(id)] = 1;
+            }
+            qtts::SamplingParams params;
+            params.greedy = c.greedy;
+            params.temperature = c.temperature;
+            params.top_k = c.top_k;
+            params.top_p = c.top_p;
+            params.repetition_penalty = 1.05f;
+            qtts::Codebook0Rules rules;
+            rules.suppress_begin = c.n - 1024;
+            qtts::SamplerScratch scratch;
+            const qtts::SamplingRng r(seed);
+            const int32_t expect =
+                c.group == 0 ? qtts::sample_codebook0(logits.data(), c.n, params, rules, history, r, uint64_t(frame), scratch)
+                             : qtts::sample_predictor(logits.data(), c.n, params, c.group, r, uint64_t(frame), scratch);
+
+            k::GenerationDeviceState st;
+            st.seed = seed;
+            st.frame = frame - 1;  // frame_offset 1 below: the draw belongs to `frame`
+            st.history_count = history.count();
+            st.min_new_tokens = 2;
+            st.code_capacity = 64;
+            k::SamplingDeviceParams dp;
+            dp.greedy = c.greedy;
+            dp.temperature = c.temperature;
+            dp.top_k = c.top_k;
+            dp.top_p = c.top_p;
+            dp.repetition_penalty = 1.05f;
+            st.talker = dp;
+            st.predictor = dp;
+            st.predictor.repetition_penalty = 1.0f;
+            CUDA_CHECK(cudaMemcpy(d_state.get(), &st, sizeof(st), cudaMemcpyHostToDevice));
+            auto d_logits = upload(logits);
+            auto d_seen = upload(seen);
+            k::SampleArgs a;
+            a.logits = d_logits.get();
+            a.n = c.n;
+            a.state = d_state.get();
+            a.group = c.group;
+            a.frame_offset = 1;
+            a.advance = true;
+            a.eos_id = 2150;
+            a.suppress_begin = c.n - 1024;
+            a.seen = d_seen.get();
+            a.codes = d_codes.get();
+            k::sample(a, ctx.launch());
+            CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+            k::GenerationDeviceState after;
+            CUDA_CHECK(cudaMemcpy(&after, d_state.get(), sizeof(after), cudaMemcpyDeviceToHost));
+            int32_t stored = -1;
+            CUDA_CHECK(cudaMemcpy(&stored, d_codes.get() + size_t(frame) * k::SAMPLE_MAX_GROUPS + c.group, 4,
+                                  cudaMemcpyDeviceToHost));
+            const int32_t got = after.current[c.group];
+            REQUIRE(got == stored);
+            REQUIRE(after.frame == frame);       // advanced by one
+            REQUIRE(after.position == 1);
+            if (c.group == 0) {
+                REQUIRE(after.history_count == history.count() + 1);
+                REQUIRE((got < 2048 || (got == 2150 && history.count() >= 2)));  // suppression, EOS mask
+            }
+            if (c.greedy) {
+                REQUIRE(got == expect);
+            } else if (got != expect) {
+                ++mismatches;
+            }
+        }
+        INFO(c.name << ": " << mismatches << " of " << trials << " draws differ from the CPU");
+        // Only a last-ulp difference in a softmax sum can separate them: allow one in the batch.
+        CHECK(mismatches <= 1);
+    }
+}

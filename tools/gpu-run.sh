@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Repeatable GPU run for the CUDA engine (see docs/cuda.md, ../shared/docs/device-gpu.md).
+#
+#   tools/gpu-run.sh build    on the development machine: configure + build build-gpu (Release,
+#                             sm_90, warnings as errors), then stage the GPU binaries, the
+#                             non-system shared libraries they need and the tiny reference
+#                             models into build-gpu/dist/payload.tar.xz (what travels).
+#   tools/gpu-run.sh device   on the GPU machine (the device `run` command, repo root as cwd):
+#                             unpack the payload, run the GPU tests, generate full-size random
+#                             0.6B / 1.7B checkpoints with `qtts make-model` and benchmark them.
+#                             Logs and JSON go to $OUT (or /tmp/qtts-out); a summary is printed last.
+#
+# The device call (carry build-gpu/dist):
+#   run(command="bash tools/gpu-run.sh device", carry=["build-gpu/dist"])
+# Nothing run there may touch PortAudio: the binaries used here never open an audio device.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${QTTS_GPU_BUILD:-$ROOT/build-gpu}
+DIST=$BUILD/dist
+GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs"
+UNIT_TESTS="test_cuda_fallback"
+STAGE_TESTS=${QTTS_STAGE_TESTS:-"$GPU_TESTS $UNIT_TESTS"}
+
+build() {
+    cmake -S "$ROOT" -B "$BUILD" -DQTTS_CUDA=ON -DQTTS_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release -DQTTS_WERROR=ON >/dev/null
+    # shellcheck disable=SC2086
+    cmake --build "$BUILD" --target qtts_cli $STAGE_TESTS -j2
+    rm -rf "$DIST"
+    local stage=$BUILD/dist-stage
+    rm -rf "$stage"
+    mkdir -p "$stage/bin" "$stage/lib" "$stage/ref/models" "$stage/ref/golden" "$DIST"
+    cp "$BUILD/qtts" "$stage/bin/"
+    for t in $STAGE_TESTS; do cp "$BUILD/tests/$t" "$stage/bin/"; done
+    strip --strip-unneeded "$stage"/bin/* || true
+    # Shared libraries that are not part of glibc, the C++ runtime or CUDA (the GPU machine has
+    # those): PortAudio, Opus, spdlog/fmt, OpenBLAS, ...
+    for b in "$stage"/bin/*; do
+        ldd "$b" | awk '/=> \// {print $3}'
+    done | sort -u | while read -r lib; do
+        case "$(basename "$lib")" in
+            libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++.so*|libgcc_s.so*|ld-linux*) ;;
+            libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*) ;;
+            *) cp -L "$lib" "$stage/lib/" ;;
+        esac
+    done
+    # The tiny reference models the GPU-vs-CPU tests use (vocab/merges are not needed by the LM).
+    local ref=${QTTS_REFERENCE_DIR:-$ROOT/../shared/reference}
+    if [ -d "$ref/models" ]; then
+        for m in tiny-customvoice tiny-voicedesign; do
+            mkdir -p "$stage/ref/models/$m/speech_tokenizer"
+            cp "$ref/models/$m/config.json" "$ref/models/$m/generation_config.json" "$ref/models/$m/model.safetensors" \
+                "$stage/ref/models/$m/"
+            cp "$ref/models/$m/speech_tokenizer/config.json" "$stage/ref/models/$m/speech_tokenizer/"
+        done
+        # One copy of the (shared) speech tokenizer weights; linked into both models on the device.
+        cp "$ref/models/tiny-customvoice/speech_tokenizer/model.safetensors" "$stage/ref/speech_tokenizer.safetensors"
+        cp "$ref/golden/scenarios.json" "$stage/ref/golden/"
+    fi
+    tar -C "$stage" -cf - bin lib ref | xz -T2 -6 >"$DIST/payload.tar.xz"
+    rm -rf "$stage"
+    ls -la "$DIST"
+    echo "staged: $(du -sh "$DIST" | cut -f1) in $DIST (carry build-gpu/dist)"
+}
+
+device() {
+    local out=${OUT:-/tmp/qtts-out}
+    local q=/tmp/qtts-gpu
+    mkdir -p "$out" "$q"
+    local summary=$out/summary.txt
+    : >"$summary"
+    note() { echo "$*" | tee -a "$summary"; }
+
+    local t0=$SECONDS
+    if command -v xz >/dev/null; then
+        xz -dc "$DIST/payload.tar.xz" | tar -C "$q" -xf -
+    else
+        python3 -c "import lzma,tarfile,sys; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])" \
+            "$DIST/payload.tar.xz" "$q"
+    fi
+    for m in tiny-customvoice tiny-voicedesign; do
+        [ -d "$q/ref/models/$m" ] && ln -sf "$q/ref/speech_tokenizer.safetensors" "$q/ref/models/$m/speech_tokenizer/model.safetensors"
+    done
+    export LD_LIBRARY_PATH=$q/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    export QTTS_REFERENCE_DIR=$q/ref
+    export QTTS_LOG_LEVEL=${QTTS_LOG_LEVEL:-info}
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+    note "unpacked in $((SECONDS - t0)) s; commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+    local failed=0
+    run_test() {  # name label [env...]
+        local name=$1 label=$2
+        shift 2
+        local t=$SECONDS rc=0
+        env QTTS_TEST_LABEL="$label" "$@" "$q/bin/$name" -r compact >"$out/$name.log" 2>&1 || rc=$?
+        note "$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t))" "$(tail -n 1 "$out/$name.log")")"
+        [ "$rc" -eq 0 ] || failed=1
+    }
+    for t in $UNIT_TESTS; do [ -x "$q/bin/$t" ] && run_test "$t" unit; done
+    [ -x "$q/bin/test_gpu_kernels" ] && run_test test_gpu_kernels gpu
+    [ -x "$q/bin/test_gpu_lm" ] && run_test test_gpu_lm gpu
+
+    local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
+    local frames=${QTTS_BENCH_FRAMES:-256}
+    for p in $presets; do
+        local dir=/tmp/qtts-models/$p t=$SECONDS
+        "$q/bin/qtts" make-model --preset "$p" --out "$dir" >>"$out/make-model.log" 2>&1
+        note "make-model $p: $((SECONDS - t)) s"
+        if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_graphs" ]; then
+            run_test test_gpu_graphs gpu QTTS_TEST_MODEL_DIR="$dir"
+        fi
+        t=$SECONDS
+        "$q/bin/qtts" bench --model "$dir" --frames "$frames" --json "$out/bench-$p.json" >"$out/bench-$p.log" 2>&1 ||
+            { note "bench $p FAILED"; failed=1; }
+        note "bench $p: $((SECONDS - t)) s"
+        grep -E '^\s+(prefill|time to first|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time)' \
+            "$out/bench-$p.log" | sed "s/^/  [$p] /" | tee -a "$summary" || true
+        rm -rf "$dir"
+    done
+    note "total $((SECONDS - t0)) s, failed=$failed"
+    return $failed
+}
+
+case "${1:-}" in
+    build) build ;;
+    device) device ;;
+    *)
+        echo "usage: tools/gpu-run.sh build|device" >&2
+        exit 2
+        ;;
+esac
