@@ -31,7 +31,11 @@ constexpr size_t kPipelineBytes = 64 * 1024;
 class HttpSession : public std::enable_shared_from_this<HttpSession>, public PumpSink {
 public:
     HttpSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
-        : core_(core), socket_(std::move(socket)), slot_(std::move(slot)), timer_(socket_.get_executor()) {}
+        : core_(core),
+          socket_(std::move(socket)),
+          executor_(socket_.get_executor()),
+          slot_(std::move(slot)),
+          timer_(executor_) {}
 
     ~HttpSession() override {
         // The pump holds a reference while it runs, so no stream can be left behind here; the
@@ -39,17 +43,17 @@ public:
     }
 
     void run() {
-        net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->request_read(); });
+        net::dispatch(executor_, [self = shared_from_this()] { self->request_read(); });
     }
 
     // ---- PumpSink (pump thread) ----
     void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
-        net::post(socket_.get_executor(), [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
+        net::post(executor_, [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
             self->audio_on(std::move(pieces), bytes, samples);
         });
     }
     void pump_end(StreamOutcome outcome) override {
-        net::post(socket_.get_executor(),
+        net::post(executor_,
                   [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
     }
     bool pump_abandoned() const override { return abandoned_.load(); }
@@ -567,6 +571,7 @@ private:
 
     ServerCore& core_;
     tcp::socket socket_;
+    const net::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
     ConnectionSlot slot_;
     net::steady_timer timer_;
     beast::flat_buffer buffer_;

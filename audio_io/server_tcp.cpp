@@ -19,23 +19,24 @@ public:
     TcpSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
         : core_(core),
           socket_(std::move(socket)),
+          executor_(socket_.get_executor()),
           slot_(std::move(slot)),
-          timer_(socket_.get_executor()),
+          timer_(executor_),
           // The line, its newline and a little slack for "\r".
           line_buf_(core.options.max_text_bytes + 2) {}
 
     void run() {
-        net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->line_read(); });
+        net::dispatch(executor_, [self = shared_from_this()] { self->line_read(); });
     }
 
     // ---- PumpSink (pump thread) ----
     void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
-        net::post(socket_.get_executor(), [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
+        net::post(executor_, [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
             self->audio_on(std::move(pieces), bytes, samples);
         });
     }
     void pump_end(StreamOutcome outcome) override {
-        net::post(socket_.get_executor(),
+        net::post(executor_,
                   [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
     }
     bool pump_abandoned() const override { return abandoned_.load(); }
@@ -235,6 +236,7 @@ private:
 
     ServerCore& core_;
     tcp::socket socket_;
+    const net::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
     ConnectionSlot slot_;
     net::steady_timer timer_;
     net::streambuf line_buf_;

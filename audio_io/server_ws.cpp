@@ -19,21 +19,21 @@ namespace websocket = beast::websocket;
 class WsSession : public std::enable_shared_from_this<WsSession>, public PumpSink {
 public:
     WsSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
-        : core_(core), ws_(std::move(socket)), slot_(std::move(slot)), timer_(ws_.get_executor()) {}
+        : core_(core), ws_(std::move(socket)), executor_(ws_.get_executor()), slot_(std::move(slot)), timer_(executor_) {}
 
     void run(Request request) {
         request_ = std::move(request);
-        net::dispatch(ws_.get_executor(), [self = shared_from_this()] { self->accept(); });
+        net::dispatch(executor_, [self = shared_from_this()] { self->accept(); });
     }
 
     // ---- PumpSink (pump thread) ----
     void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
-        net::post(ws_.get_executor(), [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
+        net::post(executor_, [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
             self->audio_on(std::move(pieces), bytes, samples);
         });
     }
     void pump_end(StreamOutcome outcome) override {
-        net::post(ws_.get_executor(),
+        net::post(executor_,
                   [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
     }
     bool pump_abandoned() const override { return closed_flag_.load() || cancel_requested_.load(); }
@@ -347,6 +347,7 @@ private:
 
     ServerCore& core_;
     websocket::stream<tcp::socket> ws_;
+    const net::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
     ConnectionSlot slot_;
     net::steady_timer timer_;
     Request request_;

@@ -4,21 +4,23 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "audio_io/audio_output.h"
+#include "audio_io/jitter_buffer.h"
 #include "audio_io/wav_writer.h"
 #include "cli.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "model/make_model.h"
-#include "runtime/synthesizer.h"
+#include "runtime/engine.h"
 
 namespace {
 
 using qtts::ErrorCode;
 using qtts::fail;
-using Clock = std::chrono::steady_clock;
 
 std::vector<int32_t> parse_ids(const std::string& text, const char* option) {
     std::vector<int32_t> ids;
@@ -38,7 +40,7 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* option) {
 void print_usage() {
     std::printf(
         "usage: qtts say \"text\" -o out.wav [options]\n"
-        "  text            the text to speak (\"-\" reads standard input)\n"
+        "  text            the text to speak (\"-\" reads standard input line by line into one stream)\n"
         "  -o, --out FILE  24 kHz mono WAV written as audio is generated\n"
         "  --model DIR     checkpoint directory (default: the embedded demo model)\n"
         "  --speaker S     CustomVoice speaker (default vivian)\n"
@@ -53,33 +55,37 @@ void print_usage() {
         "  --codes-out FILE      write {\"codes\": [[c0..c15], ...]}\n"
         "  --sample-format s16|f32\n"
         "  --chunk-frames N      frames per decoded chunk (default 4; first chunk is 1)\n"
-        "  --backend cpu|cuda|auto\n");
+        "  --backend cpu|cuda|auto\n"
+        "  --play                speak through the default audio device while generating\n"
+        "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n");
 }
 
 int cmd_say(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
-                         "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "device"},
-                        {"help", "greedy", "no-cuda-graphs"});
+                         "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "device",
+                         "audio-device"},
+                        {"help", "greedy", "no-cuda-graphs", "play"});
     if (args.has("help")) {
         print_usage();
         return 0;
     }
-    if (!args.get("out")) {
+    const bool play = args.has("play") || args.get("audio-device");
+    if (!args.get("out") && !play) {
         print_usage();
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "missing -o FILE.wav");
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "missing -o FILE.wav (or --play)");
     }
     qtts::SpeechRequest request;
     if (args.positional().size() > 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "give the text as one argument (quote it)");
     if (!args.positional().empty()) request.text = args.positional()[0];
-    if (request.text == "-") {
-        std::ostringstream ss;
-        ss << std::cin.rdbuf();
-        request.text = ss.str();
+    const bool from_stdin = request.text == "-";
+    if (from_stdin) {
+        request.text.clear();
+        request.incremental = true;  // lines are appended to one stream as they arrive
     }
     if (args.get("input-ids")) request.input_ids = parse_ids(*args.get("input-ids"), "input-ids");
     if (args.get("instruct-ids")) request.instruct_ids = parse_ids(*args.get("instruct-ids"), "instruct-ids");
-    if (request.text.empty() && request.input_ids.empty())
+    if (request.text.empty() && request.input_ids.empty() && !from_stdin)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "no text given: qtts say \"text\" -o out.wav");
     request.speaker = args.get_or("speaker", "");
     request.language = args.get_or("language", "auto");
@@ -95,59 +101,101 @@ int cmd_say(const std::vector<std::string>& argv) {
     const std::string format_name = args.get_or("sample-format", "s16");
     if (format_name != "s16" && format_name != "f32")
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--sample-format expects s16 or f32, got '{}'", format_name);
-    const int chunk_frames = int(args.get_int("chunk-frames", 4));
-    if (chunk_frames < 1 || chunk_frames > 1000) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--chunk-frames must be 1..1000");
 
-    std::string model_dir;
-    if (auto m = args.get("model")) {
-        model_dir = *m;
-    } else {
-        model_dir = qtts::default_model_dir();
-        QTTS_LOG_INFO("no --model given: using the embedded demo model (random weights) at {}", model_dir);
-    }
-    qtts::SpeechModelOptions options;
+    qtts::EngineOptions options;
+    options.chunk_frames = int(args.get_int("chunk-frames", 4));
+    if (options.chunk_frames < 1 || options.chunk_frames > 1000)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--chunk-frames must be 1..1000");
     options.backend = args.get_or("backend", "auto");
     options.device = int(args.get_int("device", 0));
     options.cuda_graphs = !args.has("no-cuda-graphs");
-    auto model = qtts::SpeechModel::load(model_dir, options);
-
-    const auto t_request = Clock::now();
-    qtts::PreparedSpeech prepared = model->prepare(request);
-    qtts::Utterance utterance(model, std::move(prepared));
-
-    qtts::WavWriter wav(*args.get("out"), 24000, 1,
-                        format_name == "f32" ? qtts::WavFormat::WAV_FORMAT_F32 : qtts::WavFormat::WAV_FORMAT_S16);
-    std::vector<float> pcm;
-    std::vector<qtts::FrameCodes> codes;
-    double ttfa_ms = -1.0;
-    int64_t samples = 0;
-    int chunk = 1;  // first chunk: one frame, for the earliest first audio
-    for (;;) {
-        pcm.clear();
-        const auto status = utterance.chunk(chunk, &pcm, &codes);
-        if (!pcm.empty()) {
-            if (ttfa_ms < 0) ttfa_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_request).count();
-            wav.write(pcm.data(), pcm.size());
-            samples += int64_t(pcm.size());
-        }
-        if (status == qtts::UtteranceStatus::UTTERANCE_DONE) break;
-        chunk = chunk_frames;
+    options.max_streams = 1;
+    if (auto m = args.get("model")) {
+        options.model_dir = *m;
+    } else {
+        options.model_dir = qtts::default_model_dir();
+        QTTS_LOG_INFO("no --model given: using the embedded demo model (random weights) at {}", options.model_dir);
     }
-    wav.close();
-    const double wall = std::chrono::duration<double>(Clock::now() - t_request).count();
-    const double audio_s = double(samples) / 24000.0;
 
+    // Open the audio output first, so a machine without sound fails before any work is done.
+    std::unique_ptr<qtts::JitterBuffer> jitter;
+    std::unique_ptr<qtts::AudioSink> sink;
+    if (play) {
+        jitter = std::make_unique<qtts::JitterBuffer>();
+        qtts::AudioSinkConfig sink_config;
+        sink_config.device = args.get_or("audio-device", "");
+        sink = qtts::audio_sink_open(sink_config, qtts::render_source(*jitter));
+        QTTS_LOG_INFO("playing on {} (output latency {:.1f} ms)", sink->describe(), sink->output_latency_s() * 1000.0);
+        sink->start();
+    }
+    std::unique_ptr<qtts::WavWriter> wav;
+    if (auto out = args.get("out")) {
+        wav = std::make_unique<qtts::WavWriter>(*out, 24000, 1,
+                                                format_name == "f32" ? qtts::WavFormat::WAV_FORMAT_F32 : qtts::WavFormat::WAV_FORMAT_S16);
+    }
+
+    qtts::Engine engine(options);
+    const double play_t0 = sink ? sink->time_now() : 0.0;
+    auto stream = engine.submit(request);
+
+    // Standard input: each line is appended to the stream as it arrives; EOF closes the text.
+    std::thread reader;
+    if (from_stdin) {
+        reader = std::thread([stream]() {
+            std::string line;
+            while (std::getline(std::cin, line)) {
+                try {
+                    stream->text_append(line + "\n");
+                } catch (const qtts::Error& e) {
+                    QTTS_LOG_WARN("skipping a line of input: {}", e.what());
+                }
+            }
+            stream->text_close();
+        });
+    }
+
+    std::vector<float> buf(4800);
+    while (!stream->finished()) {
+        const size_t n = stream->read(buf.data(), buf.size());
+        if (n == 0) {
+            stream->wait(std::chrono::milliseconds(20));
+            continue;
+        }
+        if (wav) wav->write(buf.data(), n);
+        if (jitter) {
+            size_t pushed = 0;
+            while (pushed < n) {
+                pushed += jitter->push(buf.data() + pushed, n - pushed);
+                if (pushed < n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+        }
+    }
+    if (reader.joinable()) reader.join();
+    if (wav) wav->close();
+    const std::string error = stream->error();
+    if (jitter) {
+        jitter->end_stream();
+        while (!jitter->finished() && error.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        sink->stop();
+    }
+    if (!error.empty()) fail(ErrorCode::ERROR_INTERNAL, "generation failed: {}", error);
+
+    const qtts::StreamMetrics m = stream->metrics();
+    const double audio_s = double(m.samples) / 24000.0;
     if (auto path = args.get("codes-out")) {
         nlohmann::json j;
-        j["codes"] = nlohmann::json::array();
-        for (const auto& f : codes) j["codes"].push_back(std::vector<int32_t>(f.begin(), f.end()));
+        j["codes"] = stream->codes();
         std::ofstream out(*path);
         if (!out) fail(ErrorCode::ERROR_IO, "{}: cannot create", *path);
         out << j.dump() << "\n";
     }
-    std::printf("wrote %s: %lld frames, %.2f s of audio; time to first audio %.1f ms; real-time factor %.3f (%.1fx real time); stop: %s\n",
-                args.get("out")->c_str(), (long long)utterance.frames(), audio_s, ttfa_ms, audio_s > 0 ? wall / audio_s : 0.0,
-                wall > 0 ? audio_s / wall : 0.0, qtts::stop_reason_name(utterance.stop_reason()));
+    std::printf("%s%s: %lld frames, %.2f s of audio; ttfa_gen %.1f ms", args.get("out") ? "wrote " : "played",
+                args.get("out") ? args.get("out")->c_str() : "", (long long)m.frames, audio_s, m.ttfa_gen_ms);
+    if (jitter && jitter->first_sample_time() >= 0)
+        std::printf("; ttfa_play %.1f ms; underruns %llu (%llu samples)", (jitter->first_sample_time() - play_t0) * 1000.0,
+                    (unsigned long long)jitter->underrun_events(), (unsigned long long)jitter->underrun_samples());
+    std::printf("; real-time factor %.3f (%.1fx real time); stop: %s\n", m.rtf, m.rtf > 0 ? 1.0 / m.rtf : 0.0,
+                qtts::stop_reason_name(m.stop_reason));
     return 0;
 }
 

@@ -28,8 +28,9 @@ LmBackendChoice lm_backend_choose(const std::string& requested, int device) {
     }
     const std::string why = cuda_describe(device);
     if (requested == "cuda")
-        fail(ErrorCode::ERROR_UNSUPPORTED, "the CUDA backend was requested but cannot run: {}", why);
-    choice.reason = "no usable GPU (" + why + "); falling back to the CPU backend";
+        fail(ErrorCode::ERROR_UNSUPPORTED, "the CUDA backend was requested but cannot run on device {}: {}", device, why);
+    choice.reason = "no usable GPU for CUDA device " + std::to_string(device) + " (" + why +
+                    "); falling back to the CPU backend";
     QTTS_LOG_WARN("{}", choice.reason);
     return choice;
 }

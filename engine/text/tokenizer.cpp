@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <queue>
 #include <sstream>
@@ -540,7 +541,10 @@ void Tokenizer::Impl::pretoken_encode(std::string_view piece, std::vector<int32_
     bpe_merge(piece, out);
     if (cacheable) {
         std::lock_guard<std::mutex> lock(cache_mutex);
-        if (cache.size() >= cache_capacity) {
+        // Entries are few (pieces <= 64 bytes) but the capacity is user-set: also bound the
+        // arenas so their 32-bit offsets never overflow.
+        if (cache.size() >= cache_capacity || cache_keys.size() > (size_t(1) << 30) ||
+            cache_ids.size() > (size_t(1) << 30)) {
             cache.clear();
             cache_keys.clear();
             cache_ids.clear();
@@ -697,7 +701,11 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const TokenizerOptions& 
     }
     std::sort(impl->added.begin(), impl->added.end(), [](const AddedToken& a, const AddedToken& b) { return a.id < b.id; });
 
-    // Per-id tables.
+    // Per-id tables, indexed by id: refuse absurd ids rather than allocate gigabytes.
+    constexpr int32_t MAX_SUPPORTED_ID = (1 << 24) - 1;
+    if (max_id > MAX_SUPPORTED_ID)
+        fail(ErrorCode::ERROR_FORMAT, "tokenizer in {} uses id {}; ids up to {} are supported", model_dir, max_id,
+             MAX_SUPPORTED_ID);
     const size_t size = size_t(max_id) + 1;
     impl->id_tokens.assign(size, std::string());
     impl->id_bytes.assign(size, std::string());

@@ -6,12 +6,16 @@
 //   the owner guard (other thread, re-entrant replay, replay during capture); graph memory.
 #include <catch2/catch.hpp>
 
+// CPU-only builds compile this file to nothing (test_main skips the gpu label without a device).
+#ifdef QTTS_HAVE_CUDA
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "cuda/frame_graphs.h"
 #include "cuda/gpu_generator.h"
 #include "model/make_model.h"
@@ -202,3 +206,5 @@ TEST_CASE("the owner guard refuses foreign and re-entrant replays", "[gpu][graph
     CHECK(gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME);
     CHECK(gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME);
 }
+
+#endif  // QTTS_HAVE_CUDA

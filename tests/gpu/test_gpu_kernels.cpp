@@ -2,6 +2,9 @@
 // poisoned outputs (NaN) so that an unwritten element fails the comparison.
 #include <catch2/catch.hpp>
 
+// CPU-only builds compile this file to nothing (test_main skips the gpu label without a device).
+#ifdef QTTS_HAVE_CUDA
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -227,7 +230,7 @@ TEST_CASE("per-head RMSNorm + RoPE matches the CPU", "[gpu][rope]") {
         k::head_norm_rope(d_x.get(), T, heads, head_dim, d_w.get(), 1e-6f, d_f.get(), nullptr, pos0,
                           context().launch());
         const auto y = download(d_x, x.size());
-        std::vector<int64_t> pos(size_t(T));
+        std::vector<int64_t> pos(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) pos[size_t(t)] = pos0 + t;
         qtts::cpu::rms_norm(x.data(), T * heads, head_dim, w.data(), 1e-6f, x.data());
         qtts::cpu::rope_apply(x.data(), T, heads, head_dim, pos.data(), theta);
@@ -255,7 +258,7 @@ void attention_reference(const AttentionCase& c, const std::vector<float>& qkv, 
         std::copy_n(qkv.begin() + long(t) * ld + qd, kvd, kk.begin() + long(t) * kvd);
         std::copy_n(qkv.begin() + long(t) * ld + qd + kvd, kvd, vv.begin() + long(t) * kvd);
     }
-    std::vector<int64_t> pos(size_t(c.T));
+    std::vector<int64_t> pos(static_cast<size_t>(c.T));
     for (int t = 0; t < c.T; ++t) pos[size_t(t)] = c.pos0 + t;
     qtts::cpu::rms_norm(q.data(), c.T * c.n_heads, c.hd, qn.data(), 1e-6f, q.data());
     qtts::cpu::rms_norm(kk.data(), c.T * c.n_kv, c.hd, kn.data(), 1e-6f, kk.data());
@@ -370,7 +373,9 @@ TEST_CASE("split-bf16 cuBLAS products with their epilogues match the CPU linear"
     const auto w = from_bf16(w_bf);
     const auto bias = random_floats(size_t(2 * out), seed + 2);
     const auto residual = random_floats(size_t(T) * out, seed + 3);
-    auto d_x = upload(x), d_w = upload(w_bf), d_bias = upload(bias);
+    auto d_x = upload(x);
+    auto d_w = upload(w_bf);
+    auto d_bias = upload(bias);
     DeviceArray<uint16_t> d_xb(2 * x.size());
     DeviceArray<float> d_y2(size_t(2 * T) * 2 * out);
     k::rmsnorm_split_bf16(d_x.get(), T, in, in, nullptr, 0.0f, d_xb.get(), context().launch());
@@ -430,7 +435,7 @@ TEST_CASE("embedding gathers, the frame sum and row scatter match the CPU", "[gp
         tables_bf.push_back(to_bf16(random_floats(size_t(V) * H, seed + uint64_t(g))));
         d_tables.push_back(upload(tables_bf.back()));
     }
-    std::mt19937 rng(uint32_t(seed));
+    std::mt19937 rng{uint32_t(seed)};
     std::vector<int32_t> codes(size_t(3) * G);
     for (auto& c : codes) c = int32_t(rng() % V);
     auto d_codes = upload(codes);
@@ -604,3 +609,5 @@ TEST_CASE("on-device sampling reproduces the CPU sampler and its random stream",
         CHECK(mismatches <= 1);
     }
 }
+
+#endif  // QTTS_HAVE_CUDA

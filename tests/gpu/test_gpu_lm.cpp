@@ -5,6 +5,9 @@
 //   * free-running seeded sampling: the same Philox stream gives the same codes.
 #include <catch2/catch.hpp>
 
+// CPU-only builds compile this file to nothing (test_main skips the gpu label without a device).
+#ifdef QTTS_HAVE_CUDA
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -180,6 +183,18 @@ TEST_CASE("GPU greedy generation gives the CPU's codes, graphs on and off", "[gp
                 FrameCodes extra{};
                 CHECK(gen.next_frame(extra) == FrameStatus::FRAME_STATUS_DONE);
                 CHECK(gen.stop_reason() == qtts::cpu::StopReason::STOP_REASON_MAX_FRAMES);
+
+                // The same from host-side embeddings (the CPU front end's vectors).
+                const int H = cpu_weights->hidden_size();
+                const auto prefill = qtts::prompt_embed(prompt, *cpu_weights, cpu_weights->num_code_groups());
+                const auto trailing = qtts::prompt_embed_trailing(prompt, *cpu_weights);
+                gen.start(prefill.data(), int(prefill.size() / size_t(H)), trailing.data(),
+                          int(trailing.size() / size_t(H)), params, 1, prompt.text_tokens, prompt.text_complete);
+                std::vector<FrameCodes> host_codes;
+                FrameCodes c{};
+                while (host_codes.size() < 24 && gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME)
+                    host_codes.push_back(c);
+                CHECK(matching_prefix(host_codes, ref.codes) == 24);
             }
         }
     }
@@ -279,3 +294,5 @@ TEST_CASE("GPU generation stops like the CPU: EOS, budget and streaming text", "
         CHECK(matching_prefix(got, ref) == int(ref.size()));
     }
 }
+
+#endif  // QTTS_HAVE_CUDA

@@ -137,6 +137,7 @@ public:
     }
     void cancel() override {
         std::lock_guard<std::mutex> lock(m_);
+        cancel_called_ = true;
         if (!done_locked()) cancelled_ = true;
         cv_.notify_all();
     }
@@ -160,10 +161,10 @@ public:
     }
     std::vector<std::vector<int32_t>> codes() const override { return {}; }
 
-    // Test inspection.
+    // Test inspection: cancel() was called (whether or not generation had already ended).
     bool cancelled() const {
         std::lock_guard<std::mutex> lock(m_);
-        return cancelled_;
+        return cancel_called_;
     }
     std::optional<Clock::time_point> done_time() const {
         std::lock_guard<std::mutex> lock(m_);
@@ -204,6 +205,7 @@ private:
     int64_t read_pos_ = 0;
     bool closed_ = true;
     bool cancelled_ = false;
+    bool cancel_called_ = false;
     bool fail_ = false;
     bool failed_ = false;
     std::string appended_;
@@ -216,9 +218,11 @@ public:
 
     std::shared_ptr<qtts::Stream> submit(const qtts::SpeechRequest& r) override {
         if (!r.incremental && r.text.empty()) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "empty text");
-        if (live_.load() >= cfg_.max_streams) throw qtts::ServiceBusyError("fake service is full");
-        auto s = std::make_shared<FakeStream>(next_id_.fetch_add(1), r, cfg_, &live_);
         std::lock_guard<std::mutex> lock(m_);
+        int running = 0;
+        for (const auto& st : streams_) running += !st->generation_done();
+        if (running >= cfg_.max_streams) throw qtts::ServiceBusyError("fake service is full");
+        auto s = std::make_shared<FakeStream>(next_id_.fetch_add(1), r, cfg_, &live_);
         streams_.push_back(s);
         requests_.push_back(r);
         return s;
@@ -237,6 +241,11 @@ public:
         return requests_;
     }
     int live() const { return live_.load(); }
+    // True once nobody but this service (and the caller's copy) holds stream i: the server let go.
+    bool released(size_t i) const {
+        std::lock_guard<std::mutex> lock(m_);
+        return i < streams_.size() && streams_[i].use_count() == 1;
+    }
     const FakeConfig& config() const { return cfg_; }
 
 private:

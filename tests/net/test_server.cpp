@@ -494,6 +494,25 @@ TEST_CASE("the concurrency limit answers 429 with a JSON error, and frees up", "
     CHECK(s.server->metrics().errors("busy") == 2);
 }
 
+TEST_CASE("an engine at its own limit (ServiceBusyError) also answers 429", "[net]") {
+    FakeConfig cfg;
+    cfg.seconds_per_byte = 0.2;
+    cfg.chunk_interval = std::chrono::milliseconds(40);
+    cfg.max_streams = 1;
+    Server s(cfg);
+    WsClient ws(s.port());
+    REQUIRE(ws.connected());
+    ws.send_text(json{{"type", "start"}, {"format", "pcm"}, {"text", kText}, {"end", true}}.dump());
+    REQUIRE(ws.read_until_event({"first_audio"}));
+    const HttpResult busy = curl_post(s.port(), "/v1/audio/speech", speech_json("Hi.", "pcm", false));
+    CHECK(busy.status == 429);
+    require_error_body(busy.body, "rate_limit_error");
+    CHECK(s.server->active_streams() == 1);  // the refused request gave its slot back
+    ws.send_text(json{{"type", "cancel"}}.dump());
+    REQUIRE(ws.read_until_event({"done"}));
+    CHECK(curl_post(s.port(), "/v1/audio/speech", speech_json("Hi.", "pcm", false)).status == 200);
+}
+
 TEST_CASE("a client that disconnects mid-stream cancels its stream (HTTP, WebSocket, TCP)", "[net]") {
     FakeConfig cfg;
     cfg.seconds_per_byte = 0.5;  // very long; must be cut short
@@ -533,7 +552,7 @@ TEST_CASE("a client that disconnects mid-stream cancels its stream (HTTP, WebSoc
     }
     REQUIRE(s.service.streams().size() == 1);
     CHECK(wait_until([&] { return s.stream(0).cancelled(); }, 5000ms));
-    CHECK(wait_until([&] { return s.server->active_streams() == 0 && s.service.live() == 0; }, 5000ms));
+    CHECK(wait_until([&] { return s.server->active_streams() == 0 && s.service.released(0); }, 5000ms));
     CHECK(server_healthy(s.port()));
 }
 
