@@ -1,5 +1,6 @@
 #include "audio_io/audio_file.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -106,12 +107,32 @@ AudioData audio_read(const std::string& path) {
 
     const size_t frames_declared = size_t(info.frames);
     const size_t channels = size_t(info.channels);
-    std::vector<float> interleaved(frames_declared * channels);  // [frames, channels]
+    AudioData audio;
+    audio.sample_rate = info.samplerate;
+    audio.source_channels = info.channels;
+    audio.format_name = format_name;
+    audio.samples.resize(frames_declared);
+
+    // Decode in blocks and mix each block straight into the mono output, so memory stays at one
+    // mono copy of the file whatever its channel count.
+    constexpr size_t k_block_frames = 16384;
+    std::vector<float> block(k_block_frames * channels);  // [k_block_frames, channels]
+    const float channel_weight = 1.0f / float(channels);
     size_t frames_read = 0;
     while (frames_read < frames_declared) {
-        const sf_count_t got = sf_readf_float(file, interleaved.data() + frames_read * channels,
-                                              sf_count_t(frames_declared - frames_read));
+        const size_t want = std::min(k_block_frames, frames_declared - frames_read);
+        const sf_count_t got = sf_readf_float(file, block.data(), sf_count_t(want));
         if (got <= 0) break;
+        for (size_t f = 0; f < size_t(got); ++f) {
+            const float* frame = block.data() + f * channels;
+            float sum = 0.0f;
+            for (size_t c = 0; c < channels; ++c) sum += frame[c];
+            const float mono = channels == 1 ? sum : sum * channel_weight;
+            if (!std::isfinite(mono))
+                fail(ErrorCode::ERROR_FORMAT, "audio file '{}' contains a NaN or infinite sample at frame {}", path,
+                     frames_read + f);
+            audio.samples[frames_read + f] = mono;
+        }
         frames_read += size_t(got);
     }
     if (sf_error(file) != SF_ERR_NO_ERROR)
@@ -125,21 +146,7 @@ AudioData audio_read(const std::string& path) {
                  "audio file '{}' is truncated or corrupt: {} samples announced, {} could be decoded", path,
                  frames_declared, frames_read);
         QTTS_LOG_DEBUG("{}: {} samples announced, {} decoded", path, frames_declared, frames_read);
-    }
-
-    AudioData audio;
-    audio.sample_rate = info.samplerate;
-    audio.source_channels = info.channels;
-    audio.format_name = format_name;
-    audio.samples.resize(frames_read);
-    const float channel_weight = 1.0f / float(channels);
-    for (size_t f = 0; f < frames_read; ++f) {
-        const float* frame = interleaved.data() + f * channels;
-        float sum = 0.0f;
-        for (size_t c = 0; c < channels; ++c) sum += frame[c];
-        audio.samples[f] = channels == 1 ? sum : sum * channel_weight;
-        if (!std::isfinite(audio.samples[f]))
-            fail(ErrorCode::ERROR_FORMAT, "audio file '{}' contains a NaN or infinite sample at frame {}", path, f);
+        audio.samples.resize(frames_read);
     }
     return audio;
 }

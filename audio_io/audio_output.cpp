@@ -463,7 +463,10 @@ void NullAudioSink::run() noexcept {
     using clock = std::chrono::steady_clock;
     // Block k is due at start + k * block / rate; computing each deadline from the frame count
     // (rather than adding a rounded period) keeps the pace exact over hours.
-    const int64_t start_ns = steady_now_ns();
+    // If the thread was held up for longer than k_max_lag_ns (machine suspended, debugger), the
+    // origin moves forward instead of pulling a burst of blocks to catch up, as a device would.
+    constexpr int64_t k_max_lag_ns = 250'000'000;
+    int64_t start_ns = steady_now_ns();
     uint64_t frames = 0;
     while (running_.load(std::memory_order_acquire)) {
         const double out_time = double(start_ns - clock_origin_ns_) * 1e-9 + double(frames) / sample_rate_;
@@ -471,6 +474,11 @@ void NullAudioSink::run() noexcept {
         frames += block_frames_;
         frames_pulled_.store(frames, std::memory_order_relaxed);
         const int64_t due_ns = start_ns + int64_t(double(frames) * 1e9 / sample_rate_);
+        const int64_t lag_ns = steady_now_ns() - due_ns;
+        if (lag_ns > k_max_lag_ns) {
+            start_ns += lag_ns;
+            continue;
+        }
         std::this_thread::sleep_until(clock::time_point(std::chrono::nanoseconds(due_ns)));
     }
 }

@@ -6,19 +6,17 @@
 
 namespace qtts {
 
-EngineSpeechService::EngineSpeechService(Engine& engine, std::string model_name, int max_streams)
-    : engine_(engine), model_name_(std::move(model_name)), max_streams_(max_streams) {}
+EngineSpeechService::EngineSpeechService(Engine& engine, std::string model_name)
+    : engine_(engine), model_name_(std::move(model_name)) {}
 
 std::shared_ptr<Stream> EngineSpeechService::submit(const SpeechRequest& request) {
     try {
         return engine_.submit(request);
     } catch (const Error& e) {
-        // The engine refuses streams past its own limit with ERROR_UNSUPPORTED; that is a
-        // capacity problem (retry later), not a bad request. A slot freed by a cancelled stream
-        // is returned by the engine thread a moment later, so the server's own count can be
-        // under the limit while the engine's is not yet.
-        if (e.code() == ErrorCode::ERROR_UNSUPPORTED && engine_.stats().active_streams >= max_streams_)
-            throw ServiceBusyError(e.what());
+        // At its stream limit: a capacity problem (retry later), not a bad request. The server
+        // counts its own slots first; the engine can still be full for a moment after a cancel,
+        // until its thread has retired the cancelled stream.
+        if (e.code() == ErrorCode::ERROR_BUSY) throw ServiceBusyError(e.what());
         throw;
     }
 }

@@ -183,9 +183,12 @@ void PumpPool::job_run(PumpJob& job) {
     PumpSink& sink = *job.sink;
     StreamOutcome outcome;
     std::vector<std::string> pieces;
-    // 0.2 s per read: big enough to take a whole engine chunk (4 frames = 7680 samples) in a
-    // couple of reads, small enough that backpressure is checked often.
-    std::vector<float> pcm(4800);
+    // One second per read: more than an engine chunk, so one read takes everything that is ready.
+    std::vector<float> pcm(static_cast<size_t>(kSampleRate));
+    // Real-time tracking for the stall count: a listener who starts playing at the first audio.
+    bool playing = false;
+    bool in_stall = false;
+    Clock::time_point play_start;
 
     const auto deliver = [&](int64_t samples) {
         if (pieces.empty() && samples == 0) return;
@@ -208,21 +211,32 @@ void PumpPool::job_run(PumpJob& job) {
                 outcome.slow_client = true;
                 break;
             }
-            stream.wait(std::chrono::milliseconds(20));
             int64_t samples = 0;
-            // Bounded: at most ~1 s of audio per round, then the checks above run again.
-            for (int round = 0; round < 5; ++round) {
-                const size_t n = stream.read(pcm.data(), pcm.size());
-                if (n == 0) break;
-                job.formatter->write(pcm.data(), n, pieces);
-                samples += int64_t(n);
+            // Read only once wait() reports audio, and stop at the first short read: a read that
+            // finds the ring empty mid-stream is what the engine counts as a consumer stall.
+            if (stream.wait(std::chrono::milliseconds(20))) {
+                for (int round = 0; round < 4; ++round) {
+                    const size_t n = stream.read(pcm.data(), pcm.size());
+                    if (n > 0) job.formatter->write(pcm.data(), n, pieces);
+                    samples += int64_t(n);
+                    if (n < pcm.size()) break;
+                }
             }
             outcome.samples += samples;
             deliver(samples);
+            if (samples > 0 && !playing) {
+                playing = true;
+                play_start = Clock::now();
+            }
             if (stream.finished()) {
                 job.formatter->finish(pieces);
                 deliver(0);
                 break;
+            }
+            if (playing && !stream.generation_done()) {
+                const bool behind = seconds_since(play_start) > double(outcome.samples) / kSampleRate;
+                if (behind && !in_stall) ++outcome.stalls;
+                in_stall = behind;
             }
         }
     } catch (const std::exception& e) {
@@ -247,7 +261,7 @@ void PumpPool::job_run(PumpJob& job) {
     StreamReport report;
     report.audio_seconds = double(outcome.samples) / kSampleRate;
     report.rtf = outcome.metrics.rtf;
-    report.stalls = outcome.metrics.stalls;
+    report.stalls = outcome.stalls;
     report.cancelled = outcome.cancelled || outcome.slow_client;
     report.failed = !report.cancelled && !outcome.error.empty();
     report.completed = !report.cancelled && !report.failed;
@@ -303,7 +317,7 @@ nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
     j["ttfa_gen_ms"] = m.ttfa_gen_ms;
     j["generation_ms"] = m.generation_ms;
     j["rtf"] = m.rtf;
-    j["stalls"] = m.stalls;
+    j["stalls"] = o.stalls;
     return j;
 }
 
@@ -316,6 +330,7 @@ RequestError submit_error_map(const std::exception& e) {
             case ErrorCode::ERROR_NOT_FOUND:
             case ErrorCode::ERROR_FORMAT:
             case ErrorCode::ERROR_UNSUPPORTED: return RequestError(400, "invalid_request_error", "", err->what());
+            case ErrorCode::ERROR_BUSY: return RequestError(429, "rate_limit_error", "", err->what());
             case ErrorCode::ERROR_CANCELLED: return RequestError(503, "unavailable_error", "", err->what());
             default: break;
         }

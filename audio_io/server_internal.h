@@ -80,6 +80,9 @@ struct StreamOutcome {
     bool cancelled = false;    // by the client (cancel message or disconnect) or server stop
     bool slow_client = false;  // the connection's backlog passed the limit
     int64_t samples = 0;       // PCM samples read from the stream and encoded
+    int64_t stalls = 0;        // times the audio read so far fell behind the wall clock since the
+                               // first audio (a listener playing from the first chunk would
+                               // have run dry) before generation ended
 };
 
 // The connection side of a stream. Called on the pump thread; implementations only post work

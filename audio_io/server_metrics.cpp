@@ -117,7 +117,7 @@ std::string ServerMetrics::prometheus_text(const MetricGauges& g) const {
     header_append(out, "qtts_streams_failed_total", "counter", "Speech streams that failed inside the engine.");
     out += fmt::format("qtts_streams_failed_total {}\n", streams_failed_);
     header_append(out, "qtts_stream_stalls_total", "counter",
-                  "Times a stream's reader found no audio before generation ended (engine fell behind).");
+                  "Times a stream fell behind real time: a listener playing from the first audio would have run dry.");
     out += fmt::format("qtts_stream_stalls_total {}\n", stalls_);
     header_append(out, "qtts_audio_seconds_total", "counter", "Seconds of audio generated.");
     out += fmt::format("qtts_audio_seconds_total {}\n", number_text(audio_seconds_));

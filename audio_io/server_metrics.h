@@ -34,7 +34,7 @@ private:
 struct StreamReport {
     double audio_seconds = 0.0;
     double rtf = 0.0;        // generation time / audio duration (<= 0: unknown)
-    int64_t stalls = 0;      // engine-side: the consumer found the ring empty mid-stream
+    int64_t stalls = 0;      // the stream fell behind real time (see StreamOutcome::stalls)
     bool completed = false;  // ended by the engine (EOS / budget), not by a cancel or an error
     bool cancelled = false;  // the client cancelled or went away
     bool failed = false;     // the engine reported an error

@@ -150,6 +150,11 @@ private:
         } catch (const RequestError& e) {
             core_.metrics.error_count("bad_request");
             error_send(e.type(), e.param(), e.what());
+        } catch (const std::exception& e) {
+            // The stream refused the call (e.g. text_append after the engine ended the utterance).
+            const RequestError mapped = submit_error_map(e);
+            core_.metrics.error_count(mapped.status() >= 500 ? "internal" : "bad_request");
+            error_send(mapped.type(), mapped.param(), mapped.what());
         }
     }
 

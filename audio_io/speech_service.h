@@ -41,7 +41,7 @@ public:
 class EngineSpeechService : public SpeechService {
 public:
     // model_name is what /healthz and /v1/audio/voices report (e.g. the model folder's name).
-    EngineSpeechService(Engine& engine, std::string model_name, int max_streams);
+    EngineSpeechService(Engine& engine, std::string model_name);
 
     std::shared_ptr<Stream> submit(const SpeechRequest& request) override;
     std::vector<std::string> voices() const override;
@@ -52,7 +52,6 @@ public:
 private:
     Engine& engine_;
     std::string model_name_;
-    int max_streams_;
 };
 
 }  // namespace qtts

@@ -24,6 +24,21 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ int is_last;
 
+    // The cached keys/values (rows below the new ones) do not depend on the previous kernel:
+    // start pulling this block's slice into L2 while the projection kernel finishes. The
+    // position read here was written frames ago; it only steers this prefetch (a hint).
+    if (threadIdx.x == 0 && (a.head_dim & 3) == 0) {
+        const int p0 = position_read(a.pos_dev, a.pos_host);
+        int c = (p0 + a.T + a.splits - 1) / a.splits;
+        c = min(max(c, 16), ATTN_KEYS_PER_SPLIT);
+        const int first = blockIdx.y * c, last = min(p0, first + c);
+        if (last > first && p0 + a.T <= a.max_ctx) {
+            const size_t row0 = (size_t(blockIdx.x) * a.max_ctx + first) * a.head_dim;
+            const uint32_t bytes = uint32_t(last - first) * uint32_t(a.head_dim) * 4u;
+            prefetch_l2(a.k_cache + row0, bytes);
+            prefetch_l2(a.v_cache + row0, bytes);
+        }
+    }
     pdl_wait();
     pdl_trigger();
 

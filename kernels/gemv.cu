@@ -1,7 +1,5 @@
 #include "kernels/gemv.cuh"
 
-#include <atomic>
-
 #include "cuda/cuda_check.h"
 
 namespace qtts::kernels {
@@ -10,114 +8,131 @@ namespace {
 
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_THREADS = GEMV_WARPS * 32;
-constexpr int GEMV_LOADS = 8;  // 16-byte weight loads in flight per lane
+constexpr int GEMV_LOADS = 4;  // 16-byte weight loads per lane per chunk (two chunks in flight)
 
 // NB: rows of x handled together (weights are read once for all of them).
 // NMAT: weight matrices per output row (2 for SwiGLU: gate and up).
+//
+// One warp per output row, no shared memory and no block barrier: the first chunk of the
+// warp's weight row is loaded into registers BEFORE griddepcontrol.wait (weights never depend
+// on the previous kernel), the rest is prefetched into L2; after the wait each lane reads the
+// input values it needs straight from global memory (L1/L2 resident, a few KB). For RMSNORM
+// the warp accumulates sum(x^2) alongside sum(w * x * norm_w) and scales the dot product by
+// 1/rms at the end: the same product as normalising first.
 template <int NB, int NMAT>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const GemvArgs a) {
-    extern __shared__ float4 gemv_smem[];
-    float* xs = reinterpret_cast<float*>(gemv_smem);  // [NB, in]
-    __shared__ float partial[GEMV_WARPS][NB];
-
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_kernel(const GemvArgs a) {
+    constexpr int U = GEMV_LOADS / NMAT;  // 16-byte loads per lane per matrix per chunk
+    constexpr int STEP = 32 * U;          // 16-byte columns per chunk
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + warp;
-    const int in = a.in, in8 = a.in >> 3;
-    const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(row) * in8;
-    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(row) * in8 : nullptr;
-    // The weights do not depend on the previous kernel: start pulling them into L2 now.
-    if (lane == 0 && row < a.out) {
-        prefetch_l2(w0, uint32_t(in) * 2u);
-        if (NMAT == 2) prefetch_l2(w1, uint32_t(in) * 2u);
+    const int in8 = a.in >> 3;
+    const bool active = row < a.out;
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(active ? row : 0) * in8;
+    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(active ? row : 0) * in8 : w0;
+
+    uint4 cur[NMAT][U];
+    if (active) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = u * 32 + lane;
+            if (k < in8) {
+                cur[0][u] = __ldg(w0 + k);
+                if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+            }
+        }
+        if (lane == 0 && in8 > STEP) {
+            prefetch_l2(w0 + STEP, uint32_t(in8 - STEP) * 16u);
+            if (NMAT == 2) prefetch_l2(w1 + STEP, uint32_t(in8 - STEP) * 16u);
+        }
     }
     pdl_wait();
     pdl_trigger();
+    if (!active) return;
 
-    // Stage the input rows in shared memory (normalised or gathered as requested).
     const int rows = a.rows;
-    float sumsq[NB];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) sumsq[nb] = 0.0f;
+    const bool gather = a.input == GemvInput::GEMV_INPUT_GATHER;
+    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    const float* xr[NB];
+    const uint4* tr[NB];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-        float4* dst = reinterpret_cast<float4*>(xs + size_t(nb) * in);
-        if (nb >= rows) {
-            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-            continue;
-        }
-        if (a.input == GemvInput::GEMV_INPUT_GATHER) {
-            const int32_t id = a.index[nb * a.index_stride];
-            const uint4* src = reinterpret_cast<const uint4*>(a.table) + size_t(id) * in8;
-            for (int i = threadIdx.x; i < in8; i += GEMV_THREADS) {
-                const uint4 w = src[i];
-                dst[2 * i] = make_float4(bf16_lo(w.x), bf16_hi(w.x), bf16_lo(w.y), bf16_hi(w.y));
-                dst[2 * i + 1] = make_float4(bf16_lo(w.z), bf16_hi(w.z), bf16_lo(w.w), bf16_hi(w.w));
-            }
-        } else {
-            const float4* src = reinterpret_cast<const float4*>(a.x + size_t(nb) * a.ldx);
-            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) {
-                const float4 v = src[i];
-                dst[i] = v;
-                sumsq[nb] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-        }
+        const int r = nb < rows ? nb : 0;
+        xr[nb] = gather ? nullptr : a.x + size_t(r) * a.ldx;
+        tr[nb] = gather ? reinterpret_cast<const uint4*>(a.table) + size_t(a.index[r * a.index_stride]) * in8 : nullptr;
     }
-    if (a.input == GemvInput::GEMV_INPUT_RMSNORM) {
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-            const float s = warp_sum(sumsq[nb]);
-            if (lane == 0) partial[warp][nb] = s;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-            if (nb >= rows) continue;
-            float total = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GEMV_WARPS; ++w) total += partial[w][nb];
-            const float inv = 1.0f / sqrtf(total / float(in) + a.eps);
-            float* xr = xs + size_t(nb) * in;
-            for (int i = threadIdx.x; i < in; i += GEMV_THREADS) xr[i] = (xr[i] * inv) * a.norm_w[i];
-        }
-    }
-    __syncthreads();
-    if (row >= a.out) return;  // no block-wide barrier below
 
     float acc[NMAT][NB];
+    float sumsq[NB];
 #pragma unroll
-    for (int m = 0; m < NMAT; ++m)
+    for (int nb = 0; nb < NB; ++nb) {
+        sumsq[nb] = 0.0f;
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) acc[m][nb] = 0.0f;
+        for (int m = 0; m < NMAT; ++m) acc[m][nb] = 0.0f;
+    }
 
-    constexpr int U = GEMV_LOADS / NMAT;
-    for (int base = 0; base < in8; base += 32 * U) {
-        uint4 wv[NMAT][U];
+    for (int base = 0; base < in8; base += STEP) {
+        // Software pipeline: the next chunk's weights are in flight while this one is used.
+        uint4 nxt[NMAT][U];
+        const bool more = base + STEP < in8;
+        if (more) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = base + u * 32 + lane;
-            if (k < in8) {
-                wv[0][u] = __ldg(w0 + k);
-                if (NMAT == 2) wv[NMAT - 1][u] = __ldg(w1 + k);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = base + u * 32 + lane;
-            if (k < in8) {
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    const float4* xv = reinterpret_cast<const float4*>(xs + size_t(nb) * in) + 2 * k;
-                    const float4 x0 = xv[0], x1 = xv[1];
-#pragma unroll
-                    for (int m = 0; m < NMAT; ++m) acc[m][nb] += dot8(wv[m][u], x0, x1);
+            for (int u = 0; u < U; ++u) {
+                const int k = base + STEP + u * 32 + lane;
+                if (k < in8) {
+                    nxt[0][u] = __ldg(w0 + k);
+                    if (NMAT == 2) nxt[NMAT - 1][u] = __ldg(w1 + k);
                 }
             }
         }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = base + u * 32 + lane;
+            if (k >= in8) continue;
+            float4 n0 = make_float4(1.f, 1.f, 1.f, 1.f), n1 = n0;
+            if (norm) {
+                const float4* nw = reinterpret_cast<const float4*>(a.norm_w) + 2 * k;
+                n0 = nw[0];
+                n1 = nw[1];
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                float4 x0, x1;
+                if (gather) {
+                    const uint4 t = tr[nb][k];
+                    x0 = make_float4(bf16_lo(t.x), bf16_hi(t.x), bf16_lo(t.y), bf16_hi(t.y));
+                    x1 = make_float4(bf16_lo(t.z), bf16_hi(t.z), bf16_lo(t.w), bf16_hi(t.w));
+                } else {
+                    const float4* xv = reinterpret_cast<const float4*>(xr[nb]) + 2 * k;
+                    x0 = xv[0];
+                    x1 = xv[1];
+                }
+                if (norm) {
+                    sumsq[nb] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
+                                 x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                    x0 = make_float4(x0.x * n0.x, x0.y * n0.y, x0.z * n0.z, x0.w * n0.w);
+                    x1 = make_float4(x1.x * n1.x, x1.y * n1.y, x1.z * n1.z, x1.w * n1.w);
+                }
+#pragma unroll
+                for (int m = 0; m < NMAT; ++m) acc[m][nb] += dot8(cur[m][u], x0, x1);
+            }
+        }
+        if (more) {
+#pragma unroll
+            for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+                for (int u = 0; u < U; ++u) cur[m][u] = nxt[m][u];
+        }
     }
 #pragma unroll
-    for (int m = 0; m < NMAT; ++m)
+    for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) acc[m][nb] = warp_sum(acc[m][nb]);
+        for (int m = 0; m < NMAT; ++m) acc[m][nb] = warp_sum(acc[m][nb]);
+        if (norm) {
+            const float inv = 1.0f / sqrtf(warp_sum(sumsq[nb]) / float(a.in) + a.eps);
+#pragma unroll
+            for (int m = 0; m < NMAT; ++m) acc[m][nb] *= inv;
+        }
+    }
 
     if (lane != 0) return;
     const float b = a.bias ? a.bias[row] : 0.0f;
@@ -137,21 +152,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const GemvArgs a) {
 
 template <int NB, int NMAT>
 void gemv_launch(const GemvArgs& a, const Launch& l) {
-    const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
-    if (smem > 48 * 1024) {
-        // Raise the dynamic shared-memory limit once per device for this instantiation.
-        static std::atomic<uint64_t> raised{0};
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        const uint64_t bit = uint64_t(1) << (device & 63);
-        if (!(raised.load() & bit)) {
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<NB, NMAT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            200 * 1024));
-            raised.fetch_or(bit);
-        }
-    }
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
-    CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_kernel<NB, NMAT>, a));
+    CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), 0, gemv_kernel<NB, NMAT>, a));
 }
 
 template <int NMAT>

@@ -129,8 +129,15 @@ __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD],
         if (tid < 256) sh.hist[tid] = 0u;
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < PER_THREAD; ++j)
-            if (tid + j * SAMPLE_THREADS < n && (key[j] & mask) == prefix) atomicAdd(&sh.hist[(key[j] >> shift) & 255u], 1u);
+        for (int j = 0; j < PER_THREAD; ++j) {
+            // Warp-aggregated increments: logits share their top bits, and 32 lanes hitting one
+            // shared-memory counter would serialise. Non-participating lanes get a unique tag.
+            const bool counts = tid + j * SAMPLE_THREADS < n && (key[j] & mask) == prefix;
+            const uint32_t digit = (key[j] >> shift) & 255u;
+            const uint32_t tag = counts ? digit : 256u + uint32_t(lane);
+            const unsigned peers = __match_any_sync(0xffffffffu, tag);
+            if (counts && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], uint32_t(__popc(peers)));
+        }
         __syncthreads();
         if (warp == 0) {
             // Lane l holds digits 255-8l .. 248-8l (descending).

@@ -84,7 +84,8 @@ device() {
     export LD_LIBRARY_PATH=$q/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
     export QTTS_REFERENCE_DIR=$q/ref
     export QTTS_LOG_LEVEL=${QTTS_LOG_LEVEL:-info}
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+    # At most a few files come back from the device: summary.txt, tests.log, bench.log, bench-*.json.
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$summary"
     note "unpacked in $((SECONDS - t0)) s; commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
 
     local failed=0
@@ -92,8 +93,10 @@ device() {
         local name=$1 label=$2
         shift 2
         local t=$SECONDS rc=0
-        env QTTS_TEST_LABEL="$label" "$@" "$q/bin/$name" -r compact >"$out/$name.log" 2>&1 || rc=$?
-        note "$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t))" "$(tail -n 1 "$out/$name.log")")"
+        echo "===== $name" >>"$out/tests.log"
+        timeout "${QTTS_TEST_TIMEOUT:-180}" env QTTS_TEST_LABEL="$label" "$@" "$q/bin/$name" --durations yes >"$q/$name.log" 2>&1 || rc=$?
+        cat "$q/$name.log" >>"$out/tests.log"
+        note "$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t))" "$(tail -n 1 "$q/$name.log")")"
         [ "$rc" -eq 0 ] || failed=1
     }
     for t in $UNIT_TESTS; do [ -x "$q/bin/$t" ] && run_test "$t" unit; done
@@ -104,17 +107,18 @@ device() {
     local frames=${QTTS_BENCH_FRAMES:-256}
     for p in $presets; do
         local dir=/tmp/qtts-models/$p t=$SECONDS
-        "$q/bin/qtts" make-model --preset "$p" --out "$dir" >>"$out/make-model.log" 2>&1
+        "$q/bin/qtts" make-model --preset "$p" --out "$dir" >>"$out/bench.log" 2>&1
         note "make-model $p: $((SECONDS - t)) s"
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_graphs" ]; then
             run_test test_gpu_graphs gpu QTTS_TEST_MODEL_DIR="$dir"
         fi
         t=$SECONDS
-        "$q/bin/qtts" bench --model "$dir" --frames "$frames" --json "$out/bench-$p.json" >"$out/bench-$p.log" 2>&1 ||
-            { note "bench $p FAILED"; failed=1; }
+        timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels \
+            --json "$out/bench-$p.json" >"$q/bench-$p.log" 2>&1 || { note "bench $p FAILED"; failed=1; }
+        cat "$q/bench-$p.log" >>"$out/bench.log"
         note "bench $p: $((SECONDS - t)) s"
-        grep -E '^\s+(prefill|time to first|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time)' \
-            "$out/bench-$p.log" | sed "s/^/  [$p] /" | tee -a "$summary" || true
+        grep -E '^\s+(prefill|time to first|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time|talker |predictor |codec|rmsnorm|frame embed|sample)' \
+            "$q/bench-$p.log" | sed "s/^/  [$p] /" | tee -a "$summary" || true
         rm -rf "$dir"
     done
     note "total $((SECONDS - t0)) s, failed=$failed"

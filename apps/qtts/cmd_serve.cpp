@@ -91,7 +91,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     std::signal(SIGPIPE, SIG_IGN);
 
     qtts::Engine engine(engine_options);
-    qtts::EngineSpeechService service(engine, model_name_of(engine_options.model_dir), options.max_streams);
+    qtts::EngineSpeechService service(engine, model_name_of(engine_options.model_dir));
     qtts::HttpServer server(service, options);
     server.start();
     std::printf("qtts serve: http://%s:%d  (model %s, backend %s)\n", options.host.c_str(), server.port(),

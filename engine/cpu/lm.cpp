@@ -40,6 +40,7 @@ StackF32 stack_convert(const TransformerConfig& c, const std::vector<Transformer
              s.n_heads, s.n_kv);
     if (s.head_dim % 2 != 0)
         fail(ErrorCode::ERROR_FORMAT, "config: head_dim {} must be even for rotary embeddings", s.head_dim);
+    s.rope_inv_freq = rope_inv_freq(s.head_dim, s.rope_theta);
     for (const auto& l : layers) s.layers.push_back(layer_convert(l));
     s.norm = tensor_to_f32(*norm);
     return s;
@@ -162,6 +163,7 @@ void stack_forward(const StackF32& w, StackState& s, const float* input, int T) 
     if (s.length + T > s.capacity) stack_reserve(w, s, std::max(2 * s.capacity, s.length + T), T);
     if (T > s.rows) stack_reserve(w, s, s.capacity, T);
 
+    QTTS_ASSERT(int(w.rope_inv_freq.size()) == HD / 2);
     const int start = s.length;
     for (int t = 0; t < T; ++t) s.positions[size_t(t)] = start + t;
     std::copy(input, input + size_t(T) * size_t(H), s.x.begin());
@@ -178,8 +180,8 @@ void stack_forward(const StackF32& w, StackState& s, const float* input, int T) 
         linear(s.x_norm.data(), T, H, L.v_proj.data(), nullptr, kv_width, v_new);
         rms_norm(s.q.data(), T * NH, HD, L.q_norm.data(), w.eps, s.q.data());
         rms_norm(k_new, T * NKV, HD, L.k_norm.data(), w.eps, k_new);
-        rope_apply(s.q.data(), T, NH, HD, s.positions.data(), w.rope_theta);
-        rope_apply(k_new, T, NKV, HD, s.positions.data(), w.rope_theta);
+        rope_apply_table(s.q.data(), T, NH, HD, s.positions.data(), w.rope_inv_freq.data());
+        rope_apply_table(k_new, T, NKV, HD, s.positions.data(), w.rope_inv_freq.data());
         attention(s.q.data(), T, s.positions.data(), s.k_cache[l].data(), s.v_cache[l].data(), start + T, 0, NH, NKV,
                   HD, 0, s.attn.data());
         linear(s.attn.data(), T, q_width, L.o_proj.data(), nullptr, H, s.proj.data());

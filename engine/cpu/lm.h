@@ -41,6 +41,9 @@ struct StackF32 {
     int head_dim = 0;
     float eps = 1e-6f;
     double rope_theta = 1e6;
+    // RoPE frequencies [head_dim / 2], computed from rope_theta at load. The talker's interleaved
+    // MRoPE reduces to this 1-D table because its three position components are always equal.
+    std::vector<float> rope_inv_freq;
     std::vector<LayerF32> layers;
     std::vector<float> norm;  // [H] final RMSNorm
 };

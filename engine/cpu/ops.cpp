@@ -48,25 +48,26 @@ void layer_norm(const float* x, int T, int C, const float* w, const float* b, fl
     }
 }
 
-void rope_apply(float* x, int T, int n_heads, int head_dim, const int64_t* positions, double theta) {
+std::vector<float> rope_inv_freq(int head_dim, double theta) {
+    std::vector<float> inv_freq(size_t(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i) {
+        const float exponent = float(2 * i) / float(head_dim);
+        inv_freq[size_t(i)] = 1.0f / std::pow(float(theta), exponent);
+    }
+    return inv_freq;
+}
+
+void rope_apply_table(float* x, int T, int n_heads, int head_dim, const int64_t* positions, const float* inv_freq) {
     const int half = head_dim / 2;
-    // inv_freq and the angles in fp32, as the reference computes them. The tables are cached per
-    // thread so that a decode step does not allocate.
-    thread_local std::vector<float> inv_freq, cos_v, sin_v;
-    thread_local int cached_dim = -1;
-    thread_local double cached_theta = 0.0;
-    if (cached_dim != head_dim || cached_theta != theta) {
-        inv_freq.resize(size_t(half));
+    thread_local std::vector<float> cos_v, sin_v;  // reused: no allocation per decode step
+    if (cos_v.size() < size_t(half)) {
         cos_v.resize(size_t(half));
         sin_v.resize(size_t(half));
-        for (int i = 0; i < half; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / head_dim));
-        cached_dim = head_dim;
-        cached_theta = theta;
     }
     for (int t = 0; t < T; ++t) {
         const float pos = float(positions[t]);
         for (int i = 0; i < half; ++i) {
-            const float angle = pos * inv_freq[size_t(i)];
+            const float angle = pos * inv_freq[i];
             cos_v[size_t(i)] = std::cos(angle);
             sin_v[size_t(i)] = std::sin(angle);
         }
@@ -79,6 +80,19 @@ void rope_apply(float* x, int T, int n_heads, int head_dim, const int64_t* posit
             }
         }
     }
+}
+
+void rope_apply(float* x, int T, int n_heads, int head_dim, const int64_t* positions, double theta) {
+    // The frequency table is cached per thread so that a decode step does not allocate.
+    thread_local std::vector<float> inv_freq;
+    thread_local int cached_dim = -1;
+    thread_local double cached_theta = 0.0;
+    if (cached_dim != head_dim || cached_theta != theta) {
+        inv_freq = rope_inv_freq(head_dim, theta);
+        cached_dim = head_dim;
+        cached_theta = theta;
+    }
+    rope_apply_table(x, T, n_heads, head_dim, positions, inv_freq.data());
 }
 
 void attention(const float* q, int T, const int64_t* q_pos, const float* k, const float* v, int S, int64_t k_pos0,

@@ -12,9 +12,11 @@
 //
 // The weights (CpuSpeechDecoder) are converted to fp32 once and are read-only: one decoder can
 // serve many streams on many threads, each with its own DecoderState. A DecoderState must only
-// be used by one thread at a time.
+// be used by one thread at a time. A DecoderState is a plain value: copying it forks the stream
+// (both copies continue identically).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

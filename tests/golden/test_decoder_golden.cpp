@@ -145,7 +145,7 @@ TEST_CASE("decoder_long: full decode and exact streaming match audio_full", "[de
         for (int s = 0; s < n; s += chunk) {
             const int m = std::min(chunk, n - s);
             const size_t before = pcm.size();
-            dec.decode(state, codes.data() + size_t(s) * 16, m, &pcm);
+            dec.decode(state, codes.data() + size_t(s) * dec.num_quantizers(), m, &pcm);
             REQUIRE(pcm.size() == before + size_t(m) * spf);
         }
         const double stream_s = seconds_since(t0);
@@ -206,7 +206,7 @@ TEST_CASE("scenario codes decode to the reference audio", "[decoder][golden]") {
             // The same frames streamed one at a time.
             qtts::cpu::DecoderState state = dec.state_new();
             std::vector<float> pcm;
-            for (int t = 0; t < n; ++t) dec.decode(state, codes.data() + size_t(t) * 16, 1, &pcm);
+            for (int t = 0; t < n; ++t) dec.decode(state, codes.data() + size_t(t) * dec.num_quantizers(), 1, &pcm);
             const double err_stream = qtts_test::max_abs_error(pcm.data(), audio.data(), audio.size());
             std::printf("%s/%s: %d frames, max abs %.3g (full), %.3g (1-frame streaming)\n", sc.model, sc.name, n, err,
                         err_stream);

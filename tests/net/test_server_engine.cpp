@@ -41,7 +41,7 @@ struct EngineServer {
 
     EngineServer()
         : engine(engine_options()),
-          service(engine, "default", 16),
+          service(engine, "default"),
           recorder(service),
           server(recorder, server_options()) {
         server.start();

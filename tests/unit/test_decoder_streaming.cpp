@@ -164,6 +164,19 @@ TEST_CASE("decoder state bookkeeping and input validation", "[decoder]") {
     dec.decode(state, codes.data() + 2 * nq, n - 2, &pcm);
     CHECK(qtts_test::max_abs_error(pcm.data(), full.data(), full.size()) <= 1e-5);
 
+    // Copying a state forks the stream: both copies continue exactly like the original.
+    {
+        DecoderState a = dec.state_new();
+        std::vector<float> pa;
+        dec.decode(a, codes.data(), 3, &pa);
+        DecoderState b = a;
+        std::vector<float> pb = pa;
+        dec.decode(a, codes.data() + 3 * nq, n - 3, &pa);
+        dec.decode(b, codes.data() + 3 * nq, n - 3, &pb);
+        CHECK(qtts_test::max_abs_error(pa.data(), pb.data(), pa.size()) == 0.0);
+        CHECK(qtts_test::max_abs_error(pa.data(), full.data(), full.size()) <= 1e-5);
+    }
+
     // Zero frames: nothing happens.
     dec.decode(state, codes.data(), 0, &pcm);
     CHECK(pcm.size() == full.size());
