@@ -1,6 +1,7 @@
 // The server object: listeners for the HTTP and TCP ports, the I/O threads and the pumps.
 #include "audio_io/http_server.h"
 
+#include <array>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -36,6 +37,8 @@ void server_options_validate(const ServerOptions& o) {
     check(o.max_backlog_bytes >= 4096, "max backlog bytes must be at least 4096");
     check(o.idle_timeout.count() > 0 && o.send_timeout.count() > 0, "timeouts must be positive");
     check(o.cancel_grace.count() >= 0, "cancel grace must not be negative");
+    check(o.max_audio_seconds >= 0.0 && o.max_audio_seconds <= 3600.0,
+          fmt::format("max audio seconds must be in 0..3600 (0 = no cap beyond the engine's), got {}", o.max_audio_seconds));
     check(!o.host.empty(), "host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)");
 }
 
@@ -124,12 +127,34 @@ private:
         } else {
             text = "ERROR: too many open connections; retry later\n";
         }
-        auto sock = std::make_shared<tcp::socket>(std::move(socket));
-        auto data = std::make_shared<std::string>(std::move(text));
-        net::async_write(*sock, net::buffer(*data), [sock, data](beast::error_code, size_t) {
-            beast::error_code ec;
-            sock->shutdown(tcp::socket::shutdown_both, ec);
-            sock->close(ec);
+        // Write the answer, half-close, then give the client a moment to read it and close: closing
+        // at once with its request unread would reset the connection and lose the answer.
+        struct Rejected {
+            tcp::socket socket;
+            net::steady_timer timer;
+            std::string text;
+            std::array<char, 1024> sink{};
+        };
+        const auto executor = socket.get_executor();  // the connection's strand: timer and socket share it
+        auto r = std::make_shared<Rejected>(Rejected{std::move(socket), net::steady_timer(executor), std::move(text)});
+        net::async_write(r->socket, net::buffer(r->text), [r](beast::error_code ec, size_t) {
+            beast::error_code ignored;
+            if (ec) {
+                r->socket.close(ignored);
+                return;
+            }
+            r->socket.shutdown(tcp::socket::shutdown_send, ignored);
+            r->timer.expires_after(std::chrono::milliseconds(500));
+            r->timer.async_wait([r](beast::error_code) {
+                beast::error_code e;
+                r->socket.close(e);
+            });
+            r->socket.async_read_some(net::buffer(r->sink), [r](beast::error_code, size_t) {
+                // Any answer (data, EOF, error) ends it; the timer bounds a silent client.
+                beast::error_code e;
+                r->timer.cancel();
+                r->socket.close(e);
+            });
         });
     }
 

@@ -36,6 +36,8 @@ struct ServerOptions {
     size_t max_ws_message_bytes = 64 * 1024; // one WebSocket message from the client
     size_t max_backlog_bytes = 4 * 1024 * 1024;  // encoded audio queued for one connection; a
                                                  // client that reads slower is disconnected
+    double max_audio_seconds = 0.0;  // cap on one request's audio (rounded up to 80 ms frames);
+                                     // 0 = the engine's own frame budget (scales with the text)
 
     std::chrono::milliseconds idle_timeout{30000};   // no request / message / line for this long
     std::chrono::milliseconds send_timeout{15000};   // one socket write pending this long

@@ -142,9 +142,23 @@ PumpPool::~PumpPool() { stop(); }
 void PumpPool::job_add(PumpJob job) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        jobs_.push_back(std::move(job));
+        if (!stop_) {
+            jobs_.push_back(std::move(job));
+            cv_.notify_one();
+            return;
+        }
     }
-    cv_.notify_one();
+    job_abandon(job);  // the server is stopping: no thread will run it
+}
+
+void PumpPool::job_abandon(PumpJob& job) {
+    job.stream->cancel();
+    job.stream.reset();
+    core_.stream_slot_release();
+    StreamOutcome outcome;
+    outcome.cancelled = true;
+    job.sink->pump_end(std::move(outcome));
+    job.sink.reset();
 }
 
 void PumpPool::stop() {
@@ -157,11 +171,12 @@ void PumpPool::stop() {
         if (t.joinable()) t.join();
     threads_.clear();
     // Jobs never started: their streams were admitted, so cancel them and give the slots back.
-    for (auto& job : jobs_) {
-        job.stream->cancel();
-        core_.stream_slot_release();
+    std::deque<PumpJob> left;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        left.swap(jobs_);
     }
-    jobs_.clear();
+    for (auto& job : left) job_abandon(job);
 }
 
 void PumpPool::worker_run() {
@@ -286,6 +301,14 @@ ServerCore::ServerCore(SpeechService& service_, const ServerOptions& options_)
     opus.sample_rate = kSampleRate;
     opus.bitrate = options.bitrate;
     opus.complexity = options.opus_complexity;
+}
+
+void ServerCore::request_limits_apply(SpeechRequest& request) const {
+    if (options.max_audio_seconds > 0.0) {
+        // 80 ms codec frames: 12.5 per second.
+        const int frames = int(std::ceil(options.max_audio_seconds * 12.5 - 1e-9));
+        request.max_frames = request.max_frames > 0 ? std::min(request.max_frames, frames) : frames;
+    }
 }
 
 bool ServerCore::stream_slot_acquire() {

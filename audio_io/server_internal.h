@@ -117,6 +117,7 @@ public:
 private:
     void worker_run();
     void job_run(PumpJob& job);
+    void job_abandon(PumpJob& job);  // cancel, release the slot, tell the sink
 
     ServerCore& core_;
     std::mutex mutex_;
@@ -145,6 +146,8 @@ struct ServerCore {
     // which own sessions, whose destructors use the members above.
     net::io_context ioc;
 
+    // Server-wide limits that travel in the engine request (the audio length cap).
+    void request_limits_apply(SpeechRequest& request) const;
     bool stream_slot_acquire();  // false at max_streams
     void stream_slot_release();
     MetricGauges gauges() const;

@@ -22,8 +22,9 @@ public:
           executor_(socket_.get_executor()),
           slot_(std::move(slot)),
           timer_(executor_),
-          // The line, its newline and a little slack for "\r".
-          line_buf_(core.options.max_text_bytes + 2) {}
+          // A JSON line carries escapes and other fields besides the text; the text itself is
+          // checked against max_text_bytes once parsed.
+          line_buf_(line_limit(core.options)) {}
 
     void run() {
         net::dispatch(executor_, [self = shared_from_this()] { self->line_read(); });
@@ -43,6 +44,8 @@ public:
     std::atomic<size_t>& pump_backlog() override { return backlog_; }
 
 private:
+    static size_t line_limit(const ServerOptions& o) { return 2 * o.max_text_bytes + 4096; }
+
     void deadline_set(std::chrono::milliseconds d) {
         timer_.expires_after(d);
         timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
@@ -72,7 +75,7 @@ private:
             client_eof_ = true;
         } else if (ec == net::error::not_found) {
             core_.metrics.error_count("too_large");
-            error_finish(fmt::format("the line is longer than the limit of {} bytes", core_.options.max_text_bytes), 400);
+            error_finish(fmt::format("the line is longer than the limit of {} bytes", line_limit(core_.options)), 400);
             return;
         } else {
             close_now();
@@ -101,6 +104,7 @@ private:
         std::unique_ptr<AudioFormatter> formatter;
         try {
             formatter = audio_formatter_create(AudioFormat::AUDIO_FORMAT_OGG_OPUS, core_.opus);
+            core_.request_limits_apply(params.request);
             stream = core_.service.submit(params.request);
         } catch (const std::exception& e) {
             core_.stream_slot_release();

@@ -174,6 +174,7 @@ private:
         std::unique_ptr<AudioFormatter> formatter;
         try {
             formatter = audio_formatter_create(params.format, core_.opus);
+            core_.request_limits_apply(params.request);
             stream_ = core_.service.submit(params.request);
         } catch (const std::exception& e) {
             core_.stream_slot_release();

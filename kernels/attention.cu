@@ -6,6 +6,8 @@
 #include "cuda/cuda_check.h"
 #include "kernels/rope.cuh"
 
+#include <cuda_pipeline.h>
+
 namespace qtts::kernels {
 
 namespace {
@@ -14,56 +16,84 @@ constexpr int ATTN_WARPS = 4;
 constexpr int ATTN_THREADS = ATTN_WARPS * 32;
 constexpr int ATTN_MIN_CHUNK = 16;  // keys; below this, fewer blocks do more work each
 constexpr int ATTN_KEY_BATCH = 4;   // key rows loaded per warp before use
+constexpr int ATTN_STAGE_KEYS = 32; // decode slices up to this many keys are staged in shared memory
 
 __host__ __device__ inline int query_tiles(int T) { return (T + ATTN_TILE - 1) / ATTN_TILE; }
 
+// Block-local key range of split `split` for a context of `ctx` keys.
+__host__ __device__ inline int split_chunk(int ctx, int splits) {
+    int chunk = (ctx + splits - 1) / splits;
+    chunk = chunk < ATTN_MIN_CHUNK ? ATTN_MIN_CHUNK : chunk;
+    return chunk > ATTN_KEYS_PER_SPLIT ? ATTN_KEYS_PER_SPLIT : chunk;
+}
+
 // grid: (n_kv, splits, query tiles). See attention.cuh.
-__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const AttentionArgs a) {
+// Decode launches (T <= 2) whose key slice has at most ATTN_STAGE_KEYS rows copy the cached
+// rows into shared memory with cp.async BEFORE griddepcontrol.wait (they do not depend on the
+// previous kernel) and add the new rows there themselves; everything else reads the cache.
+__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const AttentionArgs a, int stage_keys) {
     extern __shared__ float4 attn_smem4[];
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ int is_last;
 
-    // The cached keys/values (rows below the new ones) do not depend on the previous kernel:
-    // start pulling this block's slice into L2 while the projection kernel finishes. The
-    // position read here was written frames ago; it only steers this prefetch (a hint).
-    if (threadIdx.x == 0 && (a.head_dim & 3) == 0) {
-        const int p0 = position_read(a.pos_dev, a.pos_host);
-        int c = (p0 + a.T + a.splits - 1) / a.splits;
-        c = min(max(c, 16), ATTN_KEYS_PER_SPLIT);
-        const int first = blockIdx.y * c, last = min(p0, first + c);
-        if (last > first && p0 + a.T <= a.max_ctx) {
-            const size_t row0 = (size_t(blockIdx.x) * a.max_ctx + first) * a.head_dim;
-            const uint32_t bytes = uint32_t(last - first) * uint32_t(a.head_dim) * 4u;
-            prefetch_l2(a.k_cache + row0, bytes);
-            prefetch_l2(a.v_cache + row0, bytes);
-        }
-    }
-    pdl_wait();
-    pdl_trigger();
-
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
     const int g = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
-    const int t0 = tile * ATTN_TILE;
-    const int qt = min(ATTN_TILE, a.T - t0);
-    const int nq = qt * group;
     const int nq_cap = min(a.T, ATTN_TILE) * group;
     const int cap = ATTN_KEYS_PER_SPLIT;
     float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
     float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
     float* scratch = s_s + nq_cap * cap;                 // [ATTN_WARPS, 128]
+    float* k_stage = scratch + ATTN_WARPS * 128;         // [stage_keys, hd]
+    float* v_stage = k_stage + stage_keys * hd;          // [stage_keys, hd]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* my_scratch = scratch + warp * 128;
+    const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
+    // Before the wait: the position (written frames ago) and the cached rows of this slice.
+    const int pos_early = position_read(a.pos_dev, a.pos_host);
+    bool staged = false;
+    {
+        const int ctx = pos_early + a.T;
+        const int chunk = split_chunk(ctx, a.splits);
+        const int k0 = split * chunk, k1 = min(ctx, k0 + chunk);
+        if (stage_keys > 0 && ctx <= a.max_ctx && k1 - k0 <= stage_keys && (hd & 3) == 0) {
+            staged = true;
+            const int old_rows = max(0, min(k1, pos_early) - k0);
+            const int vec = hd / 4;  // 16-byte pieces per row
+            for (int i = threadIdx.x; i < old_rows * vec; i += ATTN_THREADS) {
+                const int r = i / vec, c = i % vec;
+                const size_t src = (head_base + k0 + r) * hd + c * 4;
+                __pipeline_memcpy_async(k_stage + r * hd + c * 4, a.k_cache + src, 16);
+                __pipeline_memcpy_async(v_stage + r * hd + c * 4, a.v_cache + src, 16);
+            }
+            __pipeline_commit();
+        } else if (threadIdx.x == 0 && (hd & 3) == 0 && ctx <= a.max_ctx) {
+            const int last = min(pos_early, k1);
+            if (last > k0) {
+                const uint32_t bytes = uint32_t(last - k0) * uint32_t(hd) * 4u;
+                prefetch_l2(a.k_cache + (head_base + k0) * hd, bytes);
+                prefetch_l2(a.v_cache + (head_base + k0) * hd, bytes);
+            }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    const int t0 = tile * ATTN_TILE;
+    const int qt = min(ATTN_TILE, a.T - t0);
+    const int nq = qt * group;
     const int pos0 = position_read(a.pos_dev, a.pos_host);
     const int ctx = pos0 + a.T;
-    int chunk = (ctx + a.splits - 1) / a.splits;
-    chunk = min(max(chunk, ATTN_MIN_CHUNK), cap);
+    const int chunk = split_chunk(ctx, a.splits);
     const int k0 = split * chunk;
     const int k1 = min(ctx, k0 + chunk);
     const int k1_visible = min(k1, pos0 + t0 + qt);  // keys some query of this tile can see
-    const size_t head_base = size_t(g) * size_t(a.max_ctx);
+    if (staged) {
+        __pipeline_wait_prior(0);
+        staged = pos0 == pos_early;  // the early read was right (always, in the frame step)
+    }
 
     // New keys/values that fall into this block's key range.
     if (a.append) {
@@ -74,8 +104,20 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
             const float* v_src = row + size_t(a.n_heads + a.n_kv + g) * hd;
             float* k_dst = a.k_cache + (head_base + r) * hd;
             float* v_dst = a.v_cache + (head_base + r) * hd;
-            warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
-            for (int d = lane; d < hd; d += 32) v_dst[d] = v_src[d];
+            if (staged) {
+                // Into the stage first (no read-back of a global store), then to the cache.
+                float* k_row = k_stage + (r - k0) * hd;
+                warp_head_norm_rope(k_src, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r);
+                for (int d = lane; d < hd; d += 32) {
+                    const float v = v_src[d];
+                    v_stage[(r - k0) * hd + d] = v;
+                    v_dst[d] = v;
+                    k_dst[d] = k_row[d];
+                }
+            } else {
+                warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
+                for (int d = lane; d < hd; d += 32) v_dst[d] = v_src[d];
+            }
         }
     }
     // Queries of this tile: q_s[qi] with qi = token * group + head-in-group.
@@ -86,6 +128,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     }
     __syncthreads();
 
+    const float* k_base = staged ? k_stage : a.k_cache + (head_base + k0) * hd;  // row j = key k0 + j
+    const float* v_base = staged ? v_stage : a.v_cache + (head_base + k0) * hd;
+
     // Scores: a warp takes ATTN_KEY_BATCH keys at a time, lanes split the head dimension.
     const int n = max(0, k1_visible - k0);
     const float scale = 1.0f / sqrtf(float(hd));
@@ -93,7 +138,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
         float kv[ATTN_KEY_BATCH][4];
 #pragma unroll
         for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
-            const float* k_row = a.k_cache + (head_base + k0 + j0 + b) * hd;
+            const float* k_row = k_base + size_t(j0 + b) * hd;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int d = lane + 32 * i;
@@ -123,14 +168,14 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
 
     // Softmax statistics per query (unnormalised probabilities stay in s_s).
     for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
-        float* s = s_s + qi * cap;
+        float* sq = s_s + qi * cap;
         float m = -INFINITY;
-        for (int j = lane; j < n; j += 32) m = fmaxf(m, s[j]);
+        for (int j = lane; j < n; j += 32) m = fmaxf(m, sq[j]);
         m = warp_max(m);
         float l = 0.0f;
         for (int j = lane; j < n; j += 32) {
-            const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
-            s[j] = e;
+            const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
+            sq[j] = e;
             l += e;
         }
         l = warp_sum(l);
@@ -145,7 +190,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
         const int qi = o / hd, d = o % hd;
         const float* p = s_s + qi * cap;
-        const float* v_col = a.v_cache + (head_base + k0) * hd + d;
+        const float* v_col = v_base + d;
         float acc = 0.0f;
 #pragma unroll 4
         for (int j = 0; j < n; ++j) acc = fmaf(p[j], v_col[size_t(j) * hd], acc);
@@ -164,7 +209,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     }
     if (a.splits == 1) return;
 
-    // The last block of this (KV head, tile) combines every split's partial state.
+    // The last block of this (KV head, tile) combines the partial states of the splits that
+    // hold keys (later splits are empty at this context).
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -176,23 +222,40 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     __syncthreads();
     if (!is_last) return;
     __threadfence();
+    const int active = min(a.splits, (ctx + chunk - 1) / chunk);
+    // Weights of every (query, split) in parallel, into s_s (free now): w = exp(m - M).
+    float* w_s = s_s;  // [nq, active]
+    for (int i = threadIdx.x; i < nq * active; i += ATTN_THREADS) {
+        const int qi = i / active, sp = i % active;
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        w_s[i] = load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
+    }
+    __syncthreads();
+    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        float M = -INFINITY;
+        for (int sp = lane; sp < active; sp += 32) M = fmaxf(M, w_s[qi * active + sp]);
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int sp = lane; sp < active; sp += 32) {
+            const float m = w_s[qi * active + sp];
+            const float w = (m == -INFINITY || M == -INFINITY) ? 0.0f : expf(m - M);
+            w_s[qi * active + sp] = w;
+            L = fmaf(w, load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd + 1), L);
+        }
+        L = warp_sum(L);
+        if (lane == 0) l_s[qi] = L;
+    }
+    __syncthreads();
     for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
         const int qi = o / hd, d = o % hd;
         const int t = t0 + qi / group, h = g * group + qi % group;
-        const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2);
-        float M = -INFINITY;
-        for (int sp = 0; sp < a.splits; ++sp) M = fmaxf(M, load_coherent(P + sp * (hd + 2) + hd));
-        float L = 0.0f, acc = 0.0f;
-        if (M != -INFINITY) {
-            for (int sp = 0; sp < a.splits; ++sp) {
-                const float* Ps = P + sp * (hd + 2);
-                const float m = load_coherent(Ps + hd);
-                if (m == -INFINITY) continue;
-                const float w = expf(m - M);
-                L = fmaf(w, load_coherent(Ps + hd + 1), L);
-                acc = fmaf(w, load_coherent(Ps + d), acc);
-            }
-        }
+        const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + d;
+        const float* w = w_s + qi * active;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int sp = 0; sp < active; ++sp) acc = fmaf(w[sp], load_coherent(P + sp * (hd + 2)), acc);
+        const float L = l_s[qi];
         a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
     }
 }
@@ -215,7 +278,7 @@ __global__ void __launch_bounds__(32) kv_append_kernel(const AttentionArgs a) {
 void attention_validate(const AttentionArgs& a) {
     const bool ok = a.qkv && a.k_cache && a.v_cache && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
                     a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP && a.head_dim >= 2 &&
-                    a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 &&
+                    a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 && a.splits <= ATTN_KEYS_PER_SPLIT &&
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
                     (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T;
     if (!ok)
@@ -240,19 +303,24 @@ void attention(const AttentionArgs& a, const Launch& l) {
                          __FILE__, __LINE__);
     const int group = a.n_heads / a.n_kv;
     const int nq_cap = std::min(a.T, ATTN_TILE) * group;
-    const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128) * sizeof(float);
+    // Staging needs the kernel to produce the new rows itself (append): a prefill chunk whose
+    // rows kv_append() wrote must read them from the cache.
+    const int stage_keys = (a.append && a.T <= 2) ? ATTN_STAGE_KEYS : 0;
+    const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128 +
+                         2 * size_t(stage_keys) * a.head_dim) *
+                        sizeof(float);
     if (smem > 48 * 1024) {
         static std::atomic<uint64_t> raised{0};
         int device = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         const uint64_t bit = uint64_t(1) << (device & 63);
         if (!(raised.load() & bit)) {
-            CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+            CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
             raised.fetch_or(bit);
         }
     }
     const dim3 grid(a.n_kv, a.splits, query_tiles(a.T));
-    CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a));
+    CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
 }
 
 void kv_append(const AttentionArgs& a, const Launch& l) {

@@ -47,7 +47,9 @@ struct SampleShared {
     uint32_t hist[256];
     float red_v[SAMPLE_WARPS];
     int red_i[SAMPLE_WARPS];
-    int warp_count[SAMPLE_WARPS];
+    int round_count[PER_THREAD][SAMPLE_WARPS];
+    int round_offset[PER_THREAD][SAMPLE_WARPS];
+    int round_total[PER_THREAD];
     int digit;
     int above;
     int result;
@@ -109,12 +111,15 @@ __device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], int n, 
     for (int j = 0; j < PER_THREAD; ++j)
         if (tid + j * SAMPLE_THREADS < n) m = fmaxf(m, v[j]);
     m = warp_max(m);
-    __syncthreads();
+    __syncthreads();  // red_v may still be read by a previous reduction
     if (lane == 0) sh.red_v[warp] = m;
     __syncthreads();
-    m = sh.red_v[0];
-    for (int w = 1; w < SAMPLE_WARPS; ++w) m = fmaxf(m, sh.red_v[w]);
-    return m;
+    if (warp == 0) {
+        const float w = warp_max(sh.red_v[lane]);
+        if (lane == 0) sh.red_v[0] = w;
+    }
+    __syncthreads();
+    return sh.red_v[0];
 }
 
 // The k-th largest value among v[i], i < n (radix select on order-preserving keys, 8 bits a pass).
@@ -134,9 +139,13 @@ __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD],
             // shared-memory counter would serialise. Non-participating lanes get a unique tag.
             const bool counts = tid + j * SAMPLE_THREADS < n && (key[j] & mask) == prefix;
             const uint32_t digit = (key[j] >> shift) & 255u;
-            const uint32_t tag = counts ? digit : 256u + uint32_t(lane);
-            const unsigned peers = __match_any_sync(0xffffffffu, tag);
-            if (counts && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], uint32_t(__popc(peers)));
+            if (shift == 24) {
+                const uint32_t tag = counts ? digit : 256u + uint32_t(lane);
+                const unsigned peers = __match_any_sync(0xffffffffu, tag);
+                if (counts && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], uint32_t(__popc(peers)));
+            } else if (counts) {
+                atomicAdd(&sh.hist[digit], 1u);
+            }
         }
         __syncthreads();
         if (warp == 0) {
@@ -176,32 +185,43 @@ __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD],
 }
 
 // Writes the finite entries (i < n) into sh.index/sh.value in ascending index order, with
-// value = f(v). Returns the count (every thread).
+// value = f(v). Returns the count (every thread). Index i = tid + j * SAMPLE_THREADS, so the
+// order is (j, warp, lane): one ballot per j, then warp j scans the 32 warp counts of round j.
 template <typename F>
 __device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n, SampleShared& sh, F f) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    unsigned ballot[PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        const int i = tid + j * SAMPLE_THREADS;
+        ballot[j] = __ballot_sync(0xffffffffu, i < n && v[j] != -INFINITY);
+        if (lane == 0) sh.round_count[j][warp] = __popc(ballot[j]);
+    }
+    __syncthreads();
+    if (warp < PER_THREAD) {
+        const int c = sh.round_count[warp][lane];
+        int inclusive = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(0xffffffffu, inclusive, o);
+            if (lane >= o) inclusive += t;
+        }
+        sh.round_offset[warp][lane] = inclusive - c;
+        if (lane == 31) sh.round_total[warp] = inclusive;
+    }
+    __syncthreads();
     int base = 0;
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
         const int i = tid + j * SAMPLE_THREADS;
-        const bool keep = i < n && v[j] != -INFINITY;
-        const unsigned ballot = __ballot_sync(0xffffffffu, keep);
-        if (lane == 0) sh.warp_count[warp] = __popc(ballot);
-        __syncthreads();
-        int offset = base, total = 0;
-        for (int w = 0; w < SAMPLE_WARPS; ++w) {
-            const int c = sh.warp_count[w];
-            if (w < warp) offset += c;
-            total += c;
-        }
-        if (keep) {
-            const int slot = offset + __popc(ballot & ((1u << lane) - 1u));
+        if (ballot[j] & (1u << lane)) {
+            const int slot = base + sh.round_offset[j][warp] + __popc(ballot[j] & ((1u << lane) - 1u));
             sh.index[slot] = i;
             sh.value[slot] = f(v[j]);
         }
-        base += total;
-        __syncthreads();
+        base += sh.round_total[j];
     }
+    __syncthreads();
     return base;
 }
 

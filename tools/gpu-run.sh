@@ -57,7 +57,7 @@ build() {
         cp "$ref/models/tiny-customvoice/speech_tokenizer/model.safetensors" "$stage/ref/speech_tokenizer.safetensors"
         cp "$ref/golden/scenarios.json" "$stage/ref/golden/"
     fi
-    tar -C "$stage" -cf - bin lib ref | xz -T2 -6 >"$DIST/payload.tar.xz"
+    tar -C "$stage" -cf - bin lib ref | xz -T2 -3 >"$DIST/payload.tar.xz"
     rm -rf "$stage"
     ls -la "$DIST"
     echo "staged: $(du -sh "$DIST" | cut -f1) in $DIST (carry build-gpu/dist)"
@@ -104,6 +104,7 @@ device() {
     [ -x "$q/bin/test_gpu_lm" ] && run_test test_gpu_lm gpu
 
     local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
+    export QTTS_BENCH_VARIANTS=${QTTS_BENCH_VARIANTS-"QTTS_GEMV=reg"}
     local frames=${QTTS_BENCH_FRAMES:-256}
     for p in $presets; do
         local dir=/tmp/qtts-models/$p t=$SECONDS
@@ -111,6 +112,18 @@ device() {
         note "make-model $p: $((SECONDS - t)) s"
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_graphs" ]; then
             run_test test_gpu_graphs gpu QTTS_TEST_MODEL_DIR="$dir"
+        fi
+        # Variants (env settings) compared on the 1.7B model, e.g. QTTS_BENCH_VARIANTS="QTTS_GEMV=smem".
+        if [ "$p" = "1.7b-customvoice" ]; then
+            for v in ${QTTS_BENCH_VARIANTS:-}; do
+                t=$SECONDS
+                timeout 120 env "$v" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels \
+                    >"$q/bench-$p-$v.log" 2>&1 || note "bench $p $v FAILED"
+                { echo "===== variant $v"; cat "$q/bench-$p-$v.log"; } >>"$out/bench.log"
+                note "bench $p with $v: $((SECONDS - t)) s"
+                grep -E '^\s+(frame, graphs  |  talker step|  predictor 15|talker (qkv|o|gate|down)|predictor (qkv|o|gate|down))' \
+                    "$q/bench-$p-$v.log" | sed "s/^/  [$p $v] /" | tee -a "$summary" || true
+            done
         fi
         t=$SECONDS
         timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels \

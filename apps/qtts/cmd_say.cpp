@@ -57,15 +57,19 @@ void print_usage() {
         "  --chunk-frames N      frames per decoded chunk (default 4; first chunk is 1)\n"
         "  --backend cpu|cuda|auto\n"
         "  --play                speak through the default audio device while generating\n"
-        "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n");
+        "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n"
+        "  --voice FILE.qv       Base models: a saved voice (qtts voice create)\n"
+        "  --ref-audio FILE      Base models: clone from this clip (with --ref-text, or --x-vector-only)\n"
+        "  --ref-text T          transcript of --ref-audio (in-context cloning)\n"
+        "  --x-vector-only       Base models: use only the speaker x-vector\n");
 }
 
 int cmd_say(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
                          "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "device",
-                         "audio-device"},
-                        {"help", "greedy", "no-cuda-graphs", "play"});
+                         "audio-device", "voice", "ref-audio", "ref-text"},
+                        {"help", "greedy", "no-cuda-graphs", "play", "x-vector-only"});
     if (args.has("help")) {
         print_usage();
         return 0;
@@ -90,6 +94,12 @@ int cmd_say(const std::vector<std::string>& argv) {
     request.speaker = args.get_or("speaker", "");
     request.language = args.get_or("language", "auto");
     request.instruct = args.get_or("instruct", "");
+    request.voice_path = args.get_or("voice", "");
+    request.ref_audio_path = args.get_or("ref-audio", "");
+    request.ref_text = args.get_or("ref-text", "");
+    request.x_vector_only = args.has("x-vector-only");
+    if (args.get("ref-audio") && !request.x_vector_only && request.ref_text.empty())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--ref-audio needs --ref-text TRANSCRIPT (or --x-vector-only)");
     if (args.get("seed")) request.seed = uint64_t(args.get_int("seed", 0));
     request.greedy = args.has("greedy");
     request.max_frames = int(args.get_int("max-frames", 0));

@@ -28,6 +28,7 @@ void print_usage() {
         "  --max-connections N    open connections, more get 503 (default 256)\n"
         "  --bitrate N            Opus bits per second (default 32000)\n"
         "  --max-text-bytes N     text per request or utterance (default 8192)\n"
+        "  --max-audio-seconds S  cap on one request's audio (default: the engine's frame budget)\n"
         "  --idle-timeout S       seconds without a request or message before closing (default 30)\n"
         "  --io-threads N         network threads (default 2)\n"
         "  --backend cpu|cuda|auto  (default auto)   --device N   --no-cuda-graphs\n"
@@ -52,7 +53,7 @@ std::string model_name_of(const std::string& dir) {
 int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
-                         "idle-timeout", "io-threads", "backend", "device"},
+                         "max-audio-seconds", "idle-timeout", "io-threads", "backend", "device"},
                         {"help", "no-cuda-graphs"});
     if (args.has("help")) {
         print_usage();
@@ -69,6 +70,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     options.max_connections = int_option(args, "max-connections", 256, 1, 100000);
     options.bitrate = int_option(args, "bitrate", 32000, 6000, 510000);
     options.max_text_bytes = size_t(int_option(args, "max-text-bytes", 8192, 16, 1 << 20));
+    options.max_audio_seconds = args.get_double("max-audio-seconds", 0.0);
     options.idle_timeout = std::chrono::milliseconds(1000LL * int_option(args, "idle-timeout", 30, 1, 86400));
     options.io_threads = int_option(args, "io-threads", 2, 1, 64);
     qtts::server_options_validate(options);

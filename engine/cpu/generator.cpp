@@ -73,8 +73,9 @@ void Generator::start(const float* prefill, int L, const float* trailing, int T,
     stop_reason_ = StopReason::STOP_REASON_NONE;
     frame_limit_update();
 
-    // Room for the whole utterance up front (the cache still grows if text keeps coming).
-    talker_state_init(w, talker_, L + std::min(frame_limit_, 4096) + 1);
+    // Room for a typical utterance up front (≤ 512 frames ≈ 41 s); longer ones grow the cache by
+    // doubling. A reused generator keeps its buffers, so later utterances allocate nothing.
+    talker_state_init(w, talker_, L + std::min(frame_limit_, 512) + 1);
     talker_prefill(w, talker_, prefill, L);
     started_ = true;
     if (hooks_.on_talker_row) hooks_.on_talker_row(0, talker_.hidden.data(), talker_.logits.data());

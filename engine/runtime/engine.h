@@ -30,6 +30,9 @@ struct SpeechRequest {
     std::optional<TextLayout> text_layout;  // unset = the variant's default (streaming for Base)
     bool incremental = false;        // text arrives later through Stream::text_append, ends with text_close
     std::string voice_path;          // saved voice file (.qv) for Base models
+    std::string ref_audio_path;      // Base models without voice_path: reference clip to clone from
+    std::string ref_text;            // transcript of ref_audio_path (in-context cloning)
+    bool x_vector_only = false;      // Base models: use only the speaker x-vector (no reference codes/text)
     std::vector<int32_t> input_ids;     // debugging: assistant-template ids, skips the tokenizer
     std::vector<int32_t> instruct_ids;  // debugging: instruct-template ids
 };

@@ -79,10 +79,14 @@ void TokenHistory::add(int32_t id) {
 
 void logits_apply_repetition_penalty(float* logits, int n, const std::vector<int32_t>& ids, float penalty) {
     if (penalty == 1.0f) return;
-    for (const int32_t id : ids) {
-        if (id < 0 || id >= n) continue;
-        float& v = logits[id];
-        v = v < 0.0f ? v * penalty : v / penalty;
+    // Gather, then scatter (as HF does): an id listed twice is still penalised once.
+    thread_local std::vector<float> gathered;
+    gathered.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) gathered[i] = ids[i] >= 0 && ids[i] < n ? logits[ids[i]] : 0.0f;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= n) continue;
+        const float v = gathered[i];
+        logits[ids[i]] = v < 0.0f ? v * penalty : v / penalty;
     }
 }
 

@@ -4,7 +4,9 @@
 #include <random>
 
 #include "common/error.h"
+#include "audio_io/audio_file.h"
 #include "common/log.h"
+#include "runtime/voice.h"
 #include "text/text_split.h"
 
 namespace qtts {
@@ -123,10 +125,31 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
     if (!request.instruct_ids.empty()) base.instruct_ids = request.instruct_ids;
     else if (!request.instruct.empty()) base.instruct_ids = instruct_ids(request.instruct);
     if (config.type == ModelType::MODEL_TYPE_BASE) {
-        if (request.voice_path.empty())
+        Voice voice;
+        if (!request.voice_path.empty()) {
+            if (!request.ref_audio_path.empty())
+                fail(ErrorCode::ERROR_INVALID_ARGUMENT, "give either a saved voice or reference audio, not both");
+            voice = voice_load(request.voice_path);
+        } else if (!request.ref_audio_path.empty()) {
+            voice = voice_create(*this, audio_read_mono_24k(request.ref_audio_path), request.ref_text,
+                                 request.x_vector_only);
+        } else {
             fail(ErrorCode::ERROR_INVALID_ARGUMENT,
-                 "Base (voice cloning) models need a voice: pass a saved voice (--voice FILE.qv) or reference audio");
-        fail(ErrorCode::ERROR_UNSUPPORTED, "voice files are not supported by this build yet");
+                 "Base (voice cloning) models need a voice: pass a saved voice (--voice FILE.qv) or reference audio "
+                 "(--ref-audio FILE with --ref-text TRANSCRIPT, or --x-vector-only)");
+        }
+        voice_check_compatible(voice, *checkpoint_);
+        base.x_vector = voice.x_vector;
+        // In-context cloning unless the voice or the request asks for the x-vector alone.
+        if (!voice.x_vector_only && !request.x_vector_only) {
+            base.ref_ids = voice.ref_ids;
+            base.ref_codes = voice.ref_codes;
+            base.ref_frames = voice.ref_frames;
+        }
+    } else if (!request.voice_path.empty() || !request.ref_audio_path.empty()) {
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "voices and reference audio are for Base (voice cloning) models; this is a {} model",
+             model_type_name(config.type));
     }
 
     // Segments: debugging ids as given, else the text split at sentence boundaries.
@@ -160,7 +183,17 @@ Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech pr
     : model_(std::move(model)),
       prepared_(std::move(prepared)),
       generator_(model_->lm_shared()),
-      decoder_state_(model_->decoder().state_new()) {}
+      decoder_state_(model_->decoder().state_new()) {
+    // In-context cloning: the reference codes are the decoder's left context, and their audio
+    // is not part of the output. Decoding them once into the streaming state (audio thrown
+    // away) makes every generated frame sound exactly as if decoded after the reference.
+    const PromptRequest& base = prepared_.base;
+    if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * 16) {
+        std::vector<float> discarded;
+        discarded.reserve(size_t(base.ref_frames) * 1920);
+        model_->decoder().decode(decoder_state_, base.ref_codes.data(), base.ref_frames, &discarded);
+    }
+}
 
 bool Utterance::segment_start() {
     if (next_segment_ >= prepared_.segments.size()) return false;

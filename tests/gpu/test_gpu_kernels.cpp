@@ -303,6 +303,9 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         {{1, 4, 2, 16, 64, 20}, true, 1},         // tiny model decode
         {{37, 16, 8, 128, 4096, 5}, false, 1},    // prefill chunk (separate append)
         {{37, 4, 2, 24, 512, 100}, false, 2},     // prefill chunk after earlier chunks, split-K
+        {{2, 4, 2, 24, 256, 16}, false, 2},       // a 2-row last prefill chunk (rows from kv_append)
+        {{1, 4, 2, 24, 256, 18}, true, 2},        // tiny decode, staged slice, split-K
+        {{2, 16, 8, 128, 4096, 40}, false, 32},   // 2-row prefill chunk, full-size heads
     };
     for (const Mode& m : modes) {
         const AttentionCase& c = m.c;

@@ -414,6 +414,19 @@ inline std::vector<float> decimate2(const std::vector<float>& x) {
     return y;
 }
 
+// One-pole high-pass at ~20 Hz: removes the DC offset every Opus encoder rejects anyway.
+inline std::vector<float> dc_block(const std::vector<float>& x, double cutoff_hz = 20.0) {
+    std::vector<float> y(x.size());
+    const double rc = 1.0 / (2.0 * M_PI * cutoff_hz), dt = 1.0 / kRate, alpha = rc / (rc + dt);
+    double prev_y = 0.0, prev_x = x.empty() ? 0.0 : x[0];
+    for (size_t i = 0; i < x.size(); ++i) {
+        prev_y = alpha * (prev_y + double(x[i]) - prev_x);
+        prev_x = x[i];
+        y[i] = float(prev_y);
+    }
+    return y;
+}
+
 // Number of complete Ogg pages at the start of bytes (by the page header's segment table).
 inline size_t ogg_pages_complete(const std::string& b) {
     size_t pos = 0, pages = 0;
@@ -484,13 +497,17 @@ public:
         std::string data;
     };
 
-    explicit WsClient(int port, std::chrono::milliseconds timeout = 10000ms, const std::string& path = "/v1/audio/stream")
+    // rcvbuf > 0 sets SO_RCVBUF before connecting (a small window for slow-reader tests).
+    explicit WsClient(int port, std::chrono::milliseconds timeout = 10000ms, int rcvbuf = 0)
         : ws_(ioc_), timeout_(timeout) {
         namespace net = boost::asio;
+        const std::string path = "/v1/audio/stream";
         auto& tcp = boost::beast::get_lowest_layer(ws_);
         tcp.expires_after(timeout_);
         boost::system::error_code ec;
-        tcp.socket().connect(net::ip::tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port)), ec);
+        tcp.socket().open(net::ip::tcp::v4(), ec);
+        if (!ec && rcvbuf > 0) tcp.socket().set_option(net::socket_base::receive_buffer_size(rcvbuf), ec);
+        if (!ec) tcp.socket().connect(net::ip::tcp::endpoint(net::ip::make_address("127.0.0.1"), uint16_t(port)), ec);
         if (ec) {
             error_ = "connect: " + ec.message();
             return;

@@ -167,6 +167,21 @@ TEST_CASE("whole-file responses: WAV and PCM hold the engine's samples, Opus dec
     CHECK(corr >= 0.9);
 }
 
+TEST_CASE("max_audio_seconds caps every request in engine frames", "[net]") {
+    Server s({}, [](qtts::ServerOptions& o) { o.max_audio_seconds = 0.5; });
+    REQUIRE(curl_post(s.port(), "/v1/audio/speech", speech_json("Hi.", "pcm", false)).status == 200);
+    WsClient ws(s.port());
+    REQUIRE(ws.connected());
+    ws.send_text(json{{"type", "start"}, {"text", "Hi."}, {"end", true}}.dump());
+    REQUIRE(ws.read_until_event({"done"}));
+    const auto requests = s.service.requests();
+    REQUIRE(requests.size() == 2);
+    for (const auto& r : requests) CHECK(r.max_frames == 7);  // 0.5 s = 6.25 frames of 80 ms, rounded up
+    Server unlimited;
+    REQUIRE(curl_post(unlimited.port(), "/v1/audio/speech", speech_json("Hi.", "pcm", false)).status == 200);
+    CHECK(unlimited.service.requests().at(0).max_frames == 0);
+}
+
 TEST_CASE("streaming Ogg Opus: chunked, first audio arrives before generation ends", "[net]") {
     FakeConfig cfg;
     cfg.seconds_per_byte = 0.025;          // 47 bytes -> 1.18 s, 15 chunks
@@ -558,28 +573,40 @@ TEST_CASE("a client that disconnects mid-stream cancels its stream (HTTP, WebSoc
 
 TEST_CASE("a client that stops reading is disconnected, not buffered without bound", "[net]") {
     FakeConfig cfg;
-    cfg.seconds_per_byte = 2.0;  // 94 s of audio, produced as fast as it is read
+    cfg.seconds_per_byte = 10.0;  // 470 s of audio (22 MB of PCM), produced as fast as it is read
     cfg.first_delay = std::chrono::milliseconds(0);
     cfg.chunk_interval = std::chrono::milliseconds(0);
     Server s(cfg, [](qtts::ServerOptions& o) {
         o.max_backlog_bytes = 64 * 1024;
         o.socket_send_buffer_bytes = 16 * 1024;
     });
-    const std::string body = speech_json(kText, "pcm", true);  // 4.5 MB of PCM
-    const int fd = raw_connect(s.port(), 8 * 1024);
-    REQUIRE(raw_send(fd, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
-                             "\r\n\r\n" + body));
-    // Never read: the server must give up on its own.
-    CHECK(wait_until([&] { return !s.service.streams().empty() && s.stream(0).cancelled(); }, 10000ms));
-    CHECK(wait_until([&] { return s.server->active_streams() == 0; }, 5000ms));
+
+    SECTION("HTTP") {
+        const std::string body = speech_json(kText, "pcm", true);
+        const int fd = raw_connect(s.port(), 8 * 1024);
+        REQUIRE(raw_send(fd, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                                 std::to_string(body.size()) + "\r\n\r\n" + body));
+        // Never read: the server must give up on its own.
+        CHECK(wait_until([&] { return !s.service.streams().empty() && s.stream(0).cancelled(); }, 10000ms));
+        CHECK(wait_until([&] { return s.server->active_streams() == 0; }, 5000ms));
+        // What reaches the client is bounded by the socket buffers and the backlog limit.
+        bool eof = false;
+        size_t received = 0;
+        for (int i = 0; i < 100 && !eof; ++i) received += raw_recv(fd, 100ms, 1 << 20, &eof).size();
+        ::close(fd);
+        CHECK(eof);
+        CHECK(received < 3u * 1024 * 1024);
+    }
+    SECTION("WebSocket") {
+        WsClient ws(s.port(), 10000ms, 8 * 1024);
+        REQUIRE(ws.connected());
+        ws.send_text(json{{"type", "start"}, {"format", "pcm"}, {"text", kText}, {"end", true}}.dump());
+        CHECK(wait_until([&] { return !s.service.streams().empty() && s.stream(0).cancelled(); }, 10000ms));
+        CHECK(wait_until([&] { return s.server->active_streams() == 0; }, 5000ms));
+        // The connection was dropped: reading ends (after what the buffers held) without `done`.
+        CHECK(!ws.read_until_event({"done"}));
+    }
     CHECK(s.server->metrics().errors("slow_client") == 1);
-    // What reaches the client is bounded by the socket buffers and the backlog limit.
-    bool eof = false;
-    size_t received = 0;
-    for (int i = 0; i < 100 && !eof; ++i) received += raw_recv(fd, 100ms, 1 << 20, &eof).size();
-    ::close(fd);
-    CHECK(eof);
-    CHECK(received < 3u * 1024 * 1024);
     CHECK(server_healthy(s.port()));
 }
 

@@ -32,10 +32,14 @@ struct EngineServer {
         o.port = 0;
         o.tcp_port = 0;
         o.max_streams = 16;
-        // The waveform comparison below needs a transparent codec: the default model's audio is
-        // noise-like, which a 32 kb/s perceptual coder does not keep sample for sample. (The
-        // default bitrate is exercised against the sine source in test_server.)
+        // The waveform comparison below needs a near-transparent codec: the default model (random
+        // weights) makes noise-like audio, which a 32 kb/s perceptual coder does not keep sample
+        // for sample (measured: correlation ~0.64 at 32 kb/s, 0.999 at 128 kb/s once the DC
+        // offset is removed). The default bitrate is exercised against the sine in test_server.
         o.bitrate = 128000;
+        // Random weights rarely say end-of-speech: cap each request at 4 s of audio so the
+        // frame budget (tens of seconds for a sentence) does not set the test's run time.
+        o.max_audio_seconds = 4.0;
         return o;
     }
 
@@ -109,8 +113,9 @@ TEST_CASE("engine: streamed Ogg Opus decodes close to the PCM of the same reques
     const std::vector<float> decoded = decimate2(ogg_opus_decode_48k(opus.body, &ok));
     REQUIRE(ok);
     CHECK(std::llabs((long long)decoded.size() - (long long)reference.size()) <= 2);
+    // Opus removes DC (and the random model's output has a large DC offset): compare above 20 Hz.
     int lag = 0;
-    const double corr = correlation_best(decoded, reference, 100, &lag);
+    const double corr = correlation_best(dc_block(decoded), dc_block(reference), 100, &lag);
     INFO("correlation " << corr << " at lag " << lag << " over " << reference.size() << " samples");
     CHECK(corr >= 0.9);
 }
@@ -163,7 +168,7 @@ TEST_CASE("engine: WebSocket text appended while speaking continues the same utt
     REQUIRE(done);
     const json dj = json::parse(*done);
     INFO(*done);
-    CHECK((dj["stop_reason"] == "eos" || dj["stop_reason"] == "frame_budget"));
+    CHECK((dj["stop_reason"] == "eos" || dj["stop_reason"] == "frame_budget" || dj["stop_reason"] == "max_frames"));
     const auto entry = last_entry(s);
     CHECK(entry.request.incremental);
     CHECK(dj["samples"] == entry.stream->metrics().samples);
@@ -245,3 +250,4 @@ TEST_CASE("engine: load: 16 concurrent streaming clients all complete with no er
     CHECK(s.server.metrics().errors("stream_error") == 0);
     CHECK(wait_until([&] { return s.server.active_streams() == 0; }, 10000ms));
 }
+

@@ -97,6 +97,27 @@ TEST_CASE("rope_apply: rotate-half pairs (i, i + d/2), per-row positions, norm p
     CHECK(max_rel(z, ref) < 1e-5);
 }
 
+TEST_CASE("rope_inv_freq is the textbook table; rope_apply_table with it equals rope_apply", "[ops]") {
+    const std::vector<float> inv = qtts::cpu::rope_inv_freq(24, 1e6);
+    REQUIRE(inv.size() == 12);
+    for (size_t i = 0; i < inv.size(); ++i) CHECK(inv[i] == Approx(std::pow(1e6, -2.0 * double(i) / 24)).epsilon(1e-6));
+    const auto x = random_floats(2 * 3 * 24, 15);
+    const int64_t positions[2] = {5, 77};
+    std::vector<float> a = x, b = x;
+    qtts::cpu::rope_apply(a.data(), 2, 3, 24, positions, 1e6);
+    qtts::cpu::rope_apply_table(b.data(), 2, 3, 24, positions, inv.data());
+    CHECK(a == b);
+    // Any table: pair i of position p turns by p · inv_freq[i].
+    const std::vector<float> custom = {0.5f, -0.25f};
+    std::vector<float> c = {1.0f, 0.0f, 0.0f, 1.0f};  // one head of dim 4: pairs (0,2) and (1,3)
+    const int64_t p3[1] = {3};
+    qtts::cpu::rope_apply_table(c.data(), 1, 1, 4, p3, custom.data());
+    CHECK(c[0] == Approx(std::cos(1.5)));
+    CHECK(c[2] == Approx(std::sin(1.5)));
+    CHECK(c[1] == Approx(-std::sin(-0.75)));
+    CHECK(c[3] == Approx(std::cos(-0.75)));
+}
+
 TEST_CASE("attention: GQA, causal, sliding window, absolute positions", "[ops]") {
     const int heads = 6, kv = 2, dim = 8, S = 9;
     const int group = heads / kv;
