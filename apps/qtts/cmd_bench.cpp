@@ -58,7 +58,7 @@ void usage() {
         "  --json FILE        write the results as JSON\n");
 }
 
-double median(std::vector<double> v) {
+[[maybe_unused]] double median(std::vector<double> v) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
