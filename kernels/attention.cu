@@ -95,36 +95,38 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
         staged = pos0 == pos_early;  // the early read was right (always, in the frame step)
     }
 
-    // New keys/values that fall into this block's key range.
-    if (a.append) {
-        const int r0 = max(k0, pos0);
-        for (int r = r0 + warp; r < k1; r += ATTN_WARPS) {
-            const float* row = a.qkv + size_t(r - pos0) * a.ld_qkv;
-            const float* k_src = row + size_t(a.n_heads + g) * hd;
-            const float* v_src = row + size_t(a.n_heads + a.n_kv + g) * hd;
+    // The new keys and values of this slice and the tile's queries, as independent warp jobs so
+    // that their global loads are in flight together.
+    const int r_first = max(k0, pos0);
+    const int n_new = a.append ? max(0, k1 - r_first) : 0;
+    const int jobs = 2 * n_new + nq;
+    for (int job = warp; job < jobs; job += ATTN_WARPS) {
+        if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
+            const int r = r_first + job;
+            const float* k_src = a.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
             float* k_dst = a.k_cache + (head_base + r) * hd;
-            float* v_dst = a.v_cache + (head_base + r) * hd;
             if (staged) {
-                // Into the stage first (no read-back of a global store), then to the cache.
                 float* k_row = k_stage + (r - k0) * hd;
                 warp_head_norm_rope(k_src, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r);
-                for (int d = lane; d < hd; d += 32) {
-                    const float v = v_src[d];
-                    v_stage[(r - k0) * hd + d] = v;
-                    v_dst[d] = v;
-                    k_dst[d] = k_row[d];
-                }
+                for (int d = lane; d < hd; d += 32) k_dst[d] = k_row[d];
             } else {
                 warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
-                for (int d = lane; d < hd; d += 32) v_dst[d] = v_src[d];
             }
+        } else if (job < 2 * n_new) {  // value row: copied as is
+            const int r = r_first + job - n_new;
+            const float* v_src = a.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
+            float* v_dst = a.v_cache + (head_base + r) * hd;
+            for (int d = lane; d < hd; d += 32) {
+                const float v = v_src[d];
+                v_dst[d] = v;
+                if (staged) v_stage[(r - k0) * hd + d] = v;
+            }
+        } else {  // query qi = token * group + head-in-group
+            const int qi = job - 2 * n_new;
+            const int t = t0 + qi / group, h = g * group + qi % group;
+            warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd,
+                                a.q_norm, a.eps, a.inv_freq, pos0 + t);
         }
-    }
-    // Queries of this tile: q_s[qi] with qi = token * group + head-in-group.
-    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
-        const int t = t0 + qi / group, h = g * group + qi % group;
-        warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd, a.q_norm,
-                            a.eps, a.inv_freq, pos0 + t);
     }
     __syncthreads();
 

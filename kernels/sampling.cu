@@ -6,9 +6,6 @@ namespace qtts::kernels {
 
 namespace {
 
-constexpr int SAMPLE_THREADS = 1024;
-constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
-constexpr int PER_THREAD = SAMPLE_MAX_VOCAB / SAMPLE_THREADS;
 
 __host__ __device__ inline uint32_t mul_hi(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) * b) >> 32); }
 
@@ -43,7 +40,15 @@ __device__ __forceinline__ float key_value(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-struct SampleShared {
+// One block samples one row. The block size is a template parameter (the helpers work for any
+// multiple of 32 up to 1024 threads); 1024 is the size that was measured and tested.
+constexpr int SAMPLE_BLOCK = 1024;
+template <int SAMPLE_THREADS>
+struct SampleImpl {
+    static constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
+    static constexpr int PER_THREAD = SAMPLE_MAX_VOCAB / SAMPLE_THREADS;
+
+struct Shared {
     uint32_t hist[256];
     float red_v[SAMPLE_WARPS];
     int red_i[SAMPLE_WARPS];
@@ -60,7 +65,7 @@ struct SampleShared {
 };
 
 // Largest value; ties -> lowest index (torch.argmax). Every thread gets the index.
-__device__ __forceinline__ int block_argmax(const float (&v)[PER_THREAD], int n, SampleShared& sh) {
+static __device__ __forceinline__ int block_argmax(const float (&v)[PER_THREAD], int n, Shared& sh) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float best = -INFINITY;
     int best_i = 0x7fffffff;
@@ -87,8 +92,8 @@ __device__ __forceinline__ int block_argmax(const float (&v)[PER_THREAD], int n,
     }
     __syncthreads();
     if (warp == 0) {
-        best = sh.red_v[lane];
-        best_i = sh.red_i[lane];
+        best = lane < SAMPLE_WARPS ? sh.red_v[lane] : -INFINITY;
+        best_i = lane < SAMPLE_WARPS ? sh.red_i[lane] : 0x7fffffff;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -104,7 +109,7 @@ __device__ __forceinline__ int block_argmax(const float (&v)[PER_THREAD], int n,
     return sh.result;
 }
 
-__device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], int n, SampleShared& sh) {
+static __device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], int n, Shared& sh) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float m = -INFINITY;
 #pragma unroll
@@ -115,7 +120,7 @@ __device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], int n, 
     if (lane == 0) sh.red_v[warp] = m;
     __syncthreads();
     if (warp == 0) {
-        const float w = warp_max(sh.red_v[lane]);
+        const float w = warp_max(lane < SAMPLE_WARPS ? sh.red_v[lane] : -INFINITY);
         if (lane == 0) sh.red_v[0] = w;
     }
     __syncthreads();
@@ -123,7 +128,7 @@ __device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], int n, 
 }
 
 // The k-th largest value among v[i], i < n (radix select on order-preserving keys, 8 bits a pass).
-__device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD], int n, int k, SampleShared& sh) {
+static __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD], int n, int k, Shared& sh) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint32_t key[PER_THREAD];
 #pragma unroll
@@ -188,7 +193,7 @@ __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_THREAD],
 // value = f(v). Returns the count (every thread). Index i = tid + j * SAMPLE_THREADS, so the
 // order is (j, warp, lane): one ballot per j, then warp j scans the 32 warp counts of round j.
 template <typename F>
-__device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n, SampleShared& sh, F f) {
+    static __device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n, Shared& sh, F f) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     unsigned ballot[PER_THREAD];
 #pragma unroll
@@ -199,14 +204,14 @@ __device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n
     }
     __syncthreads();
     if (warp < PER_THREAD) {
-        const int c = sh.round_count[warp][lane];
+        const int c = lane < SAMPLE_WARPS ? sh.round_count[warp][lane] : 0;
         int inclusive = c;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const int t = __shfl_up_sync(0xffffffffu, inclusive, o);
             if (lane >= o) inclusive += t;
         }
-        sh.round_offset[warp][lane] = inclusive - c;
+        if (lane < SAMPLE_WARPS) sh.round_offset[warp][lane] = inclusive - c;
         if (lane == 31) sh.round_total[warp] = inclusive;
     }
     __syncthreads();
@@ -228,7 +233,7 @@ __device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n
 // HF TopPLogitsWarper (engine/runtime/sampling.cpp logits_apply_top_p) on the `count` finite
 // entries compacted into sh.value/sh.index: sets sh.removed[i] for the ids it drops. Kept out of
 // line: it is the slow path (top_p < 1) and would otherwise crowd the registers of the draw.
-__device__ __noinline__ void block_top_p_mark(int count, int n, float top_p, SampleShared& sh) {
+static __device__ __noinline__ void block_top_p_mark(int count, int n, float top_p, Shared& sh) {
     const int tid = threadIdx.x;
     for (int i = tid; i < n; i += SAMPLE_THREADS) sh.removed[i] = 0;
     if (count <= 1) {
@@ -276,8 +281,7 @@ __device__ __noinline__ void block_top_p_mark(int count, int n, float top_p, Sam
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const SampleArgs a) {
-    __shared__ SampleShared sh;
+    static __device__ __forceinline__ void run(const SampleArgs& a, Shared& sh) {
     pdl_wait();
     pdl_trigger();
     const int tid = threadIdx.x, n = a.n;
@@ -362,6 +366,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const SampleArgs
             st->position += 1;
         }
     }
+    }
+};
+
+template <int SAMPLE_THREADS>
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const SampleArgs a) {
+    __shared__ typename SampleImpl<SAMPLE_THREADS>::Shared sh;
+    SampleImpl<SAMPLE_THREADS>::run(a, sh);
 }
 
 }  // namespace
@@ -373,7 +384,7 @@ void sample(const SampleArgs& a, const Launch& l) {
         a.group >= SAMPLE_MAX_GROUPS || (a.group == 0 && !a.seen))
         cuda::check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen set)", __func__,
                          __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_THREADS), 0, sample_kernel, a));
+    CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
 }
 
 }  // namespace qtts::kernels

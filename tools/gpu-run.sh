@@ -104,7 +104,7 @@ device() {
     [ -x "$q/bin/test_gpu_lm" ] && run_test test_gpu_lm gpu
 
     local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
-    export QTTS_BENCH_VARIANTS=${QTTS_BENCH_VARIANTS-"QTTS_GEMV=reg"}
+    export QTTS_BENCH_VARIANTS=${QTTS_BENCH_VARIANTS-""}
     local frames=${QTTS_BENCH_FRAMES:-256}
     for p in $presets; do
         local dir=/tmp/qtts-models/$p t=$SECONDS
@@ -121,7 +121,7 @@ device() {
                     >"$q/bench-$p-$v.log" 2>&1 || note "bench $p $v FAILED"
                 { echo "===== variant $v"; cat "$q/bench-$p-$v.log"; } >>"$out/bench.log"
                 note "bench $p with $v: $((SECONDS - t)) s"
-                grep -E '^\s+(frame, graphs  |  talker step|  predictor 15|talker (qkv|o|gate|down)|predictor (qkv|o|gate|down))' \
+                grep -E '^\s+(frame, graphs  |  talker step|  predictor 15|sample|talker att|predictor att)' \
                     "$q/bench-$p-$v.log" | sed "s/^/  [$p $v] /" | tee -a "$summary" || true
             done
         fi
