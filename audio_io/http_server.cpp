@@ -40,6 +40,9 @@ void server_options_validate(const ServerOptions& o) {
     check(o.max_audio_seconds >= 0.0 && o.max_audio_seconds <= 3600.0,
           fmt::format("max audio seconds must be in 0..3600 (0 = no cap beyond the engine's), got {}", o.max_audio_seconds));
     check(!o.host.empty(), "host must not be empty (127.0.0.1 serves this machine only, 0.0.0.0 every interface)");
+    boost::system::error_code ec;
+    boost::asio::ip::make_address(o.host == "localhost" ? "127.0.0.1" : o.host, ec);
+    check(!ec, fmt::format("host '{}' is not an IP address (examples: 127.0.0.1, 0.0.0.0, ::1, localhost)", o.host));
 }
 
 namespace {
@@ -197,9 +200,7 @@ void HttpServer::start() {
     if (s.started) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the server is already started");
     const ServerOptions& o = s.core.options;
     beast::error_code ec;
-    const auto address = net::ip::make_address(o.host, ec);
-    if (ec)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "host '{}' is not an IP address (examples: 127.0.0.1, 0.0.0.0, ::1)", o.host);
+    const auto address = net::ip::make_address(o.host == "localhost" ? "127.0.0.1" : o.host, ec);  // validated above
     s.http_listener = std::make_shared<Listener>(s.core, ListenerKind::LISTENER_HTTP, tcp::endpoint(address, uint16_t(o.port)));
     if (o.tcp_port >= 0)
         s.tcp_listener = std::make_shared<Listener>(s.core, ListenerKind::LISTENER_TCP, tcp::endpoint(address, uint16_t(o.tcp_port)));

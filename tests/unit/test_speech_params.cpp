@@ -1,10 +1,12 @@
 // Request validation of the network server: the OpenAI-style body, the WebSocket `start`
-// message, the TCP line, UTF-8 checking and the JSON error body.
+// message, the TCP line, UTF-8 checking, the JSON error body and the server options.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include "audio_io/http_server.h"
 #include "audio_io/speech_params.h"
+#include "common/error.h"
 
 using json = nlohmann::json;
 using qtts::AudioFormat;
@@ -159,4 +161,25 @@ TEST_CASE("the error body has the OpenAI shape and survives non-UTF-8 messages",
     const json f = json::parse(qtts::error_body_json("bytes \xff here", "server_error", "", "x"));
     CHECK(f["error"]["param"].is_null());
     CHECK(f["error"]["code"] == "x");
+}
+
+TEST_CASE("server options are validated with the accepted ranges", "[unit]") {
+    qtts::ServerOptions o;
+    CHECK_NOTHROW(qtts::server_options_validate(o));
+    o.host = "localhost";
+    CHECK_NOTHROW(qtts::server_options_validate(o));
+    o.host = "example.invalid";
+    CHECK_THROWS_WITH(qtts::server_options_validate(o), Catch::Contains("not an IP address"));
+    o = {};
+    o.port = 70000;
+    CHECK_THROWS_WITH(qtts::server_options_validate(o), Catch::Contains("0..65535"));
+    o = {};
+    o.max_streams = 0;
+    CHECK_THROWS_WITH(qtts::server_options_validate(o), Catch::Contains("max streams"));
+    o = {};
+    o.bitrate = 1000;
+    CHECK_THROWS_WITH(qtts::server_options_validate(o), Catch::Contains("6000..510000"));
+    o = {};
+    o.max_audio_seconds = -1;
+    CHECK_THROWS_AS(qtts::server_options_validate(o), qtts::Error);
 }
