@@ -28,12 +28,14 @@ constexpr const char* kStreamPath = "/v1/audio/stream";
 // session stops reading it (it is parsed, with the usual limits, when the response is done).
 constexpr size_t kPipelineBytes = 64 * 1024;
 
-class HttpSession : public std::enable_shared_from_this<HttpSession>, public PumpSink {
+class HttpSession : public std::enable_shared_from_this<HttpSession>, public StrandPumpSink<HttpSession> {
+    friend class StrandPumpSink<HttpSession>;  // calls audio_on / end_on on the strand
+
 public:
     HttpSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
-        : core_(core),
+        : StrandPumpSink<HttpSession>(socket.get_executor()),
+          core_(core),
           socket_(std::move(socket)),
-          executor_(socket_.get_executor()),
           slot_(std::move(slot)),
           timer_(executor_) {}
 
@@ -46,18 +48,8 @@ public:
         net::dispatch(executor_, [self = shared_from_this()] { self->request_read(); });
     }
 
-    // ---- PumpSink (pump thread) ----
-    void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
-        net::post(executor_, [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
-            self->audio_on(std::move(pieces), bytes, samples);
-        });
-    }
-    void pump_end(StreamOutcome outcome) override {
-        net::post(executor_,
-                  [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
-    }
+    // ---- PumpSink (pump thread); pump_audio / pump_end come from StrandPumpSink ----
     bool pump_abandoned() const override { return abandoned_.load(); }
-    std::atomic<size_t>& pump_backlog() override { return backlog_; }
 
 private:
     enum class Phase {
@@ -572,7 +564,6 @@ private:
 
     ServerCore& core_;
     tcp::socket socket_;
-    const net::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
     ConnectionSlot slot_;
     net::steady_timer timer_;
     beast::flat_buffer buffer_;
@@ -596,7 +587,6 @@ private:
     bool finish_after_flush_ = false;
     bool abort_after_flush_ = false;
     std::atomic<bool> abandoned_{false};
-    std::atomic<size_t> backlog_{0};
 };
 
 }  // namespace

@@ -98,6 +98,34 @@ public:
     virtual std::atomic<size_t>& pump_backlog() = 0;  // bytes queued, not yet on the socket
 };
 
+// The PumpSink half every session shares: the pump thread's calls hop onto the session's strand,
+// where Session::audio_on / Session::end_on run (sessions befriend this class for them). Also
+// holds the strand and the backlog counter.
+template <class Session>
+class StrandPumpSink : public PumpSink {
+public:
+    explicit StrandPumpSink(boost::asio::any_io_executor strand) : executor_(std::move(strand)) {}
+
+    void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
+        boost::asio::post(executor_, [self = session_shared(), pieces = std::move(pieces), bytes, samples]() mutable {
+            self->audio_on(std::move(pieces), bytes, samples);
+        });
+    }
+    void pump_end(StreamOutcome outcome) override {
+        boost::asio::post(executor_, [self = session_shared(), outcome = std::move(outcome)]() mutable {
+            self->end_on(std::move(outcome));
+        });
+    }
+    std::atomic<size_t>& pump_backlog() override { return backlog_; }
+
+protected:
+    const boost::asio::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
+    std::atomic<size_t> backlog_{0};               // bytes queued for the socket, not yet written
+
+private:
+    std::shared_ptr<Session> session_shared() { return static_cast<Session*>(this)->shared_from_this(); }
+};
+
 struct PumpJob {
     std::shared_ptr<Stream> stream;
     std::unique_ptr<AudioFormatter> formatter;

@@ -14,12 +14,14 @@ namespace qtts::server {
 
 namespace {
 
-class TcpSession : public std::enable_shared_from_this<TcpSession>, public PumpSink {
+class TcpSession : public std::enable_shared_from_this<TcpSession>, public StrandPumpSink<TcpSession> {
+    friend class StrandPumpSink<TcpSession>;  // calls audio_on / end_on on the strand
+
 public:
     TcpSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
-        : core_(core),
+        : StrandPumpSink<TcpSession>(socket.get_executor()),
+          core_(core),
           socket_(std::move(socket)),
-          executor_(socket_.get_executor()),
           slot_(std::move(slot)),
           timer_(executor_),
           // A JSON line carries escapes and other fields besides the text; the text itself is
@@ -30,18 +32,8 @@ public:
         net::dispatch(executor_, [self = shared_from_this()] { self->line_read(); });
     }
 
-    // ---- PumpSink (pump thread) ----
-    void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
-        net::post(executor_, [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
-            self->audio_on(std::move(pieces), bytes, samples);
-        });
-    }
-    void pump_end(StreamOutcome outcome) override {
-        net::post(executor_,
-                  [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
-    }
+    // ---- PumpSink (pump thread); pump_audio / pump_end come from StrandPumpSink ----
     bool pump_abandoned() const override { return abandoned_.load(); }
-    std::atomic<size_t>& pump_backlog() override { return backlog_; }
 
 private:
     static size_t line_limit(const ServerOptions& o) { return 2 * o.max_text_bytes + 4096; }
@@ -240,7 +232,6 @@ private:
 
     ServerCore& core_;
     tcp::socket socket_;
-    const net::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
     ConnectionSlot slot_;
     net::steady_timer timer_;
     net::streambuf line_buf_;
@@ -258,7 +249,6 @@ private:
     std::string out_;
     std::string inflight_;
     std::atomic<bool> abandoned_{false};
-    std::atomic<size_t> backlog_{0};
 };
 
 }  // namespace

@@ -16,28 +16,24 @@ namespace {
 using json = nlohmann::json;
 namespace websocket = beast::websocket;
 
-class WsSession : public std::enable_shared_from_this<WsSession>, public PumpSink {
+class WsSession : public std::enable_shared_from_this<WsSession>, public StrandPumpSink<WsSession> {
+    friend class StrandPumpSink<WsSession>;  // calls audio_on / end_on on the strand
+
 public:
     WsSession(ServerCore& core, tcp::socket socket, ConnectionSlot slot)
-        : core_(core), ws_(std::move(socket)), executor_(ws_.get_executor()), slot_(std::move(slot)), timer_(executor_) {}
+        : StrandPumpSink<WsSession>(socket.get_executor()),
+          core_(core),
+          ws_(std::move(socket)),
+          slot_(std::move(slot)),
+          timer_(executor_) {}
 
     void run(Request request) {
         request_ = std::move(request);
         net::dispatch(executor_, [self = shared_from_this()] { self->accept(); });
     }
 
-    // ---- PumpSink (pump thread) ----
-    void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
-        net::post(executor_, [self = shared_from_this(), pieces = std::move(pieces), bytes, samples]() mutable {
-            self->audio_on(std::move(pieces), bytes, samples);
-        });
-    }
-    void pump_end(StreamOutcome outcome) override {
-        net::post(executor_,
-                  [self = shared_from_this(), outcome = std::move(outcome)]() mutable { self->end_on(std::move(outcome)); });
-    }
+    // ---- PumpSink (pump thread); pump_audio / pump_end come from StrandPumpSink ----
     bool pump_abandoned() const override { return closed_flag_.load() || cancel_requested_.load(); }
-    std::atomic<size_t>& pump_backlog() override { return backlog_; }
 
 private:
     enum class State { IDLE, SPEAKING, CANCELLING };
@@ -353,7 +349,6 @@ private:
 
     ServerCore& core_;
     websocket::stream<tcp::socket> ws_;
-    const net::any_io_executor executor_;  // the connection's strand (also used by the pump thread)
     ConnectionSlot slot_;
     net::steady_timer timer_;
     Request request_;
@@ -374,7 +369,6 @@ private:
     Clock::time_point text_time_;
     double ttfa_seconds_ = -1.0;
     std::atomic<bool> cancel_requested_{false};
-    std::atomic<size_t> backlog_{0};
 };
 
 }  // namespace

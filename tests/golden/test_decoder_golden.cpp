@@ -26,6 +26,7 @@
 #include "cpu/speech_decoder.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "golden_rope.h"
 #include "test_support.h"
 
 namespace {
@@ -54,7 +55,7 @@ struct Golden {
 qtts::cpu::CpuSpeechDecoderOptions golden_options(int max_chunk_frames = 25) {
     qtts::cpu::CpuSpeechDecoderOptions options;
     options.max_chunk_frames = max_chunk_frames;
-    options.rope_inv_freq = {-127.0f / 8192.0f, -243.0f / 16384.0f, 217.0f / 4096.0f, -225.0f / 2048.0f};
+    options.rope_inv_freq = qtts_test::golden_decoder_rope();
     return options;
 }
 

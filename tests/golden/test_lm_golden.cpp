@@ -20,6 +20,7 @@
 #include "cpu/lm.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "golden_rope.h"
 #include "test_support.h"
 #include "text/prompt.h"
 
@@ -49,42 +50,8 @@ std::vector<Scenario> scenarios_load(const std::string& model) {
     return out;
 }
 
-// The RoPE frequency tables the reference actually ran with when it produced the golden files.
-//
-// The goldens do not follow the config's rope_theta: their rotary `inv_freq` buffers held other
-// values (bf16-representable, both signs, different per model: randomly initialised buffers of
-// the golden generator; such non-persistent buffers are not saved in the checkpoint). With the
-// standard table the first talker row already differs by 36-76% relative. These tables were
-// recovered from the goldens by least squares over the first talker rows and predictor logits,
-// rounded to bf16, and reproduce every golden row to ~5e-7 (docs/generation.md §6). The library
-// always uses the config's table; only this test swaps it in.
-struct GoldenRope {
-    std::vector<float> talker;     // [talker head_dim / 2]
-    std::vector<float> predictor;  // [predictor head_dim / 2]
-};
-const GoldenRope& golden_rope(const std::string& model) {
-    static const std::map<std::string, GoldenRope> tables = {
-        {"tiny-customvoice",
-         {{0.1640625f, -0.04296875f, -0.09814453125f, -0.115234375f, 0.2080078125f, 0.1796875f, 0.07763671875f,
-           -0.01434326171875f},
-          {0.029296875f, 0.037353515625f, 0.0478515625f, 0.09716796875f, 0.042724609375f, -0.1572265625f,
-           -0.06640625f, -0.1328125f}}},
-        {"tiny-voicedesign",
-         {{-0.1513671875f, -0.1328125f, 0.0191650390625f, 0.18359375f, -0.00127410888671875f, -0.0031890869140625f,
-           0.02490234375f, 0.02001953125f, 0.111328125f, 0.10888671875f, -0.000934600830078125f, -0.0152587890625f},
-          {0.047607421875f, -0.10546875f, 0.0810546875f, -0.16015625f, 0.0634765625f, 0.1103515625f, 0.1171875f,
-           -0.08642578125f}}},
-        {"tiny-base",
-         {{0.08544921875f, -0.197265625f, -0.2080078125f, -0.005096435546875f, 0.11083984375f, -0.1650390625f,
-           0.006134033203125f, -0.0703125f},
-          {0.0093994140625f, 0.08154296875f, 0.087402343750f, 0.1103515625f, 0.048828125f, 0.14453125f,
-           -0.19921875f, -0.17578125f}}},
-    };
-    const auto it = tables.find(model);
-    REQUIRE(it != tables.end());
-    return it->second;
-}
-
+// The goldens' RoPE tables (tests/support/golden_rope.h): the config's rope_theta does not
+// reproduce them (the first talker row already differs by 36-76% relative).
 std::shared_ptr<const LmWeights> weights_plain(const std::string& model) {
     static std::map<std::string, std::shared_ptr<const LmWeights>> cache;
     auto& w = cache[model];
@@ -116,12 +83,7 @@ std::shared_ptr<const LmWeights> weights_for_goldens(const std::string& model) {
     }
     std::printf("  %s: config RoPE gives %.3g relative error on talker row 0; using the goldens' RoPE tables\n",
                 model.c_str(), err);
-    auto copy = std::make_shared<LmWeights>(*plain);
-    const GoldenRope& rope = golden_rope(model);
-    REQUIRE(copy->talker.rope_inv_freq.size() == rope.talker.size());
-    REQUIRE(copy->predictor.rope_inv_freq.size() == rope.predictor.size());
-    copy->talker.rope_inv_freq = rope.talker;
-    copy->predictor.rope_inv_freq = rope.predictor;
+    const auto copy = qtts_test::lm_weights_with_golden_rope(*plain, model);
     chosen = copy;
     return chosen;
 }
