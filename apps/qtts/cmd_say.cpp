@@ -55,7 +55,9 @@ void print_usage() {
         "  --codes-out FILE      write {\"codes\": [[c0..c15], ...]}\n"
         "  --sample-format s16|f32\n"
         "  --chunk-frames N      frames per decoded chunk (default 4; first chunk is 1)\n"
-        "  --backend cpu|cuda|auto\n"
+        "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
+        "  --device N            CUDA device index (default 0)\n"
+        "  --no-cuda-graphs      run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
         "  --play                speak through the default audio device while generating\n"
         "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n"
         "  --voice FILE.qv       Base models: a saved voice (qtts voice create)\n"
@@ -118,6 +120,7 @@ int cmd_say(const std::vector<std::string>& argv) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--chunk-frames must be 1..1000");
     options.backend = args.get_or("backend", "auto");
     options.device = int(args.get_int("device", 0));
+    if (options.device < 0 || options.device > 64) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--device must be 0..64");
     options.cuda_graphs = !args.has("no-cuda-graphs");
     options.max_streams = 1;
     if (auto m = args.get("model")) {
@@ -138,13 +141,15 @@ int cmd_say(const std::vector<std::string>& argv) {
         QTTS_LOG_INFO("playing on {} (output latency {:.1f} ms)", sink->describe(), sink->output_latency_s() * 1000.0);
         sink->start();
     }
+    // The engine before the WAV file: a backend that cannot run (--backend cuda without a GPU)
+    // fails without leaving an empty file behind.
+    qtts::Engine engine(options);
+    QTTS_LOG_INFO("say: generating on the {} backend", engine.backend_name());
     std::unique_ptr<qtts::WavWriter> wav;
     if (auto out = args.get("out")) {
         wav = std::make_unique<qtts::WavWriter>(*out, 24000, 1,
                                                 format_name == "f32" ? qtts::WavFormat::WAV_FORMAT_F32 : qtts::WavFormat::WAV_FORMAT_S16);
     }
-
-    qtts::Engine engine(options);
     const double play_t0 = sink ? sink->time_now() : 0.0;
     auto stream = engine.submit(request);
 
@@ -204,8 +209,8 @@ int cmd_say(const std::vector<std::string>& argv) {
     if (jitter && jitter->first_sample_time() >= 0)
         std::printf("; ttfa_play %.1f ms; underruns %llu (%llu samples)", (jitter->first_sample_time() - play_t0) * 1000.0,
                     (unsigned long long)jitter->underrun_events(), (unsigned long long)jitter->underrun_samples());
-    std::printf("; real-time factor %.3f (%.1fx real time); stop: %s\n", m.rtf, m.rtf > 0 ? 1.0 / m.rtf : 0.0,
-                qtts::stop_reason_name(m.stop_reason));
+    std::printf("; real-time factor %.3f (%.1fx real time); stop: %s; backend %s\n", m.rtf, m.rtf > 0 ? 1.0 / m.rtf : 0.0,
+                qtts::stop_reason_name(m.stop_reason), engine.backend_name().c_str());
     return 0;
 }
 

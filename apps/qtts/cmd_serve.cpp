@@ -31,7 +31,9 @@ void print_usage() {
         "  --max-audio-seconds S  cap on one request's audio (default: the engine's frame budget)\n"
         "  --idle-timeout S       seconds without a request or message before closing (default 30)\n"
         "  --io-threads N         network threads (default 2)\n"
-        "  --backend cpu|cuda|auto  (default auto)   --device N   --no-cuda-graphs\n"
+        "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
+        "  --device N             CUDA device index (default 0)\n"
+        "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /healthz, GET /metrics,\n"
         "WebSocket /v1/audio/stream. Stop with Ctrl-C (SIGINT) or SIGTERM.\n");
 }

@@ -162,7 +162,11 @@ struct Engine::Impl {
         wake_cv.notify_one();
     }
 
+    // Engine thread only. The utterance is dropped here, not when the last Stream reference goes
+    // away on some consumer thread: its generator state (GPU KV caches on CUDA) belongs to this
+    // thread and goes back to the model's pool for the next stream.
     void finish(StreamImpl& s, StopReason reason, const std::string& error) {
+        s.utterance_.reset();
         s.finish(reason, error);
         admitted.fetch_sub(1);
         std::lock_guard<std::mutex> lock(stats_mutex);
@@ -243,6 +247,8 @@ struct Engine::Impl {
         for (auto& s : active) finish(*s, StopReason::STOP_CANCELLED, "engine stopped");
         std::shared_ptr<StreamImpl> left;
         while (intake.try_dequeue(left)) finish(*left, StopReason::STOP_CANCELLED, "engine stopped");
+        // GPU objects are torn down on the thread that owns them (run() only returns from ~Engine).
+        model.reset();
     }
 };
 
@@ -256,6 +262,11 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     mo.backend = options.backend;
     mo.device = options.device;
     mo.cuda_graphs = options.cuda_graphs;
+    // CUDA: one generator state (KV caches, graphs) per admitted stream, all made at load, so a
+    // new stream never allocates or captures on the engine thread while others are speaking.
+    mo.gpu_states = options.max_streams;
+    mo.first_chunk_frames = options.first_chunk_frames;
+    mo.chunk_frames = options.chunk_frames;
     // The engine thread loads (and so owns) the model: GPU buffers and graphs are created there.
     std::promise<void> loaded;
     auto loaded_future = loaded.get_future();

@@ -84,7 +84,8 @@ struct EngineOptions {
     std::string backend = "auto";   // cpu, cuda or auto
     int device = 0;                 // CUDA device index
     bool cuda_graphs = true;        // false = eager GPU execution (same results)
-    int max_streams = 16;           // concurrent streams; more are refused with ERROR_UNSUPPORTED
+    int max_streams = 16;           // concurrent streams; more are refused with ERROR_BUSY. CUDA: one
+                                    // GPU generator state (KV caches) per stream, all made at start-up
     int first_chunk_frames = 1;     // frames in a stream's first chunk (time to first audio)
     int chunk_frames = 4;           // frames per chunk afterwards
     double ring_seconds = 30.0;     // PCM buffered per stream before the engine waits for the reader

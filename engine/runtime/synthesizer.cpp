@@ -9,6 +9,10 @@
 #include "runtime/voice.h"
 #include "text/text_split.h"
 
+#ifdef QTTS_HAVE_CUDA
+#include "cuda/gpu_generator_pool.h"
+#endif
+
 namespace qtts {
 
 const char* stop_reason_name(StopReason reason) {
@@ -43,6 +47,15 @@ StopReason stop_reason_from(cpu::StopReason r) {
     }
 }
 
+// Replaces `table` by `with` when `with` is given (same size required).
+void rope_table_override(std::vector<float>& table, const std::vector<float>& with, const char* what) {
+    if (with.empty()) return;
+    if (with.size() != table.size())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{} RoPE table override has {} values, the model needs {} (head_dim / 2)",
+             what, with.size(), table.size());
+    table = with;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -53,14 +66,80 @@ SpeechModel::SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok)
     : checkpoint_(std::move(ckpt)), tokenizer_(std::move(tok)) {}
 
 std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_dir, const SpeechModelOptions& options) {
+    // The backend first: a bad name or `cuda` without a usable GPU fails before any loading.
+    const LmBackendChoice choice = lm_backend_choose(options.backend, options.device);
     auto ckpt = checkpoint_load(model_dir);
     Tokenizer tok = Tokenizer::load(model_dir);
     std::shared_ptr<SpeechModel> model(new SpeechModel(ckpt, std::move(tok)));
-    if (options.backend != "cpu" && options.backend != "auto" && options.backend != "cuda")
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown backend '{}' (expected cpu, cuda or auto)", options.backend);
-    model->lm_ = cpu::LmWeights::load(ckpt);
-    model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt);
+    model->backend_ = choice;
+    if (choice.backend == LmBackend::LM_BACKEND_CUDA) {
+#ifdef QTTS_HAVE_CUDA
+        if (options.first_chunk_frames < 1 || options.chunk_frames < 1 || options.gpu_states < 1)
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk sizes and gpu_states must be >= 1 (got {}, {}, {})",
+                 options.first_chunk_frames, options.chunk_frames, options.gpu_states);
+        cuda::GpuRuntimeOptions gpu;
+        gpu.device = choice.device;
+        gpu.states = options.gpu_states;
+        gpu.generator.lm.max_context = options.gpu_max_context;
+        gpu.generator.graphs = options.cuda_graphs;
+        gpu.generator.first_chunk_frames = options.first_chunk_frames;
+        gpu.generator.chunk_frames = options.chunk_frames;
+        gpu.generator.graph_frames = {options.first_chunk_frames};
+        if (options.chunk_frames != options.first_chunk_frames) gpu.generator.graph_frames.push_back(options.chunk_frames);
+        model->gpu_ = cuda::GpuGeneratorPool::create(ckpt, gpu);
+#else
+        fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
+#endif
+    } else {
+        model->lm_shared();  // convert now, not in the first request
+    }
+    const bool lm_rope_override = !options.talker_rope_inv_freq.empty() || !options.predictor_rope_inv_freq.empty();
+    if (lm_rope_override) {
+        if (choice.backend != LmBackend::LM_BACKEND_CPU)
+            fail(ErrorCode::ERROR_UNSUPPORTED, "RoPE table overrides are a CPU-backend test facility (backend {})",
+                 model->backend_name());
+        auto lm = std::make_shared<cpu::LmWeights>(*model->lm_);
+        rope_table_override(lm->talker.rope_inv_freq, options.talker_rope_inv_freq, "talker");
+        rope_table_override(lm->predictor.rope_inv_freq, options.predictor_rope_inv_freq, "code predictor");
+        model->lm_ = std::move(lm);
+    }
+    // (An automatic fallback to the CPU was already logged, with its reason, by lm_backend_choose.)
+    if (!(options.backend == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
+        QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
+    cpu::CpuSpeechDecoderOptions decoder_options;
+    decoder_options.rope_inv_freq = options.decoder_rope_inv_freq;  // the decoder validates its size
+    model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, decoder_options);
     return model;
+}
+
+std::shared_ptr<const cpu::LmWeights> SpeechModel::lm_shared() const {
+    std::call_once(lm_once_, [this] { lm_ = cpu::LmWeights::load(checkpoint_); });
+    return lm_;
+}
+
+std::string SpeechModel::backend_name() const {
+    if (backend_.backend == LmBackend::LM_BACKEND_CUDA) return "cuda:" + std::to_string(backend_.device);
+    return "cpu";
+}
+
+std::unique_ptr<FrameGenerator> SpeechModel::generator_new() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) return gpu_->acquire();
+#endif
+    return std::make_unique<CpuFrameGenerator>(lm_shared());
+}
+
+void SpeechModel::owner_adopt() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) gpu_->owner_adopt();
+#endif
+}
+
+int SpeechModel::gpu_states_created() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) return gpu_->states_created();
+#endif
+    return 0;
 }
 
 TextLayout SpeechModel::default_layout() const {
@@ -182,7 +261,7 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
 Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared)
     : model_(std::move(model)),
       prepared_(std::move(prepared)),
-      generator_(model_->lm_shared()),
+      generator_(model_->generator_new()),
       decoder_state_(model_->decoder().state_new()) {
     // In-context cloning: the reference codes are the decoder's left context, and their audio
     // is not part of the output. Decoding them once into the streaming state (audio thrown
@@ -203,7 +282,7 @@ bool Utterance::segment_start() {
     GenerationParams params = prepared_.params;
     if (prepared_.max_frames > 0) params.max_frames = int(std::max<int64_t>(1, prepared_.max_frames - frames_));
     // Each segment draws from its own counter range so segments do not repeat each other.
-    generator_.start(prompt, params, prepared_.seed + 0x9E3779B97F4A7C15ull * next_segment_);
+    generator_->start(prompt, params, prepared_.seed + 0x9E3779B97F4A7C15ull * next_segment_);
     ++next_segment_;
     generating_ = true;
     return true;
@@ -236,7 +315,7 @@ bool Utterance::incremental_start() {
     const Prompt prompt = prompt_build(model_->checkpoint().config, req);
     GenerationParams params = prepared_.params;
     if (prepared_.max_frames > 0) params.max_frames = prepared_.max_frames;
-    generator_.start(prompt, params, prepared_.seed);
+    generator_->start(prompt, params, prepared_.seed);
     committed_ids_.clear();
     generating_ = true;
     next_segment_ = 1;
@@ -250,7 +329,7 @@ void Utterance::text_append(const std::string& text) {
     pending_text_ += text;
     incremental_commit(false);
     if (generating_ && !committed_ids_.empty()) {
-        generator_.text_append(committed_ids_.data(), committed_ids_.size());
+        generator_->text_append(committed_ids_.data(), committed_ids_.size());
         committed_ids_.clear();
     }
 }
@@ -260,10 +339,19 @@ void Utterance::text_close() {
     text_closed_ = true;
     incremental_commit(true);
     if (generating_) {
-        if (!committed_ids_.empty()) generator_.text_append(committed_ids_.data(), committed_ids_.size());
+        if (!committed_ids_.empty()) generator_->text_append(committed_ids_.data(), committed_ids_.size());
         committed_ids_.clear();
-        generator_.text_close();
+        generator_->text_close();
     }
+}
+
+void Utterance::frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm) {
+    // TODO(gpu decoder): the CUDA backend will decode here with the GPU speech decoder
+    // (engine/cuda/gpu_speech_decoder.*, its own per-utterance state next to decoder_state_);
+    // until then both backends decode on the CPU, so the audio depends only on the codes.
+    std::vector<int32_t> flat(frames.size() * 16);
+    for (size_t f = 0; f < frames.size(); ++f) std::copy(frames[f].begin(), frames[f].end(), flat.begin() + long(f) * 16);
+    model_->decoder().decode(decoder_state_, flat.data(), int(frames.size()), pcm);
 }
 
 UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {
@@ -284,7 +372,7 @@ UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::v
             }
         }
         cpu::FrameCodes frame{};
-        const cpu::FrameStatus status = generator_.next_frame(frame);
+        const cpu::FrameStatus status = generator_->next_frame(frame);
         if (status == cpu::FrameStatus::FRAME_STATUS_FRAME) {
             frame_buf_.push_back(frame);
             ++frames_;
@@ -296,7 +384,7 @@ UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::v
         }
         // Segment finished.
         generating_ = false;
-        stop_reason_ = stop_reason_from(generator_.stop_reason());
+        stop_reason_ = stop_reason_from(generator_->stop_reason());
         const bool out_of_frames = prepared_.max_frames > 0 && frames_ >= prepared_.max_frames;
         if (prepared_.incremental || out_of_frames || next_segment_ >= prepared_.segments.size()) {
             if (out_of_frames) stop_reason_ = StopReason::STOP_MAX_FRAMES;
@@ -305,9 +393,7 @@ UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::v
         }
     }
     if (!frame_buf_.empty()) {
-        std::vector<int32_t> flat(frame_buf_.size() * 16);
-        for (size_t f = 0; f < frame_buf_.size(); ++f) std::copy(frame_buf_[f].begin(), frame_buf_[f].end(), flat.begin() + f * 16);
-        model_->decoder().decode(decoder_state_, flat.data(), int(frame_buf_.size()), pcm);
+        frames_decode(frame_buf_, pcm);
         if (codes) codes->insert(codes->end(), frame_buf_.begin(), frame_buf_.end());
         return UtteranceStatus::UTTERANCE_CHUNK;
     }

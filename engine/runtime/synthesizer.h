@@ -8,11 +8,18 @@
 //
 // Long text is split at sentence boundaries (text/text_split.h) and the segments are spoken
 // back to back with one decoder state, so the audio is one continuous stream.
+//
+// Backends: the talker + code predictor run on the CPU reference or on CUDA (lm_backend.h picks;
+// SpeechModelOptions::backend). With CUDA the model opens the device and uploads the LM weights
+// once at load, on the loading thread, which then owns every GPU object (the engine loads on its
+// own thread). Each Utterance takes its own GPU generator state (KV caches) from the model's pool,
+// so concurrent streams never share state. The speech decoder is the CPU one on both backends.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,11 +28,17 @@
 #include "cpu/speech_decoder.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
+#include "runtime/frame_generator.h"
+#include "runtime/lm_backend.h"
 #include "runtime/sampling.h"
 #include "text/prompt.h"
 #include "text/tokenizer.h"
 
 namespace qtts {
+
+namespace cuda {
+class GpuGeneratorPool;
+}
 
 using FrameCodes = cpu::FrameCodes;
 
@@ -34,9 +47,20 @@ constexpr size_t REQUEST_MAX_TEXT_BYTES = 1 << 20;  // 1 MiB of UTF-8 per reques
 constexpr size_t REQUEST_MAX_INSTRUCT_BYTES = 4096;
 
 struct SpeechModelOptions {
-    std::string backend = "auto";  // cpu, cuda, auto
-    int device = 0;
-    bool cuda_graphs = true;
+    std::string backend = "auto";  // cpu, cuda, auto (CUDA when usable, else CPU with a logged reason)
+    int device = 0;                // CUDA device index
+    bool cuda_graphs = true;       // false (or QTTS_NO_CUDA_GRAPHS=1): eager GPU frame steps, same codes
+    // CUDA only:
+    int gpu_states = 1;            // per-stream generator states created at load (the engine: max_streams)
+    int first_chunk_frames = 1;    // frames the GPU computes per chunk (match the caller's chunking;
+    int chunk_frames = 4;          // these sizes also get captured graphs)
+    int gpu_max_context = 4096;    // talker positions (prompt + frames) per utterance on the GPU
+    // Reproducing the reference goldens only (tests; CPU backend): RoPE inverse-frequency tables
+    // [head_dim / 2] that replace the configs' standard ones. The goldens were written with
+    // randomly initialised rotary buffers (tests/support/golden_rope.h). Empty = the config's.
+    std::vector<float> talker_rope_inv_freq;
+    std::vector<float> predictor_rope_inv_freq;
+    std::vector<float> decoder_rope_inv_freq;
 };
 
 struct PreparedSpeech {
@@ -54,10 +78,22 @@ public:
 
     const Checkpoint& checkpoint() const { return *checkpoint_; }
     const Tokenizer& tokenizer() const { return tokenizer_; }
-    const cpu::LmWeights& lm() const { return *lm_; }
-    std::shared_ptr<const cpu::LmWeights> lm_shared() const { return lm_; }
+    // CPU reference LM weights (fp32). Loaded at start-up on the CPU backend; on CUDA they are
+    // only converted when first asked for (tools, tests), since generation does not need them.
+    const cpu::LmWeights& lm() const { return *lm_shared(); }
+    std::shared_ptr<const cpu::LmWeights> lm_shared() const;
     const cpu::CpuSpeechDecoder& decoder() const { return *decoder_; }
-    std::string backend_name() const { return "cpu"; }
+
+    LmBackend backend() const { return backend_.backend; }
+    std::string backend_name() const;  // "cpu" or "cuda:N"
+    // A fresh frame generator on this model's backend, for one utterance. CUDA: a generator state
+    // from the pool (owner thread only), given back when the returned object is destroyed.
+    std::unique_ptr<FrameGenerator> generator_new() const;
+    // CUDA: hands every GPU object to the calling thread (load on one thread, generate on another).
+    // No-op on the CPU backend.
+    void owner_adopt() const;
+    // CUDA: generator states created so far (0 on the CPU backend).
+    int gpu_states_created() const;
 
     // Validates and lays out a request; throws qtts::Error for empty/huge/invalid text,
     // unknown speaker or language, missing voice for Base models, bad ids.
@@ -78,7 +114,12 @@ public:
 private:
     std::shared_ptr<const Checkpoint> checkpoint_;
     Tokenizer tokenizer_;
-    std::shared_ptr<const cpu::LmWeights> lm_;
+    LmBackendChoice backend_;
+    mutable std::once_flag lm_once_;
+    mutable std::shared_ptr<const cpu::LmWeights> lm_;  // set once under lm_once_
+    std::shared_ptr<cuda::GpuGeneratorPool> gpu_;       // CUDA backend only
+    // TODO(gpu decoder): when engine/cuda/gpu_speech_decoder.* lands, the CUDA backend builds it
+    // here next to gpu_ and Utterance::frames_decode() dispatches to it.
     std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;
     SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok);
 };
@@ -89,7 +130,8 @@ enum class UtteranceStatus {
     UTTERANCE_DONE,              // finished; see stop_reason()
 };
 
-// One utterance in flight. Not thread-safe: the engine thread drives it.
+// One utterance in flight. Not thread-safe: the engine thread drives it (and, on CUDA, must be
+// the model's GPU owner thread: it creates, drives and destroys the utterance).
 class Utterance {
 public:
     Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared);
@@ -109,10 +151,12 @@ private:
     bool segment_start();              // starts the next complete segment; false when none is left
     bool incremental_start();          // starts the incremental utterance once text exists
     void incremental_commit(bool all);  // tokenizes pending text whose ids can no longer change
+    // Codes -> PCM for one chunk; the single place a GPU speech decoder would plug in.
+    void frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm);
 
     std::shared_ptr<const SpeechModel> model_;
     PreparedSpeech prepared_;
-    cpu::Generator generator_;
+    std::unique_ptr<FrameGenerator> generator_;  // CPU or GPU, from model_->generator_new()
     cpu::DecoderState decoder_state_;
     size_t next_segment_ = 0;
     bool generating_ = false;

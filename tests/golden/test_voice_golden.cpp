@@ -41,8 +41,16 @@ void require_error(Fn&& fn, ErrorCode code, const std::string& fragment) {
     }
 }
 
+// tiny-base on the CPU with the RoPE tables the goldens were written with (golden_rope.h).
 std::shared_ptr<const qtts::SpeechModel> tiny_base() {
-    static auto model = qtts::SpeechModel::load(qtts_test::reference_model_dir("tiny-base"));
+    static auto model = [] {
+        qtts::SpeechModelOptions options;
+        options.backend = "cpu";
+        options.talker_rope_inv_freq = qtts_test::golden_lm_rope("tiny-base").talker;
+        options.predictor_rope_inv_freq = qtts_test::golden_lm_rope("tiny-base").predictor;
+        options.decoder_rope_inv_freq = qtts_test::golden_decoder_rope();
+        return qtts::SpeechModel::load(qtts_test::reference_model_dir("tiny-base"), options);
+    }();
     return model;
 }
 
@@ -151,12 +159,9 @@ TEST_CASE("a voice made from the reference clip carries the golden x-vector and 
     CHECK(prep_x.base.ref_ids.empty());
 }
 
-// KNOWN FAILURE (reference data): the goldens were generated with RoPE tables that differ from
-// the tiny config's (test_lm_golden.cpp swaps in the goldens' tables, golden_rope()); through
-// SpeechModel the config's RoPE is used, so the greedy codes differ from frame 0 for x-vector and
-// ICL alike (a direct Generator run on the same prompt gives the same codes as this path).
-// Tagged [!mayfail]: it reports, and passes once the goldens are regenerated.
-TEST_CASE("greedy runs through saved voices give the golden codes and audio", "[voice][golden][!mayfail]") {
+// Saved voices made from the golden x-vector / reference codes, run greedily through
+// SpeechModel + Utterance (voice file -> prompt -> talker/predictor -> warm streaming decoder).
+TEST_CASE("greedy runs through saved voices give the golden codes and audio", "[voice][golden]") {
     const auto model = tiny_base();
     for (const char* name : {"base-xvec-stream", "base-icl-stream", "base-icl-nonstream"}) {
         INFO("scenario " << name);
@@ -299,4 +304,15 @@ TEST_CASE("voice errors: missing voice, bad audio, foreign voice, missing transc
     require_error([&] { custom->prepare(creq); }, ErrorCode::ERROR_INVALID_ARGUMENT, "Base");
     require_error([&] { qtts::voice_create(*custom, qtts_test::random_floats(24000, 5), "hi", true); },
                   ErrorCode::ERROR_UNSUPPORTED, "Base model");
+}
+
+TEST_CASE("RoPE table overrides must have head_dim / 2 values", "[voice][golden]") {
+    qtts::SpeechModelOptions options;
+    options.backend = "cpu";
+    options.talker_rope_inv_freq = {0.1f, 0.2f};
+    require_error([&] { qtts::SpeechModel::load(qtts_test::reference_model_dir("tiny-base"), options); },
+                  ErrorCode::ERROR_INVALID_ARGUMENT, "talker RoPE table override has 2 values");
+    options.talker_rope_inv_freq.clear();
+    options.decoder_rope_inv_freq = {0.1f};
+    CHECK_THROWS_AS(qtts::SpeechModel::load(qtts_test::reference_model_dir("tiny-base"), options), qtts::Error);
 }

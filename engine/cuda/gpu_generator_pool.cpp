@@ -1,0 +1,92 @@
+#include "cuda/gpu_generator_pool.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qtts::cuda {
+
+// One utterance's lease on a pooled state: forwards to the GpuGenerator and gives the state back
+// to the pool when the utterance is destroyed.
+class GpuFrameGenerator final : public FrameGenerator {
+public:
+    GpuFrameGenerator(std::shared_ptr<GpuGeneratorPool> pool, std::unique_ptr<GpuGenerator> state)
+        : pool_(std::move(pool)), state_(std::move(state)) {}
+    ~GpuFrameGenerator() override { pool_->state_release(std::move(state_)); }
+    GpuFrameGenerator(const GpuFrameGenerator&) = delete;
+    GpuFrameGenerator& operator=(const GpuFrameGenerator&) = delete;
+
+    void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
+        state_->start(prompt, params, seed);
+    }
+    cpu::FrameStatus next_frame(cpu::FrameCodes& codes) override { return state_->next_frame(codes); }
+    void text_append(const int32_t* ids, size_t n) override { state_->text_append(ids, n); }
+    void text_close() override { state_->text_close(); }
+    cpu::StopReason stop_reason() const override { return state_->stop_reason(); }
+    int frames_emitted() const override { return state_->frames_emitted(); }
+
+private:
+    std::shared_ptr<GpuGeneratorPool> pool_;  // keeps the context alive while the state exists
+    std::unique_ptr<GpuGenerator> state_;
+};
+
+GpuGeneratorPool::GpuGeneratorPool(const GpuRuntimeOptions& options) : options_(options) {}
+
+GpuGeneratorPool::~GpuGeneratorPool() {
+    // Idle states go before the weights and the context (member order), on whatever thread drops
+    // the last reference; the engine makes that its own thread.
+    idle_.clear();
+}
+
+std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const Checkpoint> checkpoint,
+                                                           const GpuRuntimeOptions& options) {
+    if (options.states < 1)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the CUDA backend needs at least one generator state (got {})",
+             options.states);
+    std::shared_ptr<GpuGeneratorPool> pool(new GpuGeneratorPool(options));
+    pool->context_ = std::make_unique<GpuContext>(options.device);
+    pool->weights_ = GpuLmWeights::upload(std::move(checkpoint), options.device);
+    for (int i = 0; i < options.states; ++i) pool->idle_.push_back(pool->state_new());
+    QTTS_LOG_INFO("CUDA backend on device {}: {} generator state(s) of {:.1f} MB (context {} positions), graphs {}",
+                  options.device, pool->created_, pool->state_bytes_ / 1e6, options.generator.lm.max_context,
+                  pool->graphs_enabled_ ? "on" : "off");
+    return pool;
+}
+
+std::unique_ptr<GpuGenerator> GpuGeneratorPool::state_new() {
+    auto state = std::make_unique<GpuGenerator>(weights_, *context_, options_.generator);
+    graphs_enabled_ = state->graphs_enabled();
+    state_bytes_ = state->lm().state_bytes();
+    ++created_;
+    return state;
+}
+
+std::unique_ptr<FrameGenerator> GpuGeneratorPool::acquire() {
+    context_->guard().check("GpuGeneratorPool::acquire");
+    std::unique_ptr<GpuGenerator> state;
+    if (!idle_.empty()) {
+        state = std::move(idle_.back());
+        idle_.pop_back();
+    } else {
+        // More streams at once than states were made for: this one pays the set-up here.
+        state = state_new();
+        QTTS_LOG_INFO("CUDA backend: all {} generator states busy, created one more", created_ - 1);
+    }
+    return std::make_unique<GpuFrameGenerator>(shared_from_this(), std::move(state));
+}
+
+void GpuGeneratorPool::state_release(std::unique_ptr<GpuGenerator> state) {
+    if (!state) return;
+    if (context_->guard().owner() != std::this_thread::get_id()) {
+        // Not the owner: the pool must not be touched from here; the state is freed instead.
+        QTTS_LOG_WARN("a GPU generator state was released off its owner thread; it is freed, not reused");
+        return;
+    }
+    idle_.push_back(std::move(state));
+}
+
+void GpuGeneratorPool::owner_adopt() { context_->guard().adopt(); }
+
+}  // namespace qtts::cuda

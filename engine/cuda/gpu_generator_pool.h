@@ -1,0 +1,71 @@
+// The CUDA backend as the runtime uses it: one GpuContext (device, stream, cuBLAS, owner guard),
+// the talker + code predictor weights uploaded once, and a pool of per-stream generator states.
+//
+// Each state is a GpuGenerator: its own KV caches, activations, sampling state and captured frame
+// graphs (~1 GB for the 1.7B talker at a 4096-position context, mostly the fp32 KV cache). A
+// stream takes a state for its whole utterance and gives it back when the utterance is destroyed;
+// the next stream reuses it (GpuGenerator::start resets everything an utterance depends on).
+// `states` of them are created up front (the engine asks for max_streams, so starting a stream
+// never allocates or captures graphs on the engine thread while other streams are speaking);
+// when more are in use at once than were created, a new one is made on demand and kept.
+//
+// Threading: the pool and every state belong to the thread that created the pool (the engine
+// thread); acquire() and the generators check the context's owner guard.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cuda/gpu_generator.h"
+#include "runtime/frame_generator.h"
+
+namespace qtts::cuda {
+
+struct GpuRuntimeOptions {
+    int device = 0;
+    int states = 1;               // generator states created up front (>= 1)
+    GpuGeneratorOptions generator;
+};
+
+class GpuGeneratorPool : public std::enable_shared_from_this<GpuGeneratorPool> {
+public:
+    // Opens the device on the calling thread (which becomes the owner), uploads the weights and
+    // creates options.states generator states. Throws qtts::Error (ERROR_CUDA, out of memory, ...)
+    // with the device's message.
+    static std::shared_ptr<GpuGeneratorPool> create(std::shared_ptr<const Checkpoint> checkpoint,
+                                                    const GpuRuntimeOptions& options);
+    ~GpuGeneratorPool();
+    GpuGeneratorPool(const GpuGeneratorPool&) = delete;
+    GpuGeneratorPool& operator=(const GpuGeneratorPool&) = delete;
+
+    // A generator for one utterance (owner thread only): an idle state, else a new one.
+    std::unique_ptr<FrameGenerator> acquire();
+
+    GpuContext& context() { return *context_; }
+    const GpuLmWeights& weights() const { return *weights_; }
+    int device() const { return options_.device; }
+    int states_created() const { return created_; }
+    int states_idle() const { return int(idle_.size()); }
+    bool graphs_enabled() const { return graphs_enabled_; }
+    size_t state_bytes() const { return state_bytes_; }
+
+    // Hands the context and every state to the calling thread (a model loaded on one thread and
+    // driven from another). Refused while a replay is in progress.
+    void owner_adopt();
+
+private:
+    friend class GpuFrameGenerator;
+    explicit GpuGeneratorPool(const GpuRuntimeOptions& options);
+    std::unique_ptr<GpuGenerator> state_new();
+    void state_release(std::unique_ptr<GpuGenerator> state);  // from a finished utterance
+
+    GpuRuntimeOptions options_;
+    std::unique_ptr<GpuContext> context_;  // first member: destroyed after everything built on it
+    std::shared_ptr<const GpuLmWeights> weights_;
+    std::vector<std::unique_ptr<GpuGenerator>> idle_;
+    int created_ = 0;
+    bool graphs_enabled_ = false;
+    size_t state_bytes_ = 0;
+};
+
+}  // namespace qtts::cuda

@@ -1,0 +1,59 @@
+// The frame generator as the runtime sees it: one utterance's talker + code predictor state on
+// whichever backend the model runs (CPU reference or CUDA). Utterance drives it and does not care
+// which one it got; both produce the same codes (docs/cuda.md, "Numerics").
+//
+//   std::unique_ptr<FrameGenerator> gen = model->generator_new();   // engine thread
+//   gen->start(prompt, params, seed);
+//   while (gen->next_frame(codes) == FrameStatus::FRAME_STATUS_FRAME) decode(codes);
+//
+// The contract is cpu::Generator's (cpu/generator.h): same statuses, stop reasons and streaming
+// text calls. One difference is allowed: the CUDA generator may report WAITING_FOR_TEXT one frame
+// earlier, because it prepares the next frame's talker input ahead of time.
+// Not thread-safe: the thread that created it (the engine thread) drives and destroys it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "cpu/generator.h"
+#include "runtime/sampling.h"
+#include "text/prompt.h"
+
+namespace qtts {
+
+class FrameGenerator {
+public:
+    virtual ~FrameGenerator() = default;
+
+    // Embeds a built prompt and runs the talker prefill (restarts any previous utterance).
+    virtual void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) = 0;
+    virtual cpu::FrameStatus next_frame(cpu::FrameCodes& codes) = 0;
+    virtual void text_append(const int32_t* ids, size_t n) = 0;
+    virtual void text_close() = 0;
+    virtual cpu::StopReason stop_reason() const = 0;
+    virtual int frames_emitted() const = 0;
+};
+
+// The CPU reference backend: a thin forwarder to cpu::Generator (no behaviour of its own, so the
+// CPU path gives exactly the codes cpu::Generator gives).
+class CpuFrameGenerator final : public FrameGenerator {
+public:
+    explicit CpuFrameGenerator(std::shared_ptr<const cpu::LmWeights> weights) : generator_(std::move(weights)) {}
+
+    void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
+        generator_.start(prompt, params, seed);
+    }
+    cpu::FrameStatus next_frame(cpu::FrameCodes& codes) override { return generator_.next_frame(codes); }
+    void text_append(const int32_t* ids, size_t n) override { generator_.text_append(ids, n); }
+    void text_close() override { generator_.text_close(); }
+    cpu::StopReason stop_reason() const override { return generator_.stop_reason(); }
+    int frames_emitted() const override { return generator_.frames_emitted(); }
+
+    cpu::Generator& generator() { return generator_; }
+
+private:
+    cpu::Generator generator_;
+};
+
+}  // namespace qtts
