@@ -27,7 +27,7 @@ bool jitter_push_all(JitterBuffer& jitter, const float* pcm, size_t n, const std
 
 }  // namespace
 
-StreamPumpResult stream_pump(Stream& stream, JitterBuffer& jitter, const StreamPumpOptions& options) {
+StreamPumpResult stream_pump(Stream& stream, JitterBuffer* jitter, const StreamPumpOptions& options) {
     StreamPumpResult result;
     std::vector<float> block(options.read_block > 0 ? options.read_block : 4800);
     while (!stream.finished()) {
@@ -41,14 +41,14 @@ StreamPumpResult stream_pump(Stream& stream, JitterBuffer& jitter, const StreamP
             continue;
         }
         if (options.tee) options.tee(block.data(), n);
-        if (!jitter_push_all(jitter, block.data(), n, options.stop)) {
+        if (jitter && !jitter_push_all(*jitter, block.data(), n, options.stop)) {
             result.stopped = true;
             break;
         }
         result.samples += n;
     }
     if (result.stopped) stream.cancel();
-    jitter.end_stream();
+    if (jitter) jitter->end_stream();
     return result;
 }
 

@@ -28,9 +28,10 @@ struct StreamPumpResult {
     bool stopped = false;  // ended by `stop` (the stream was cancelled)
 };
 
-// Pumps until the stream is finished (or stopped), then calls jitter.end_stream(). Does not wait
-// for the audio to be played: see playback_wait().
-StreamPumpResult stream_pump(Stream& stream, JitterBuffer& jitter, const StreamPumpOptions& options = {});
+// Pumps until the stream is finished (or stopped), then calls jitter->end_stream(). Does not wait
+// for the audio to be played: see playback_wait(). jitter may be null (no playback: the samples
+// only go to options.tee, e.g. a WAV file).
+StreamPumpResult stream_pump(Stream& stream, JitterBuffer* jitter, const StreamPumpOptions& options = {});
 
 // Waits until the jitter buffer has played everything it was given (true), or `stop` is set /
 // the timeout passes (false).

@@ -10,6 +10,7 @@
 
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
+#include "audio_io/stream_player.h"
 #include "audio_io/wav_writer.h"
 #include "cli.h"
 #include "common/error.h"
@@ -169,28 +170,16 @@ int cmd_say(const std::vector<std::string>& argv) {
         });
     }
 
-    std::vector<float> buf(4800);
-    while (!stream->finished()) {
-        const size_t n = stream->read(buf.data(), buf.size());
-        if (n == 0) {
-            stream->wait(std::chrono::milliseconds(20));
-            continue;
-        }
-        if (wav) wav->write(buf.data(), n);
-        if (jitter) {
-            size_t pushed = 0;
-            while (pushed < n) {
-                pushed += jitter->push(buf.data() + pushed, n - pushed);
-                if (pushed < n) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            }
-        }
-    }
+    // Engine stream -> (WAV file) -> jitter buffer -> audio callback.
+    qtts::StreamPumpOptions pump;
+    if (wav) pump.tee = [&wav](const float* pcm, size_t n) { wav->write(pcm, n); };
+    qtts::stream_pump(*stream, jitter.get(), pump);
     if (reader.joinable()) reader.join();
     if (wav) wav->close();
     const std::string error = stream->error();
     if (jitter) {
-        jitter->end_stream();
-        while (!jitter->finished() && error.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        // Playback ends within the stream's length plus the buffered start (an hour is "never").
+        if (error.empty()) qtts::playback_wait(*jitter, 3600.0);
         sink->stop();
     }
     if (!error.empty()) fail(ErrorCode::ERROR_INTERNAL, "generation failed: {}", error);

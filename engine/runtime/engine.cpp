@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <concurrentqueue.h>
+#include <readerwriterqueue.h>
 
 #include "audio_io/spsc_ring.h"
 #include "common/error.h"
@@ -85,8 +86,21 @@ public:
         for (const auto& f : codes_) out.emplace_back(f.begin(), f.end());
         return out;
     }
+    bool event_poll(StreamEvent* out) override { return events_.try_dequeue(*out); }
+    uint64_t events_dropped() const override { return events_dropped_.load(std::memory_order_relaxed); }
 
     // ---- engine side ----
+    // try_enqueue never allocates: the queue's blocks were made at construction.
+    void event_emit(StreamEventKind kind, int32_t frames = 0, StopReason reason = StopReason::STOP_NONE) {
+        StreamEvent e;
+        e.kind = kind;
+        e.stop_reason = reason;
+        e.frames = frames;
+        e.frames_total = frames_emitted_ += frames;
+        e.t_ms = ms_since(submitted_);
+        if (!events_.try_enqueue(e)) events_dropped_.fetch_add(1, std::memory_order_relaxed);
+    }
+
     void publish(const std::vector<float>& pcm, const std::vector<FrameCodes>& frames) {
         const size_t written = ring_.write(pcm.data(), pcm.size());
         QTTS_ASSERT(written == pcm.size());  // the engine checked the free space first
@@ -108,6 +122,7 @@ public:
             metrics_.rtf = audio_ms > 0 ? metrics_.generation_ms / audio_ms : 0.0;
             error_ = error;
         }
+        event_emit(StreamEventKind::STREAM_EVENT_DONE, 0, reason);
         gen_done_.store(true, std::memory_order_release);
         cv_.notify_all();
     }
@@ -134,6 +149,11 @@ private:
     StreamMetrics metrics_;
     std::string error_;
     std::vector<FrameCodes> codes_;
+    // Telemetry, engine thread -> reader (SPSC). 256 events: minutes of chunks for a reader
+    // that polls now and then; beyond that they are dropped and counted.
+    moodycamel::ReaderWriterQueue<StreamEvent> events_{256};
+    std::atomic<uint64_t> events_dropped_{0};
+    int64_t frames_emitted_ = 0;  // engine thread only
 };
 
 }  // namespace
@@ -202,9 +222,14 @@ struct Engine::Impl {
         if (s.ring_.available_write() < size_t(k) * 1920) return false;  // reader is behind: backpressure
         pcm.clear();
         frames.clear();
+        const bool was_waiting = s.waiting_for_text_;
         const UtteranceStatus status = s.utterance_->chunk(k, &pcm, &frames);
         s.waiting_for_text_ = status == UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT && frames.empty();
-        if (!frames.empty()) s.publish(pcm, frames);
+        if (!frames.empty()) {
+            s.publish(pcm, frames);
+            s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
+        }
+        if (s.waiting_for_text_ && !was_waiting) s.event_emit(StreamEventKind::STREAM_EVENT_WAITING);
         if (status == UtteranceStatus::UTTERANCE_DONE) {
             finish(s, s.utterance_->stop_reason(), "");
             finished = true;
@@ -221,6 +246,7 @@ struct Engine::Impl {
             while (intake.try_dequeue(incoming)) {
                 try {
                     incoming->utterance_ = std::make_unique<Utterance>(model, incoming->prepared_);
+                    incoming->event_emit(StreamEventKind::STREAM_EVENT_STARTED);
                     active.push_back(incoming);
                 } catch (const std::exception& e) {
                     finish(*incoming, StopReason::STOP_ERROR, e.what());

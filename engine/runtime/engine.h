@@ -50,6 +50,22 @@ struct StreamMetrics {
     StopReason stop_reason = StopReason::STOP_NONE;
 };
 
+// Telemetry from the engine thread to a stream's consumer, as plain values (no allocation, no
+// destructor), so even an audio callback may poll them.
+enum class StreamEventKind : uint8_t {
+    STREAM_EVENT_STARTED,  // the engine took the stream (prompt built, generation begins)
+    STREAM_EVENT_CHUNK,    // a chunk of PCM is in the ring
+    STREAM_EVENT_WAITING,  // incremental text ran dry: waiting for text_append / text_close
+    STREAM_EVENT_DONE,     // generation ended (stop_reason says why); the last event
+};
+struct StreamEvent {
+    StreamEventKind kind = StreamEventKind::STREAM_EVENT_STARTED;
+    StopReason stop_reason = StopReason::STOP_NONE;  // DONE
+    int32_t frames = 0;         // CHUNK: frames in this chunk
+    int64_t frames_total = 0;   // frames produced so far
+    double t_ms = 0.0;          // since submit, on the engine thread's clock
+};
+
 class Stream {
 public:
     virtual ~Stream() = default;
@@ -77,6 +93,15 @@ public:
     virtual std::string error() const = 0;
     // Codes of every frame produced so far (16 per frame), for --codes-out and tests.
     virtual std::vector<std::vector<int32_t>> codes() const = 0;
+
+    // Takes the oldest telemetry event; false when none is pending. Wait-free, no allocation; one
+    // consumer thread (the reader). Events that find the queue full (a consumer that never
+    // polls) are dropped and counted, never block the engine. Streams without telemetry: false.
+    virtual bool event_poll(StreamEvent* out) {
+        (void)out;
+        return false;
+    }
+    virtual uint64_t events_dropped() const { return 0; }
 };
 
 struct EngineOptions {

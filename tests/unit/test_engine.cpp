@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <type_traits>
 #include <thread>
 
 #include "common/error.h"
@@ -143,4 +144,60 @@ TEST_CASE("text appended in pieces gives the same codes as the whole text", "[en
     read_all(*b);
     CHECK(a->codes() == b->codes());
     CHECK(b->metrics().frames == a->metrics().frames);
+}
+
+TEST_CASE("telemetry events: started, one per chunk, done; plain values, polled without locks", "[engine]") {
+    static_assert(std::is_trivially_copyable<StreamEvent>::value, "events must be plain values");
+    static_assert(std::is_trivially_destructible<StreamEvent>::value, "nothing to free on the reader's thread");
+    EngineOptions options;
+    options.chunk_frames = 3;
+    Engine engine(options);
+    auto stream = engine.submit(greedy_request("Hello there.", 7));  // chunks of 1 + 3 + 3 frames
+    const std::vector<float> audio = read_all(*stream);
+    std::vector<StreamEvent> events;
+    StreamEvent e;
+    while (stream->event_poll(&e)) events.push_back(e);
+    REQUIRE(events.size() == 5);
+    CHECK(events[0].kind == StreamEventKind::STREAM_EVENT_STARTED);
+    const int expected_frames[] = {1, 3, 3};
+    int64_t total = 0;
+    for (int i = 0; i < 3; ++i) {
+        INFO("chunk " << i);
+        CHECK(events[size_t(1 + i)].kind == StreamEventKind::STREAM_EVENT_CHUNK);
+        CHECK(events[size_t(1 + i)].frames == expected_frames[i]);
+        total += expected_frames[i];
+        CHECK(events[size_t(1 + i)].frames_total == total);
+        CHECK(events[size_t(1 + i)].t_ms >= events[size_t(i)].t_ms);
+    }
+    CHECK(events[4].kind == StreamEventKind::STREAM_EVENT_DONE);
+    CHECK(events[4].stop_reason == StopReason::STOP_MAX_FRAMES);
+    CHECK(events[4].frames_total == 7);
+    CHECK_FALSE(stream->event_poll(&e));
+    CHECK(stream->events_dropped() == 0);
+    CHECK(audio.size() == size_t(7 * 1920));
+}
+
+TEST_CASE("telemetry: a stream waiting for text says so", "[engine]") {
+    Engine engine(EngineOptions{});
+    SpeechRequest r;
+    r.incremental = true;
+    r.greedy = true;
+    r.max_frames = 6;
+    auto stream = engine.submit(r);
+    stream->text_append("Hello");
+    bool waiting = false;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    StreamEvent e;
+    while (!waiting && std::chrono::steady_clock::now() < deadline) {
+        while (stream->event_poll(&e)) waiting |= e.kind == StreamEventKind::STREAM_EVENT_WAITING;
+        std::vector<float> sink(4096);
+        stream->read(sink.data(), sink.size());
+        std::this_thread::sleep_for(5ms);
+    }
+    CHECK(waiting);
+    stream->text_close();
+    read_all(*stream);
+    bool done = false;
+    while (stream->event_poll(&e)) done |= e.kind == StreamEventKind::STREAM_EVENT_DONE;
+    CHECK(done);
 }

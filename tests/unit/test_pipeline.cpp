@@ -96,7 +96,7 @@ TEST_CASE("pipeline: the device plays the stream sample for sample at odd block 
         VirtualAudioSink sink(config, render_source(jitter));
         sink.start();
         auto stream = shared_engine().submit(request_fixed());
-        const StreamPumpResult pumped = stream_pump(*stream, jitter);
+        const StreamPumpResult pumped = stream_pump(*stream, &jitter);
         const bool played = playback_wait(jitter, 30.0);
         sink.stop();
         REQUIRE(played);
@@ -135,7 +135,7 @@ TEST_CASE("pipeline: stopping playback mid-stream cancels the stream and frees i
     });
     StreamPumpOptions options;
     options.stop = &stop;
-    const StreamPumpResult pumped = stream_pump(*stream, jitter, options);
+    const StreamPumpResult pumped = stream_pump(*stream, &jitter, options);
     stopper.join();
     CHECK(pumped.stopped);
     CHECK(playback_wait(jitter, 60.0));
