@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${QTTS_GPU_BUILD:-$ROOT/build-gpu}
 DIST=$BUILD/dist
-GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs"
+GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder"
 UNIT_TESTS="test_cuda_fallback"
 STAGE_TESTS=${QTTS_STAGE_TESTS:-"$GPU_TESTS $UNIT_TESTS"}
 
@@ -53,6 +53,8 @@ build() {
                 "$stage/ref/models/$m/"
             cp "$ref/models/$m/speech_tokenizer/config.json" "$stage/ref/models/$m/speech_tokenizer/"
         done
+        # The runtime test loads a complete model (SpeechModel: text tokenizer too).
+        cp "$ref/models/tiny-customvoice/"{vocab.json,merges.txt,tokenizer_config.json} "$stage/ref/models/tiny-customvoice/"
         # One copy of the (shared) speech tokenizer weights; linked into both models on the device.
         cp "$ref/models/tiny-customvoice/speech_tokenizer/model.safetensors" "$stage/ref/speech_tokenizer.safetensors"
         cp "$ref/golden/scenarios.json" "$stage/ref/golden/"
@@ -102,6 +104,7 @@ device() {
     for t in $UNIT_TESTS; do [ -x "$q/bin/$t" ] && run_test "$t" unit; done
     [ -x "$q/bin/test_gpu_kernels" ] && run_test test_gpu_kernels gpu
     [ -x "$q/bin/test_gpu_lm" ] && run_test test_gpu_lm gpu
+    [ -x "$q/bin/test_gpu_decoder" ] && run_test test_gpu_decoder gpu QTTS_TEST_DECODER_FRAMES=100
 
     local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
     export QTTS_BENCH_VARIANTS=${QTTS_BENCH_VARIANTS-""}
@@ -112,6 +115,9 @@ device() {
         note "make-model $p: $((SECONDS - t)) s"
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_graphs" ]; then
             run_test test_gpu_graphs gpu QTTS_TEST_MODEL_DIR="$dir"
+        fi
+        if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_runtime" ]; then
+            run_test test_gpu_runtime gpu QTTS_TEST_MODEL_DIR="$dir"
         fi
         # Variants (env settings) compared on the 1.7B model, e.g. QTTS_BENCH_VARIANTS="QTTS_GEMV=smem".
         if [ "$p" = "1.7b-customvoice" ]; then

@@ -113,6 +113,15 @@ SpeechEncoder::SpeechEncoder(const SpeechTokenizerConfig& config, const SpeechEn
     if (options_.attention_window < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech encoder: attention_window {} must be >= 0 (0 = full causal)",
              options_.attention_window);
+    const int half_hd = e.head_dim / 2;
+    if (options_.rope_inv_freq.empty())
+        rope_inv_freq_ = rope_inv_freq(e.head_dim, e.rope_theta);
+    else if (int(options_.rope_inv_freq.size()) == half_hd)
+        rope_inv_freq_ = options_.rope_inv_freq;
+    else
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "speech encoder: rope_inv_freq has {} values, expected head_dim/2 = {} (or none for the config's table)",
+             options_.rope_inv_freq.size(), half_hd);
 
     const size_t n_stages = e.upsampling_ratios.size();
     if (weights.res.size() != n_stages || weights.down.size() != n_stages ||
@@ -260,8 +269,8 @@ void SpeechEncoder::transformer_forward(std::vector<float>& x, int T) const {
         linear(normed.data(), T, D, w.q_proj.data, nullptr, H * hd, q.data());
         linear(normed.data(), T, D, w.k_proj.data, nullptr, KV * hd, k.data());
         linear(normed.data(), T, D, w.v_proj.data, nullptr, KV * hd, v.data());
-        rope_apply(q.data(), T, H, hd, positions.data(), e.rope_theta);
-        rope_apply(k.data(), T, KV, hd, positions.data(), e.rope_theta);
+        rope_apply_table(q.data(), T, H, hd, positions.data(), rope_inv_freq_.data());
+        rope_apply_table(k.data(), T, KV, hd, positions.data(), rope_inv_freq_.data());
         attention(q.data(), T, positions.data(), k.data(), v.data(), T, 0, H, KV, hd, options_.attention_window,
                   attn.data());
         linear(attn.data(), T, H * hd, w.o_proj.data, nullptr, D, attn_out.data());

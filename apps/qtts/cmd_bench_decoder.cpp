@@ -1,0 +1,340 @@
+// qtts bench-decoder: GPU time per frame of the speech-tokenizer decoder in steady streaming.
+//
+//   qtts bench-decoder [--model DIR] [--chunks 1,2,4,25] [--frames N] [--repeats R] [--device N]
+//                      [--no-cuda-graphs] [--json FILE] [--cache DIR]
+//
+// Without --model a release-size random speech tokenizer (DecoderConfig defaults: decoder_dim
+// 1536, latent 1024, 8 transformer layers) is generated with make_model (cached). For every
+// chunk size the decoder streams `frames` frames per repeat; each chunk is timed on the GPU with
+// CUDA events around the graph replay (or the eager launches), codes already uploaded, and the
+// median chunk time / chunk size is the reported time per frame. decode() wall time per frame
+// (codes upload + chunk + PCM copy + sync) is reported next to it. Graphs on and off.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.h"
+#include "common/device.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "model/make_model.h"
+#include "model/weights.h"
+
+#ifdef QTTS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/gpu_speech_decoder.h"
+#endif
+
+namespace {
+
+void usage() {
+    std::printf(
+        "usage: qtts bench-decoder [options]\n"
+        "  --model DIR        checkpoint whose speech tokenizer is benchmarked (default: a generated\n"
+        "                     release-size random one)\n"
+        "  --cache DIR        where the generated model is written (default /tmp/qtts-bench-decoder)\n"
+        "  --chunks LIST      chunk sizes in frames (default 1,2,4,25)\n"
+        "  --frames N         frames streamed per repeat and chunk size (default 100)\n"
+        "  --repeats R        repeats per chunk size (default 3)\n"
+        "  --device N         CUDA device (default 0)\n"
+        "  --no-cuda-graphs   eager only\n"
+        "  --tf32             also measure TF32 products (speed, and SNR against fp32)\n"
+        "  --stages           also print a per-stage GPU time breakdown (eager)\n"
+        "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
+        "  --json FILE        write the results as JSON\n");
+}
+
+[[maybe_unused]] double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+[[maybe_unused]] std::vector<int> chunk_list(const std::string& text) {
+    std::vector<int> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        const int v = std::atoi(item.c_str());
+        if (v < 1 || v > 1000)
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--chunks: '{}' is not a chunk size in 1..1000", item);
+        out.push_back(v);
+    }
+    if (out.empty()) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--chunks: no chunk sizes given");
+    return out;
+}
+
+#ifdef QTTS_HAVE_CUDA
+
+namespace qc = qtts::cuda;
+
+struct Row {
+    int chunk = 0;
+    bool graphs = false;
+    bool tf32 = false;
+    bool small = false;
+    bool pdl = true;
+    bool padded = true;
+    double gpu_ms_per_chunk = 0.0;
+    double gpu_ms_per_frame = 0.0;
+    double wall_ms_per_frame = 0.0;
+};
+
+int bench_decoder_cuda(const qtts_cli::Args& args) {
+    const int device = int(args.get_int("device", 0));
+    const int frames = int(std::max(1LL, args.get_int("frames", 100)));
+    const int repeats = int(std::max(1LL, args.get_int("repeats", 3)));
+    const std::vector<int> chunks = chunk_list(args.get_or("chunks", "1,2,4,25"));
+    const bool graphs_allowed = !args.has("no-cuda-graphs");
+
+    std::string model_dir;
+    if (auto m = args.get("model")) {
+        model_dir = *m;
+    } else {
+        model_dir = args.get_or("cache", "/tmp/qtts-bench-decoder") + "/release-decoder";
+        if (!std::filesystem::exists(model_dir + "/speech_tokenizer/model.safetensors")) {
+            const auto t0 = std::chrono::steady_clock::now();
+            qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
+            preset.speech_config.decoder = qtts::DecoderConfig{};
+            qtts::model_write_random(preset, model_dir, 21);
+            std::printf("generated a release-size random speech tokenizer in %s (%.1f s)\n", model_dir.c_str(),
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+    }
+    const auto ckpt = qtts::checkpoint_load(model_dir);
+    const qtts::DecoderConfig& d = ckpt->speech_config.decoder;
+
+    qc::GpuContext context(device);
+    const auto weights = qc::GpuSpeechDecoderWeights::upload(*ckpt, device);
+    const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
+    const int nq = d.num_quantizers;
+
+    // Deterministic codes spread over the codebooks.
+    std::vector<int32_t> codes(size_t(frames) * nq);
+    uint64_t state = 0x9e3779b97f4a7c15ULL;
+    for (auto& c : codes) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        c = int32_t((state >> 33) % uint64_t(d.codebook_size));
+    }
+
+    std::vector<Row> rows;
+    nlohmann::json graph_json = nlohmann::json::array();
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    struct Mode {
+        bool graphs, tf32, small, pdl, padded;
+    };
+    // The default configuration with graphs on and off, then variants with graphs on.
+    std::vector<Mode> modes{{true, false, false, true, true}, {false, false, false, true, true}};
+    if (args.has("variants")) {
+        modes.push_back({true, false, true, true, true});    // small-row transformer kernels
+        modes.push_back({true, false, false, false, true});  // no programmatic dependent launch
+        modes.push_back({true, false, true, false, true});
+        modes.push_back({true, false, false, true, false});  // unpadded weight rows
+    }
+    if (args.has("tf32")) modes.push_back({true, true, false, true, true});
+    std::shared_ptr<const qc::GpuSpeechDecoderWeights> unpadded;
+    const bool pdl_default = context.pdl();
+    for (const Mode& mode : modes) {
+        const bool graphs = mode.graphs;
+        if (graphs && !graphs_allowed) continue;
+        qc::GpuSpeechDecoderOptions options;
+        options.max_chunk_frames = max_chunk;
+        options.graph_chunk_sizes = chunks;
+        options.cuda_graphs = graphs;
+        options.tf32 = mode.tf32;
+        options.small_kernels = mode.small;
+        context.pdl_set(mode.pdl && pdl_default);
+        if (!mode.padded && !unpadded) {
+            qc::GpuSpeechDecoderWeightOptions wo;
+            wo.pad_rows = false;
+            unpadded = qc::GpuSpeechDecoderWeights::upload(*ckpt, device, wo);
+        }
+        qc::GpuSpeechDecoder dec(mode.padded ? weights : unpadded, context, options);
+        if (graphs && !dec.graphs_enabled()) {
+            std::printf("graphs disabled by the environment: eager only\n");
+            continue;
+        }
+        for (const auto& s : dec.graph_stats())
+            graph_json.push_back({{"name", s.name},
+                                  {"frames", s.frames},
+                                  {"nodes", s.nodes},
+                                  {"capture_ms", s.capture_ms},
+                                  {"instantiate_ms", s.instantiate_ms},
+                                  {"device_bytes", s.device_bytes}});
+        for (const int chunk : chunks) {
+            std::vector<double> chunk_ms, wall_ms;
+            // Warm-up: one pass of a few chunks (also crosses the attention window start-up).
+            dec.reset();
+            std::vector<float> pcm;
+            for (int s = 0; s + chunk <= std::min(frames, 8 * chunk); s += chunk) dec.decode(codes.data() + size_t(s) * nq, chunk, &pcm);
+            for (int r = 0; r < repeats; ++r) {
+                dec.reset();
+                for (int s = 0; s + chunk <= frames; s += chunk) {
+                    dec.codes_upload(codes.data() + size_t(s) * nq, chunk);
+                    CUDA_CHECK(cudaEventRecord(e0, context.stream()));
+                    dec.chunk_run(chunk);
+                    CUDA_CHECK(cudaEventRecord(e1, context.stream()));
+                    CUDA_CHECK(cudaEventSynchronize(e1));
+                    float ms = 0.0f;
+                    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                    chunk_ms.push_back(ms);
+                }
+                // decode() end to end (host codes in, host PCM out).
+                dec.reset();
+                pcm.clear();
+                for (int s = 0; s + chunk <= frames; s += chunk) {
+                    const auto t0 = std::chrono::steady_clock::now();
+                    dec.decode(codes.data() + size_t(s) * nq, chunk, &pcm);
+                    wall_ms.push_back(
+                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                }
+            }
+            Row row;
+            row.chunk = chunk;
+            row.graphs = dec.has_graph(chunk);
+            row.tf32 = mode.tf32;
+            row.small = mode.small;
+            row.pdl = mode.pdl && pdl_default;
+            row.padded = mode.padded;
+            row.gpu_ms_per_chunk = median(chunk_ms);
+            row.gpu_ms_per_frame = row.gpu_ms_per_chunk / chunk;
+            row.wall_ms_per_frame = median(wall_ms) / chunk;
+            rows.push_back(row);
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    context.pdl_set(pdl_default);
+
+    // Stage breakdown (eager, events between stages; includes launch gaps).
+    nlohmann::json stage_json = nlohmann::json::array();
+    if (args.has("stages")) {
+        qc::GpuSpeechDecoderOptions options;
+        options.max_chunk_frames = max_chunk;
+        options.cuda_graphs = false;
+        qc::GpuSpeechDecoder dec(weights, context, options);
+        std::printf("\nstage breakdown (eager, median of 5 chunks, GPU ms per chunk):\n");
+        for (const int chunk : chunks) {
+            std::vector<std::vector<std::pair<std::string, float>>> runs;
+            for (int r = 0; r < 6; ++r) {
+                dec.codes_upload(codes.data() + size_t((r * chunk) % std::max(1, frames - chunk)) * nq, chunk);
+                auto p = dec.chunk_profile(chunk);
+                if (r > 0) runs.push_back(std::move(p));  // first run: warm-up
+            }
+            std::printf("  chunk %d:", chunk);
+            nlohmann::json stages = nlohmann::json::object();
+            for (size_t i = 0; i < runs[0].size(); ++i) {
+                std::vector<double> v;
+                for (const auto& run : runs) v.push_back(run[i].second);
+                std::printf("  %s %.3f", runs[0][i].first.c_str(), median(v));
+                stages[runs[0][i].first] = median(v);
+            }
+            std::printf("\n");
+            stage_json.push_back({{"chunk", chunk}, {"stages_ms", stages}});
+        }
+    }
+
+    // TF32 accuracy: the same frames through fp32 and TF32 products (eager, chunks of 4).
+    double tf32_snr = -1.0;
+    if (args.has("tf32")) {
+        std::vector<float> ref, fast;
+        for (const bool tf32 : {false, true}) {
+            qc::GpuSpeechDecoderOptions options;
+            options.cuda_graphs = false;
+            options.tf32 = tf32;
+            qc::GpuSpeechDecoder dec(weights, context, options);
+            std::vector<float>& pcm = tf32 ? fast : ref;
+            for (int s = 0; s + 4 <= frames; s += 4) dec.decode(codes.data() + size_t(s) * nq, 4, &pcm);
+        }
+        double sig = 0.0, err = 0.0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+            sig += double(ref[i]) * ref[i];
+            err += (double(fast[i]) - ref[i]) * (double(fast[i]) - ref[i]);
+        }
+        tf32_snr = err > 0.0 ? 10.0 * std::log10(sig / err) : 300.0;
+    }
+
+    const double frame_ms = 1000.0 * weights->samples_per_frame() / 24000.0;
+    std::printf("\nspeech decoder on %s (device %d): decoder_dim %d, latent %d, %d layers, %d samples/frame (%.0f ms)\n",
+                context.device_name().c_str(), device, d.decoder_dim, d.latent_dim, d.num_layers,
+                weights->samples_per_frame(), frame_ms);
+    std::printf("  %-6s %-7s %-5s %-12s %-4s %-6s %14s %14s %14s %10s\n", "chunk", "graphs", "math", "transformer",
+                "pdl", "rows", "GPU ms/chunk", "GPU ms/frame", "decode ms/frm", "x realtime");
+    for (const Row& r : rows)
+        std::printf("  %-6d %-7s %-5s %-12s %-4s %-6s %14.3f %14.3f %14.3f %10.1f\n", r.chunk, r.graphs ? "on" : "off",
+                    r.tf32 ? "tf32" : "fp32", r.small ? "small-row" : "cublas", r.pdl ? "on" : "off",
+                    r.padded ? "pad4" : "odd", r.gpu_ms_per_chunk,
+                    r.gpu_ms_per_frame, r.wall_ms_per_frame, frame_ms / r.gpu_ms_per_frame);
+    if (tf32_snr >= 0.0) std::printf("  TF32 vs fp32 products: SNR %.1f dB over %d frames\n", tf32_snr, frames);
+
+    if (auto path = args.get("json")) {
+        nlohmann::json out;
+        out["device"] = context.device_name();
+        out["model"] = model_dir;
+        out["decoder"] = {{"decoder_dim", d.decoder_dim}, {"latent_dim", d.latent_dim}, {"hidden_size", d.hidden_size},
+                          {"num_layers", d.num_layers}, {"samples_per_frame", weights->samples_per_frame()}};
+        out["frames"] = frames;
+        out["repeats"] = repeats;
+        out["weights_bytes"] = weights->device_bytes();
+        nlohmann::json results = nlohmann::json::array();
+        for (const Row& r : rows)
+            results.push_back({{"chunk", r.chunk},
+                               {"graphs", r.graphs},
+                               {"tf32", r.tf32},
+                               {"small_row_transformer", r.small},
+                               {"pdl", r.pdl},
+                               {"padded_rows", r.padded},
+                               {"gpu_ms_per_chunk", r.gpu_ms_per_chunk},
+                               {"gpu_ms_per_frame", r.gpu_ms_per_frame},
+                               {"decode_wall_ms_per_frame", r.wall_ms_per_frame}});
+        out["results"] = results;
+        out["graphs"] = graph_json;
+        if (tf32_snr >= 0.0) out["tf32_snr_db"] = tf32_snr;
+        if (!stage_json.empty()) out["stages"] = stage_json;
+        std::ofstream f(*path);
+        if (!f) qtts::fail(qtts::ErrorCode::ERROR_IO, "cannot write {}", *path);
+        f << out.dump(2) << "\n";
+        std::printf("  wrote %s\n", path->c_str());
+    }
+    return 0;
+}
+
+#endif
+
+int cmd_bench_decoder(const std::vector<std::string>& argv) {
+    qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json"},
+                        {"help", "no-cuda-graphs", "tf32", "stages", "variants"});
+    if (args.has("help")) {
+        usage();
+        return 0;
+    }
+#ifdef QTTS_HAVE_CUDA
+    const int device = int(args.get_int("device", 0));
+    if (qtts::cuda_device_count() == 0) {
+        std::fprintf(stderr, "qtts bench-decoder: %s; the benchmark measures the CUDA decoder and needs a GPU\n",
+                     qtts::cuda_describe(device).c_str());
+        return 1;
+    }
+    return bench_decoder_cuda(args);
+#else
+    std::fprintf(stderr, "qtts bench-decoder: %s; the benchmark measures the CUDA decoder\n",
+                 qtts::cuda_describe(0).c_str());
+    return 1;
+#endif
+}
+
+}  // namespace
+
+QTTS_COMMAND("bench-decoder", "benchmark the GPU speech decoder (GPU ms per frame at several chunk sizes)",
+             cmd_bench_decoder);

@@ -1,0 +1,702 @@
+#include "cuda/gpu_speech_decoder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <cublas_v2.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "model/safetensors.h"
+
+namespace qtts::cuda {
+
+namespace {
+
+constexpr float kCodebookEpsilon = 1e-5f;
+constexpr float kConvNeXtNormEps = 1e-6f;
+constexpr int kResidualDilations[3] = {1, 3, 9};
+constexpr int kMaxWindow = 1024;  // kernels/decoder.cu MAX_WINDOW
+
+std::vector<float> f32_load(Tensor t, int64_t numel, const char* what) {
+    if (!t) fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' is missing", what);
+    if (numel >= 0 && t->numel() != numel)
+        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' has shape {} ({} values), expected {} values",
+             t->name, t->shape_str(), t->numel(), numel);
+    return tensor_to_f32(*t);
+}
+
+void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
+
+// Signal and scratch sizes of one chunk of n frames, walked through the stages.
+struct ScratchPlan {
+    size_t signal = 0, col = 0, aux = 0;
+    void signal_max(size_t v) { signal = std::max(signal, v); }
+    void col_max(size_t v) { col = std::max(col, v); }
+    void aux_max(size_t v) { aux = std::max(aux, v); }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+// ---------------------------------------------------------------------------------------------
+
+const float* GpuSpeechDecoderWeights::store(const std::vector<float>& host) {
+    DeviceArray<float> buffer(host.size());
+    CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    device_bytes_ += buffer.bytes();
+    const float* p = buffer.get();
+    buffers_.push_back(std::move(buffer));
+    return p;
+}
+
+std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(const Checkpoint& checkpoint, int device,
+                                                                               GpuSpeechDecoderWeightOptions options) {
+    return upload(checkpoint.speech_config.decoder, checkpoint.decoder, device, std::move(options));
+}
+
+std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(const DecoderConfig& d,
+                                                                               const SpeechDecoderWeights& w,
+                                                                               int device,
+                                                                               GpuSpeechDecoderWeightOptions options) {
+    const auto t0 = std::chrono::steady_clock::now();
+    DeviceScope scope(device);
+    std::shared_ptr<GpuSpeechDecoderWeights> out(new GpuSpeechDecoderWeights());
+    GpuSpeechDecoderWeights& g = *out;
+    g.config_ = d;
+    g.device_ = device;
+
+    if (d.num_heads < 1 || d.num_kv_heads < 1 || d.num_heads % d.num_kv_heads != 0 || d.head_dim % 2 != 0)
+        fail(ErrorCode::ERROR_UNSUPPORTED, "GPU speech decoder: {} heads / {} kv heads / head_dim {} not supported",
+             d.num_heads, d.num_kv_heads, d.head_dim);
+    if (d.sliding_window < 1 || d.sliding_window > kMaxWindow)
+        fail(ErrorCode::ERROR_UNSUPPORTED, "GPU speech decoder: sliding window {} not supported (1..{})",
+             d.sliding_window, kMaxWindow);
+    if (int(w.tr_layers.size()) != d.num_layers || w.blocks.size() != d.upsample_rates.size() ||
+        w.upsample_conv.size() != d.upsampling_ratios.size() || w.upsample_convnext.size() != d.upsampling_ratios.size() ||
+        int(w.rvq_rest_embedding_sum.size()) != d.num_quantizers - 1)
+        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights do not match the decoder config (layers/blocks/quantizers)");
+
+    const int cs = d.codebook_size, cd = d.codebook_dim, half = cd / 2;
+    const int latent = d.latent_dim, D = d.hidden_size, I = d.intermediate_size;
+    const int qd = d.num_heads * d.head_dim, kvd = d.num_kv_heads * d.head_dim;
+
+    // RVQ: codebooks divided by their usage, as the CPU does.
+    std::vector<float> books;
+    auto book_add = [&](Tensor sum_t, Tensor usage_t) {
+        std::vector<float> book = f32_load(sum_t, int64_t(cs) * half, "codebook embedding_sum");
+        const std::vector<float> usage = f32_load(usage_t, cs, "codebook cluster_usage");
+        for (int i = 0; i < cs; ++i) {
+            const float denom = std::max(usage[size_t(i)], kCodebookEpsilon);
+            for (int j = 0; j < half; ++j) book[size_t(i) * half + j] /= denom;
+        }
+        append(books, book);
+    };
+    book_add(w.rvq_first_embedding_sum, w.rvq_first_cluster_usage);
+    for (int k = 0; k < d.num_quantizers - 1; ++k)
+        book_add(w.rvq_rest_embedding_sum[size_t(k)], w.rvq_rest_cluster_usage[size_t(k)]);
+    g.codebooks = g.store(books);
+    {
+        const auto first = f32_load(w.rvq_first_output_proj, int64_t(cd) * half, "rvq_first.output_proj");
+        const auto rest = f32_load(w.rvq_rest_output_proj, int64_t(cd) * half, "rvq_rest.output_proj");
+        std::vector<float> proj(size_t(cd) * cd);
+        for (int o = 0; o < cd; ++o) {
+            std::copy_n(first.begin() + ptrdiff_t(o) * half, half, proj.begin() + ptrdiff_t(o) * cd);
+            std::copy_n(rest.begin() + ptrdiff_t(o) * half, half, proj.begin() + ptrdiff_t(o) * cd + half);
+        }
+        g.rvq_proj = g.store(proj);
+    }
+
+    // Weight rows with the bias column, padded to a multiple of 4 floats when asked.
+    auto row_len = [&](int cols_with_bias) { return options.pad_rows ? (cols_with_bias + 3) / 4 * 4 : cols_with_bias; };
+    // Dense conv: [cout, cin·k] + bias column.
+    auto conv_make = [&](const ConvWeights& cw, int dilation, const char* what) {
+        if (!cw.w || cw.w->shape.size() != 3)
+            fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: conv '{}' is missing or not 3-D", what);
+        Conv c;
+        c.cout = int(cw.w->shape[0]);
+        c.cin = int(cw.w->shape[1]);
+        c.k = int(cw.w->shape[2]);
+        c.dilation = dilation;
+        const std::vector<float> wt = tensor_to_f32(*cw.w);
+        const std::vector<float> b = cw.b ? f32_load(cw.b, c.cout, what) : std::vector<float>(size_t(c.cout), 0.0f);
+        const size_t row = size_t(c.cin) * c.k;
+        c.row = row_len(int(row) + 1);
+        std::vector<float> packed(size_t(c.cout) * c.row, 0.0f);
+        for (int o = 0; o < c.cout; ++o) {
+            std::copy_n(wt.begin() + ptrdiff_t(o * row), row, packed.begin() + ptrdiff_t(o) * c.row);
+            packed[size_t(o) * c.row + row] = b[size_t(o)];
+        }
+        c.w = g.store(packed);
+        return c;
+    };
+    auto trans_conv_make = [&](const ConvWeights& cw, int stride, const char* what) {
+        if (!cw.w || cw.w->shape.size() != 3)
+            fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: transposed conv '{}' is missing or not 3-D", what);
+        TransConv c;
+        c.cin = int(cw.w->shape[0]);
+        c.cout = int(cw.w->shape[1]);
+        c.k = int(cw.w->shape[2]);
+        c.stride = stride;
+        if (c.k < stride || c.k - stride > stride)
+            fail(ErrorCode::ERROR_UNSUPPORTED,
+                 "GPU speech decoder: transposed conv '{}' has kernel {} for stride {} (supported: stride..2·stride)", what,
+                 c.k, stride);
+        c.w = g.store(tensor_to_f32(*cw.w));
+        c.b = g.store(f32_load(cw.b, c.cout, what));
+        return c;
+    };
+    auto snake_make = [&](const SnakeWeights& sw, int channels) {
+        const auto la = f32_load(sw.alpha, channels, "snake alpha");
+        const auto lb = f32_load(sw.beta, channels, "snake beta");
+        std::vector<float> alpha(la.size()), inv_beta(lb.size());
+        for (size_t i = 0; i < la.size(); ++i) {
+            alpha[i] = std::exp(la[i]);
+            inv_beta[i] = 1.0f / (std::exp(lb[i]) + 1e-9f);
+        }
+        kernels::SnakeParams s;
+        s.alpha = g.store(alpha);
+        s.inv_beta = g.store(inv_beta);
+        return s;
+    };
+
+    g.pre_conv = conv_make(w.pre_conv, 1, "pre_conv");
+    if (g.pre_conv.cin != cd || g.pre_conv.cout != latent)
+        fail(ErrorCode::ERROR_SHAPE, "speech decoder pre_conv is {}->{}, expected {}->{}", g.pre_conv.cin,
+             g.pre_conv.cout, cd, latent);
+
+    g.tr_input_w = g.store(f32_load(w.tr_input_proj_w, int64_t(D) * latent, "pre_transformer.input_proj.weight"));
+    g.tr_input_b = g.store(f32_load(w.tr_input_proj_b, D, "pre_transformer.input_proj.bias"));
+    for (const auto& lw : w.tr_layers) {
+        Layer l;
+        l.input_norm = g.store(f32_load(lw.input_norm, D, "input_layernorm"));
+        std::vector<float> qkv = f32_load(lw.q_proj, int64_t(qd) * D, "q_proj");
+        append(qkv, f32_load(lw.k_proj, int64_t(kvd) * D, "k_proj"));
+        append(qkv, f32_load(lw.v_proj, int64_t(kvd) * D, "v_proj"));
+        l.qkv = g.store(qkv);
+        l.o = g.store(f32_load(lw.o_proj, int64_t(D) * qd, "o_proj"));
+        l.attn_scale = g.store(f32_load(lw.attn_scale, D, "self_attn_layer_scale"));
+        l.post_norm = g.store(f32_load(lw.post_norm, D, "post_attention_layernorm"));
+        std::vector<float> gate_up = f32_load(lw.gate_proj, int64_t(I) * D, "gate_proj");
+        append(gate_up, f32_load(lw.up_proj, int64_t(I) * D, "up_proj"));
+        l.gate_up = g.store(gate_up);
+        l.down = g.store(f32_load(lw.down_proj, int64_t(D) * I, "down_proj"));
+        l.mlp_scale = g.store(f32_load(lw.mlp_scale, D, "mlp_layer_scale"));
+        g.layers.push_back(l);
+    }
+    g.tr_norm = g.store(f32_load(w.tr_norm, D, "pre_transformer.norm"));
+    g.tr_output_w = g.store(f32_load(w.tr_output_proj_w, int64_t(latent) * D, "pre_transformer.output_proj.weight"));
+    g.tr_output_b = g.store(f32_load(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias"));
+
+    // RoPE frequencies in fp32 exactly as the CPU computes them (or the override).
+    const int half_hd = d.head_dim / 2;
+    std::vector<float> inv_freq;
+    if (options.rope_inv_freq.empty()) {
+        for (int i = 0; i < half_hd; ++i)
+            inv_freq.push_back(1.0f / std::pow(float(d.rope_theta), float(2 * i) / float(d.head_dim)));
+    } else if (int(options.rope_inv_freq.size()) == half_hd) {
+        inv_freq = options.rope_inv_freq;
+    } else {
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "GPU speech decoder: rope_inv_freq has {} values, expected head_dim/2 = {}", options.rope_inv_freq.size(),
+             half_hd);
+    }
+    g.inv_freq = g.store(inv_freq);
+
+    g.samples_per_frame_ = 1;
+    for (size_t i = 0; i < d.upsampling_ratios.size(); ++i) {
+        const int r = d.upsampling_ratios[i];
+        g.upsample.push_back(trans_conv_make(w.upsample_conv[i], r, "upsample conv"));
+        const ConvNeXtWeights& cw = w.upsample_convnext[i];
+        if (!cw.dwconv.w || cw.dwconv.w->shape.size() != 3 || int(cw.dwconv.w->shape[0]) != latent ||
+            cw.dwconv.w->shape[1] != 1)
+            fail(ErrorCode::ERROR_SHAPE, "speech decoder ConvNeXt {} depthwise conv has an unexpected shape", i);
+        ConvNeXt cx;
+        cx.channels = latent;
+        cx.k = int(cw.dwconv.w->shape[2]);
+        cx.dw_w = g.store(tensor_to_f32(*cw.dwconv.w));
+        cx.dw_b = g.store(cw.dwconv.b ? f32_load(cw.dwconv.b, latent, "convnext dwconv.bias")
+                                      : std::vector<float>(size_t(latent), 0.0f));
+        cx.norm_w = g.store(f32_load(cw.norm_w, latent, "convnext norm.weight"));
+        cx.norm_b = g.store(f32_load(cw.norm_b, latent, "convnext norm.bias"));
+        auto linear_with_bias = [](const std::vector<float>& wt, const std::vector<float>& b, int rows, int cols,
+                                   int row) {
+            std::vector<float> packed(size_t(rows) * row, 0.0f);
+            for (int o = 0; o < rows; ++o) {
+                std::copy_n(wt.begin() + ptrdiff_t(o) * cols, cols, packed.begin() + ptrdiff_t(o) * row);
+                packed[size_t(o) * row + cols] = b[size_t(o)];
+            }
+            return packed;
+        };
+        cx.pw1_row = row_len(latent + 1);
+        cx.pw2_row = row_len(4 * latent + 1);
+        cx.pw1 = g.store(linear_with_bias(f32_load(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight"),
+                                          f32_load(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias"), 4 * latent,
+                                          latent, cx.pw1_row));
+        cx.pw2 = g.store(linear_with_bias(f32_load(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight"),
+                                          f32_load(cw.pw2_b, latent, "convnext pwconv2.bias"), latent, 4 * latent,
+                                          cx.pw2_row));
+        cx.gamma = g.store(f32_load(cw.gamma, latent, "convnext gamma"));
+        g.convnext.push_back(cx);
+        g.samples_per_frame_ *= r;
+    }
+
+    g.conv_in = conv_make(w.conv_in, 1, "decoder.0");
+    int C = d.decoder_dim;
+    if (g.conv_in.cin != latent || g.conv_in.cout != C)
+        fail(ErrorCode::ERROR_SHAPE, "speech decoder conv_in is {}->{}, expected {}->{}", g.conv_in.cin, g.conv_in.cout,
+             latent, C);
+    for (size_t i = 0; i < d.upsample_rates.size(); ++i) {
+        const int r = d.upsample_rates[i];
+        const DecoderBlockWeights& bw = w.blocks[i];
+        if (bw.units.size() != 3)
+            fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} has {} residual units, expected 3", i, bw.units.size());
+        Block blk;
+        blk.snake = snake_make(bw.snake, C);
+        blk.upsample = trans_conv_make(bw.upsample, r, "decoder block upsample");
+        if (blk.upsample.cin != C) fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} expects {} input channels", i, C);
+        C = blk.upsample.cout;
+        for (size_t u = 0; u < 3; ++u) {
+            const ResidualUnitWeights& uw = bw.units[u];
+            ResidualUnit ru;
+            ru.act1 = snake_make(uw.act1, C);
+            ru.conv1 = conv_make(uw.conv1, kResidualDilations[u], "residual conv1");
+            ru.act2 = snake_make(uw.act2, C);
+            ru.conv2 = conv_make(uw.conv2, 1, "residual conv2");
+            if (ru.conv1.cin != C || ru.conv1.cout != C || ru.conv2.cin != C || ru.conv2.cout != C || ru.conv2.k != 1)
+                fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} unit {}: unexpected conv shapes", i, u);
+            blk.units.push_back(ru);
+        }
+        g.blocks.push_back(std::move(blk));
+        g.samples_per_frame_ *= r;
+    }
+    g.snake_out = snake_make(w.snake_out, C);
+    g.conv_out = conv_make(w.conv_out, 1, "decoder.6");
+    if (g.conv_out.cin != C || g.conv_out.cout != 1)
+        fail(ErrorCode::ERROR_SHAPE, "speech decoder output conv is {}->{}, expected {}->1", g.conv_out.cin,
+             g.conv_out.cout, C);
+
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    QTTS_LOG_INFO("GPU speech decoder weights on device {}: {:.1f} MB fp32 in {} buffers, uploaded in {:.2f} s", device,
+                  g.device_bytes_ / 1e6, g.buffers_.size(), seconds);
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream state
+// ---------------------------------------------------------------------------------------------
+
+GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
+                                   GpuSpeechDecoderOptions options)
+    : weights_(std::move(weights)), context_(context), options_(std::move(options)) {
+    if (!weights_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: no weights");
+    if (weights_->device() != context_.device())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: weights are on device {}, the context on device {}",
+             weights_->device(), context_.device());
+    if (options_.max_chunk_frames < 1 || options_.max_chunk_frames > 1000)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: max_chunk_frames {} (accepted: 1..1000)",
+             options_.max_chunk_frames);
+    context_.guard().check("GpuSpeechDecoder construction");
+    DeviceScope scope(context_.device());
+    const GpuSpeechDecoderWeights& w = *weights_;
+    const DecoderConfig& d = w.config();
+    const int N = options_.max_chunk_frames;
+    const int kvd = d.num_kv_heads * d.head_dim;
+    ring_rows_ = d.sliding_window - 1 + N;
+
+    // ---- state layout: [position (256 B)] then float tails and rings ----
+    std::vector<std::pair<float**, size_t>> slots;
+    k_ring_.assign(w.layers.size(), nullptr);
+    v_ring_.assign(w.layers.size(), nullptr);
+    upsample_overlap_.assign(w.upsample.size(), nullptr);
+    convnext_tail_.assign(w.convnext.size(), nullptr);
+    block_overlap_.assign(w.blocks.size(), nullptr);
+    unit_tail_.assign(w.blocks.size(), std::vector<float*>(3, nullptr));
+    // Conv input tails have two slots (read one, write the other; see conv_im2col_carry).
+    slots.push_back({&pre_conv_tail_, 2 * size_t(w.pre_conv.cin) * w.pre_conv.tail()});
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        slots.push_back({&k_ring_[l], size_t(ring_rows_) * kvd});
+        slots.push_back({&v_ring_[l], size_t(ring_rows_) * kvd});
+    }
+    for (size_t i = 0; i < w.upsample.size(); ++i) {
+        slots.push_back({&upsample_overlap_[i], size_t(w.upsample[i].cout) * w.upsample[i].overlap()});
+        slots.push_back({&convnext_tail_[i], 2 * size_t(w.convnext[i].channels) * (w.convnext[i].k - 1)});
+    }
+    slots.push_back({&conv_in_tail_, 2 * size_t(w.conv_in.cin) * w.conv_in.tail()});
+    for (size_t b = 0; b < w.blocks.size(); ++b) {
+        slots.push_back({&block_overlap_[b], size_t(w.blocks[b].upsample.cout) * w.blocks[b].upsample.overlap()});
+        for (size_t u = 0; u < 3; ++u)
+            slots.push_back(
+                {&unit_tail_[b][u], 2 * size_t(w.blocks[b].units[u].conv1.cin) * w.blocks[b].units[u].conv1.tail()});
+    }
+    slots.push_back({&conv_out_tail_, 2 * size_t(w.conv_out.cin) * w.conv_out.tail()});
+    constexpr size_t kHeaderFloats = 64;  // int64 position and chunk counter, padded to 256 bytes
+    size_t floats = kHeaderFloats;
+    for (auto& s : slots) floats += (s.second + 63) / 64 * 64;  // 256-byte aligned slots
+    state_.allocate(floats * sizeof(float));
+    position_ = state_.as<int64_t>();
+    chunk_ = position_ + 1;
+    float* base = state_.as<float>();
+    size_t offset = kHeaderFloats;
+    for (auto& s : slots) {
+        *s.first = s.second ? base + offset : nullptr;
+        offset += (s.second + 63) / 64 * 64;
+    }
+
+    // ---- scratch sizes for N frames ----
+    ScratchPlan plan;
+    const int cd = d.codebook_dim;
+    auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
+        plan.col_max(size_t(c.row) * T);
+        plan.signal_max(size_t(c.cout) * T);
+    };
+    plan.aux_max(size_t(N) * cd);
+    plan.signal_max(size_t(cd) * N);
+    conv_plan(w.pre_conv, N);
+    int T = N;
+    for (size_t i = 0; i < w.upsample.size(); ++i) {
+        const auto& up = w.upsample[i];
+        plan.aux_max(size_t(up.cout) * up.k * T);
+        T *= up.stride;
+        plan.signal_max(size_t(up.cout) * T);
+        plan.col_max(size_t(w.convnext[i].pw1_row) * T);
+        plan.aux_max(size_t(w.convnext[i].pw2_row) * T);
+    }
+    conv_plan(w.conv_in, T);
+    for (const auto& blk : w.blocks) {
+        plan.signal_max(size_t(blk.upsample.cin) * T);
+        plan.aux_max(size_t(blk.upsample.cout) * blk.upsample.k * T);
+        T *= blk.upsample.stride;
+        for (const auto& ru : blk.units) {
+            conv_plan(ru.conv1, T);
+            conv_plan(ru.conv2, T);
+        }
+    }
+    conv_plan(w.conv_out, T);
+    x_ = DeviceArray<float>(plan.signal);
+    y_ = DeviceArray<float>(plan.signal);
+    col_ = DeviceArray<float>(plan.col);
+    aux_ = DeviceArray<float>(plan.aux);
+    const int D = d.hidden_size, I = d.intermediate_size, qd = d.num_heads * d.head_dim;
+    h_ = DeviceArray<float>(size_t(N) * D);
+    xn_ = DeviceArray<float>(size_t(N) * D);
+    qkv_ = DeviceArray<float>(size_t(N) * (qd + 2 * kvd));
+    att_ = DeviceArray<float>(size_t(N) * qd);
+    tmp_ = DeviceArray<float>(size_t(N) * D);
+    gu_ = DeviceArray<float>(size_t(N) * 2 * I);
+    act_ = DeviceArray<float>(size_t(N) * I);
+    codes_dev_ = DeviceArray<int32_t>(size_t(N) * d.num_quantizers);
+    pcm_dev_ = DeviceArray<float>(size_t(N) * w.samples_per_frame());
+    codes_host_ = PinnedArray<int32_t>(size_t(N) * d.num_quantizers);
+    pcm_host_ = PinnedArray<float>(size_t(N) * w.samples_per_frame());
+    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + h_.bytes() + xn_.bytes() + qkv_.bytes() +
+                     att_.bytes() + tmp_.bytes() + gu_.bytes() + act_.bytes() + codes_dev_.bytes() + pcm_dev_.bytes();
+    CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.bytes(), context_.stream()));
+    // Defined contents for the (unused) tails of partially filled buffers; capture reads nothing.
+    CUDA_CHECK(cudaMemsetAsync(codes_dev_.get(), 0, codes_dev_.bytes(), context_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    QTTS_LOG_INFO("GPU speech decoder on device {}: state {:.2f} MB, scratch {:.1f} MB for chunks of up to {} frames",
+                  context_.device(), state_.bytes() / 1e6, scratch_bytes_ / 1e6, N);
+
+    graphs_enabled_ = options_.cuda_graphs && !cuda_graphs_disabled_by_env();
+    if (options_.cuda_graphs && !graphs_enabled_)
+        QTTS_LOG_INFO("CUDA graphs disabled by QTTS_NO_CUDA_GRAPHS: decoder chunks run eagerly");
+    if (graphs_enabled_) {
+        for (const int n : options_.graph_chunk_sizes) {
+            if (n < 1 || n > N || graphs_.count(n)) continue;
+            GraphStats s;
+            GraphExec exec = graph_capture(context_, "decoder chunk x" + std::to_string(n), [this, n] { chunk_enqueue(n); }, &s);
+            s.frames = n;
+            graph_stats_.push_back(s);
+            graphs_.emplace(n, std::move(exec));
+        }
+    }
+}
+
+void GpuSpeechDecoder::reset() {
+    context_.guard().check("GpuSpeechDecoder::reset");
+    DeviceScope scope(context_.device());
+    CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.bytes(), context_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    frames_done_ = 0;
+}
+
+void GpuSpeechDecoder::codes_validate(const int32_t* codes, int n) const {
+    const DecoderConfig& d = config();
+    const int nq = d.num_quantizers;
+    for (int t = 0; t < n; ++t) {
+        for (int q = 0; q < nq; ++q) {
+            const int32_t c = codes[size_t(t) * nq + q];
+            if (c < 0 || c >= d.codebook_size)
+                fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+                     "GPU speech decoder: frame {} codebook {} has code {}; codes must be in 0..{} (control ids such "
+                     "as EOS never reach the decoder)",
+                     t, q, c, d.codebook_size - 1);
+        }
+    }
+}
+
+void GpuSpeechDecoder::decode(const int32_t* codes, int n, std::vector<float>* pcm_out) {
+    context_.guard().check("GpuSpeechDecoder::decode");
+    if (n < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: negative frame count {}", n);
+    if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: pcm_out is null");
+    if (n == 0) return;
+    if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: codes is null for {} frames", n);
+    codes_validate(codes, n);
+    DeviceScope scope(context_.device());
+    const int nq = config().num_quantizers, spf = samples_per_frame();
+    for (int done = 0; done < n;) {
+        const int m = std::min(options_.max_chunk_frames, n - done);
+        codes_upload(codes + size_t(done) * nq, m);
+        chunk_run(m);
+        CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pcm_dev_.get(), size_t(m) * spf * sizeof(float),
+                                   cudaMemcpyDeviceToHost, context_.stream()));
+        CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+        pcm_out->insert(pcm_out->end(), pcm_host_.get(), pcm_host_.get() + size_t(m) * spf);
+        done += m;
+        frames_done_ += m;
+    }
+}
+
+void GpuSpeechDecoder::codes_upload(const int32_t* codes, int n) {
+    context_.guard().check("GpuSpeechDecoder::codes_upload");
+    if (n < 1 || n > options_.max_chunk_frames)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: chunk of {} frames (accepted: 1..{})", n,
+             options_.max_chunk_frames);
+    DeviceScope scope(context_.device());
+    // The pinned buffer may still feed a previous upload: wait before overwriting it.
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    const size_t count = size_t(n) * config().num_quantizers;
+    std::memcpy(codes_host_.get(), codes, count * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(codes_dev_.get(), codes_host_.get(), count * sizeof(int32_t), cudaMemcpyHostToDevice,
+                               context_.stream()));
+}
+
+void GpuSpeechDecoder::chunk_run(int n) {
+    if (n < 1 || n > options_.max_chunk_frames)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: chunk of {} frames (accepted: 1..{})", n,
+             options_.max_chunk_frames);
+    auto it = graphs_enabled_ ? graphs_.find(n) : graphs_.end();
+    if (it != graphs_.end()) {
+        graph_replay(context_, it->second);
+        return;
+    }
+    OwnerGuard::Scope owner(context_.guard(), "eager decoder chunk");
+    DeviceScope scope(context_.device());
+    chunk_enqueue(n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stages (all asynchronous on the context stream)
+// ---------------------------------------------------------------------------------------------
+
+// Row-major C[M, N] = op(A)[M, K] · op(B)[K, N] (+ beta·C): the column-major product Cᵀ = op(B)ᵀ·op(A)ᵀ.
+void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                     const float* B, int ldb, float beta, float* C, int ldc, bool tf32) {
+    const float alpha = 1.0f;
+    if (tf32) {
+        CUBLAS_CHECK(cublasGemmEx(context.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
+                                  CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32,
+                                  CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    CUBLAS_CHECK(cublasSgemm(context.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                             N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+}
+
+// y [cout, T] (= or += when beta is 1) conv(snake(x) with the carried tail).
+void GpuSpeechDecoder::conv_enqueue(const GpuSpeechDecoderWeights::Conv& conv, float* tail, const float* x, int T,
+                                    kernels::SnakeParams snake, float* y, float beta) {
+    const kernels::Launch l = context_.launch();
+    const int L = conv.tail(), rows = conv.row;
+    if (L > 0)
+        kernels::conv_im2col_carry(tail, L, chunk_, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows);
+    else
+        kernels::conv_im2col(nullptr, 0, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows);
+    gemm(false, false, conv.cout, T, rows, conv.w, rows, col_.get(), T, beta, y, T);
+}
+
+// y [cout, T·s]: one GEMM gives every (output channel, tap) column, then the overlap-add.
+void GpuSpeechDecoder::trans_conv_enqueue(const GpuSpeechDecoderWeights::TransConv& tc, float* overlap, const float* x,
+                                          int T, float* y) {
+    const int cols = tc.cout * tc.k;
+    gemm(true, false, cols, T, tc.cin, tc.w, cols, x, T, 0.0f, aux_.get(), T);
+    kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, overlap, y, context_.launch());
+}
+
+// x [C, T] += gamma ⊙ pw2(gelu(pw1(LayerNorm(dwconv(x))))), channel-major throughout.
+void GpuSpeechDecoder::convnext_enqueue(const GpuSpeechDecoderWeights::ConvNeXt& cx, float* tail, float* x, int T) {
+    const kernels::Launch l = context_.launch();
+    const int C = cx.channels, C4 = 4 * C;
+    float* dw = y_.get() == x ? x_.get() : y_.get();  // the other signal buffer
+    kernels::depthwise_conv_carry(tail, cx.k - 1, chunk_, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l);
+    kernels::layer_norm_channels(dw, C, T, cx.norm_w, cx.norm_b, kConvNeXtNormEps, col_.get(), l, cx.pw1_row);
+    gemm(false, false, C4, T, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), T, 0.0f, aux_.get(), T);  // [4C, T]
+    kernels::gelu_ones(aux_.get(), C4, T, l, cx.pw2_row);  // [pw2_row, T]: gelu rows, ones, zeros
+    gemm(false, false, C, T, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), T, 0.0f, dw, T);          // [C, T]
+    kernels::scaled_add_channels(x, dw, cx.gamma, C, T, l);
+}
+
+// x [latent, n] -> x [latent, n] through the time-major transformer.
+void GpuSpeechDecoder::transformer_enqueue(int n, float* x) {
+    const GpuSpeechDecoderWeights& w = *weights_;
+    const DecoderConfig& d = w.config();
+    const kernels::Launch l = context_.launch();
+    const int latent = d.latent_dim, D = d.hidden_size, I = d.intermediate_size;
+    const int qd = d.num_heads * d.head_dim, kvd = d.num_kv_heads * d.head_dim, qkvd = qd + 2 * kvd;
+    float* h = h_.get();
+    const int widest = std::max(std::max(latent, D), std::max(qd, I));
+    if (options_.small_kernels && kernels::small_linear_fits(n, widest) && D % 4 == 0 && latent % 4 == 0 &&
+        qd % 4 == 0 && I % 4 == 0) {
+        // Few rows: one fused launch per product (RMSNorm prologue, residual/SwiGLU epilogue).
+        using E = kernels::SmallLinearEpilogue;
+        kernels::small_linear(x, n, latent, true, nullptr, 0.0f, w.tr_input_w, D, w.tr_input_b,
+                              E::SMALL_LINEAR_STORE, nullptr, h, false, l);
+        for (size_t li = 0; li < w.layers.size(); ++li) {
+            const GpuSpeechDecoderWeights::Layer& L = w.layers[li];
+            kernels::small_linear(h, n, D, false, L.input_norm, d.rms_norm_eps, L.qkv, qkvd, nullptr,
+                                  E::SMALL_LINEAR_STORE, nullptr, qkv_.get(), false, l);
+            kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
+                                   k_ring_[li], v_ring_[li], ring_rows_, l);
+            kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li],
+                                      v_ring_[li], ring_rows_, d.sliding_window, position_, att_.get(), l);
+            kernels::small_linear(att_.get(), n, qd, false, nullptr, 0.0f, L.o, D, nullptr, E::SMALL_LINEAR_SCALED_ADD,
+                                  L.attn_scale, h, false, l);
+            kernels::small_linear(h, n, D, false, L.post_norm, d.rms_norm_eps, L.gate_up, I, nullptr,
+                                  E::SMALL_LINEAR_SWIGLU, nullptr, act_.get(), false, l);
+            kernels::small_linear(act_.get(), n, I, false, nullptr, 0.0f, L.down, D, nullptr,
+                                  E::SMALL_LINEAR_SCALED_ADD, L.mlp_scale, h, false, l);
+        }
+        kernels::small_linear(h, n, D, false, w.tr_norm, d.rms_norm_eps, w.tr_output_w, latent, w.tr_output_b,
+                              E::SMALL_LINEAR_STORE, nullptr, x, true, l);
+        return;
+    }
+    gemm(true, true, n, D, latent, x, n, w.tr_input_w, latent, 0.0f, h, D);  // [n, D]
+    kernels::bias_add(h, n, D, w.tr_input_b, false, l);
+    for (size_t li = 0; li < w.layers.size(); ++li) {
+        const GpuSpeechDecoderWeights::Layer& L = w.layers[li];
+        kernels::rms_norm_rows(h, n, D, L.input_norm, d.rms_norm_eps, xn_.get(), l);
+        gemm(false, true, n, qkvd, D, xn_.get(), D, L.qkv, D, 0.0f, qkv_.get(), qkvd);
+        kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
+                               k_ring_[li], v_ring_[li], ring_rows_, l);
+        kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li], v_ring_[li],
+                                  ring_rows_, d.sliding_window, position_, att_.get(), l);
+        gemm(false, true, n, D, qd, att_.get(), qd, L.o, qd, 0.0f, tmp_.get(), D);
+        kernels::scaled_residual_rows(h, tmp_.get(), L.attn_scale, n, D, l);
+        kernels::rms_norm_rows(h, n, D, L.post_norm, d.rms_norm_eps, xn_.get(), l);
+        gemm(false, true, n, 2 * I, D, xn_.get(), D, L.gate_up, D, 0.0f, gu_.get(), 2 * I);
+        kernels::swiglu_rows(gu_.get(), n, I, act_.get(), l);
+        gemm(false, true, n, D, I, act_.get(), I, L.down, I, 0.0f, tmp_.get(), D);
+        kernels::scaled_residual_rows(h, tmp_.get(), L.mlp_scale, n, D, l);
+    }
+    kernels::rms_norm_rows(h, n, D, w.tr_norm, d.rms_norm_eps, xn_.get(), l);
+    gemm(false, true, latent, n, D, w.tr_output_w, D, xn_.get(), D, 0.0f, x, n);  // [latent, n]
+    kernels::bias_add(x, latent, n, w.tr_output_b, true, l);
+}
+
+void GpuSpeechDecoder::mark(const char* stage) {
+    if (!marks_) return;
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaEventRecord(e, context_.stream()));
+    marks_->push_back({stage, e});
+}
+
+std::vector<std::pair<std::string, float>> GpuSpeechDecoder::chunk_profile(int n) {
+    if (n < 1 || n > options_.max_chunk_frames)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: chunk of {} frames (accepted: 1..{})", n,
+             options_.max_chunk_frames);
+    OwnerGuard::Scope owner(context_.guard(), "decoder chunk profile");
+    DeviceScope scope(context_.device());
+    std::vector<std::pair<const char*, cudaEvent_t>> marks;
+    marks_ = &marks;
+    std::vector<std::pair<std::string, float>> out;
+    try {
+        mark("start");
+        chunk_enqueue(n);
+    } catch (...) {
+        marks_ = nullptr;
+        for (auto& m : marks) cudaEventDestroy(m.second);
+        throw;
+    }
+    marks_ = nullptr;
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    for (size_t i = 1; i < marks.size(); ++i) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
+        out.push_back({marks[i].first, ms});
+    }
+    for (auto& m : marks) cudaEventDestroy(m.second);
+    return out;
+}
+
+void GpuSpeechDecoder::chunk_enqueue(int n) {
+    const GpuSpeechDecoderWeights& w = *weights_;
+    const DecoderConfig& d = w.config();
+    const kernels::Launch l = context_.launch();
+    const int cd = d.codebook_dim, half = cd / 2;
+    float* cur = x_.get();
+    float* other = y_.get();
+
+    // 1. RVQ dequantize: z [cd, n] = [W_first | W_rest] · [q_sem | q_acoustic]ᵀ
+    kernels::rvq_gather(codes_dev_.get(), n, d.num_quantizers, w.codebooks, d.codebook_size, half, aux_.get(), l);
+    gemm(false, true, cd, n, cd, w.rvq_proj, cd, aux_.get(), cd, 0.0f, other, n);
+
+    // 2. pre_conv (causal k3) -> [latent, n]
+    conv_enqueue(w.pre_conv, pre_conv_tail_, other, n, {}, cur, 0.0f);
+    mark("rvq + pre_conv");
+
+    // 3. transformer
+    transformer_enqueue(n, cur);
+    mark("transformer");
+
+    // 4. upsampling: transposed conv ×r, then ConvNeXt
+    int T = n;
+    for (size_t i = 0; i < w.upsample.size(); ++i) {
+        trans_conv_enqueue(w.upsample[i], upsample_overlap_[i], cur, T, other);
+        std::swap(cur, other);
+        T *= w.upsample[i].stride;
+        convnext_enqueue(w.convnext[i], convnext_tail_[i], cur, T);
+    }
+    mark("upsample + convnext");
+
+    // 5. decoder.0
+    conv_enqueue(w.conv_in, conv_in_tail_, cur, T, {}, other, 0.0f);
+    std::swap(cur, other);
+    mark("conv_in");
+
+    // 6. blocks: SnakeBeta -> transposed conv ×r -> 3 residual units
+    for (size_t b = 0; b < w.blocks.size(); ++b) {
+        const GpuSpeechDecoderWeights::Block& blk = w.blocks[b];
+        kernels::snake_apply(cur, blk.upsample.cin, T, blk.snake, other, l);
+        trans_conv_enqueue(blk.upsample, block_overlap_[b], other, T, cur);
+        T *= blk.upsample.stride;
+        for (size_t u = 0; u < blk.units.size(); ++u) {
+            const GpuSpeechDecoderWeights::ResidualUnit& ru = blk.units[u];
+            // x += conv2(snake2(conv1(snake1(x))))  (conv2's GEMM accumulates into x)
+            conv_enqueue(ru.conv1, unit_tail_[b][u], cur, T, ru.act1, other, 0.0f);
+            conv_enqueue(ru.conv2, nullptr, other, T, ru.act2, cur, 1.0f);
+        }
+        if (b + 1 < w.blocks.size()) mark(b == 0 ? "block 0" : b == 1 ? "block 1" : "block 2");
+    }
+
+    mark("block 3");
+
+    // 7. SnakeBeta -> conv k7 -> 1 channel -> clamp
+    const GpuSpeechDecoderWeights::Conv& co = w.conv_out;
+    if (kernels::conv_out_direct_fits(co.cin, co.tail())) {
+        kernels::conv_out_carry(conv_out_tail_, co.tail(), chunk_, cur, co.cin, T, co.k, co.dilation, w.snake_out,
+                                co.w, pcm_dev_.get(), l);
+    } else {
+        conv_enqueue(co, conv_out_tail_, cur, T, w.snake_out, pcm_dev_.get(), 0.0f);
+        kernels::clamp_unit(pcm_dev_.get(), T, l);
+    }
+    kernels::position_advance(position_, n, chunk_, l);
+    mark("output conv");
+}
+
+}  // namespace qtts::cuda

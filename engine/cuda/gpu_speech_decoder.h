@@ -1,0 +1,257 @@
+// The speech-tokenizer decoder (codes -> 24 kHz audio, model doc §8) on the GPU: the CUDA twin
+// of cpu/speech_decoder.h, fp32 throughout (cuBLAS SGEMM without TF32 for every product), and
+// streamed exactly the same way: every causal stage carries what it needs from the past, so
+// decoding frames in chunks of any size gives the samples of one pass over all frames.
+//
+// GpuSpeechDecoderWeights: every decoder tensor uploaded once as fp32 (read-only after upload;
+// one upload can serve many GpuSpeechDecoder streams on the same device). Dense convs are
+// stored as [C_out, C_in·K + 1] with the bias as the last column (the im2col appends a row of
+// ones), Q/K/V and gate/up are stacked, SnakeBeta alpha/inv_beta precomputed as the CPU does.
+//
+// GpuSpeechDecoder: one stream's state on one device — conv input tails (two slots each: a
+// chunk reads one and writes the other, chosen by the parity of a device chunk counter, so the
+// tail update rides in the im2col launch), transposed-conv overlap tails, a K/V ring of
+// (window - 1 + max_chunk_frames) rows per attention layer, the absolute position and the chunk
+// counter, all in ONE device allocation (reset() is one memset) — plus scratch for
+// max_chunk_frames frames, all allocated in the constructor. A chunk of n frames is one
+// device-resident sequence of kernels reading the position from device memory, so it is
+// captured once per configured chunk size into a CUDA graph (default sizes {1, 2, 4}) and
+// replayed; other sizes, or graphs off (option or QTTS_NO_CUDA_GRAPHS=1), run the same kernels
+// eagerly with bitwise identical output.
+//
+// Use (the runtime's view):
+//   auto w = GpuSpeechDecoderWeights::upload(*checkpoint, context.device());
+//   GpuSpeechDecoder dec(w, context);           // on the context's owner thread
+//   dec.decode(codes, n, &pcm);                  // codes [n, 16] host; appends n·1920 samples
+//   dec.reset();                                 // next utterance
+// decode() validates every code (0..codebook_size-1) before touching any state, uploads the
+// codes, runs ceil(n / max_chunk_frames) chunks, and copies the PCM back with one D2H copy per
+// chunk into a pinned buffer; it returns when the samples are on the host (it synchronises
+// the context stream).
+//
+// Measured on the H200 (release size, graphs on, fp32): 1.15 / 0.70 / 0.43 / 0.23 ms of GPU time
+// per 80 ms frame at chunks of 1 / 2 / 4 / 25 frames (docs/cuda.md).
+//
+// Threading: a GpuSpeechDecoder belongs to the owner thread of its GpuContext (checked on every
+// call, like GpuLm); it shares the context's stream and cuBLAS handle.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "cuda/frame_graphs.h"
+#include "cuda/gpu_context.h"
+#include "kernels/decoder.cuh"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace qtts::cuda {
+
+// Row-major fp32 product on the context's stream and cuBLAS handle (SGEMM; TF32 tensor cores
+// only when `tf32` is set):
+//   C[M, N] = op(A)[M, K] · op(B)[K, N] + beta · C    (op = transpose when trans_*)
+void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                     const float* B, int ldb, float beta, float* C, int ldc, bool tf32 = false);
+
+struct GpuSpeechDecoderWeightOptions {
+    // RoPE inverse frequencies [head_dim / 2] replacing 1 / theta^(2i / head_dim); empty = the
+    // standard table. Same meaning as cpu::CpuSpeechDecoderOptions::rope_inv_freq (the
+    // reference goldens need it, see docs/decoder.md).
+    std::vector<float> rope_inv_freq;
+    // Pad the rows of the im2col-GEMM weights ([C_out, C_in·K + 1] and the ConvNeXt pointwise
+    // layers) with zero columns to a multiple of 4 floats, so that cuBLAS sees 16-byte aligned
+    // leading dimensions. Results are the same up to float rounding.
+    bool pad_rows = true;
+};
+
+class GpuSpeechDecoderWeights {
+public:
+    // A dense conv (groups 1): w [cout, row], row >= cin·k + 1: the weights, the bias (0 when
+    // none) in column cin·k, zeros after it.
+    struct Conv {
+        int cin = 0, cout = 0, k = 0, dilation = 1, row = 0;
+        const float* w = nullptr;
+        int tail() const { return (k - 1) * dilation; }
+    };
+    struct TransConv {
+        int cin = 0, cout = 0, k = 0, stride = 0;
+        const float* w = nullptr;  // [cin, cout·k] (the checkpoint layout)
+        const float* b = nullptr;  // [cout]
+        int overlap() const { return k - stride; }
+    };
+    struct Layer {
+        const float* input_norm = nullptr;  // [D]
+        const float* qkv = nullptr;         // [(heads + 2 kv)·hd, D]  q, k, v rows
+        const float* o = nullptr;           // [D, heads·hd]
+        const float* attn_scale = nullptr;  // [D]
+        const float* post_norm = nullptr;   // [D]
+        const float* gate_up = nullptr;     // [2I, D]  gate rows, then up rows
+        const float* down = nullptr;        // [D, I]
+        const float* mlp_scale = nullptr;   // [D]
+    };
+    struct ConvNeXt {
+        int channels = 0, k = 7;
+        const float* dw_w = nullptr;    // [C, 7] depthwise
+        const float* dw_b = nullptr;    // [C]
+        const float* norm_w = nullptr;  // [C]
+        const float* norm_b = nullptr;  // [C]
+        const float* pw1 = nullptr;     // [4C, pw1_row] (bias in column C, zeros after)
+        const float* pw2 = nullptr;     // [C, pw2_row] (bias in column 4C, zeros after)
+        int pw1_row = 0, pw2_row = 0;
+        const float* gamma = nullptr;   // [C]
+    };
+    struct ResidualUnit {
+        kernels::SnakeParams act1;
+        Conv conv1;  // [C, C·7 + 1], dilation 1/3/9
+        kernels::SnakeParams act2;
+        Conv conv2;  // [C, C + 1]
+    };
+    struct Block {
+        kernels::SnakeParams snake;  // [C_in]
+        TransConv upsample;          // k = 2r, stride r
+        std::vector<ResidualUnit> units;
+    };
+
+    static std::shared_ptr<const GpuSpeechDecoderWeights> upload(const Checkpoint& checkpoint, int device,
+                                                                 GpuSpeechDecoderWeightOptions options = {});
+    static std::shared_ptr<const GpuSpeechDecoderWeights> upload(const DecoderConfig& config,
+                                                                 const SpeechDecoderWeights& weights, int device,
+                                                                 GpuSpeechDecoderWeightOptions options = {});
+
+    const DecoderConfig& config() const { return config_; }
+    int device() const { return device_; }
+    int samples_per_frame() const { return samples_per_frame_; }
+    size_t device_bytes() const { return device_bytes_; }
+
+    // Device pointers (read-only).
+    const float* codebooks = nullptr;  // [nq, codebook_size, cd/2] (divided by cluster usage)
+    const float* rvq_proj = nullptr;   // [cd, cd] = [first_proj | rest_proj]
+    Conv pre_conv;
+    const float* tr_input_w = nullptr;   // [D, latent]
+    const float* tr_input_b = nullptr;   // [D]
+    std::vector<Layer> layers;
+    const float* tr_norm = nullptr;      // [D]
+    const float* tr_output_w = nullptr;  // [latent, D]
+    const float* tr_output_b = nullptr;  // [latent]
+    const float* inv_freq = nullptr;     // [head_dim / 2]
+    std::vector<TransConv> upsample;     // k == stride
+    std::vector<ConvNeXt> convnext;
+    Conv conv_in;
+    std::vector<Block> blocks;
+    kernels::SnakeParams snake_out;
+    Conv conv_out;
+
+private:
+    GpuSpeechDecoderWeights() = default;
+    const float* store(const std::vector<float>& host);  // uploads and keeps the allocation
+
+    DecoderConfig config_;
+    int device_ = 0;
+    int samples_per_frame_ = 0;
+    size_t device_bytes_ = 0;
+    std::vector<DeviceArray<float>> buffers_;
+};
+
+struct GpuSpeechDecoderOptions {
+    int max_chunk_frames = 25;              // frames per internal chunk (sizes the scratch)
+    std::vector<int> graph_chunk_sizes{1, 2, 4};  // one CUDA graph per size (<= max_chunk_frames)
+    bool cuda_graphs = true;                // false (or QTTS_NO_CUDA_GRAPHS=1): everything eager
+    // Products on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation). Off by default:
+    // kept to measure its speed and accuracy (qtts bench-decoder --tf32), not for production.
+    bool tf32 = false;
+    // Chunks of up to 8 frames run the transformer's products as fused small-row kernels
+    // (kernels::small_linear) instead of cuBLAS + separate norm/epilogue kernels. Off by default:
+    // measured 3-9% slower per frame than cuBLAS on the H200 (see docs/cuda.md).
+    bool small_kernels = false;
+};
+
+class GpuSpeechDecoder {
+public:
+    GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
+                     GpuSpeechDecoderOptions options = {});
+    GpuSpeechDecoder(const GpuSpeechDecoder&) = delete;
+    GpuSpeechDecoder& operator=(const GpuSpeechDecoder&) = delete;
+
+    const DecoderConfig& config() const { return weights_->config(); }
+    int samples_per_frame() const { return weights_->samples_per_frame(); }
+    int max_chunk_frames() const { return options_.max_chunk_frames; }
+    int64_t frames_done() const { return frames_done_; }
+    bool graphs_enabled() const { return graphs_enabled_; }
+    const std::vector<GraphStats>& graph_stats() const { return graph_stats_; }
+    size_t state_bytes() const { return state_.bytes(); }
+    size_t scratch_bytes() const { return scratch_bytes_; }
+
+    // Decodes n frames (codes [n, num_quantizers] row-major, host memory) following everything
+    // decoded since the last reset() and appends n × samples_per_frame() samples to *pcm_out.
+    // Throws qtts::Error (ERROR_INVALID_ARGUMENT) for a code outside 0..codebook_size-1 before
+    // touching the state. Synchronous.
+    void decode(const int32_t* codes, int n, std::vector<float>* pcm_out);
+
+    // A new stream: zero tails and K/V rings, position 0 (synchronous).
+    void reset();
+
+    // ---- for benchmarks: the device part of one chunk, without host copies --------------------
+    // Uploads codes [n, nq] (n <= max_chunk_frames) into the device codes buffer (async).
+    void codes_upload(const int32_t* codes, int n);
+    // Runs one chunk of n frames on the uploaded codes (graph when captured for n, else eager);
+    // the samples land in the device PCM buffer. Asynchronous on the context stream.
+    void chunk_run(int n);
+    bool has_graph(int n) const { return graphs_enabled_ && graphs_.count(n) != 0; }
+    // One eager chunk of n frames on the uploaded codes with CUDA events between the stages:
+    // (stage, GPU ms) pairs. Advances the stream like chunk_run (synchronous).
+    std::vector<std::pair<std::string, float>> chunk_profile(int n);
+
+private:
+    void chunk_enqueue(int n);  // every kernel of one chunk (graph-capturable)
+    void mark(const char* stage);  // stage boundary event (chunk_profile only)
+    void transformer_enqueue(int n, float* x);
+    void conv_enqueue(const GpuSpeechDecoderWeights::Conv& conv, float* tail, const float* x, int T,
+                      kernels::SnakeParams snake, float* y, float beta);
+    void trans_conv_enqueue(const GpuSpeechDecoderWeights::TransConv& tc, float* overlap, const float* x, int T,
+                            float* y);
+    void convnext_enqueue(const GpuSpeechDecoderWeights::ConvNeXt& cx, float* tail, float* x, int T);
+    void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+              float beta, float* C, int ldc) {
+        sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, options_.tf32);
+    }
+    void codes_validate(const int32_t* codes, int n) const;
+
+    std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
+    GpuContext& context_;
+    GpuSpeechDecoderOptions options_;
+    bool graphs_enabled_ = false;
+    int ring_rows_ = 0;
+    int64_t frames_done_ = 0;
+
+    // State (one allocation): position, then every tail and ring.
+    DeviceBuffer state_;
+    int64_t* position_ = nullptr;  // frames decoded (position of the next frame)
+    int64_t* chunk_ = nullptr;     // chunks decoded (its parity selects the conv tail slots)
+    std::vector<std::pair<const char*, cudaEvent_t>>* marks_ = nullptr;
+    float* pre_conv_tail_ = nullptr;
+    std::vector<float*> k_ring_, v_ring_;  // per layer [ring_rows, kv·hd]
+    std::vector<float*> upsample_overlap_, convnext_tail_;
+    float* conv_in_tail_ = nullptr;
+    std::vector<float*> block_overlap_;
+    std::vector<std::vector<float*>> unit_tail_;
+    float* conv_out_tail_ = nullptr;
+
+    // Scratch for max_chunk_frames frames.
+    DeviceArray<float> x_, y_, col_, aux_;  // signals, im2col / GEMM operands
+    DeviceArray<float> h_, xn_, qkv_, att_, tmp_, gu_, act_;  // transformer rows
+    DeviceArray<int32_t> codes_dev_;
+    DeviceArray<float> pcm_dev_;
+    PinnedArray<int32_t> codes_host_;
+    PinnedArray<float> pcm_host_;
+    size_t scratch_bytes_ = 0;
+
+    std::map<int, GraphExec> graphs_;
+    std::vector<GraphStats> graph_stats_;
+};
+
+}  // namespace qtts::cuda

@@ -1,0 +1,766 @@
+#include "kernels/decoder.cuh"
+
+#include <algorithm>
+
+#include "cuda/cuda_check.h"
+
+namespace qtts::kernels {
+
+namespace {
+
+constexpr int THREADS = 256;
+constexpr int MAX_TAIL = 1024;
+constexpr int MAX_WINDOW = 1024;
+
+// Blocks for a grid-stride loop over `count` elements.
+int grid_for(long long count) {
+    const long long blocks = (count + THREADS - 1) / THREADS;
+    return int(std::max<long long>(1, std::min<long long>(blocks, 32768)));
+}
+
+[[noreturn]] void bad_args(const char* what, const char* function) {
+    cuda::check_fail(what, "invalid arguments", function, __FILE__, __LINE__);
+}
+
+__device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta) {
+    const float s = sinf(alpha * v);
+    return v + inv_beta * (s * s);
+}
+
+__device__ __forceinline__ float gelu_erf_ref(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+// Block-wide reductions (every thread gets the result); `shared` holds 32 floats.
+__device__ float block_reduce_sum(float v, float* shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) total += shared[w];
+    return total;
+}
+
+__device__ float block_reduce_max(float v, float* shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, shared[w]);
+    return m;
+}
+
+__global__ void rvq_gather_kernel(const int32_t* codes, int nq, const float* codebooks, int size, int half, float* g) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    const int32_t* frame = codes + size_t(t) * nq;
+    float* row = g + size_t(t) * 2 * half;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        row[j] = codebooks[size_t(frame[0]) * half + j];
+        float acc = 0.0f;  // same order as the CPU: 0 + book1 + book2 + ...
+        for (int q = 1; q < nq; ++q) acc += codebooks[(size_t(q) * size + size_t(frame[q])) * half + j];
+        row[half + j] = acc;
+    }
+}
+
+__global__ void conv_im2col_kernel(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
+                                   SnakeParams snake, float* col, int col_rows) {
+    pdl_wait();
+    pdl_trigger();
+    const long long rows = (long long)C * K;
+    const long long total = (long long)col_rows * T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / T;
+        const int t = int(i - r * T);
+        if (r >= rows) {
+            col[i] = r == rows ? 1.0f : 0.0f;
+            continue;
+        }
+        const int c = int(r / K), k = int(r - (long long)c * K);
+        const int s = t + k * dilation;
+        float v;
+        if (s < L) {
+            v = tail[size_t(c) * L + s];
+        } else {
+            v = x[size_t(c) * T + (s - L)];
+            if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
+        }
+        col[i] = v;
+    }
+}
+
+// One block per channel: read every new tail value, then write (in place).
+__global__ void conv_tail_update_kernel(float* tail, int L, const float* x, int T, SnakeParams snake) {
+    pdl_wait();
+    pdl_trigger();
+    const int c = blockIdx.x;
+    float* tc = tail + size_t(c) * L;
+    const int j = threadIdx.x;
+    float v = 0.0f;
+    if (j < L) {
+        const int s = T + j;  // column in [tail | x]
+        if (s < L) {
+            v = tc[s];
+        } else {
+            v = x[size_t(c) * T + (s - L)];
+            if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
+        }
+    }
+    __syncthreads();
+    if (j < L) tc[j] = v;
+}
+
+__global__ void snake_kernel(const float* x, int C, int T, SnakeParams snake, float* y) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)C * T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = int(i / T);
+        y[i] = snake_eval(x[i], snake.alpha[c], snake.inv_beta[c]);
+    }
+}
+
+// Sum of the transposed-conv contributions to output sample m of channel co.
+__device__ __forceinline__ float overlap_sum(const float* cols, int co, int K, int stride, int T, int m) {
+    float sum = 0.0f;
+    const int t_hi = min(m / stride, T - 1);
+    for (int t = t_hi; t >= 0; --t) {
+        const int k = m - t * stride;
+        if (k >= K) break;
+        sum += cols[(size_t(co) * K + k) * T + t];
+    }
+    return sum;
+}
+
+__global__ void trans_conv_overlap_add_kernel(const float* cols, int Cout, int K, int stride, int T, const float* bias,
+                                              float* overlap, float* y) {
+    pdl_wait();
+    pdl_trigger();
+    const int O = K - stride, emit = T * stride;
+    const long long total = (long long)Cout * emit;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int co = int(i / emit), m = int(i - (long long)co * emit);
+        float v = overlap_sum(cols, co, K, stride, T, m);
+        if (m < O) {
+            // This thread owns overlap[co][m]: read the old spill-over, then store the new one
+            // (output emit + m of this chunk, which exists since O <= emit).
+            float* o = overlap + size_t(co) * O + m;
+            v += *o;
+            *o = overlap_sum(cols, co, K, stride, T, emit + m);
+        }
+        y[i] = v + bias[co];
+    }
+}
+
+__global__ void depthwise_conv_kernel(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
+                                      const float* w, const float* b, float* y) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)C * T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = int(i / T), t = int(i - (long long)c * T);
+        float sum = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const int s = t + k * dilation;
+            const float v = s < L ? tail[size_t(c) * L + s] : x[size_t(c) * T + (s - L)];
+            sum += w[size_t(c) * K + k] * v;
+        }
+        y[i] = sum + (b ? b[c] : 0.0f);
+    }
+}
+
+// One block per time column.
+__global__ void layer_norm_channels_kernel(const float* x, int C, int T, const float* w, const float* b, float eps,
+                                           float* y, int rows) {
+    __shared__ float shared[32];
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[size_t(c) * T + t];
+    const float mean = block_reduce_sum(s, shared) / float(C);
+    float v = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float d = x[size_t(c) * T + t] - mean;
+        v += d * d;
+    }
+    const float var = block_reduce_sum(v, shared) / float(C);
+    const float inv = 1.0f / sqrtf(var + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        y[size_t(c) * T + t] = (x[size_t(c) * T + t] - mean) * inv * w[c] + b[c];
+    for (int r = C + int(threadIdx.x); r < rows; r += blockDim.x) y[size_t(r) * T + t] = r == C ? 1.0f : 0.0f;
+}
+
+__global__ void gelu_ones_kernel(float* h, int R, int T, int rows) {
+    pdl_wait();
+    pdl_trigger();
+    const long long body = (long long)R * T, ones = body + T, total = (long long)rows * T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        h[i] = i < body ? gelu_erf_ref(h[i]) : i < ones ? 1.0f : 0.0f;
+}
+
+__global__ void scaled_add_channels_kernel(float* x, const float* y, const float* gamma, int C, int T) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)C * T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        x[i] += y[i] * gamma[i / T];
+}
+
+__global__ void bias_add_kernel(float* y, int rows, int cols, const float* bias, bool per_row) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)rows * cols;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        y[i] += per_row ? bias[i / cols] : bias[i % cols];
+}
+
+__global__ void rms_norm_rows_kernel(const float* x, int C, const float* w, float eps, float* y) {
+    __shared__ float shared[32];
+    pdl_wait();
+    pdl_trigger();
+    const float* xr = x + size_t(blockIdx.x) * C;
+    float* yr = y + size_t(blockIdx.x) * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_reduce_sum(ss, shared);
+    const float inv = 1.0f / sqrtf(ss / float(C) + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] * inv) * w[c];
+}
+
+__global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int head_dim, const float* inv_freq,
+                                     const int64_t* pos0, float* k_ring, float* v_ring, int ring) {
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, half = head_dim / 2;
+    const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
+    const int64_t p = *pos0 + t;
+    const int slot = int(p % ring);
+    float* row = qkv + size_t(t) * stride;
+    const int rotations = (heads + kv_heads) * half;
+    for (int idx = threadIdx.x; idx < rotations + kvd; idx += blockDim.x) {
+        if (idx < rotations) {
+            const int hh = idx / half, i = idx - hh * half;
+            float* v = row + size_t(hh) * head_dim;  // q heads, then k heads
+            const float angle = inv_freq[i] * float(p);
+            const float c = cosf(angle), s = sinf(angle);
+            const float a = v[i], b = v[i + half];
+            const float ra = a * c - b * s, rb = b * c + a * s;
+            v[i] = ra;
+            v[i + half] = rb;
+            if (hh >= heads) {
+                float* k = k_ring + size_t(slot) * kvd + size_t(hh - heads) * head_dim;
+                k[i] = ra;
+                k[i + half] = rb;
+            }
+        } else {
+            const int j = idx - rotations;
+            v_ring[size_t(slot) * kvd + j] = row[qd + kvd + j];
+        }
+    }
+}
+
+// One block per (query row, head).
+__global__ void window_attention_kernel(const float* qkv, int heads, int kv_heads, int head_dim, const float* k_ring,
+                                        const float* v_ring, int ring, int window, const int64_t* pos0, float* out) {
+    __shared__ float scores[MAX_WINDOW];
+    __shared__ float shared[32];
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
+    const int kvh = h / (heads / kv_heads);
+    const int64_t p = *pos0 + t;
+    const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
+    const int count = int(p - first + 1);
+    const float scale = 1.0f / sqrtf(float(head_dim));
+    const float* q = qkv + size_t(t) * stride + size_t(h) * head_dim;
+    float local_max = -INFINITY;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) {
+        const int slot = int((first + j) % ring);
+        const float* k = k_ring + size_t(slot) * kvd + size_t(kvh) * head_dim;
+        float dot = 0.0f;
+        for (int d = 0; d < head_dim; ++d) dot += q[d] * k[d];
+        scores[j] = dot * scale;
+        local_max = fmaxf(local_max, scores[j]);
+    }
+    const float max_s = block_reduce_max(local_max, shared);
+    float local_sum = 0.0f;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) {
+        const float e = expf(scores[j] - max_s);
+        scores[j] = e;
+        local_sum += e;
+    }
+    const float inv = 1.0f / block_reduce_sum(local_sum, shared);  // also orders the score writes
+    float* o = out + size_t(t) * qd + size_t(h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < count; ++j) {
+            const int slot = int((first + j) % ring);
+            acc += scores[j] * v_ring[size_t(slot) * kvd + size_t(kvh) * head_dim + d];
+        }
+        o[d] = acc * inv;
+    }
+}
+
+// Same as window_attention_kernel with the visible keys/values staged in shared memory first
+// (coalesced loads, all in flight at once) instead of one dependent global-load chain per
+// thread. Rows are padded to head_dim + 1 floats so that threads reading different keys at the
+// same dimension hit different banks.
+constexpr int STAGED_ATTENTION_SMEM_FLOATS = 12288;  // 48 KB
+
+__host__ __device__ inline int staged_attention_floats(int window, int head_dim) {
+    return 2 * window * (head_dim + 1) + head_dim + window;
+}
+
+__global__ void window_attention_staged_kernel(const float* qkv, int heads, int kv_heads, int head_dim,
+                                               const float* k_ring, const float* v_ring, int ring, int window,
+                                               const int64_t* pos0, float* out) {
+    extern __shared__ float smem[];
+    __shared__ float shared[32];
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
+    const int kvh = h / (heads / kv_heads);
+    const int64_t p = *pos0 + t;
+    const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
+    const int count = int(p - first + 1);
+    const int row = head_dim + 1;
+    float* ks = smem;
+    float* vs = ks + window * row;
+    float* qs = vs + window * row;
+    float* scores = qs + head_dim;
+    for (int idx = threadIdx.x; idx < count * head_dim; idx += blockDim.x) {
+        const int j = idx / head_dim, d = idx - j * head_dim;
+        const size_t src = size_t((first + j) % ring) * kvd + size_t(kvh) * head_dim + d;
+        ks[j * row + d] = k_ring[src];
+        vs[j * row + d] = v_ring[src];
+    }
+    const float* q = qkv + size_t(t) * stride + size_t(h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[d];
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(float(head_dim));
+    float local_max = -INFINITY;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) {
+        const float* k = ks + j * row;
+        float dot = 0.0f;
+        for (int d = 0; d < head_dim; ++d) dot += qs[d] * k[d];
+        scores[j] = dot * scale;
+        local_max = fmaxf(local_max, scores[j]);
+    }
+    const float max_s = block_reduce_max(local_max, shared);
+    float local_sum = 0.0f;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) {
+        const float e = expf(scores[j] - max_s);
+        scores[j] = e;
+        local_sum += e;
+    }
+    const float inv = 1.0f / block_reduce_sum(local_sum, shared);
+    float* o = out + size_t(t) * qd + size_t(h) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < count; ++j) acc += scores[j] * vs[j * row + d];
+        o[d] = acc * inv;
+    }
+}
+
+__global__ void scaled_residual_rows_kernel(float* h, const float* y, const float* scale, int n, int D) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)n * D;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x)
+        h[i] += scale[i % D] * y[i];
+}
+
+__global__ void swiglu_rows_kernel(const float* gu, int n, int I, float* out) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)n * I;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long t = i / I, j = i - t * I;
+        const float* row = gu + t * 2 * I;
+        out[i] = silu_ref(row[j]) * row[I + j];
+    }
+}
+
+__global__ void clamp_unit_kernel(float* y, int count) {
+    pdl_wait();
+    pdl_trigger();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
+        y[i] = fminf(1.0f, fmaxf(-1.0f, y[i]));
+}
+
+__global__ void position_advance_kernel(int64_t* pos, int n, int64_t* chunk) {
+    pdl_wait();
+    pdl_trigger();
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        *pos += n;
+        if (chunk) *chunk += 1;
+    }
+}
+
+// Value of column s of [tail | act(x)] for channel c (s < L + T).
+__device__ __forceinline__ float carried_input(const float* tail, int L, const float* x, int T, int c, int s,
+                                               SnakeParams snake) {
+    if (s < L) return tail[size_t(c) * L + s];
+    float v = x[size_t(c) * T + (s - L)];
+    if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
+    return v;
+}
+
+__global__ void conv_im2col_carry_kernel(float* tails, int L, const int64_t* chunk, const float* x, int C, int T,
+                                         int K, int dilation, SnakeParams snake, float* col, int col_rows) {
+    pdl_wait();
+    pdl_trigger();
+    const int slot = int(*chunk & 1);
+    const float* tail = tails + size_t(slot) * C * L;
+    float* next = tails + size_t(1 - slot) * C * L;
+    const long long rows = (long long)C * K;
+    const long long col_total = (long long)col_rows * T;
+    const long long total = col_total + (long long)C * L;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        if (i < col_total) {
+            const long long r = i / T;
+            const int t = int(i - r * T);
+            if (r >= rows) {
+                col[i] = r == rows ? 1.0f : 0.0f;
+                continue;
+            }
+            const int c = int(r / K), k = int(r - (long long)c * K);
+            col[i] = carried_input(tail, L, x, T, c, t + k * dilation, snake);
+        } else {
+            const long long j = i - col_total;
+            const int c = int(j / L), jj = int(j - (long long)c * L);
+            next[j] = carried_input(tail, L, x, T, c, T + jj, snake);
+        }
+    }
+}
+
+__global__ void depthwise_conv_carry_kernel(float* tails, int L, const int64_t* chunk, const float* x, int C, int T,
+                                            int K, int dilation, const float* w, const float* b, float* y) {
+    pdl_wait();
+    pdl_trigger();
+    const int slot = int(*chunk & 1);
+    const float* tail = tails + size_t(slot) * C * L;
+    float* next = tails + size_t(1 - slot) * C * L;
+    const long long body = (long long)C * T, total = body + (long long)C * L;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        if (i < body) {
+            const int c = int(i / T), t = int(i - (long long)c * T);
+            float sum = 0.0f;
+            for (int k = 0; k < K; ++k) sum += w[size_t(c) * K + k] * carried_input(tail, L, x, T, c, t + k * dilation, {});
+            y[i] = sum + (b ? b[c] : 0.0f);
+        } else {
+            const long long j = i - body;
+            const int c = int(j / L), jj = int(j - (long long)c * L);
+            next[j] = carried_input(tail, L, x, T, c, T + jj, {});
+        }
+    }
+}
+
+constexpr int CONV_OUT_TILE = 64;         // output samples per block
+constexpr int CONV_OUT_SMEM_FLOATS = 12288;  // 48 KB
+constexpr int CONV_OUT_SPLIT = 4;         // threads per output sample (channel split)
+
+// Block: CONV_OUT_TILE outputs; stage snake([tail | x]) for every channel over the tile's
+// input window in shared memory, then 4 threads per output split the channels.
+__global__ void __launch_bounds__(CONV_OUT_TILE * CONV_OUT_SPLIT)
+    conv_out_carry_kernel(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
+                          SnakeParams snake, const float* w, float* y) {
+    extern __shared__ float window[];  // [C, CONV_OUT_TILE + L]
+    pdl_wait();
+    pdl_trigger();
+    const int slot = int(*chunk & 1);
+    const float* tail = tails + size_t(slot) * C * L;
+    float* next = tails + size_t(1 - slot) * C * L;
+    const int t0 = blockIdx.x * CONV_OUT_TILE;
+    const int width = CONV_OUT_TILE + L;
+    for (int idx = threadIdx.x; idx < C * width; idx += blockDim.x) {
+        const int c = idx / width, s = t0 + (idx - c * width);
+        window[idx] = s < L + T ? carried_input(tail, L, x, T, c, s, snake) : 0.0f;
+    }
+    if (blockIdx.x == gridDim.x - 1) {
+        for (int j = threadIdx.x; j < C * L; j += blockDim.x) {
+            const int c = j / L, jj = j - c * L;
+            next[j] = carried_input(tail, L, x, T, c, T + jj, snake);
+        }
+    }
+    __syncthreads();
+    const int local = threadIdx.x / CONV_OUT_SPLIT, part = threadIdx.x % CONV_OUT_SPLIT;
+    float sum = 0.0f;
+    for (int c = part; c < C; c += CONV_OUT_SPLIT) {
+        const float* wc = w + size_t(c) * K;
+        const float* xc = window + c * width + local;
+        for (int k = 0; k < K; ++k) sum += wc[k] * xc[k * dilation];
+    }
+#pragma unroll
+    for (int o = CONV_OUT_SPLIT / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const int t = t0 + local;
+    if (part == 0 && t < T) y[t] = fminf(1.0f, fmaxf(-1.0f, sum + w[size_t(C) * K]));
+}
+
+constexpr int SMALL_LINEAR_WARPS = 4;
+constexpr int SMALL_LINEAR_SMEM_FLOATS = 12288;
+
+__global__ void __launch_bounds__(SMALL_LINEAR_WARPS * 32)
+    small_linear_kernel(const float* x, int n, int in, bool x_channel_major, const float* norm_w, float eps,
+                        const float* W, int out, const float* bias, SmallLinearEpilogue epilogue, const float* scale,
+                        float* y, bool y_channel_major) {
+    extern __shared__ float xs[];  // [n, in]
+    __shared__ float inv_rms[SMALL_LINEAR_MAX_ROWS];
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int idx = threadIdx.x; idx < n * in; idx += blockDim.x) {
+        const int t = idx / in, i = idx - t * in;
+        xs[idx] = x_channel_major ? x[size_t(i) * n + t] : x[idx];
+    }
+    __syncthreads();
+    if (norm_w) {
+        for (int t = warp; t < n; t += SMALL_LINEAR_WARPS) {
+            float ss = 0.0f;
+            for (int i = lane; i < in; i += 32) ss += xs[t * in + i] * xs[t * in + i];
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[t] = 1.0f / sqrtf(ss / float(in) + eps);
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < n * in; idx += blockDim.x) {
+            const int t = idx / in, i = idx - t * in;
+            xs[idx] = (xs[idx] * inv_rms[t]) * norm_w[i];
+        }
+        __syncthreads();
+    }
+    const int o = blockIdx.x * SMALL_LINEAR_WARPS + warp;
+    if (o >= out) return;
+    const bool swiglu = epilogue == SmallLinearEpilogue::SMALL_LINEAR_SWIGLU;
+    const float4* w_row = reinterpret_cast<const float4*>(W + size_t(o) * in);
+    const float4* u_row = reinterpret_cast<const float4*>(W + size_t(out + o) * in);
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    const int in4 = in / 4;
+    float acc[SMALL_LINEAR_MAX_ROWS], acc_up[SMALL_LINEAR_MAX_ROWS];
+#pragma unroll
+    for (int t = 0; t < SMALL_LINEAR_MAX_ROWS; ++t) acc[t] = acc_up[t] = 0.0f;
+    for (int i = lane; i < in4; i += 32) {
+        const float4 wv = __ldg(w_row + i);
+        float4 uv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (swiglu) uv = __ldg(u_row + i);
+#pragma unroll
+        for (int t = 0; t < SMALL_LINEAR_MAX_ROWS; ++t) {
+            if (t < n) {
+                const float4 xv = x4[t * in4 + i];
+                acc[t] = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc[t]))));
+                if (swiglu)
+                    acc_up[t] = fmaf(uv.x, xv.x, fmaf(uv.y, xv.y, fmaf(uv.z, xv.z, fmaf(uv.w, xv.w, acc_up[t]))));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < SMALL_LINEAR_MAX_ROWS; ++t) {
+        if (t < n) {
+            const float a = warp_sum(acc[t]);
+            const float u = swiglu ? warp_sum(acc_up[t]) : 0.0f;
+            if (lane == 0) {
+                float* dst = y_channel_major ? y + size_t(o) * n + t : y + size_t(t) * out + o;
+                switch (epilogue) {
+                    case SmallLinearEpilogue::SMALL_LINEAR_STORE: *dst = a + (bias ? bias[o] : 0.0f); break;
+                    case SmallLinearEpilogue::SMALL_LINEAR_SCALED_ADD: *dst += scale[o] * a; break;
+                    case SmallLinearEpilogue::SMALL_LINEAR_SWIGLU: *dst = silu_ref(a) * u; break;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void rvq_gather(const int32_t* codes, int n, int nq, const float* codebooks, int size, int half, float* g,
+                const Launch& l) {
+    if (n <= 0 || nq < 1 || half <= 0 || !codes || !codebooks || !g) bad_args("rvq_gather", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(n), dim3(std::min(THREADS, ((half + 31) / 32) * 32)), 0, rvq_gather_kernel, codes,
+                             nq, codebooks, size, half, g));
+}
+
+void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
+                 float* col, const Launch& l, int col_rows) {
+    if (col_rows == 0) col_rows = C * K + 1;
+    if (T <= 0 || C <= 0 || K <= 0 || L != (K - 1) * dilation || (L > 0 && !tail) || !x || !col ||
+        col_rows < C * K + 1)
+        bad_args("conv_im2col", __func__);
+    const long long total = (long long)col_rows * T;
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_kernel, tail, L, x, C, T, K,
+                             dilation, snake, col, col_rows));
+}
+
+void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakeParams snake, const Launch& l) {
+    if (L == 0) return;
+    if (L < 0 || L > MAX_TAIL || T <= 0 || C <= 0 || !tail || !x) bad_args("conv_tail_update", __func__);
+    const int threads = ((L + 31) / 32) * 32;
+    CUDA_CHECK(launch_kernel(l, dim3(C), dim3(threads), 0, conv_tail_update_kernel, tail, L, x, T, snake));
+}
+
+void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, const Launch& l) {
+    if (C <= 0 || T <= 0 || !x || !y || !snake.alpha || !snake.inv_beta) bad_args("snake_apply", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, snake_kernel, x, C, T, snake, y));
+}
+
+void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int T, const float* bias, float* overlap,
+                            float* y, const Launch& l) {
+    if (Cout <= 0 || T <= 0 || stride <= 0 || K < stride || K - stride > T * stride || !cols || !bias || !y ||
+        (K > stride && !overlap))
+        bad_args("trans_conv_overlap_add", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T * stride)), dim3(THREADS), 0,
+                             trans_conv_overlap_add_kernel, cols, Cout, K, stride, T, bias, overlap, y));
+}
+
+void depthwise_conv(const float* tail, int L, const float* x, int C, int T, int K, int dilation, const float* w,
+                    const float* b, float* y, const Launch& l) {
+    if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !x || !w || !y || (L > 0 && !tail))
+        bad_args("depthwise_conv", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, depthwise_conv_kernel, tail, L, x,
+                             C, T, K, dilation, w, b, y));
+}
+
+void layer_norm_channels(const float* x, int C, int T, const float* w, const float* b, float eps, float* y,
+                         const Launch& l, int rows) {
+    if (rows == 0) rows = C + 1;
+    if (C <= 0 || T <= 0 || !x || !w || !b || !y || rows < C + 1) bad_args("layer_norm_channels", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(T), dim3(THREADS), 0, layer_norm_channels_kernel, x, C, T, w, b, eps, y, rows));
+}
+
+void gelu_ones(float* h, int R, int T, const Launch& l, int rows) {
+    if (rows == 0) rows = R + 1;
+    if (R <= 0 || T <= 0 || !h || rows < R + 1) bad_args("gelu_ones", __func__);
+    CUDA_CHECK(
+        launch_kernel(l, dim3(grid_for((long long)rows * T)), dim3(THREADS), 0, gelu_ones_kernel, h, R, T, rows));
+}
+
+void scaled_add_channels(float* x, const float* y, const float* gamma, int C, int T, const Launch& l) {
+    if (C <= 0 || T <= 0 || !x || !y || !gamma) bad_args("scaled_add_channels", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, scaled_add_channels_kernel, x, y,
+                             gamma, C, T));
+}
+
+void bias_add(float* y, int rows, int cols, const float* bias, bool per_row, const Launch& l) {
+    if (rows <= 0 || cols <= 0 || !y || !bias) bad_args("bias_add", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)rows * cols)), dim3(THREADS), 0, bias_add_kernel, y, rows,
+                             cols, bias, per_row));
+}
+
+void rms_norm_rows(const float* x, int T, int C, const float* w, float eps, float* y, const Launch& l) {
+    if (T <= 0 || C <= 0 || !x || !w || !y) bad_args("rms_norm_rows", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(T), dim3(THREADS), 0, rms_norm_rows_kernel, x, C, w, eps, y));
+}
+
+void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
+                   const int64_t* pos0, float* k_ring, float* v_ring, int ring, const Launch& l) {
+    if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq || !pos0 ||
+        !k_ring || !v_ring)
+        bad_args("rope_kv_store", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(n), dim3(128), 0, rope_kv_store_kernel, qkv, heads, kv_heads, head_dim, inv_freq,
+                             pos0, k_ring, v_ring, ring));
+}
+
+void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, const float* k_ring,
+                      const float* v_ring, int ring, int window, const int64_t* pos0, float* out, const Launch& l) {
+    if (n <= 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || window < 1 || window > MAX_WINDOW ||
+        ring < window - 1 + n || !qkv || !k_ring || !v_ring || !pos0 || !out)
+        bad_args("window_attention", __func__);
+    const int staged = staged_attention_floats(window, head_dim);
+    if (staged <= STAGED_ATTENTION_SMEM_FLOATS) {
+        CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), size_t(staged) * sizeof(float),
+                                 window_attention_staged_kernel, qkv, heads, kv_heads, head_dim, k_ring, v_ring, ring,
+                                 window, pos0, out));
+        return;
+    }
+    CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), 0, window_attention_kernel, qkv, heads, kv_heads, head_dim,
+                             k_ring, v_ring, ring, window, pos0, out));
+}
+
+void scaled_residual_rows(float* h, const float* y, const float* scale, int n, int D, const Launch& l) {
+    if (n <= 0 || D <= 0 || !h || !y || !scale) bad_args("scaled_residual_rows", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)n * D)), dim3(THREADS), 0, scaled_residual_rows_kernel, h, y,
+                             scale, n, D));
+}
+
+void swiglu_rows(const float* gu, int n, int I, float* out, const Launch& l) {
+    if (n <= 0 || I <= 0 || !gu || !out) bad_args("swiglu_rows", __func__);
+    CUDA_CHECK(
+        launch_kernel(l, dim3(grid_for((long long)n * I)), dim3(THREADS), 0, swiglu_rows_kernel, gu, n, I, out));
+}
+
+void clamp_unit(float* y, int count, const Launch& l) {
+    if (count <= 0 || !y) bad_args("clamp_unit", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for(count)), dim3(THREADS), 0, clamp_unit_kernel, y, count));
+}
+
+void position_advance(int64_t* pos, int n, int64_t* chunk, const Launch& l) {
+    if (!pos) bad_args("position_advance", __func__);
+    CUDA_CHECK(launch_kernel(l, dim3(1), dim3(32), 0, position_advance_kernel, pos, n, chunk));
+}
+
+void conv_im2col_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
+                       SnakeParams snake, float* col, const Launch& l, int col_rows) {
+    if (col_rows == 0) col_rows = C * K + 1;
+    if (T <= 0 || C <= 0 || K <= 0 || L != (K - 1) * dilation || (L > 0 && !tails) || !chunk || !x || !col ||
+        col_rows < C * K + 1)
+        bad_args("conv_im2col_carry", __func__);
+    const long long total = (long long)col_rows * T + (long long)C * L;
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_carry_kernel, tails, L, chunk, x,
+                             C, T, K, dilation, snake, col, col_rows));
+}
+
+void depthwise_conv_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K,
+                          int dilation, const float* w, const float* b, float* y, const Launch& l) {
+    if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !x || !w || !y || !chunk || (L > 0 && !tails))
+        bad_args("depthwise_conv_carry", __func__);
+    const long long total = (long long)C * T + (long long)C * L;
+    CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, depthwise_conv_carry_kernel, tails, L, chunk,
+                             x, C, T, K, dilation, w, b, y));
+}
+
+bool conv_out_direct_fits(int C, int L) { return (long long)C * (CONV_OUT_TILE + L) <= CONV_OUT_SMEM_FLOATS; }
+
+void conv_out_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
+                    SnakeParams snake, const float* w, float* y, const Launch& l) {
+    if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !conv_out_direct_fits(C, L) || !x || !w || !y || !chunk ||
+        (L > 0 && !tails))
+        bad_args("conv_out_carry", __func__);
+    const int blocks = (T + CONV_OUT_TILE - 1) / CONV_OUT_TILE;
+    const size_t smem = size_t(C) * (CONV_OUT_TILE + L) * sizeof(float);
+    CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(CONV_OUT_TILE * CONV_OUT_SPLIT), smem, conv_out_carry_kernel, tails,
+                             L, chunk, x, C, T, K, dilation, snake, w, y));
+}
+
+bool small_linear_fits(int n, int in) {
+    return n >= 1 && n <= SMALL_LINEAR_MAX_ROWS && in % 4 == 0 && (long long)n * in <= SMALL_LINEAR_SMEM_FLOATS;
+}
+
+void small_linear(const float* x, int n, int in, bool x_channel_major, const float* norm_w, float eps, const float* W,
+                  int out, const float* bias, SmallLinearEpilogue epilogue, const float* scale, float* y,
+                  bool y_channel_major, const Launch& l) {
+    if (!small_linear_fits(n, in) || out <= 0 || !x || !W || !y ||
+        (epilogue == SmallLinearEpilogue::SMALL_LINEAR_SCALED_ADD && !scale) ||
+        (reinterpret_cast<uintptr_t>(W) & 15) != 0)
+        bad_args("small_linear", __func__);
+    const int blocks = (out + SMALL_LINEAR_WARPS - 1) / SMALL_LINEAR_WARPS;
+    const size_t smem = size_t(n) * in * sizeof(float);
+    CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(SMALL_LINEAR_WARPS * 32), smem, small_linear_kernel, x, n, in,
+                             x_channel_major, norm_w, eps, W, out, bias, epilogue, scale, y, y_channel_major));
+}
+
+}  // namespace qtts::kernels

@@ -1,0 +1,629 @@
+// The GPU speech decoder (cuda/gpu_speech_decoder.h) against the CPU reference decoder:
+//   * kernels: causal conv with carried tail + SnakeBeta (im2col + SGEMM), transposed conv with
+//     carried overlap, depthwise conv, channel LayerNorm, RMSNorm, RoPE + sliding-window
+//     attention over the K/V ring — each against the CPU ops on random non-zero inputs;
+//   * the tiny reference speech tokenizer, golden scenario decoder_long: GPU streaming at chunk
+//     sizes 1, 2, 4, 25 equals the CPU full decode and the golden audio_full (1e-3 absolute);
+//   * graph replay vs eager: bitwise identical samples; invalid codes leave the state alone;
+//   * a release-size random speech tokenizer: GPU streaming vs CPU full decode, SNR >= 60 dB.
+#include <catch2/catch.hpp>
+
+#ifdef QTTS_HAVE_CUDA
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cpu/conv_ops.h"
+#include "cpu/ops.h"
+#include "cpu/speech_decoder.h"
+#include "cuda/gpu_speech_decoder.h"
+#include "kernels/decoder.cuh"
+#include "model/make_model.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "golden_rope.h"
+#include "test_support.h"
+
+namespace qc = qtts::cuda;
+namespace qk = qtts::kernels;
+
+namespace {
+
+qc::GpuContext& context() {
+    static qc::GpuContext ctx(0);
+    return ctx;
+}
+
+qc::DeviceArray<float> to_device(const std::vector<float>& v) {
+    qc::DeviceArray<float> d(v.size());
+    CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+std::vector<float> to_host(const float* d, size_t n) {
+    CUDA_CHECK(cudaStreamSynchronize(context().stream()));
+    std::vector<float> v(n);
+    CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// 10·log10(‖ref‖² / ‖ref − x‖²)
+double snr_db(const std::vector<float>& x, const std::vector<float>& ref) {
+    double s = 0.0, e = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        s += double(ref[i]) * ref[i];
+        const double d = double(x[i]) - ref[i];
+        e += d * d;
+    }
+    return e == 0.0 ? 300.0 : 10.0 * std::log10(s / e);
+}
+
+std::vector<float> concat_columns(const std::vector<float>& tail, int L, const std::vector<float>& x, int C, int T) {
+    std::vector<float> out(size_t(C) * (L + T));
+    for (int c = 0; c < C; ++c) {
+        std::copy_n(tail.begin() + ptrdiff_t(c) * L, L, out.begin() + ptrdiff_t(c) * (L + T));
+        std::copy_n(x.begin() + ptrdiff_t(c) * T, T, out.begin() + ptrdiff_t(c) * (L + T) + L);
+    }
+    return out;
+}
+
+std::vector<float> positive(size_t n, uint64_t seed) { return qtts_test::random_floats(n, seed, 0.2f, 1.5f); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("gpu decoder kernels: causal conv with tail and SnakeBeta", "[gpu][decoder]") {
+    const int C = 24, Cout = 20, K = 7, d = 3, T = 37, L = (K - 1) * d;
+    const qk::Launch l = context().launch();
+    auto x = qtts_test::random_floats(size_t(C) * T, 1);
+    auto tail = qtts_test::random_floats(size_t(C) * L, 2);
+    auto w = qtts_test::random_floats(size_t(Cout) * C * K, 3, -0.2f, 0.2f);
+    auto b = qtts_test::random_floats(size_t(Cout), 4);
+    auto log_alpha = qtts_test::random_floats(size_t(C), 5, -0.5f, 0.5f);
+    auto log_beta = qtts_test::random_floats(size_t(C), 6, -0.5f, 0.5f);
+    std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
+    for (int c = 0; c < C; ++c) {
+        alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
+        inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+    }
+    // CPU: conv over [tail | snake(x)]
+    std::vector<float> xs = x;
+    qtts::cpu::snake_beta(xs.data(), C, T, log_alpha.data(), log_beta.data());
+    const auto cat = concat_columns(tail, L, xs, C, T);
+    std::vector<float> expect(size_t(Cout) * T);
+    qtts::cpu::conv1d(cat.data(), C, L + T, w.data(), b.data(), Cout, K, 1, d, 1, expect.data());
+    std::vector<float> expect_tail(size_t(C) * L);
+    for (int c = 0; c < C; ++c)
+        std::copy_n(cat.begin() + ptrdiff_t(c) * (L + T) + T, L, expect_tail.begin() + ptrdiff_t(c) * L);
+
+    // GPU: im2col (+ ones row), tail update, SGEMM with the bias column.
+    std::vector<float> wp(size_t(Cout) * (C * K + 1));
+    for (int o = 0; o < Cout; ++o) {
+        std::copy_n(w.begin() + ptrdiff_t(o) * C * K, C * K, wp.begin() + ptrdiff_t(o) * (C * K + 1));
+        wp[size_t(o) * (C * K + 1) + C * K] = b[size_t(o)];
+    }
+    auto dx = to_device(x), dtail = to_device(tail), dw = to_device(wp), da = to_device(alpha), db = to_device(inv_beta);
+    qc::DeviceArray<float> col(size_t(C * K + 1) * T), y(size_t(Cout) * T);
+    qk::SnakeParams snake{da.get(), db.get()};
+    qk::conv_im2col(dtail.get(), L, dx.get(), C, T, K, d, snake, col.get(), l);
+    qk::conv_tail_update(dtail.get(), L, dx.get(), C, T, snake, l);
+    qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col.get(), T, 0.0f, y.get(),
+                        T);
+    const auto got = to_host(y.get(), y.size());
+    const auto got_tail = to_host(dtail.get(), dtail.size());
+    const double err = qtts_test::max_abs_error(got.data(), expect.data(), expect.size());
+    const double tail_err = qtts_test::max_abs_error(got_tail.data(), expect_tail.data(), expect_tail.size());
+    std::printf("causal conv k7 d3: max abs %.3g, tail %.3g\n", err, tail_err);
+    CHECK(err < 1e-4);
+    CHECK(tail_err < 1e-5);
+
+    // T shorter than the tail: the new tail mixes old tail and new input.
+    const int T2 = 5;
+    auto x2 = qtts_test::random_floats(size_t(C) * T2, 7);
+    auto dx2 = to_device(x2);
+    qk::conv_tail_update(dtail.get(), L, dx2.get(), C, T2, {}, l);
+    const auto cat2 = concat_columns(expect_tail, L, x2, C, T2);
+    std::vector<float> expect_tail2(size_t(C) * L);
+    for (int c = 0; c < C; ++c)
+        std::copy_n(cat2.begin() + ptrdiff_t(c) * (L + T2) + T2, L, expect_tail2.begin() + ptrdiff_t(c) * L);
+    const auto got_tail2 = to_host(dtail.get(), dtail.size());
+    CHECK(qtts_test::max_abs_error(got_tail2.data(), expect_tail2.data(), expect_tail2.size()) < 1e-5);
+
+    // Fused variant: tails in two slots chosen by the chunk counter's parity (0: read slot 0,
+    // write slot 1), same im2col.
+    std::vector<float> tails2(size_t(2) * C * L, 0.0f);
+    std::copy(tail.begin(), tail.end(), tails2.begin());
+    auto dtails2 = to_device(tails2);
+    qc::DeviceArray<int64_t> counter(1);
+    CUDA_CHECK(cudaMemset(counter.get(), 0, sizeof(int64_t)));
+    qc::DeviceArray<float> col2(col.size());
+    qk::conv_im2col_carry(dtails2.get(), L, counter.get(), dx.get(), C, T, K, d, snake, col2.get(), l);
+    qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col2.get(), T, 0.0f, y.get(),
+                        T);
+    const auto got2 = to_host(y.get(), y.size());
+    const auto got_tails2 = to_host(dtails2.get(), dtails2.size());
+    CHECK(qtts_test::max_abs_error(got2.data(), expect.data(), expect.size()) < 1e-4);
+    CHECK(qtts_test::max_abs_error(got_tails2.data() + size_t(C) * L, expect_tail.data(), expect_tail.size()) < 1e-5);
+    CHECK(qtts_test::max_abs_error(got_tails2.data(), tail.data(), tail.size()) == 0.0);  // read slot untouched
+}
+
+TEST_CASE("gpu decoder kernels: fused output conv (SnakeBeta, tail slots, clamp)", "[gpu][decoder]") {
+    const int C = 20, K = 7, L = K - 1, T = 150;
+    const qk::Launch l = context().launch();
+    auto x = qtts_test::random_floats(size_t(C) * T, 41);
+    auto tail = qtts_test::random_floats(size_t(C) * L, 42);
+    auto w = qtts_test::random_floats(size_t(C) * K, 43, -0.3f, 0.3f);
+    const float bias = 0.05f;
+    auto la = qtts_test::random_floats(size_t(C), 44, -0.5f, 0.5f), lb = qtts_test::random_floats(size_t(C), 45);
+    std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
+    for (int c = 0; c < C; ++c) {
+        alpha[size_t(c)] = std::exp(la[size_t(c)]);
+        inv_beta[size_t(c)] = 1.0f / (std::exp(lb[size_t(c)]) + 1e-9f);
+    }
+    std::vector<float> xs = x;
+    qtts::cpu::snake_beta(xs.data(), C, T, la.data(), lb.data());
+    const auto cat = concat_columns(tail, L, xs, C, T);
+    std::vector<float> expect(static_cast<size_t>(T));
+    qtts::cpu::conv1d(cat.data(), C, L + T, w.data(), &bias, 1, K, 1, 1, 1, expect.data());
+    int clamped = 0;
+    for (float& v : expect) {
+        clamped += std::fabs(v) > 1.0f;
+        v = std::min(1.0f, std::max(-1.0f, v));
+    }
+    std::vector<float> wb = w;
+    wb.push_back(bias);
+    std::vector<float> tails(size_t(2) * C * L, 0.0f);
+    std::copy(tail.begin(), tail.end(), tails.begin() + ptrdiff_t(C) * L);  // counter 1: read slot 1
+    auto dx = to_device(x), dw = to_device(wb), dtails = to_device(tails), da = to_device(alpha),
+         db = to_device(inv_beta);
+    qc::DeviceArray<int64_t> counter(1);
+    const int64_t one = 1;
+    CUDA_CHECK(cudaMemcpy(counter.get(), &one, sizeof(one), cudaMemcpyHostToDevice));
+    qc::DeviceArray<float> y(static_cast<size_t>(T));
+    qk::conv_out_carry(dtails.get(), L, counter.get(), dx.get(), C, T, K, 1, {da.get(), db.get()}, dw.get(), y.get(), l);
+    const auto got = to_host(y.get(), y.size());
+    const auto got_tails = to_host(dtails.get(), dtails.size());
+    std::vector<float> expect_tail(size_t(C) * L);
+    for (int c = 0; c < C; ++c)
+        std::copy_n(cat.begin() + ptrdiff_t(c) * (L + T) + T, L, expect_tail.begin() + ptrdiff_t(c) * L);
+    const double err = qtts_test::max_abs_error(got.data(), expect.data(), expect.size());
+    std::printf("output conv direct: max abs %.3g (%d of %d samples clamped)\n", err, clamped, T);
+    CHECK(err < 1e-5);
+    CHECK(qtts_test::max_abs_error(got_tails.data(), expect_tail.data(), expect_tail.size()) < 1e-5);
+}
+
+TEST_CASE("gpu decoder kernels: small-row linear with RMSNorm prologue and epilogues", "[gpu][decoder]") {
+    const qk::Launch l = context().launch();
+    using E = qk::SmallLinearEpilogue;
+    for (const int n : {1, 3, 8}) {
+        CAPTURE(n);
+        const int in = 64, out = 40;
+        auto x = qtts_test::random_floats(size_t(n) * in, 51);
+        auto nw = qtts_test::random_floats(size_t(in), 52);
+        auto W = qtts_test::random_floats(size_t(2) * out * in, 53, -0.2f, 0.2f);
+        auto b = qtts_test::random_floats(size_t(out), 54);
+        auto scale = qtts_test::random_floats(size_t(out), 55);
+        auto h0 = qtts_test::random_floats(size_t(n) * out, 56);
+        std::vector<float> xn(x.size()), lin(size_t(n) * out), up(size_t(n) * out);
+        qtts::cpu::rms_norm(x.data(), n, in, nw.data(), 1e-5f, xn.data());
+        auto dx = to_device(x), dnw = to_device(nw), dW = to_device(W), db = to_device(b), ds = to_device(scale);
+        qc::DeviceArray<float> y(size_t(n) * out);
+
+        // STORE with norm and bias.
+        qtts::cpu::linear(xn.data(), n, in, W.data(), b.data(), out, lin.data());
+        qk::small_linear(dx.get(), n, in, false, dnw.get(), 1e-5f, dW.get(), out, db.get(), E::SMALL_LINEAR_STORE,
+                         nullptr, y.get(), false, l);
+        auto got = to_host(y.get(), y.size());
+        CHECK(qtts_test::max_abs_error(got.data(), lin.data(), lin.size()) < 1e-5);
+
+        // SCALED_ADD without norm: h += scale ⊙ (x Wᵀ).
+        qtts::cpu::linear(x.data(), n, in, W.data(), nullptr, out, lin.data());
+        std::vector<float> h = h0;
+        for (int t = 0; t < n; ++t)
+            for (int o = 0; o < out; ++o) h[size_t(t) * out + o] += scale[size_t(o)] * lin[size_t(t) * out + o];
+        auto dh = to_device(h0);
+        qk::small_linear(dx.get(), n, in, false, nullptr, 0.0f, dW.get(), out, nullptr, E::SMALL_LINEAR_SCALED_ADD,
+                         ds.get(), dh.get(), false, l);
+        got = to_host(dh.get(), dh.size());
+        CHECK(qtts_test::max_abs_error(got.data(), h.data(), h.size()) < 1e-5);
+
+        // SWIGLU with norm: silu(xn W_gateᵀ) · (xn W_upᵀ).
+        qtts::cpu::linear(xn.data(), n, in, W.data(), nullptr, out, lin.data());
+        qtts::cpu::linear(xn.data(), n, in, W.data() + size_t(out) * in, nullptr, out, up.data());
+        std::vector<float> sw(lin.size());
+        qtts::cpu::swiglu(lin.data(), up.data(), lin.size(), sw.data());
+        qk::small_linear(dx.get(), n, in, false, dnw.get(), 1e-5f, dW.get(), out, nullptr, E::SMALL_LINEAR_SWIGLU,
+                         nullptr, y.get(), false, l);
+        got = to_host(y.get(), y.size());
+        CHECK(qtts_test::max_abs_error(got.data(), sw.data(), sw.size()) < 1e-5);
+
+        // Channel-major input and output.
+        std::vector<float> xc(x.size()), lin_c(lin.size());
+        qtts::cpu::transpose(x.data(), n, in, xc.data());
+        qtts::cpu::linear(x.data(), n, in, W.data(), b.data(), out, lin.data());
+        qtts::cpu::transpose(lin.data(), n, out, lin_c.data());
+        auto dxc = to_device(xc);
+        qk::small_linear(dxc.get(), n, in, true, nullptr, 0.0f, dW.get(), out, db.get(), E::SMALL_LINEAR_STORE, nullptr,
+                         y.get(), true, l);
+        got = to_host(y.get(), y.size());
+        CHECK(qtts_test::max_abs_error(got.data(), lin_c.data(), lin_c.size()) < 1e-5);
+    }
+}
+
+TEST_CASE("gpu decoder kernels: transposed conv with carried overlap, streamed", "[gpu][decoder]") {
+    const int Cin = 12, Cout = 10, s = 5, K = 2 * s, O = K - s;
+    const int T1 = 3, T2 = 4, T = T1 + T2;
+    const qk::Launch l = context().launch();
+    auto x = qtts_test::random_floats(size_t(Cin) * T, 11);
+    auto w = qtts_test::random_floats(size_t(Cin) * Cout * K, 12, -0.3f, 0.3f);
+    auto b = qtts_test::random_floats(size_t(Cout), 13);
+    // CPU full: untrimmed transposed conv, first T·s samples (+ bias).
+    std::vector<float> full(size_t(Cout) * ((T - 1) * s + K));
+    qtts::cpu::conv_transpose1d(x.data(), Cin, T, w.data(), b.data(), Cout, K, s, full.data());
+    const int full_len = (T - 1) * s + K;
+
+    auto dw = to_device(w), db = to_device(b);
+    qc::DeviceArray<float> overlap(size_t(Cout) * O), cols(size_t(Cout) * K * T), y(size_t(Cout) * T * s);
+    CUDA_CHECK(cudaMemset(overlap.get(), 0, overlap.bytes()));
+    std::vector<float> got(size_t(Cout) * T * s);
+    int t0 = 0;
+    for (const int n : {T1, T2}) {
+        std::vector<float> xc(size_t(Cin) * n);
+        for (int c = 0; c < Cin; ++c) std::copy_n(x.begin() + ptrdiff_t(c) * T + t0, n, xc.begin() + ptrdiff_t(c) * n);
+        auto dx = to_device(xc);
+        qc::sgemm_row_major(context(), true, false, Cout * K, n, Cin, dw.get(), Cout * K, dx.get(), n, 0.0f, cols.get(),
+                            n);
+        qk::trans_conv_overlap_add(cols.get(), Cout, K, s, n, db.get(), overlap.get(), y.get(), l);
+        const auto part = to_host(y.get(), size_t(Cout) * n * s);
+        for (int c = 0; c < Cout; ++c)
+            std::copy_n(part.begin() + ptrdiff_t(c) * n * s, n * s, got.begin() + ptrdiff_t(c) * T * s + t0 * s);
+        t0 += n;
+    }
+    double err = 0.0;
+    for (int c = 0; c < Cout; ++c)
+        for (int m = 0; m < T * s; ++m)
+            err = std::max(err, double(std::fabs(got[size_t(c) * T * s + m] - full[size_t(c) * full_len + m])));
+    // The carried overlap is the rest of the untrimmed output (without the bias).
+    const auto ov = to_host(overlap.get(), overlap.size());
+    double ov_err = 0.0;
+    for (int c = 0; c < Cout; ++c)
+        for (int j = 0; j < O; ++j)
+            ov_err = std::max(ov_err, double(std::fabs(ov[size_t(c) * O + j] + b[size_t(c)] -
+                                                       full[size_t(c) * full_len + T * s + j])));
+    std::printf("transposed conv x%d streamed: max abs %.3g, overlap %.3g\n", s, err, ov_err);
+    CHECK(err < 1e-5);
+    CHECK(ov_err < 1e-5);
+}
+
+TEST_CASE("gpu decoder kernels: depthwise conv, LayerNorm over channels, RMSNorm, SnakeBeta", "[gpu][decoder]") {
+    const qk::Launch l = context().launch();
+    const int C = 40, T = 9, K = 7, L = K - 1;
+    auto x = qtts_test::random_floats(size_t(C) * T, 21);
+    auto tail = qtts_test::random_floats(size_t(C) * L, 22);
+    auto w = qtts_test::random_floats(size_t(C) * K, 23);
+    auto b = qtts_test::random_floats(size_t(C), 24);
+    const auto cat = concat_columns(tail, L, x, C, T);
+    std::vector<float> expect(size_t(C) * T);
+    qtts::cpu::conv1d(cat.data(), C, L + T, w.data(), b.data(), C, K, 1, 1, C, expect.data());
+    auto dx = to_device(x), dtail = to_device(tail), dw = to_device(w), db = to_device(b);
+    qc::DeviceArray<float> y(size_t(C) * T);
+    qk::depthwise_conv(dtail.get(), L, dx.get(), C, T, K, 1, dw.get(), db.get(), y.get(), l);
+    auto got = to_host(y.get(), y.size());
+    CHECK(qtts_test::max_abs_error(got.data(), expect.data(), expect.size()) < 1e-5);
+
+    // LayerNorm over channels (channel-major in, channel-major + ones row out).
+    auto nw = qtts_test::random_floats(size_t(C), 25), nb = qtts_test::random_floats(size_t(C), 26);
+    std::vector<float> xt(size_t(T) * C), lt(size_t(T) * C);
+    qtts::cpu::transpose(x.data(), C, T, xt.data());
+    qtts::cpu::layer_norm(xt.data(), T, C, nw.data(), nb.data(), 1e-6f, lt.data());
+    auto dnw = to_device(nw), dnb = to_device(nb);
+    qc::DeviceArray<float> ln(size_t(C + 1) * T);
+    qk::layer_norm_channels(dx.get(), C, T, dnw.get(), dnb.get(), 1e-6f, ln.get(), l);
+    got = to_host(ln.get(), ln.size());
+    double ln_err = 0.0;
+    for (int c = 0; c < C; ++c)
+        for (int t = 0; t < T; ++t)
+            ln_err = std::max(ln_err, double(std::fabs(got[size_t(c) * T + t] - lt[size_t(t) * C + c])));
+    CHECK(ln_err < 1e-5);
+    for (int t = 0; t < T; ++t) CHECK(got[size_t(C) * T + t] == 1.0f);
+
+    // RMSNorm rows.
+    std::vector<float> rn(size_t(T) * C);
+    qtts::cpu::rms_norm(xt.data(), T, C, nw.data(), 1e-5f, rn.data());
+    auto dxt = to_device(xt);
+    qc::DeviceArray<float> drn(size_t(T) * C);
+    qk::rms_norm_rows(dxt.get(), T, C, dnw.get(), 1e-5f, drn.get(), l);
+    got = to_host(drn.get(), drn.size());
+    CHECK(qtts_test::max_abs_error(got.data(), rn.data(), rn.size()) < 1e-5);
+
+    // SnakeBeta.
+    auto la = qtts_test::random_floats(size_t(C), 27, -0.5f, 0.5f), lb = qtts_test::random_floats(size_t(C), 28);
+    std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
+    for (int c = 0; c < C; ++c) {
+        alpha[size_t(c)] = std::exp(la[size_t(c)]);
+        inv_beta[size_t(c)] = 1.0f / (std::exp(lb[size_t(c)]) + 1e-9f);
+    }
+    std::vector<float> sx = x;
+    qtts::cpu::snake_beta(sx.data(), C, T, la.data(), lb.data());
+    auto da = to_device(alpha), dib = to_device(inv_beta);
+    qk::snake_apply(dx.get(), C, T, {da.get(), dib.get()}, y.get(), l);
+    got = to_host(y.get(), y.size());
+    CHECK(qtts_test::max_abs_error(got.data(), sx.data(), sx.size()) < 1e-5);
+}
+
+TEST_CASE("gpu decoder kernels: RoPE + sliding-window attention over the K/V ring", "[gpu][decoder]") {
+    const qk::Launch l = context().launch();
+    // Window 12 / head_dim 16 runs the shared-memory staged kernel; window 200 / head_dim 64 is
+    // too large for it and runs the direct one.
+    struct Shape {
+        int hd, window;
+    };
+    for (const Shape shape : {Shape{16, 12}, Shape{64, 200}}) {
+    const int heads = 4, kv = 2, hd = shape.hd, window = shape.window, n = 5, ring = window - 1 + n;
+    CAPTURE(hd, window);
+    const int qd = heads * hd, kvd = kv * hd, stride = qd + 2 * kvd;
+    const int64_t p0 = window + 18;  // past positions p0-window+1 .. p0-1 are in the ring
+    const int past = window - 1;
+    auto qkv = qtts_test::random_floats(size_t(n) * stride, 31);
+    auto past_k = qtts_test::random_floats(size_t(past) * kvd, 32);  // already rotated
+    auto past_v = qtts_test::random_floats(size_t(past) * kvd, 33);
+    const auto inv_freq = qtts::cpu::rope_inv_freq(hd, 10000.0);
+
+    // CPU: rotate q and k of the new rows, attend over [past | new].
+    std::vector<float> q(size_t(n) * qd), k(size_t(n) * kvd), v(size_t(n) * kvd);
+    for (int t = 0; t < n; ++t) {
+        std::copy_n(qkv.begin() + ptrdiff_t(t) * stride, qd, q.begin() + ptrdiff_t(t) * qd);
+        std::copy_n(qkv.begin() + ptrdiff_t(t) * stride + qd, kvd, k.begin() + ptrdiff_t(t) * kvd);
+        std::copy_n(qkv.begin() + ptrdiff_t(t) * stride + qd + kvd, kvd, v.begin() + ptrdiff_t(t) * kvd);
+    }
+    std::vector<int64_t> pos(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) pos[size_t(t)] = p0 + t;
+    qtts::cpu::rope_apply_table(q.data(), n, heads, hd, pos.data(), inv_freq.data());
+    qtts::cpu::rope_apply_table(k.data(), n, kv, hd, pos.data(), inv_freq.data());
+    std::vector<float> kb = past_k, vb = past_v;
+    kb.insert(kb.end(), k.begin(), k.end());
+    vb.insert(vb.end(), v.begin(), v.end());
+    std::vector<float> expect(size_t(n) * qd);
+    qtts::cpu::attention(q.data(), n, pos.data(), kb.data(), vb.data(), past + n, p0 - past, heads, kv, hd, window,
+                         expect.data());
+
+    // GPU: ring slots hold position % ring.
+    std::vector<float> k_ring(size_t(ring) * kvd, 0.0f), v_ring(size_t(ring) * kvd, 0.0f);
+    for (int j = 0; j < past; ++j) {
+        const int slot = int((p0 - past + j) % ring);
+        std::copy_n(past_k.begin() + ptrdiff_t(j) * kvd, kvd, k_ring.begin() + ptrdiff_t(slot) * kvd);
+        std::copy_n(past_v.begin() + ptrdiff_t(j) * kvd, kvd, v_ring.begin() + ptrdiff_t(slot) * kvd);
+    }
+    auto dqkv = to_device(qkv), dk = to_device(k_ring), dv = to_device(v_ring), dfreq = to_device(inv_freq);
+    qc::DeviceArray<int64_t> dpos(1);
+    CUDA_CHECK(cudaMemcpy(dpos.get(), &p0, sizeof(int64_t), cudaMemcpyHostToDevice));
+    qc::DeviceArray<float> out(size_t(n) * qd);
+    qk::rope_kv_store(dqkv.get(), n, heads, kv, hd, dfreq.get(), dpos.get(), dk.get(), dv.get(), ring, l);
+    qk::window_attention(dqkv.get(), n, heads, kv, hd, dk.get(), dv.get(), ring, window, dpos.get(), out.get(), l);
+    const auto got = to_host(out.get(), out.size());
+    const auto got_qkv = to_host(dqkv.get(), dqkv.size());
+    double q_err = 0.0;
+    for (int t = 0; t < n; ++t)
+        for (int j = 0; j < qd; ++j)
+            q_err = std::max(q_err, double(std::fabs(got_qkv[size_t(t) * stride + j] - q[size_t(t) * qd + j])));
+    const double err = qtts_test::max_abs_error(got.data(), expect.data(), expect.size());
+    std::printf("rope q max abs %.3g; window %d attention max abs %.3g\n", q_err, window, err);
+    CHECK(q_err < 1e-5);
+    CHECK(err < 1e-5);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tiny reference speech tokenizer (golden decoder_long)
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct TinyDecoder {
+    std::shared_ptr<const qtts::Checkpoint> ckpt;
+    std::unique_ptr<qtts::cpu::CpuSpeechDecoder> cpu;
+    std::shared_ptr<const qc::GpuSpeechDecoderWeights> gpu;
+    std::shared_ptr<const qc::GpuSpeechDecoderWeights> gpu_unpadded;  // pad_rows = false
+    std::vector<int32_t> codes;
+    std::vector<float> audio_full;  // golden
+    int n = 0;
+};
+
+TinyDecoder* tiny_decoder() {
+    static std::unique_ptr<TinyDecoder> td;
+    if (td) return td.get();
+    const std::string golden = qtts_test::golden_path("tiny-customvoice", "decoder_long");
+    if (!qtts_test::reference_available() || !std::ifstream(golden).good()) return nullptr;
+    td = std::make_unique<TinyDecoder>();
+    td->ckpt = qtts::checkpoint_load(qtts_test::reference_model_dir("tiny-customvoice"));
+    qtts::cpu::CpuSpeechDecoderOptions cpu_options;
+    cpu_options.rope_inv_freq = qtts_test::golden_decoder_rope();
+    td->cpu = std::make_unique<qtts::cpu::CpuSpeechDecoder>(*td->ckpt, cpu_options);
+    qc::GpuSpeechDecoderWeightOptions gpu_options;
+    gpu_options.rope_inv_freq = qtts_test::golden_decoder_rope();
+    td->gpu = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
+    gpu_options.pad_rows = false;
+    td->gpu_unpadded = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
+    const auto file = qtts::SafetensorsFile::open(golden);
+    const qtts::TensorView& ct = file->get("codes");
+    td->n = int(ct.shape[0]);
+    const auto c64 = qtts::tensor_to_i64(ct);
+    td->codes.assign(c64.begin(), c64.end());
+    td->audio_full = qtts::tensor_to_f32(file->get("audio_full"));
+    return td.get();
+}
+
+std::vector<float> gpu_stream(qc::GpuSpeechDecoder& dec, const std::vector<int32_t>& codes, int n,
+                              const std::vector<int>& chunks) {
+    std::vector<float> pcm;
+    const int nq = dec.config().num_quantizers;
+    size_t i = 0;
+    for (int s = 0; s < n; ++i) {
+        const int m = std::min(chunks[i % chunks.size()], n - s);
+        dec.decode(codes.data() + size_t(s) * nq, m, &pcm);
+        s += m;
+    }
+    return pcm;
+}
+
+}  // namespace
+
+TEST_CASE("gpu decoder: tiny reference tokenizer streams exactly at chunk sizes 1, 2, 4, 25", "[gpu][decoder]") {
+    TinyDecoder* td = tiny_decoder();
+    if (!td) {
+        WARN("reference golden decoder_long not available: skipped");
+        return;
+    }
+    const auto cpu_full = td->cpu->decode_full(td->codes.data(), td->n);
+    REQUIRE(cpu_full.size() == td->audio_full.size());
+    qc::GpuSpeechDecoder dec(td->gpu, context());
+    REQUIRE(dec.samples_per_frame() == 1920);
+    // The non-default paths: small-row transformer kernels, unpadded weight rows.
+    qc::GpuSpeechDecoderOptions small_options;
+    small_options.small_kernels = true;
+    qc::GpuSpeechDecoder dec_small(td->gpu, context(), small_options);
+    qc::GpuSpeechDecoder dec_unpadded(td->gpu_unpadded, context());
+    for (const int chunk : {1, 2, 4, 25}) {
+        for (qc::GpuSpeechDecoder* other : {&dec_small, &dec_unpadded}) {
+            other->reset();
+            const auto pcm_other = gpu_stream(*other, td->codes, td->n, {chunk});
+            const double err = qtts_test::max_abs_error(pcm_other.data(), cpu_full.data(), pcm_other.size());
+            std::printf("  %s chunk %2d: max abs %.3g vs CPU\n", other == &dec_small ? "small-row" : "unpadded", chunk,
+                        err);
+            CHECK(err <= 1e-3);
+        }
+        dec.reset();
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto pcm = gpu_stream(dec, td->codes, td->n, {chunk});
+        const double s = seconds_since(t0);
+        REQUIRE(pcm.size() == cpu_full.size());
+        const double err_cpu = qtts_test::max_abs_error(pcm.data(), cpu_full.data(), pcm.size());
+        const double err_golden = qtts_test::max_abs_error(pcm.data(), td->audio_full.data(), pcm.size());
+        std::printf("tiny decoder_long (%d frames) GPU chunk %2d: max abs %.3g vs CPU decode_full, %.3g vs golden "
+                    "audio_full; %.3f ms/frame wall (graph: %s)\n",
+                    td->n, chunk, err_cpu, err_golden, s * 1e3 / td->n, dec.has_graph(chunk) ? "yes" : "no");
+        CAPTURE(chunk);
+        CHECK(err_cpu <= 1e-3);
+        CHECK(err_golden <= 1e-3);
+    }
+    // Irregular chunks too.
+    dec.reset();
+    const auto pcm = gpu_stream(dec, td->codes, td->n, {3, 1, 7, 2, 4, 1, 25});
+    CHECK(qtts_test::max_abs_error(pcm.data(), cpu_full.data(), pcm.size()) <= 1e-3);
+}
+
+TEST_CASE("gpu decoder: graph replay and eager give bitwise identical samples", "[gpu][decoder]") {
+    TinyDecoder* td = tiny_decoder();
+    if (!td) {
+        WARN("reference golden decoder_long not available: skipped");
+        return;
+    }
+    qc::GpuSpeechDecoderOptions eager_options;
+    eager_options.cuda_graphs = false;
+    qc::GpuSpeechDecoder graphed(td->gpu, context());
+    qc::GpuSpeechDecoder eager(td->gpu, context(), eager_options);
+    if (!graphed.graphs_enabled()) WARN("graphs disabled by the environment: both sides eager");
+    for (const int s : {1, 2, 4}) CHECK(graphed.has_graph(s) == graphed.graphs_enabled());
+    CHECK_FALSE(eager.has_graph(1));
+    CHECK(graphed.graph_stats().size() == (graphed.graphs_enabled() ? 3u : 0u));
+    const std::vector<int> chunks{1, 2, 4, 1, 1, 4, 2, 3};
+    const auto a = gpu_stream(graphed, td->codes, td->n, chunks);
+    const auto b = gpu_stream(eager, td->codes, td->n, chunks);
+    REQUIRE(a.size() == b.size());
+    size_t differing = 0;
+    for (size_t i = 0; i < a.size(); ++i) differing += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    std::printf("graph vs eager: %zu of %zu samples differ\n", differing, a.size());
+    CHECK(differing == 0);
+    CHECK(graphed.frames_done() == td->n);
+}
+
+TEST_CASE("gpu decoder: invalid codes are refused before the state changes; reset restarts", "[gpu][decoder]") {
+    TinyDecoder* td = tiny_decoder();
+    if (!td) {
+        WARN("reference golden decoder_long not available: skipped");
+        return;
+    }
+    const int nq = 16, n = 12;
+    qc::GpuSpeechDecoder dec(td->gpu, context());
+    std::vector<float> first;
+    dec.decode(td->codes.data(), 4, &first);
+    std::vector<int32_t> bad(td->codes.begin() + 4 * nq, td->codes.begin() + 6 * nq);
+    bad[size_t(nq) + 3] = 2048;  // frame 1 codebook 3: out of range
+    std::vector<float> junk;
+    CHECK_THROWS_AS(dec.decode(bad.data(), 2, &junk), qtts::Error);
+    bad[size_t(nq) + 3] = -1;
+    CHECK_THROWS_AS(dec.decode(bad.data(), 2, &junk), qtts::Error);
+    CHECK(junk.empty());
+    CHECK(dec.frames_done() == 4);
+    dec.decode(td->codes.data() + 4 * nq, n - 4, &first);
+    const auto expect = td->cpu->decode_full(td->codes.data(), n);
+    CHECK(qtts_test::max_abs_error(first.data(), expect.data(), expect.size()) <= 1e-3);
+    // After reset() the same chunking (4, then 8) gives the same samples bit for bit.
+    dec.reset();
+    CHECK(dec.frames_done() == 0);
+    std::vector<float> again;
+    dec.decode(td->codes.data(), 4, &again);
+    dec.decode(td->codes.data() + 4 * nq, n - 4, &again);
+    REQUIRE(again.size() == first.size());
+    CHECK(std::memcmp(again.data(), first.data(), again.size() * sizeof(float)) == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Release size
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("gpu decoder: release-size random tokenizer streams with SNR >= 60 dB vs the CPU", "[gpu][decoder]") {
+    const char* env = std::getenv("QTTS_TEST_DECODER_FRAMES");
+    const int n = env ? std::max(1, std::atoi(env)) : 300;
+    qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
+    preset.speech_config.decoder = qtts::DecoderConfig{};
+    const std::string dir = qtts_test::temp_dir() + "/full-decoder";
+    auto t0 = std::chrono::steady_clock::now();
+    qtts::model_write_random(preset, dir, 21);
+    const auto ckpt = qtts::checkpoint_load(dir);
+    std::printf("full-size decoder: written and loaded in %.1f s\n", seconds_since(t0));
+    const int nq = 16;
+    const auto u = qtts_test::random_floats(size_t(n) * nq, 77, 0.0f, 1.0f);
+    std::vector<int32_t> codes(u.size());
+    for (size_t i = 0; i < u.size(); ++i) codes[i] = std::min(2047, int(u[i] * 2048.0f));
+
+    t0 = std::chrono::steady_clock::now();
+    const auto gpu_w = qc::GpuSpeechDecoderWeights::upload(*ckpt, context().device());
+    qc::GpuSpeechDecoder dec(gpu_w, context());
+    std::printf("full-size decoder: GPU upload + graph capture %.2f s\n", seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    const auto pcm = gpu_stream(dec, codes, n, {1, 2, 4, 1, 25, 3});
+    std::printf("full-size decoder: GPU streaming %d frames in %.3f s\n", n, seconds_since(t0));
+
+    t0 = std::chrono::steady_clock::now();
+    const qtts::cpu::CpuSpeechDecoder cpu(*ckpt);
+    const auto ref = cpu.decode_full(codes.data(), n);
+    std::printf("full-size decoder: CPU decode_full %d frames in %.1f s\n", n, seconds_since(t0));
+    REQUIRE(pcm.size() == ref.size());
+    double ss = 0.0;
+    for (float v : ref) ss += double(v) * v;
+    const double rms = std::sqrt(ss / double(ref.size()));
+    const double snr = snr_db(pcm, ref);
+    const double err = qtts_test::max_abs_error(pcm.data(), ref.data(), ref.size());
+    std::printf("full-size decoder: %d frames, rms %.4f, GPU vs CPU SNR %.1f dB, max abs %.3g\n", n, rms, snr, err);
+    REQUIRE(rms > 1e-3);
+    CHECK(snr >= 60.0);
+}
+
+#endif  // QTTS_HAVE_CUDA
