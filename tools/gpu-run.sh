@@ -47,13 +47,15 @@ build() {
     # The tiny reference models the GPU-vs-CPU tests use (vocab/merges are not needed by the LM).
     local ref=${QTTS_REFERENCE_DIR:-$ROOT/../shared/reference}
     if [ -d "$ref/models" ]; then
-        for m in tiny-customvoice tiny-voicedesign; do
+        for m in tiny-customvoice tiny-voicedesign tiny-base; do
+            [ -d "$ref/models/$m" ] || continue
             mkdir -p "$stage/ref/models/$m/speech_tokenizer"
             cp "$ref/models/$m/config.json" "$ref/models/$m/generation_config.json" "$ref/models/$m/model.safetensors" \
                 "$stage/ref/models/$m/"
             cp "$ref/models/$m/speech_tokenizer/config.json" "$stage/ref/models/$m/speech_tokenizer/"
         done
-        # The runtime test loads a complete model (SpeechModel: text tokenizer too).
+        # The runtime test loads a complete model (SpeechModel: text tokenizer too); tiny-base
+        # (the Base voice case, ~10 MB compressed) shares the same tokenizer files, linked on the device.
         cp "$ref/models/tiny-customvoice/"{vocab.json,merges.txt,tokenizer_config.json} "$stage/ref/models/tiny-customvoice/"
         # One copy of the (shared) speech tokenizer weights; linked into both models on the device.
         cp "$ref/models/tiny-customvoice/speech_tokenizer/model.safetensors" "$stage/ref/speech_tokenizer.safetensors"
@@ -80,9 +82,14 @@ device() {
         python3 -c "import lzma,tarfile,sys; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])" \
             "$DIST/payload.tar.xz" "$q"
     fi
-    for m in tiny-customvoice tiny-voicedesign; do
+    for m in tiny-customvoice tiny-voicedesign tiny-base; do
         [ -d "$q/ref/models/$m" ] && ln -sf "$q/ref/speech_tokenizer.safetensors" "$q/ref/models/$m/speech_tokenizer/model.safetensors"
     done
+    if [ -d "$q/ref/models/tiny-base" ]; then
+        for f in vocab.json merges.txt tokenizer_config.json; do
+            ln -sf "$q/ref/models/tiny-customvoice/$f" "$q/ref/models/tiny-base/$f"
+        done
+    fi
     export LD_LIBRARY_PATH=$q/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
     export QTTS_REFERENCE_DIR=$q/ref
     export QTTS_LOG_LEVEL=${QTTS_LOG_LEVEL:-info}
@@ -136,7 +143,7 @@ device() {
             --json "$out/bench-$p.json" >"$q/bench-$p.log" 2>&1 || { note "bench $p FAILED"; failed=1; }
         cat "$q/bench-$p.log" >>"$out/bench.log"
         note "bench $p: $((SECONDS - t)) s"
-        grep -E '^\s+(prefill|time to first|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time|talker |predictor |codec|rmsnorm|frame embed|sample)' \
+        grep -E '^\s+(prefill|time to first|end to end|e2e|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time|talker |predictor |codec|rmsnorm|frame embed|sample)' \
             "$q/bench-$p.log" | sed "s/^/  [$p] /" | tee -a "$summary" || true
         rm -rf "$dir"
     done

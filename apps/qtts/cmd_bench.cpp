@@ -8,8 +8,16 @@
 // prefill time, time to first frame, the frame time with graphs on and off (and with
 // programmatic dependent launch off), the talker / predictor split, launches per frame and the
 // bytes each frame reads against the bandwidth floor. Prints a table and optionally writes JSON.
+//
+// End to end on the runtime path (SpeechModel + Utterance on the CUDA backend, GPU speech decoder,
+// chunks of 1 then 4 frames like the engine): time to first audio = request submitted (text) ->
+// first PCM chunk on the host (tokenization, prompt, prefill, first frame and its decode), p50 /
+// p95 over --e2e-requests requests (default 20) of a ~20-word sentence after one warm-up; and the
+// steady end-to-end frame time (LM + decoder + host copies per 80 ms frame) after the first chunk.
+// --no-e2e skips it.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +33,7 @@
 #include "model/make_model.h"
 #include "model/weights.h"
 #include "runtime/sampling.h"
+#include "runtime/synthesizer.h"
 #include "text/prompt.h"
 
 #ifdef QTTS_HAVE_CUDA
@@ -55,6 +64,8 @@ void usage() {
         "  --device N         CUDA device (default 0)\n"
         "  --no-cuda-graphs   skip the graph measurements (eager only)\n"
         "  --kernels          also time each kernel of the frame alone (graphs of 64 launches)\n"
+        "  --e2e-requests N   end-to-end requests (time to first audio, frame time with decode; default 20)\n"
+        "  --no-e2e           skip the end-to-end runtime measurement\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -62,6 +73,14 @@ void usage() {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
+}
+
+// Nearest-rank percentile (p in 0..100).
+[[maybe_unused]] double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t rank = size_t(std::ceil(p / 100.0 * double(v.size())));
+    return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
 #ifdef QTTS_HAVE_CUDA
@@ -256,6 +275,63 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
     return out;
 }
 
+struct EndToEnd {
+    int requests = 0;
+    int prompt_tokens = 0;        // text ids of the sentence (the tokenizer of the checkpoint)
+    std::vector<double> ttfa_ms;  // per request: submit -> first PCM chunk on the host
+    std::vector<double> frame_ms;  // per request: mean wall time per frame after the first chunk
+    int64_t frames = 0;           // frames after the first chunk, all requests
+    bool gpu_decoder = false;
+    double load_s = 0.0;
+};
+
+// The runtime path end to end: what a server request costs on one stream, on the calling thread.
+EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests) {
+    EndToEnd e;
+    qtts::SpeechModelOptions options;
+    options.backend = "cuda";
+    options.device = device;
+    options.cuda_graphs = graphs;
+    options.first_chunk_frames = 1;
+    options.chunk_frames = 4;
+    const auto t0 = Clock::now();
+    const auto model = qtts::SpeechModel::load(model_dir, options);
+    e.load_s = ms_between(t0, Clock::now()) / 1e3;
+    e.gpu_decoder = model->gpu_decoder();
+    qtts::SpeechRequest request;
+    request.text =
+        "The quick brown fox jumps over the lazy dog while the evening sun slowly sets behind the quiet distant hills.";
+    request.max_frames = 96;  // 7.7 s of audio per request; EOS may end it earlier (random weights)
+    e.prompt_tokens = int(model->text_ids(request.text).size());
+    std::vector<float> pcm;
+    std::vector<qtts::FrameCodes> codes;
+    pcm.reserve(size_t(request.max_frames) * 1920);
+    for (int r = 0; r < requests + 1; ++r) {
+        request.seed = 100 + uint64_t(r);
+        pcm.clear();
+        codes.clear();
+        const auto s0 = Clock::now();
+        qtts::Utterance utt(model, model->prepare(request));
+        qtts::UtteranceStatus status = utt.chunk(1, &pcm, &codes);
+        const auto s1 = Clock::now();
+        if (status != qtts::UtteranceStatus::UTTERANCE_CHUNK || pcm.empty())
+            qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first chunk produced no audio");
+        const int64_t first = utt.frames();
+        while (utt.chunk(4, &pcm, &codes) != qtts::UtteranceStatus::UTTERANCE_DONE) {
+        }
+        const auto s2 = Clock::now();
+        if (r == 0) continue;  // warm-up
+        e.ttfa_ms.push_back(ms_between(s0, s1));
+        const int64_t rest = utt.frames() - first;
+        if (rest > 0) {
+            e.frame_ms.push_back(ms_between(s1, s2) / double(rest));
+            e.frames += rest;
+        }
+    }
+    e.requests = requests;
+    return e;
+}
+
 int bench_cuda(const qtts_cli::Args& args) {
     namespace qc = qtts::cuda;
     const int device = int(args.get_int("device", 0));
@@ -263,6 +339,7 @@ int bench_cuda(const qtts_cli::Args& args) {
     const int chunk = int(args.get_int("chunk", 4));
     const int repeats = int(args.get_int("repeats", 5));
     const bool graphs = !args.has("no-cuda-graphs");
+    const int e2e_requests = args.has("no-e2e") ? 0 : int(args.get_int("e2e-requests", 20));
     if (frames < 8 || chunk < 1 || repeats < 1) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--frames >= 8, --chunk >= 1, --repeats >= 1");
 
     nlohmann::json out;
@@ -367,6 +444,9 @@ int bench_cuda(const qtts_cli::Args& args) {
     std::vector<KernelTime> kernels;
     if (args.has("kernels")) kernels = kernel_times(context, *weights);
 
+    EndToEnd e2e;
+    if (e2e_requests > 0) e2e = end_to_end(model_dir, device, graphs, e2e_requests);
+
     // Bytes a frame must read: every talker weight once, every predictor weight 15 times, and the
     // talker KV cache (fp32) at the mean context of the steady-state run.
     const qc::GpuStack& T = weights->talker;
@@ -408,6 +488,21 @@ int bench_cuda(const qtts_cli::Args& args) {
         graph_stats.push_back({{"name", s.name}, {"frames", s.frames}, {"nodes", s.nodes}, {"capture_ms", s.capture_ms},
                                {"instantiate_ms", s.instantiate_ms}, {"device_bytes", s.device_bytes}});
     out["graphs"] = graph_stats;
+    const double e2e_frame = median(e2e.frame_ms);
+    if (e2e.requests > 0) {
+        out["e2e"] = {{"requests", e2e.requests},
+                      {"prompt_text_tokens", e2e.prompt_tokens},
+                      {"gpu_decoder", e2e.gpu_decoder},
+                      {"chunks", "1 then 4"},
+                      {"load_s", e2e.load_s},
+                      {"ttfa_ms_p50", median(e2e.ttfa_ms)},
+                      {"ttfa_ms_p95", percentile(e2e.ttfa_ms, 95)},
+                      {"ttfa_ms_min", percentile(e2e.ttfa_ms, 0)},
+                      {"frame_ms_p50", e2e_frame},
+                      {"frame_ms_p95", percentile(e2e.frame_ms, 95)},
+                      {"frames", e2e.frames},
+                      {"x_realtime", e2e_frame > 0 ? 80.0 / e2e_frame : 0.0}};
+    }
 
     std::printf("\nqtts bench  %s  on %s (device %d)\n", model_dir.c_str(), context.device_name().c_str(), device);
     std::printf("  prompt %d positions, %d frames per run, chunk %d, PDL %s\n", L, frames, chunk, context.pdl() ? "on" : "off");
@@ -426,6 +521,15 @@ int bench_cuda(const qtts_cli::Args& args) {
     row("bandwidth floor (4.3 TB/s)", floor_ms, "ms");
     row("achieved", best_ms > 0 ? frame_bytes / (best_ms * 1e-3) / 1e12 : 0.0, "TB/s");
     row("real-time factor", best_ms > 0 ? 80.0 / best_ms : 0.0, "x");
+    if (e2e.requests > 0) {
+        std::printf("  end to end (runtime: Utterance, %s decoder, chunks 1 then 4; %d requests, %d text tokens)\n",
+                    e2e.gpu_decoder ? "GPU" : "CPU", e2e.requests, e2e.prompt_tokens);
+        row("  time to first audio (p50)", median(e2e.ttfa_ms), "ms");
+        row("  time to first audio (p95)", percentile(e2e.ttfa_ms, 95), "ms");
+        row("  e2e frame, LM + decoder (p50)", e2e_frame, "ms");
+        row("  e2e frame, LM + decoder (p95)", percentile(e2e.frame_ms, 95), "ms");
+        row("  e2e real-time factor", e2e_frame > 0 ? 80.0 / e2e_frame : 0.0, "x");
+    }
     if (!kernels.empty()) {
         std::printf("\n  %-40s %9s %9s\n", "kernel (alone, 64 launches in a graph)", "us", "GB/s");
         nlohmann::json kj = nlohmann::json::array();
@@ -447,8 +551,8 @@ int bench_cuda(const qtts_cli::Args& args) {
 #endif
 
 int cmd_bench(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json"},
-                        {"help", "no-cuda-graphs", "kernels"});
+    qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests"},
+                        {"help", "no-cuda-graphs", "kernels", "no-e2e"});
     if (args.has("help")) {
         usage();
         return 0;

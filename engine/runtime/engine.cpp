@@ -185,16 +185,21 @@ struct Engine::Impl {
     // Engine thread only. The utterance is dropped here, not when the last Stream reference goes
     // away on some consumer thread: its generator state (GPU KV caches on CUDA) belongs to this
     // thread and goes back to the model's pool for the next stream.
+    // The slot and the statistics are released *before* the stream reports itself done, so a
+    // reader that sees generation_done() can submit again at once and reads final stats.
     void finish(StreamImpl& s, StopReason reason, const std::string& error) {
         s.utterance_.reset();
-        s.finish(reason, error);
+        const int64_t samples = s.metrics().samples;
         admitted.fetch_sub(1);
-        std::lock_guard<std::mutex> lock(stats_mutex);
-        stats.active_streams = admitted.load();
-        if (reason == StopReason::STOP_CANCELLED) ++stats.cancelled;
-        else if (reason == StopReason::STOP_ERROR) ++stats.errors;
-        else ++stats.completed;
-        stats.audio_seconds += s.metrics().samples / 24000.0;
+        {
+            std::lock_guard<std::mutex> lock(stats_mutex);
+            stats.active_streams = admitted.load();
+            if (reason == StopReason::STOP_CANCELLED) ++stats.cancelled;
+            else if (reason == StopReason::STOP_ERROR) ++stats.errors;
+            else ++stats.completed;
+            stats.audio_seconds += samples / 24000.0;
+        }
+        s.finish(reason, error);
     }
 
     // One chunk for one stream; returns true when it made progress.

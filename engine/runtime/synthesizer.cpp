@@ -10,6 +10,7 @@
 #include "text/text_split.h"
 
 #ifdef QTTS_HAVE_CUDA
+#include "cuda/gpu_decoder_pool.h"
 #include "cuda/gpu_generator_pool.h"
 #endif
 
@@ -87,10 +88,24 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
         gpu.generator.graph_frames = {options.first_chunk_frames};
         if (options.chunk_frames != options.first_chunk_frames) gpu.generator.graph_frames.push_back(options.chunk_frames);
         model->gpu_ = cuda::GpuGeneratorPool::create(ckpt, gpu);
+        if (options.gpu_decoder) {
+            cuda::GpuDecoderPoolOptions dec;
+            dec.states = options.gpu_states;
+            dec.weights.rope_inv_freq = options.decoder_rope_inv_freq;  // the upload validates its size
+            dec.decoder.cuda_graphs = options.cuda_graphs;
+            // Scratch for 8 frames (~66 MB at release size, vs ~205 MB for 25) per stream: the
+            // engine's chunks fit it and replay their graphs; longer calls (ICL reference codes,
+            // bigger chunks) are split into chunks of max_chunk_frames.
+            dec.decoder.max_chunk_frames = std::max({8, options.first_chunk_frames, options.chunk_frames});
+            dec.decoder.graph_chunk_sizes = {options.first_chunk_frames};
+            if (options.chunk_frames != options.first_chunk_frames)
+                dec.decoder.graph_chunk_sizes.push_back(options.chunk_frames);
+            model->gpu_decoder_ = cuda::GpuDecoderPool::create(model->gpu_, *ckpt, dec);
+        }
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
 #endif
-    } else {
+    } else if (options.lm_eager) {
         model->lm_shared();  // convert now, not in the first request
     }
     const bool lm_rope_override = !options.talker_rope_inv_freq.empty() || !options.predictor_rope_inv_freq.empty();
@@ -98,7 +113,7 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
         if (choice.backend != LmBackend::LM_BACKEND_CPU)
             fail(ErrorCode::ERROR_UNSUPPORTED, "RoPE table overrides are a CPU-backend test facility (backend {})",
                  model->backend_name());
-        auto lm = std::make_shared<cpu::LmWeights>(*model->lm_);
+        auto lm = std::make_shared<cpu::LmWeights>(*model->lm_shared());
         rope_table_override(lm->talker.rope_inv_freq, options.talker_rope_inv_freq, "talker");
         rope_table_override(lm->predictor.rope_inv_freq, options.predictor_rope_inv_freq, "code predictor");
         model->lm_ = std::move(lm);
@@ -138,6 +153,20 @@ void SpeechModel::owner_adopt() const {
 int SpeechModel::gpu_states_created() const {
 #ifdef QTTS_HAVE_CUDA
     if (gpu_) return gpu_->states_created();
+#endif
+    return 0;
+}
+
+std::unique_ptr<DecoderStream> SpeechModel::decoder_stream_new() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_decoder_) return gpu_decoder_->acquire();
+#endif
+    return nullptr;
+}
+
+int SpeechModel::gpu_decoder_states_created() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_decoder_) return gpu_decoder_->states_created();
 #endif
     return 0;
 }
@@ -262,15 +291,18 @@ Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech pr
     : model_(std::move(model)),
       prepared_(std::move(prepared)),
       generator_(model_->generator_new()),
-      decoder_state_(model_->decoder().state_new()) {
+      gpu_decoder_(model_->decoder_stream_new()) {
+    if (!gpu_decoder_) decoder_state_ = model_->decoder().state_new();
     // In-context cloning: the reference codes are the decoder's left context, and their audio
     // is not part of the output. Decoding them once into the streaming state (audio thrown
     // away) makes every generated frame sound exactly as if decoded after the reference.
+    // Same on both decoders: the GPU state is warmed with the same codes in the same call.
     const PromptRequest& base = prepared_.base;
     if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * 16) {
         std::vector<float> discarded;
         discarded.reserve(size_t(base.ref_frames) * 1920);
-        model_->decoder().decode(decoder_state_, base.ref_codes.data(), base.ref_frames, &discarded);
+        if (gpu_decoder_) gpu_decoder_->decode(base.ref_codes.data(), base.ref_frames, &discarded);
+        else model_->decoder().decode(decoder_state_, base.ref_codes.data(), base.ref_frames, &discarded);
     }
 }
 
@@ -346,12 +378,13 @@ void Utterance::text_close() {
 }
 
 void Utterance::frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm) {
-    // TODO(gpu decoder): the CUDA backend will decode here with the GPU speech decoder
-    // (engine/cuda/gpu_speech_decoder.*, its own per-utterance state next to decoder_state_);
-    // until then both backends decode on the CPU, so the audio depends only on the codes.
-    std::vector<int32_t> flat(frames.size() * 16);
-    for (size_t f = 0; f < frames.size(); ++f) std::copy(frames[f].begin(), frames[f].end(), flat.begin() + long(f) * 16);
-    model_->decoder().decode(decoder_state_, flat.data(), int(frames.size()), pcm);
+    // The CUDA backend decodes with its pooled GPU decoder state (unless the model was loaded
+    // with gpu_decoder = false); the CPU backend with the CPU reference, as always.
+    codes_flat_.resize(frames.size() * 16);
+    for (size_t f = 0; f < frames.size(); ++f)
+        std::copy(frames[f].begin(), frames[f].end(), codes_flat_.begin() + long(f) * 16);
+    if (gpu_decoder_) gpu_decoder_->decode(codes_flat_.data(), int(frames.size()), pcm);
+    else model_->decoder().decode(decoder_state_, codes_flat_.data(), int(frames.size()), pcm);
 }
 
 UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {

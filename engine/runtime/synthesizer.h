@@ -13,7 +13,11 @@
 // SpeechModelOptions::backend). With CUDA the model opens the device and uploads the LM weights
 // once at load, on the loading thread, which then owns every GPU object (the engine loads on its
 // own thread). Each Utterance takes its own GPU generator state (KV caches) from the model's pool,
-// so concurrent streams never share state. The speech decoder is the CPU one on both backends.
+// so concurrent streams never share state. The speech decoder runs on the GPU too (unless
+// SpeechModelOptions::gpu_decoder is false): its weights are uploaded once at load and each
+// Utterance takes a decoder state from a second pool (same size, graphs captured for the
+// model's chunk sizes), reset and returned when the utterance ends. On the CPU backend the CPU
+// decoder is used exactly as before.
 #pragma once
 
 #include <array>
@@ -27,6 +31,7 @@
 #include "cpu/lm.h"
 #include "cpu/speech_decoder.h"
 #include "model/weights.h"
+#include "runtime/decoder_stream.h"
 #include "runtime/engine.h"
 #include "runtime/frame_generator.h"
 #include "runtime/lm_backend.h"
@@ -38,6 +43,7 @@ namespace qtts {
 
 namespace cuda {
 class GpuGeneratorPool;
+class GpuDecoderPool;
 }
 
 using FrameCodes = cpu::FrameCodes;
@@ -55,9 +61,14 @@ struct SpeechModelOptions {
     int first_chunk_frames = 1;    // frames the GPU computes per chunk (match the caller's chunking;
     int chunk_frames = 4;          // these sizes also get captured graphs)
     int gpu_max_context = 4096;    // talker positions (prompt + frames) per utterance on the GPU
+    // CPU backend: convert the talker + code predictor weights to fp32 at load (true) or when first
+    // needed (false: tools that only use the tokenizer or the cloning encoders, e.g. `qtts voice`).
+    bool lm_eager = true;
+    bool gpu_decoder = true;       // false: the CPU speech decoder on the CUDA backend (same audio to ~1e-6)
     // Reproducing the reference goldens only (tests; CPU backend): RoPE inverse-frequency tables
     // [head_dim / 2] that replace the configs' standard ones. The goldens were written with
     // randomly initialised rotary buffers (tests/support/golden_rope.h). Empty = the config's.
+    // The decoder table also applies to the GPU speech decoder (the LM tables are CPU-only).
     std::vector<float> talker_rope_inv_freq;
     std::vector<float> predictor_rope_inv_freq;
     std::vector<float> decoder_rope_inv_freq;
@@ -94,6 +105,12 @@ public:
     void owner_adopt() const;
     // CUDA: generator states created so far (0 on the CPU backend).
     int gpu_states_created() const;
+    // A decoder stream for one utterance on the GPU (owner thread only; reset and given back
+    // when destroyed), or null when this model decodes on the CPU.
+    std::unique_ptr<DecoderStream> decoder_stream_new() const;
+    bool gpu_decoder() const { return gpu_decoder_ != nullptr; }
+    // CUDA with the GPU decoder: decoder states created so far (0 otherwise).
+    int gpu_decoder_states_created() const;
 
     // Validates and lays out a request; throws qtts::Error for empty/huge/invalid text,
     // unknown speaker or language, missing voice for Base models, bad ids.
@@ -118,9 +135,8 @@ private:
     mutable std::once_flag lm_once_;
     mutable std::shared_ptr<const cpu::LmWeights> lm_;  // set once under lm_once_
     std::shared_ptr<cuda::GpuGeneratorPool> gpu_;       // CUDA backend only
-    // TODO(gpu decoder): when engine/cuda/gpu_speech_decoder.* lands, the CUDA backend builds it
-    // here next to gpu_ and Utterance::frames_decode() dispatches to it.
-    std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;
+    std::shared_ptr<cuda::GpuDecoderPool> gpu_decoder_;  // CUDA backend with options.gpu_decoder
+    std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;     // both backends (tools, gpu_decoder = false)
     SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok);
 };
 
@@ -151,13 +167,15 @@ private:
     bool segment_start();              // starts the next complete segment; false when none is left
     bool incremental_start();          // starts the incremental utterance once text exists
     void incremental_commit(bool all);  // tokenizes pending text whose ids can no longer change
-    // Codes -> PCM for one chunk; the single place a GPU speech decoder would plug in.
+    // Codes -> PCM for one chunk: the GPU decoder stream when the model has one, else the CPU.
     void frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm);
 
     std::shared_ptr<const SpeechModel> model_;
     PreparedSpeech prepared_;
     std::unique_ptr<FrameGenerator> generator_;  // CPU or GPU, from model_->generator_new()
-    cpu::DecoderState decoder_state_;
+    std::unique_ptr<DecoderStream> gpu_decoder_;  // CUDA decoder state, from model_->decoder_stream_new()
+    cpu::DecoderState decoder_state_;             // CPU decoder (empty when gpu_decoder_ is set)
+    std::vector<int32_t> codes_flat_;             // [frames, 16] of the chunk being decoded
     size_t next_segment_ = 0;
     bool generating_ = false;
     bool done_ = false;

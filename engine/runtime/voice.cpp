@@ -131,6 +131,32 @@ std::string voice_fingerprint(const Checkpoint& checkpoint) {
     return fmt::format("{:016x}", fnv.h);
 }
 
+void reference_clip_validate(const std::vector<float>& audio_24k) {
+    const double seconds = double(audio_24k.size()) / 24000.0;
+    if (audio_24k.empty())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the reference audio is empty; voice cloning needs {:.0f} to {:.0f} s of speech",
+             VOICE_REF_MIN_SECONDS, VOICE_REF_MAX_SECONDS);
+    if (seconds < VOICE_REF_MIN_SECONDS || seconds > VOICE_REF_MAX_SECONDS)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "the reference audio is {:.2f} s long; voice cloning accepts {:.0f} to {:.0f} s of speech (trim or pick "
+             "another clip)",
+             seconds, VOICE_REF_MIN_SECONDS, VOICE_REF_MAX_SECONDS);
+    float peak = 0.0f;
+    double energy = 0.0;
+    for (float x : audio_24k) {
+        if (!std::isfinite(x))
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the reference audio has a non-finite sample; it is not usable audio");
+        peak = std::max(peak, std::fabs(x));
+        energy += double(x) * double(x);
+    }
+    const double rms = std::sqrt(energy / double(audio_24k.size()));
+    if (rms < VOICE_REF_SILENCE_RMS)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "the reference audio is silent (RMS {:.1e}, peak {:.1e}, below {:.0e}): it holds no voice to clone; check "
+             "the recording level or the file",
+             rms, double(peak), VOICE_REF_SILENCE_RMS);
+}
+
 Voice voice_create(const SpeechModel& model, const std::vector<float>& audio_24k, const std::string& ref_text,
                    bool x_vector_only) {
     const Checkpoint& ckpt = model.checkpoint();
@@ -153,6 +179,8 @@ Voice voice_create(const SpeechModel& model, const std::vector<float>& audio_24k
                  "choose x-vector-only cloning");
         if (!utf8_is_valid(ref_text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the reference transcript is not valid UTF-8");
     }
+
+    reference_clip_validate(audio_24k);
 
     Voice voice;
     voice.tts_model_type = model_type_name(ckpt.config.type);

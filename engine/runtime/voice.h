@@ -24,6 +24,11 @@ class SpeechModel;
 
 constexpr uint32_t VOICE_FILE_VERSION = 1;
 constexpr int VOICE_CODE_GROUPS = 16;
+// The reference clips voice cloning accepts: long enough to carry a voice, short enough for the
+// in-context prompt (30 s = 375 frames of reference codes), and not silent (-80 dBFS RMS).
+constexpr double VOICE_REF_MIN_SECONDS = 1.0;
+constexpr double VOICE_REF_MAX_SECONDS = 30.0;
+constexpr double VOICE_REF_SILENCE_RMS = 1e-4;
 
 struct Voice {
     // Identity of the model the voice was made with (checked by voice_check_compatible).
@@ -48,6 +53,10 @@ std::string voice_fingerprint(const Checkpoint& checkpoint);
 // x_vector_only, the speech encoder's codes and the transcript's ids. Throws ERROR_UNSUPPORTED
 // for a non-Base model, ERROR_INVALID_ARGUMENT for an unusable clip or an empty transcript
 // when ICL data is asked for.
+// Throws ERROR_INVALID_ARGUMENT, saying what is accepted, for an empty clip, one outside
+// VOICE_REF_MIN_SECONDS..VOICE_REF_MAX_SECONDS, a silent one, or non-finite samples.
+void reference_clip_validate(const std::vector<float>& audio_24k);
+
 Voice voice_create(const SpeechModel& model, const std::vector<float>& audio_24k, const std::string& ref_text,
                    bool x_vector_only);
 

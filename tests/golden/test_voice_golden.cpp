@@ -265,7 +265,35 @@ TEST_CASE("voice errors: missing voice, bad audio, foreign voice, missing transc
         wav.close();
     }
     req.ref_audio_path = dir + "/short.wav";
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "speaker encoder");
+    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "accepts 1 to 30 s");
+    {
+        // 31 s: longer than the in-context prompt allows.
+        qtts::WavWriter wav(dir + "/long.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
+        wav.write(qtts_test::random_floats(24000 * 31, 4, -0.5f, 0.5f));
+        wav.close();
+    }
+    req.ref_audio_path = dir + "/long.wav";
+    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "31.00 s long");
+    {
+        // 2 s of digital silence, and 2 s of near-silence (-90 dBFS noise).
+        qtts::WavWriter wav(dir + "/silent.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
+        wav.write(std::vector<float>(48000, 0.0f));
+        wav.close();
+        qtts::WavWriter quiet(dir + "/quiet.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
+        quiet.write(qtts_test::random_floats(48000, 6, -5e-5f, 5e-5f));
+        quiet.close();
+    }
+    req.ref_audio_path = dir + "/silent.wav";
+    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "silent");
+    req.ref_audio_path = dir + "/quiet.wav";
+    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "silent");
+    {
+        // A WAV header with no samples.
+        qtts::WavWriter wav(dir + "/empty.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
+        wav.close();
+    }
+    req.ref_audio_path = dir + "/empty.wav";
+    CHECK_THROWS_AS(model->prepare(req), qtts::Error);
 
     // ICL without a transcript.
     const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path("tiny-base", "base-icl-stream"));

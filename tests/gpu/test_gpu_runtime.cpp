@@ -1,7 +1,11 @@
 // The runtime on the CUDA backend against the CPU backend:
 //   * an Utterance with greedy decoding gives the CPU's codes (explicit max_frames, the frame
-//     budget rule, incremental text), and the same audio within 1e-4 (the speech decoder is the
-//     CPU one on both);
+//     budget rule, incremental text), and the same audio within 1e-4 (the GPU speech decoder,
+//     fp32 and exactly streamed, against the CPU one); with gpu_decoder = false the audio is the
+//     CPU decoder's, bit for bit;
+//   * a Base voice (tiny-base from the reference, when staged): in-context cloning (the decoder
+//     warmed with the reference codes) and x-vector only, each equal to the CPU, also with two
+//     utterances interleaved chunk by chunk on one thread (two decoder states);
 //   * an Engine on CUDA with two concurrent streams: each stream's codes and audio equal the CPU
 //     utterance's, a later stream reuses a pooled GPU state, and nothing trips the owner guard;
 //   * the owner guard refuses an utterance started on a thread that does not own the model,
@@ -29,6 +33,7 @@
 #include "model/make_model.h"
 #include "runtime/engine.h"
 #include "runtime/synthesizer.h"
+#include "runtime/voice.h"
 #include "test_support.h"
 
 using namespace qtts;
@@ -49,12 +54,48 @@ std::string tiny_model_dir() {
     return default_model_dir();
 }
 
-std::shared_ptr<const SpeechModel> model_on(const std::string& backend) {
+std::shared_ptr<const SpeechModel> model_on(const std::string& backend, bool gpu_decoder = true,
+                                            const std::string& dir = "") {
     SpeechModelOptions o;
     o.backend = backend;
     o.first_chunk_frames = 1;
     o.chunk_frames = 4;
-    return SpeechModel::load(tiny_model_dir(), o);
+    o.gpu_decoder = gpu_decoder;
+    return SpeechModel::load(dir.empty() ? tiny_model_dir() : dir, o);
+}
+
+// The reference tiny-base model when it is complete (tools/gpu-run.sh stages it), else "".
+std::string tiny_base_dir() {
+    if (!qtts_test::reference_available()) return "";
+    const std::string dir = qtts_test::reference_model_dir("tiny-base");
+    for (const char* f : {"/model.safetensors", "/vocab.json", "/merges.txt", "/speech_tokenizer/model.safetensors"})
+        if (!std::filesystem::exists(dir + f)) return "";
+    return dir;
+}
+
+// A saved voice for `model` with a random x-vector and, for ICL, random reference codes and the
+// transcript's ids (nothing here depends on the encoders, only on what the runtime does with a
+// voice), written to the temp folder.
+std::string voice_file(const SpeechModel& model, bool icl, int ref_frames) {
+    const Checkpoint& ckpt = model.checkpoint();
+    Voice v;
+    v.tts_model_type = model_type_name(ckpt.config.type);
+    v.size_tag = ckpt.config.size_tag;
+    v.hidden_size = ckpt.config.talker.hidden_size;
+    v.fingerprint = voice_fingerprint(ckpt);
+    v.x_vector = qtts_test::random_floats(size_t(v.hidden_size), 11, -0.5f, 0.5f);
+    v.x_vector_only = !icl;
+    if (icl) {
+        v.ref_text = "This is what the reference speaker said.";
+        v.ref_ids = model.tokenizer().encode("<|im_start|>assistant\n" + v.ref_text + "<|im_end|>\n");
+        v.ref_frames = ref_frames;
+        const int codebook = ckpt.speech_config.decoder.codebook_size;
+        const std::vector<float> u = qtts_test::random_floats(size_t(ref_frames) * 16, 12, 0.0f, 1.0f);
+        for (float x : u) v.ref_codes.push_back(std::min(codebook - 1, int32_t(x * float(codebook))));
+    }
+    const std::string path = qtts_test::temp_dir() + (icl ? "/icl.qv" : "/xvec.qv");
+    voice_save(v, path);
+    return path;
 }
 
 const std::shared_ptr<const SpeechModel>& cpu_model() {
@@ -140,6 +181,8 @@ TEST_CASE("an utterance on the CUDA backend gives the CPU backend's codes and au
     REQUIRE(gpu->backend() == LmBackend::LM_BACKEND_CUDA);
     CHECK(gpu->backend_name() == "cuda:0");
     CHECK(gpu->gpu_states_created() == 1);
+    CHECK(gpu->gpu_decoder());
+    CHECK(gpu->gpu_decoder_states_created() == 1);
     const auto& cpu = cpu_model();
     CHECK(cpu->backend_name() == "cpu");
 
@@ -173,8 +216,68 @@ TEST_CASE("an utterance on the CUDA backend gives the CPU backend's codes and au
         CHECK(got.codes == want.codes);
         if (got.pcm.size() == want.pcm.size()) CHECK(max_abs(got.pcm, want.pcm) <= 1e-4);
     }
+    SECTION("gpu_decoder = false: the CPU decoder on the CUDA backend, audio bit for bit the CPU's") {
+        const auto gpu_cpu_decoder = model_on("cuda", false);
+        CHECK_FALSE(gpu_cpu_decoder->gpu_decoder());
+        CHECK(gpu_cpu_decoder->gpu_decoder_states_created() == 0);
+        const SpeechRequest r = greedy_request("Decoded on the host this time.", 12);
+        const Spoken want = speak(cpu, r);
+        const Spoken got = speak(gpu_cpu_decoder, r);
+        REQUIRE(got.codes == want.codes);
+        CHECK(got.pcm == want.pcm);
+    }
     // Utterances above ran one at a time: the single preallocated state was reused each time.
     CHECK(gpu->gpu_states_created() == 1);
+    CHECK(gpu->gpu_decoder_states_created() == 1);
+}
+
+TEST_CASE("a Base voice on CUDA (ICL warm-up and x-vector) gives the CPU's codes and audio", "[gpu][runtime][base]") {
+    const std::string dir = tiny_base_dir();
+    if (dir.empty()) {
+        WARN("tiny-base (with tokenizer and speech tokenizer) is not in the reference folder: case skipped");
+        return;
+    }
+    const auto cpu = model_on("cpu", true, dir);
+    const auto gpu = model_on("cuda", true, dir);
+    REQUIRE(gpu->gpu_decoder());
+    SpeechRequest icl = greedy_request("Cloned speech follows the reference clip.", 20);
+    icl.voice_path = voice_file(*cpu, true, 37);  // 37 frames: several decoder chunks and a partial one
+    SpeechRequest xvec = greedy_request("Only the speaker vector this time.", 16);
+    xvec.voice_path = voice_file(*cpu, false, 0);
+    REQUIRE(cpu->prepare(icl).base.ref_frames == 37);
+
+    const Spoken want_icl = speak(cpu, icl), want_xvec = speak(cpu, xvec);
+    REQUIRE(!want_icl.codes.empty());
+    REQUIRE(!want_xvec.codes.empty());
+    SECTION("one at a time") {
+        const Spoken got_icl = speak(gpu, icl), got_xvec = speak(gpu, xvec);
+        CHECK(got_icl.codes == want_icl.codes);
+        CHECK(got_xvec.codes == want_xvec.codes);
+        const double di = max_abs(got_icl.pcm, want_icl.pcm), dx = max_abs(got_xvec.pcm, want_xvec.pcm);
+        WARN("Base ICL: " << got_icl.codes.size() << " frames, max |pcm gpu - cpu| " << di << "; x-vector: "
+                          << got_xvec.codes.size() << " frames, " << dx);
+        CHECK(di <= 1e-4);
+        CHECK(dx <= 1e-4);
+        CHECK(gpu->gpu_decoder_states_created() == 1);
+    }
+    SECTION("two utterances interleaved chunk by chunk (two decoder states)") {
+        Utterance a(gpu, gpu->prepare(icl));
+        Utterance b(gpu, gpu->prepare(xvec));
+        CHECK(gpu->gpu_decoder_states_created() == 2);
+        Spoken got_a, got_b;
+        bool a_done = false, b_done = false;
+        for (int step = 0; step < 1000 && !(a_done && b_done); ++step) {
+            const int k = step == 0 ? 1 : 4;
+            if (!a_done) a_done = a.chunk(k, &got_a.pcm, &got_a.codes) == UtteranceStatus::UTTERANCE_DONE;
+            if (!b_done) b_done = b.chunk(k, &got_b.pcm, &got_b.codes) == UtteranceStatus::UTTERANCE_DONE;
+        }
+        CHECK(got_a.codes == want_icl.codes);
+        CHECK(got_b.codes == want_xvec.codes);
+        const double da = max_abs(got_a.pcm, want_icl.pcm), db = max_abs(got_b.pcm, want_xvec.pcm);
+        WARN("interleaved Base streams: max |pcm gpu - cpu| " << da << " (ICL) / " << db << " (x-vector)");
+        CHECK(da <= 1e-4);
+        CHECK(db <= 1e-4);
+    }
 }
 
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {

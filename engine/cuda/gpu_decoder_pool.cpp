@@ -1,0 +1,87 @@
+#include "cuda/gpu_decoder_pool.h"
+
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace qtts::cuda {
+
+// One utterance's lease on a pooled decoder: forwards decode() and, when the utterance is
+// destroyed, resets the state and gives it back.
+class GpuDecoderLease final : public DecoderStream {
+public:
+    GpuDecoderLease(std::shared_ptr<GpuDecoderPool> pool, std::unique_ptr<GpuSpeechDecoder> state)
+        : pool_(std::move(pool)), state_(std::move(state)) {}
+    ~GpuDecoderLease() override { pool_->state_release(std::move(state_)); }
+    GpuDecoderLease(const GpuDecoderLease&) = delete;
+    GpuDecoderLease& operator=(const GpuDecoderLease&) = delete;
+
+    void decode(const int32_t* codes, int n, std::vector<float>* pcm) override { state_->decode(codes, n, pcm); }
+
+private:
+    std::shared_ptr<GpuDecoderPool> pool_;  // keeps the weights and the context alive
+    std::unique_ptr<GpuSpeechDecoder> state_;
+};
+
+GpuDecoderPool::GpuDecoderPool(std::shared_ptr<GpuGeneratorPool> backend, const GpuDecoderPoolOptions& options)
+    : backend_(std::move(backend)), options_(options) {}
+
+GpuDecoderPool::~GpuDecoderPool() {
+    // Decoders go before the weights; the context (held by backend_) goes last.
+    idle_.clear();
+}
+
+std::shared_ptr<GpuDecoderPool> GpuDecoderPool::create(std::shared_ptr<GpuGeneratorPool> backend,
+                                                       const Checkpoint& checkpoint,
+                                                       const GpuDecoderPoolOptions& options) {
+    if (!backend) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuDecoderPool: no CUDA backend");
+    if (options.states < 1)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the GPU speech decoder needs at least one state (got {})",
+             options.states);
+    backend->context().guard().check("GpuDecoderPool::create");
+    std::shared_ptr<GpuDecoderPool> pool(new GpuDecoderPool(std::move(backend), options));
+    pool->weights_ = GpuSpeechDecoderWeights::upload(checkpoint, pool->backend_->device(), options.weights);
+    for (int i = 0; i < options.states; ++i) pool->idle_.push_back(pool->state_new());
+    QTTS_LOG_INFO("GPU speech decoder on device {}: weights {:.1f} MB, {} stream state(s), graphs {}",
+                  pool->backend_->device(), pool->weights_->device_bytes() / 1e6, pool->created_,
+                  pool->graphs_enabled_ ? "on" : "off");
+    return pool;
+}
+
+std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_new() {
+    auto state = std::make_unique<GpuSpeechDecoder>(weights_, backend_->context(), options_.decoder);
+    graphs_enabled_ = state->graphs_enabled();
+    ++created_;
+    return state;
+}
+
+std::unique_ptr<DecoderStream> GpuDecoderPool::acquire() {
+    backend_->context().guard().check("GpuDecoderPool::acquire");
+    std::unique_ptr<GpuSpeechDecoder> state;
+    if (!idle_.empty()) {
+        state = std::move(idle_.back());
+        idle_.pop_back();
+    } else {
+        state = state_new();
+        QTTS_LOG_INFO("GPU speech decoder: all {} states busy, created one more", created_ - 1);
+    }
+    return std::make_unique<GpuDecoderLease>(shared_from_this(), std::move(state));
+}
+
+void GpuDecoderPool::state_release(std::unique_ptr<GpuSpeechDecoder> state) {
+    if (!state) return;
+    if (backend_->context().guard().owner() != std::this_thread::get_id()) {
+        QTTS_LOG_WARN("a GPU speech decoder state was released off its owner thread; it is freed, not reused");
+        return;
+    }
+    try {
+        state->reset();  // position 0, zero tails and rings: the next utterance starts clean
+    } catch (const std::exception& e) {
+        QTTS_LOG_WARN("a GPU speech decoder state could not be reset ({}); it is freed, not reused", e.what());
+        return;
+    }
+    idle_.push_back(std::move(state));
+}
+
+}  // namespace qtts::cuda

@@ -1,0 +1,61 @@
+// The GPU speech decoder as the runtime uses it: the decoder weights uploaded once to the CUDA
+// backend's device, and a pool of per-stream GpuSpeechDecoder states on the backend's context
+// (same stream, cuBLAS handle and owner thread as the generator pool it is built on).
+//
+// Like the generator pool, `states` decoders are created up front (the engine asks for
+// max_streams), each with its CUDA graphs captured for the engine's chunk sizes, so starting a
+// stream allocates and captures nothing; a stream takes one for its whole utterance and the
+// lease resets it (one memset) and gives it back when the utterance is destroyed. More streams
+// at once than states make a new one on demand, which is kept.
+//
+// Threading: everything belongs to the owner thread of the generator pool's context.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "cuda/gpu_generator_pool.h"
+#include "cuda/gpu_speech_decoder.h"
+#include "runtime/decoder_stream.h"
+
+namespace qtts::cuda {
+
+struct GpuDecoderPoolOptions {
+    int states = 1;                        // decoders created up front (>= 1)
+    GpuSpeechDecoderWeightOptions weights;  // RoPE table override (golden reproduction)
+    GpuSpeechDecoderOptions decoder;       // chunk limit, graph sizes, graphs on/off
+};
+
+class GpuDecoderPool : public std::enable_shared_from_this<GpuDecoderPool> {
+public:
+    // Uploads the decoder weights to the backend's device and creates options.states decoders,
+    // on the calling thread (which must own the backend's context).
+    static std::shared_ptr<GpuDecoderPool> create(std::shared_ptr<GpuGeneratorPool> backend, const Checkpoint& checkpoint,
+                                                  const GpuDecoderPoolOptions& options);
+    ~GpuDecoderPool();
+    GpuDecoderPool(const GpuDecoderPool&) = delete;
+    GpuDecoderPool& operator=(const GpuDecoderPool&) = delete;
+
+    // A fresh decoder stream (position 0) for one utterance, owner thread only.
+    std::unique_ptr<DecoderStream> acquire();
+
+    int states_created() const { return created_; }
+    int states_idle() const { return int(idle_.size()); }
+    bool graphs_enabled() const { return graphs_enabled_; }
+    const GpuSpeechDecoderWeights& weights() const { return *weights_; }
+
+private:
+    friend class GpuDecoderLease;
+    GpuDecoderPool(std::shared_ptr<GpuGeneratorPool> backend, const GpuDecoderPoolOptions& options);
+    std::unique_ptr<GpuSpeechDecoder> state_new();
+    void state_release(std::unique_ptr<GpuSpeechDecoder> state);  // from a finished utterance
+
+    std::shared_ptr<GpuGeneratorPool> backend_;  // first member: its context outlives the decoders
+    GpuDecoderPoolOptions options_;
+    std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
+    std::vector<std::unique_ptr<GpuSpeechDecoder>> idle_;
+    int created_ = 0;
+    bool graphs_enabled_ = false;
+};
+
+}  // namespace qtts::cuda
