@@ -310,16 +310,16 @@ void CpuSpeechDecoder::state_check(const DecoderState& s) const {
              "speech decoder: the DecoderState does not belong to this decoder (create it with state_new())");
 }
 
-void CpuSpeechDecoder::codes_validate(const int32_t* codes, int n) const {
-    const int nq = config_.num_quantizers;
+void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who) {
+    const int nq = config.num_quantizers;
     for (int t = 0; t < n; ++t) {
         for (int q = 0; q < nq; ++q) {
             const int32_t c = codes[size_t(t) * nq + q];
-            if (c < 0 || c >= config_.codebook_size)
+            if (c < 0 || c >= config.codebook_size)
                 fail(ErrorCode::ERROR_INVALID_ARGUMENT,
-                     "speech decoder: frame {} codebook {} has code {}; codes must be in 0..{} (control ids such as "
-                     "EOS never reach the decoder)",
-                     t, q, c, config_.codebook_size - 1);
+                     "{}: frame {} codebook {} has code {}; codes must be in 0..{} (control ids such as EOS never "
+                     "reach the decoder)",
+                     who, t, q, c, config.codebook_size - 1);
         }
     }
 }
@@ -569,7 +569,7 @@ void CpuSpeechDecoder::decode(DecoderState& state, const int32_t* codes, int n, 
     if (n == 0) return;
     if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: codes is null for {} frames", n);
     state_check(state);
-    codes_validate(codes, n);
+    speech_codes_validate(config_, codes, n, "speech decoder");
     const size_t base = pcm_out->size();
     pcm_out->resize(base + size_t(n) * samples_per_frame_);
     const int nq = config_.num_quantizers;
@@ -589,7 +589,7 @@ std::vector<float> CpuSpeechDecoder::decode_full(const int32_t* codes, int n) co
 
 std::vector<float> CpuSpeechDecoder::dequantize(const int32_t* codes, int n) const {
     if (n < 0 || (n > 0 && !codes)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: bad codes ({} frames)", n);
-    codes_validate(codes, n);
+    speech_codes_validate(config_, codes, n, "speech decoder");
     std::vector<float> z(size_t(n) * config_.codebook_dim);
     if (n > 0) rvq_dequantize(codes, n, z.data());
     return z;

@@ -82,6 +82,11 @@ struct CpuSpeechDecoderOptions {
     std::vector<float> rope_inv_freq;
 };
 
+// Throws ERROR_INVALID_ARGUMENT naming `who`, the frame and the codebook when a code of
+// codes [n, num_quantizers] is outside 0..codebook_size-1 (shared by the CPU and GPU decoders,
+// which both check before touching their state).
+void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who);
+
 class CpuSpeechDecoder {
 public:
     explicit CpuSpeechDecoder(const Checkpoint& checkpoint, CpuSpeechDecoderOptions options = {});
@@ -163,7 +168,6 @@ private:
     void transformer_layer_forward(DecoderState& state, int layer, int n, float* h) const;  // h [n, D]
     void convnext_forward(const ConvNeXt& cx, ConvTail& tail, DecoderScratch& s, int T) const;
     int block_forward(const Block& block, DecoderBlockState& bs, DecoderScratch& s, int T) const;
-    void codes_validate(const int32_t* codes, int n) const;
     void state_check(const DecoderState& state) const;
 
     static void causal_conv(const Conv& conv, ConvTail& tail, const float* x, int T, std::vector<float>& buf,

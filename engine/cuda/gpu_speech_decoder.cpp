@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "cpu/speech_decoder.h"
 #include "model/safetensors.h"
 
 namespace qtts::cuda {
@@ -424,28 +425,13 @@ void GpuSpeechDecoder::reset() {
     frames_done_ = 0;
 }
 
-void GpuSpeechDecoder::codes_validate(const int32_t* codes, int n) const {
-    const DecoderConfig& d = config();
-    const int nq = d.num_quantizers;
-    for (int t = 0; t < n; ++t) {
-        for (int q = 0; q < nq; ++q) {
-            const int32_t c = codes[size_t(t) * nq + q];
-            if (c < 0 || c >= d.codebook_size)
-                fail(ErrorCode::ERROR_INVALID_ARGUMENT,
-                     "GPU speech decoder: frame {} codebook {} has code {}; codes must be in 0..{} (control ids such "
-                     "as EOS never reach the decoder)",
-                     t, q, c, d.codebook_size - 1);
-        }
-    }
-}
-
 void GpuSpeechDecoder::decode(const int32_t* codes, int n, std::vector<float>* pcm_out) {
     context_.guard().check("GpuSpeechDecoder::decode");
     if (n < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: negative frame count {}", n);
     if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: pcm_out is null");
     if (n == 0) return;
     if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: codes is null for {} frames", n);
-    codes_validate(codes, n);
+    cpu::speech_codes_validate(config(), codes, n, "GPU speech decoder");
     DeviceScope scope(context_.device());
     const int nq = config().num_quantizers, spf = samples_per_frame();
     for (int done = 0; done < n;) {

@@ -219,7 +219,6 @@ private:
               float beta, float* C, int ldc) {
         sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, options_.tf32);
     }
-    void codes_validate(const int32_t* codes, int n) const;
 
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     GpuContext& context_;
