@@ -141,19 +141,7 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
     const DecoderConfig& d = config_;
     if (options_.max_chunk_frames < 1)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_chunk_frames must be >= 1, got {}", options_.max_chunk_frames);
-    if (d.num_semantic_quantizers != 1)
-        fail(ErrorCode::ERROR_UNSUPPORTED, "speech decoder: num_semantic_quantizers {} (only 1 is supported)",
-             d.num_semantic_quantizers);
-    if (d.num_quantizers < 2 || d.codebook_dim % 2 != 0 || d.codebook_size < 1)
-        fail(ErrorCode::ERROR_UNSUPPORTED, "speech decoder: num_quantizers {} / codebook_dim {} not supported",
-             d.num_quantizers, d.codebook_dim);
-    if (d.num_heads < 1 || d.num_kv_heads < 1 || d.num_heads % d.num_kv_heads != 0 || d.head_dim % 2 != 0)
-        fail(ErrorCode::ERROR_UNSUPPORTED, "speech decoder: {} heads / {} kv heads / head_dim {} not supported",
-             d.num_heads, d.num_kv_heads, d.head_dim);
-    if (int(w.tr_layers.size()) != d.num_layers || w.blocks.size() != d.upsample_rates.size() ||
-        w.upsample_conv.size() != d.upsampling_ratios.size() || w.upsample_convnext.size() != d.upsampling_ratios.size() ||
-        int(w.rvq_rest_embedding_sum.size()) != d.num_quantizers - 1)
-        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights do not match the decoder config (layers/blocks/quantizers)");
+    speech_decoder_layout_check(d, w, "speech decoder");
 
     const int cs = d.codebook_size, cd = d.codebook_dim, half = cd / 2;
     const int latent = d.latent_dim, D = d.hidden_size, I = d.intermediate_size;
@@ -308,6 +296,22 @@ void CpuSpeechDecoder::state_check(const DecoderState& s) const {
     if (!ok)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT,
              "speech decoder: the DecoderState does not belong to this decoder (create it with state_new())");
+}
+
+void speech_decoder_layout_check(const DecoderConfig& d, const SpeechDecoderWeights& w, const char* who) {
+    if (d.num_semantic_quantizers != 1)
+        fail(ErrorCode::ERROR_UNSUPPORTED, "{}: num_semantic_quantizers {} (only 1 is supported)", who,
+             d.num_semantic_quantizers);
+    if (d.num_quantizers < 2 || d.codebook_dim % 2 != 0 || d.codebook_size < 1)
+        fail(ErrorCode::ERROR_UNSUPPORTED, "{}: num_quantizers {} / codebook_dim {} not supported", who,
+             d.num_quantizers, d.codebook_dim);
+    if (d.num_heads < 1 || d.num_kv_heads < 1 || d.num_heads % d.num_kv_heads != 0 || d.head_dim % 2 != 0)
+        fail(ErrorCode::ERROR_UNSUPPORTED, "{}: {} heads / {} kv heads / head_dim {} not supported", who, d.num_heads,
+             d.num_kv_heads, d.head_dim);
+    if (int(w.tr_layers.size()) != d.num_layers || w.blocks.size() != d.upsample_rates.size() ||
+        w.upsample_conv.size() != d.upsampling_ratios.size() || w.upsample_convnext.size() != d.upsampling_ratios.size() ||
+        int(w.rvq_rest_embedding_sum.size()) != d.num_quantizers - 1)
+        fail(ErrorCode::ERROR_SHAPE, "{}: the weights do not match the decoder config (layers/blocks/quantizers)", who);
 }
 
 void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who) {

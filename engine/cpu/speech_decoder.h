@@ -87,6 +87,11 @@ struct CpuSpeechDecoderOptions {
 // which both check before touching their state).
 void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who);
 
+// Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout both
+// decoders implement (one semantic quantizer, even codebook_dim, grouped heads, even head_dim)
+// and the weights hold as many layers, blocks and codebooks as the config says.
+void speech_decoder_layout_check(const DecoderConfig& config, const SpeechDecoderWeights& weights, const char* who);
+
 class CpuSpeechDecoder {
 public:
     explicit CpuSpeechDecoder(const Checkpoint& checkpoint, CpuSpeechDecoderOptions options = {});

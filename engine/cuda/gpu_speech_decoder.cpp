@@ -70,16 +70,10 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     g.config_ = d;
     g.device_ = device;
 
-    if (d.num_heads < 1 || d.num_kv_heads < 1 || d.num_heads % d.num_kv_heads != 0 || d.head_dim % 2 != 0)
-        fail(ErrorCode::ERROR_UNSUPPORTED, "GPU speech decoder: {} heads / {} kv heads / head_dim {} not supported",
-             d.num_heads, d.num_kv_heads, d.head_dim);
+    cpu::speech_decoder_layout_check(d, w, "GPU speech decoder");
     if (d.sliding_window < 1 || d.sliding_window > kMaxWindow)
         fail(ErrorCode::ERROR_UNSUPPORTED, "GPU speech decoder: sliding window {} not supported (1..{})",
              d.sliding_window, kMaxWindow);
-    if (int(w.tr_layers.size()) != d.num_layers || w.blocks.size() != d.upsample_rates.size() ||
-        w.upsample_conv.size() != d.upsampling_ratios.size() || w.upsample_convnext.size() != d.upsampling_ratios.size() ||
-        int(w.rvq_rest_embedding_sum.size()) != d.num_quantizers - 1)
-        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights do not match the decoder config (layers/blocks/quantizers)");
 
     const int cs = d.codebook_size, cd = d.codebook_dim, half = cd / 2;
     const int latent = d.latent_dim, D = d.hidden_size, I = d.intermediate_size;
