@@ -109,6 +109,7 @@ struct EngineOptions {
     std::string backend = "auto";   // cpu, cuda or auto
     int device = 0;                 // CUDA device index
     bool cuda_graphs = true;        // false = eager GPU execution (same results)
+    bool gpu_decoder = true;        // CUDA: false = the CPU speech decoder (same audio to ~1e-6)
     int max_streams = 16;           // concurrent streams; more are refused with ERROR_BUSY. CUDA: one
                                     // GPU generator state (KV caches) per stream, all made at start-up
     int first_chunk_frames = 1;     // frames in a stream's first chunk (time to first audio)
