@@ -154,8 +154,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_kernel(con
     }
 }
 
-// Default variant: the block stages (and normalises) the input rows in shared memory, then each
-// warp streams its weight row (weights prefetched into L2 before griddepcontrol.wait).
+// "smem" variant (the default before vec1): the block stages (and normalises) the input rows in
+// shared memory, then each warp streams its weight row (weights prefetched into L2 before
+// griddepcontrol.wait).
 template <int NB, int NMAT>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_smem_kernel(const GemvArgs a) {
     extern __shared__ float4 gemv_smem_buf[];
@@ -277,34 +278,221 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_smem_kernel(const GemvArgs 
     }
 }
 
-// The shared-memory variant measured faster on the H200 (4.11 vs 4.29 ms per 1.7B frame), so it
-// is the default; QTTS_GEMV=reg selects the register-prefetch variant for comparison.
-bool gemv_smem_variant() {
-    static const bool smem = [] {
+// "vec" variant: the shared-memory staging of gemv_smem_kernel without its serial round trips.
+// Before griddepcontrol.wait each warp already issues the first chunk of its weight row into
+// registers (weights never depend on the previous kernel) and prefetches the rest into L2; after
+// the wait the block stages the input rows once (times norm_w for RMSNORM, sum of squares kept
+// aside) behind a single barrier, so the weight loads are in flight while the input arrives.
+// The 1/rms factor scales the finished dot product. DB: double-buffer the weight chunks (the
+// next chunk's loads are issued before the current one is used; more registers, so fewer
+// blocks per SM: 3 for one-row launches, 4 without it).
+template <int NB, int NMAT, bool DB>
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs a) {
+    extern __shared__ float4 gemv_vec_buf[];
+    float* xs = reinterpret_cast<float*>(gemv_vec_buf);  // [NB, in]
+    __shared__ float partial[GEMV_WARPS][NB];
+    constexpr int U = 8 / NMAT;     // 16-byte loads per lane per matrix per chunk
+    constexpr int STEP = 32 * U;    // 16-byte columns per chunk
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    const int in = a.in, in8 = a.in >> 3;
+    const bool active = row < a.out;
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(active ? row : 0) * in8;
+    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(active ? row : 0) * in8 : w0;
+
+    uint4 cur[NMAT][U];
+    if (active) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = u * 32 + lane;
+            if (k < in8) {
+                cur[0][u] = __ldg(w0 + k);
+                if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+            }
+        }
+        if (lane == 0 && in8 > STEP) {
+            prefetch_l2(w0 + STEP, uint32_t(in8 - STEP) * 16u);
+            if (NMAT == 2) prefetch_l2(w1 + STEP, uint32_t(in8 - STEP) * 16u);
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    const int rows = a.rows;
+    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    float sumsq[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        sumsq[nb] = 0.0f;
+        float4* dst = reinterpret_cast<float4*>(xs + size_t(nb) * in);
+        if (nb >= rows) {
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        } else if (a.input == GemvInput::GEMV_INPUT_GATHER) {
+            const int32_t id = a.index[nb * a.index_stride];
+            const uint4* src = reinterpret_cast<const uint4*>(a.table) + size_t(id) * in8;
+            for (int i = threadIdx.x; i < in8; i += GEMV_THREADS) {
+                const uint4 t = src[i];
+                dst[2 * i] = make_float4(bf16_lo(t.x), bf16_hi(t.x), bf16_lo(t.y), bf16_hi(t.y));
+                dst[2 * i + 1] = make_float4(bf16_lo(t.z), bf16_hi(t.z), bf16_lo(t.w), bf16_hi(t.w));
+            }
+        } else {
+            const float4* src = reinterpret_cast<const float4*>(a.x + size_t(nb) * a.ldx);
+            const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) {
+                float4 v = src[i];
+                if (norm) {
+                    sumsq[nb] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    const float4 n = nw[i];
+                    v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
+                }
+                dst[i] = v;
+            }
+        }
+    }
+    if (norm) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            const float s = warp_sum(sumsq[nb]);
+            if (lane == 0) partial[warp][nb] = s;
+        }
+    }
+    __syncthreads();
+    if (!active) return;  // no block-wide barrier below
+
+    float acc[NMAT][NB];
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb] = 0.0f;
+
+    for (int base = 0; base < in8; base += STEP) {
+        const bool more = base + STEP < in8;
+        uint4 nxt[NMAT][U];
+        if (DB && more) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int k = base + STEP + u * 32 + lane;
+                if (k < in8) {
+                    nxt[0][u] = __ldg(w0 + k);
+                    if (NMAT == 2) nxt[NMAT - 1][u] = __ldg(w1 + k);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = base + u * 32 + lane;
+            if (k < in8) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    const float4* xv = reinterpret_cast<const float4*>(xs + size_t(nb) * in) + 2 * k;
+                    const float4 x0 = xv[0], x1 = xv[1];
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) acc[m][nb] += dot8(cur[m][u], x0, x1);
+                }
+            }
+        }
+        if (more) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (DB) {
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) cur[m][u] = nxt[m][u];
+                } else {
+                    const int k = base + STEP + u * 32 + lane;
+                    if (k < in8) {
+                        cur[0][u] = __ldg(w0 + k);
+                        if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) acc[m][nb] = warp_sum(acc[m][nb]);
+        if (norm) {
+            float total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; ++w) total += partial[w][nb];
+            const float inv = 1.0f / sqrtf(total / float(in) + a.eps);
+#pragma unroll
+            for (int m = 0; m < NMAT; ++m) acc[m][nb] *= inv;
+        }
+    }
+
+    if (lane != 0) return;
+    const float b = a.bias ? a.bias[row] : 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        if (nb >= rows) break;
+        float* y = a.y + size_t(nb) * a.ldy + row;
+        if (NMAT == 2) {
+            *y = silu_ref(acc[0][nb]) * acc[NMAT - 1][nb];
+        } else if (a.output == GemvOutput::GEMV_OUTPUT_ADD) {
+            *y += acc[0][nb] + b;
+        } else {
+            *y = acc[0][nb] + b;
+        }
+    }
+}
+
+// Kernel variants, chosen once per process by QTTS_GEMV: vec1 (default: gemv_vec_kernel with one
+// chunk of weight registers), vec (gemv_vec_kernel, double-buffered), smem (gemv_smem_kernel) or
+// reg (gemv_kernel). One 1.7B frame on the H200, same run: vec1 3.56 ms, vec 3.62, smem 3.92,
+// reg 4.14 (docs/performance.md).
+enum class GemvVariant { SMEM, REG, VEC, VEC1 };
+
+GemvVariant gemv_variant() {
+    static const GemvVariant variant = [] {
         const char* v = std::getenv("QTTS_GEMV");
-        return !(v && std::string(v) == "reg");
+        const std::string name = v ? v : "";
+        if (name == "smem") return GemvVariant::SMEM;
+        if (name == "reg") return GemvVariant::REG;
+        if (name == "vec") return GemvVariant::VEC;
+        return GemvVariant::VEC1;
     }();
-    return smem;
+    return variant;
+}
+
+// Raises the dynamic shared-memory limit of `kernel` once per device when `smem` needs it.
+template <typename Kernel>
+void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised) {
+    if (smem <= 48 * 1024) return;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = uint64_t(1) << (device & 63);
+    if (raised.load() & bit) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    raised.fetch_or(bit);
 }
 
 template <int NB, int NMAT>
 void gemv_launch(const GemvArgs& a, const Launch& l) {
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
-    if (gemv_smem_variant()) {
-        const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
-        if (smem > 48 * 1024) {
+    const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
+    switch (gemv_variant()) {
+        case GemvVariant::SMEM: {
             static std::atomic<uint64_t> raised{0};
-            int device = 0;
-            CUDA_CHECK(cudaGetDevice(&device));
-            const uint64_t bit = uint64_t(1) << (device & 63);
-            if (!(raised.load() & bit)) {
-                CUDA_CHECK(cudaFuncSetAttribute(gemv_smem_kernel<NB, NMAT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                200 * 1024));
-                raised.fetch_or(bit);
-            }
+            smem_limit_raise(gemv_smem_kernel<NB, NMAT>, smem, raised);
+            CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_smem_kernel<NB, NMAT>, a));
+            return;
         }
-        CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_smem_kernel<NB, NMAT>, a));
-        return;
+        case GemvVariant::VEC: {
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(gemv_vec_kernel<NB, NMAT, true>, smem, raised);
+            CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, true>, a));
+            return;
+        }
+        case GemvVariant::VEC1: {
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(gemv_vec_kernel<NB, NMAT, false>, smem, raised);
+            CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, false>, a));
+            return;
+        }
+        case GemvVariant::REG:
+            break;
     }
     CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), 0, gemv_kernel<NB, NMAT>, a));
 }
