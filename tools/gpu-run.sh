@@ -60,6 +60,8 @@ build() {
         # One copy of the (shared) speech tokenizer weights; linked into both models on the device.
         cp "$ref/models/tiny-customvoice/speech_tokenizer/model.safetensors" "$stage/ref/speech_tokenizer.safetensors"
         cp "$ref/golden/scenarios.json" "$stage/ref/golden/"
+        # The long decoder scenario (3 MB) for test_gpu_decoder's golden cases.
+        cp "$ref/golden/tiny-customvoice--decoder_long.safetensors" "$stage/ref/golden/"
     fi
     tar -C "$stage" -cf - bin lib ref | xz -T2 -3 >"$DIST/payload.tar.xz"
     rm -rf "$stage"
