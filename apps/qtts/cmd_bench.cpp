@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_common.h"
 #include "cli.h"
 #include "common/device.h"
 #include "common/error.h"
@@ -539,12 +540,7 @@ int bench_cuda(const qtts_cli::Args& args) {
         }
         out["kernels"] = kj;
     }
-    if (auto path = args.get("json")) {
-        std::ofstream f(*path);
-        if (!f) qtts::fail(qtts::ErrorCode::ERROR_IO, "cannot write {}", *path);
-        f << out.dump(2) << "\n";
-        std::printf("  wrote %s\n", path->c_str());
-    }
+    if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, out);
     return 0;
 }
 
@@ -557,17 +553,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
         usage();
         return 0;
     }
+    if (!qtts_cli::bench_gpu_present("bench", "the CUDA backend", int(args.get_int("device", 0)))) return 1;
 #ifdef QTTS_HAVE_CUDA
-    const int device = int(args.get_int("device", 0));
-    if (qtts::cuda_device_count() == 0) {
-        std::fprintf(stderr, "qtts bench: %s; the benchmark measures the CUDA backend and needs a GPU\n",
-                     qtts::cuda_describe(device).c_str());
-        return 1;
-    }
     return bench_cuda(args);
 #else
-    std::fprintf(stderr, "qtts bench: %s; the benchmark measures the CUDA backend\n", qtts::cuda_describe(0).c_str());
-    return 1;
+    return 1;  // not reached: bench_gpu_present() is false without CUDA
 #endif
 }
 

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_common.h"
 #include "cli.h"
 #include "common/error.h"
 #include "model/make_model.h"
@@ -114,11 +115,7 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     std::printf("%-26s %10.2f\n", "total ms/frame (p50)", total);
     std::printf("%-26s %10.2f\n", "x real time", total > 0 ? 80.0 / total : 0.0);
     std::printf("%s\n", j.dump().c_str());
-    if (auto path = args.get("json")) {
-        std::ofstream out(*path);
-        if (!out) qtts::fail(qtts::ErrorCode::ERROR_IO, "{}: cannot create", *path);
-        out << j.dump(2) << "\n";
-    }
+    if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, j);
     return 0;
 }
 

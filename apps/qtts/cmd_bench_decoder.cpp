@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_common.h"
 #include "cli.h"
 #include "common/device.h"
 #include "common/error.h"
@@ -302,10 +303,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         out["graphs"] = graph_json;
         if (tf32_snr >= 0.0) out["tf32_snr_db"] = tf32_snr;
         if (!stage_json.empty()) out["stages"] = stage_json;
-        std::ofstream f(*path);
-        if (!f) qtts::fail(qtts::ErrorCode::ERROR_IO, "cannot write {}", *path);
-        f << out.dump(2) << "\n";
-        std::printf("  wrote %s\n", path->c_str());
+        qtts_cli::bench_json_write(*path, out);
     }
     return 0;
 }
@@ -319,18 +317,11 @@ int cmd_bench_decoder(const std::vector<std::string>& argv) {
         usage();
         return 0;
     }
+    if (!qtts_cli::bench_gpu_present("bench-decoder", "the CUDA decoder", int(args.get_int("device", 0)))) return 1;
 #ifdef QTTS_HAVE_CUDA
-    const int device = int(args.get_int("device", 0));
-    if (qtts::cuda_device_count() == 0) {
-        std::fprintf(stderr, "qtts bench-decoder: %s; the benchmark measures the CUDA decoder and needs a GPU\n",
-                     qtts::cuda_describe(device).c_str());
-        return 1;
-    }
     return bench_decoder_cuda(args);
 #else
-    std::fprintf(stderr, "qtts bench-decoder: %s; the benchmark measures the CUDA decoder\n",
-                 qtts::cuda_describe(0).c_str());
-    return 1;
+    return 1;  // not reached: bench_gpu_present() is false without CUDA
 #endif
 }
 

@@ -20,9 +20,12 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "golden_rope.h"
+#include "test_errors.h"
 #include "test_support.h"
 
 namespace {
+
+using qtts_test::require_error;
 
 using qtts::ErrorCode;
 using qtts::cpu::MelSpectrogram;
@@ -61,18 +64,6 @@ CloneGolden golden_load(const std::string& scenario) {
     g.code_frames = int(codes.shape[0]);
     g.codes = qtts::tensor_to_i64(codes);
     return g;
-}
-
-template <typename Fn>
-void require_error(Fn&& fn, ErrorCode code, const std::string& fragment) {
-    try {
-        fn();
-        FAIL("expected qtts::Error containing '" << fragment << "'");
-    } catch (const qtts::Error& e) {
-        INFO(e.what());
-        CHECK(e.code() == code);
-        CHECK(std::string(e.what()).find(fragment) != std::string::npos);
-    }
 }
 
 int count_code_mismatches(const std::vector<int32_t>& got, const std::vector<int64_t>& expected, size_t n) {

@@ -23,23 +23,14 @@
 #include "runtime/voice.h"
 #include "cpu/speech_decoder.h"
 #include "golden_rope.h"
+#include "test_errors.h"
 #include "test_support.h"
 
 namespace {
 
-using qtts::ErrorCode;
+using qtts_test::require_error;
 
-template <typename Fn>
-void require_error(Fn&& fn, ErrorCode code, const std::string& fragment) {
-    try {
-        fn();
-        FAIL("expected qtts::Error containing '" << fragment << "'");
-    } catch (const qtts::Error& e) {
-        INFO(e.what());
-        CHECK(e.code() == code);
-        CHECK(std::string(e.what()).find(fragment) != std::string::npos);
-    }
-}
+using qtts::ErrorCode;
 
 // tiny-base on the CPU with the RoPE tables the goldens were written with (golden_rope.h).
 std::shared_ptr<const qtts::SpeechModel> tiny_base() {

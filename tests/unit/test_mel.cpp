@@ -12,9 +12,12 @@
 
 #include "common/error.h"
 #include "cpu/mel.h"
+#include "test_errors.h"
 #include "test_support.h"
 
 namespace {
+
+using qtts_test::require_error;
 
 using qtts::cpu::MelConfig;
 using qtts::cpu::MelOutput;
@@ -74,18 +77,6 @@ std::vector<double> reference_log_mel(const std::vector<float>& audio, const Mel
     }
     *frames_out = frames;
     return out;
-}
-
-template <typename Fn>
-void require_error(Fn&& fn, qtts::ErrorCode code, const std::string& fragment) {
-    try {
-        fn();
-        FAIL("expected qtts::Error containing '" << fragment << "'");
-    } catch (const qtts::Error& e) {
-        INFO(e.what());
-        CHECK(e.code() == code);
-        CHECK(std::string(e.what()).find(fragment) != std::string::npos);
-    }
 }
 
 }  // namespace

@@ -14,24 +14,15 @@
 #include "common/error.h"
 #include "model/weights.h"
 #include "runtime/voice.h"
+#include "test_errors.h"
 #include "test_support.h"
 
 namespace {
 
+using qtts_test::require_error;
+
 using qtts::ErrorCode;
 using qtts::Voice;
-
-template <typename Fn>
-void require_error(Fn&& fn, ErrorCode code, const std::string& fragment) {
-    try {
-        fn();
-        FAIL("expected qtts::Error containing '" << fragment << "'");
-    } catch (const qtts::Error& e) {
-        INFO(e.what());
-        CHECK(e.code() == code);
-        CHECK(std::string(e.what()).find(fragment) != std::string::npos);
-    }
-}
 
 std::shared_ptr<qtts::Checkpoint> checkpoint_make(qtts::ModelType type, const std::string& size_tag, int hidden) {
     auto ckpt = std::make_shared<qtts::Checkpoint>();
