@@ -270,6 +270,30 @@ __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int he
     }
 }
 
+// The keys query row t sees: positions first .. p (p = *pos0 + t), at most `window` of them.
+struct WindowSpan {
+    int64_t first;
+    int count;
+};
+__device__ __forceinline__ WindowSpan window_span(const int64_t* pos0, int t, int window) {
+    const int64_t p = *pos0 + t;
+    const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
+    return {first, int(p - first + 1)};
+}
+
+// scores[0..count) -> exp(score - max) in place; returns 1 / their sum. Block-wide (every thread
+// calls it); the final reduction also orders the score writes before they are read.
+__device__ __forceinline__ float window_softmax_unnormalised(float* scores, int count, float local_max, float* shared) {
+    const float max_s = block_reduce_max(local_max, shared);
+    float local_sum = 0.0f;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) {
+        const float e = expf(scores[j] - max_s);
+        scores[j] = e;
+        local_sum += e;
+    }
+    return 1.0f / block_reduce_sum(local_sum, shared);
+}
+
 // One block per (query row, head).
 __global__ void window_attention_kernel(const float* qkv, int heads, int kv_heads, int head_dim, const float* k_ring,
                                         const float* v_ring, int ring, int window, const int64_t* pos0, float* out) {
@@ -280,9 +304,9 @@ __global__ void window_attention_kernel(const float* qkv, int heads, int kv_head
     const int t = blockIdx.x, h = blockIdx.y;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
     const int kvh = h / (heads / kv_heads);
-    const int64_t p = *pos0 + t;
-    const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
-    const int count = int(p - first + 1);
+    const WindowSpan span = window_span(pos0, t, window);
+    const int64_t first = span.first;
+    const int count = span.count;
     const float scale = 1.0f / sqrtf(float(head_dim));
     const float* q = qkv + size_t(t) * stride + size_t(h) * head_dim;
     float local_max = -INFINITY;
@@ -294,14 +318,7 @@ __global__ void window_attention_kernel(const float* qkv, int heads, int kv_head
         scores[j] = dot * scale;
         local_max = fmaxf(local_max, scores[j]);
     }
-    const float max_s = block_reduce_max(local_max, shared);
-    float local_sum = 0.0f;
-    for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        const float e = expf(scores[j] - max_s);
-        scores[j] = e;
-        local_sum += e;
-    }
-    const float inv = 1.0f / block_reduce_sum(local_sum, shared);  // also orders the score writes
+    const float inv = window_softmax_unnormalised(scores, count, local_max, shared);
     float* o = out + size_t(t) * qd + size_t(h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
@@ -333,9 +350,9 @@ __global__ void window_attention_staged_kernel(const float* qkv, int heads, int 
     const int t = blockIdx.x, h = blockIdx.y;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
     const int kvh = h / (heads / kv_heads);
-    const int64_t p = *pos0 + t;
-    const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
-    const int count = int(p - first + 1);
+    const WindowSpan span = window_span(pos0, t, window);
+    const int64_t first = span.first;
+    const int count = span.count;
     const int row = head_dim + 1;
     float* ks = smem;
     float* vs = ks + window * row;
@@ -359,14 +376,7 @@ __global__ void window_attention_staged_kernel(const float* qkv, int heads, int 
         scores[j] = dot * scale;
         local_max = fmaxf(local_max, scores[j]);
     }
-    const float max_s = block_reduce_max(local_max, shared);
-    float local_sum = 0.0f;
-    for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        const float e = expf(scores[j] - max_s);
-        scores[j] = e;
-        local_sum += e;
-    }
-    const float inv = 1.0f / block_reduce_sum(local_sum, shared);
+    const float inv = window_softmax_unnormalised(scores, count, local_max, shared);
     float* o = out + size_t(t) * qd + size_t(h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
