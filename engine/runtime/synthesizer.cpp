@@ -132,6 +132,26 @@ std::shared_ptr<const cpu::LmWeights> SpeechModel::lm_shared() const {
     return lm_;
 }
 
+const cpu::SpeakerEncoder& SpeechModel::speaker_encoder() const {
+    std::call_once(speaker_encoder_once_, [this] {
+        const Checkpoint& ckpt = *checkpoint_;
+        if (!ckpt.config.speaker_encoder || !ckpt.speaker_encoder)
+            fail(ErrorCode::ERROR_UNSUPPORTED, "{}: this checkpoint has no speaker encoder", ckpt.dir);
+        speaker_encoder_ = std::make_unique<const cpu::SpeakerEncoder>(*ckpt.config.speaker_encoder, *ckpt.speaker_encoder);
+    });
+    return *speaker_encoder_;
+}
+
+const cpu::SpeechEncoder& SpeechModel::speech_encoder() const {
+    std::call_once(speech_encoder_once_, [this] {
+        const Checkpoint& ckpt = *checkpoint_;
+        if (!ckpt.encoder)
+            fail(ErrorCode::ERROR_UNSUPPORTED, "{}: the speech tokenizer has no encoder weights", ckpt.dir);
+        speech_encoder_ = std::make_unique<const cpu::SpeechEncoder>(ckpt.speech_config, *ckpt.encoder);
+    });
+    return *speech_encoder_;
+}
+
 std::string SpeechModel::backend_name() const {
     if (backend_.backend == LmBackend::LM_BACKEND_CUDA) return "cuda:" + std::to_string(backend_.device);
     return "cpu";

@@ -29,7 +29,9 @@
 
 #include "cpu/generator.h"
 #include "cpu/lm.h"
+#include "cpu/speaker_encoder.h"
 #include "cpu/speech_decoder.h"
+#include "cpu/speech_encoder.h"
 #include "model/weights.h"
 #include "runtime/decoder_stream.h"
 #include "runtime/engine.h"
@@ -94,6 +96,11 @@ public:
     const cpu::LmWeights& lm() const { return *lm_shared(); }
     std::shared_ptr<const cpu::LmWeights> lm_shared() const;
     const cpu::CpuSpeechDecoder& decoder() const { return *decoder_; }
+    // Base models: the cloning encoders, built on first use (weights converted once) and shared by
+    // every request after that (their embed/encode calls are const and thread-safe). Throw
+    // ERROR_UNSUPPORTED when the checkpoint has no such network.
+    const cpu::SpeakerEncoder& speaker_encoder() const;
+    const cpu::SpeechEncoder& speech_encoder() const;
 
     LmBackend backend() const { return backend_.backend; }
     std::string backend_name() const;  // "cpu" or "cuda:N"
@@ -137,6 +144,9 @@ private:
     std::shared_ptr<cuda::GpuGeneratorPool> gpu_;       // CUDA backend only
     std::shared_ptr<cuda::GpuDecoderPool> gpu_decoder_;  // CUDA backend with options.gpu_decoder
     std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;     // both backends (tools, gpu_decoder = false)
+    mutable std::once_flag speaker_encoder_once_, speech_encoder_once_;
+    mutable std::unique_ptr<const cpu::SpeakerEncoder> speaker_encoder_;  // set once, on first use
+    mutable std::unique_ptr<const cpu::SpeechEncoder> speech_encoder_;    // set once, on first use
     SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok);
 };
 

@@ -189,17 +189,14 @@ Voice voice_create(const SpeechModel& model, const std::vector<float>& audio_24k
     voice.fingerprint = voice_fingerprint(ckpt);
     voice.x_vector_only = x_vector_only;
 
-    const cpu::SpeakerEncoder speaker_encoder(*ckpt.config.speaker_encoder, *ckpt.speaker_encoder);
-    cpu::reference_audio_validate(audio_24k.data(), audio_24k.size(), speaker_encoder.min_samples(),
-                                  "speaker encoder");
-    voice.x_vector = speaker_encoder.embed_audio(audio_24k.data(), audio_24k.size());
+    // reference_clip_validate() above is stricter than the encoders' own checks (>= 1 s, finite).
+    voice.x_vector = model.speaker_encoder().embed_audio(audio_24k.data(), audio_24k.size());
     if (int(voice.x_vector.size()) != voice.hidden_size)
         fail(ErrorCode::ERROR_SHAPE, "{}: the speaker encoder gives {} values but the talker is {} wide", ckpt.dir,
              voice.x_vector.size(), voice.hidden_size);
 
     if (!x_vector_only) {
-        const cpu::SpeechEncoder speech_encoder(ckpt.speech_config, *ckpt.encoder);
-        const cpu::SpeechCodes codes = speech_encoder.encode(audio_24k.data(), audio_24k.size());
+        const cpu::SpeechCodes codes = model.speech_encoder().encode(audio_24k.data(), audio_24k.size());
         if (codes.num_codebooks != VOICE_CODE_GROUPS)
             fail(ErrorCode::ERROR_UNSUPPORTED, "{}: the speech encoder gives {} codebooks; voices hold {}", ckpt.dir,
                  codes.num_codebooks, VOICE_CODE_GROUPS);
