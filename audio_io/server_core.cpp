@@ -14,18 +14,6 @@ const char* const kServerName = "qtts/" QTTS_VERSION;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-const char* stop_reason_text(StopReason reason) {
-    switch (reason) {
-        case StopReason::STOP_NONE: return "none";
-        case StopReason::STOP_EOS: return "eos";
-        case StopReason::STOP_FRAME_BUDGET: return "frame_budget";
-        case StopReason::STOP_MAX_FRAMES: return "max_frames";
-        case StopReason::STOP_CANCELLED: return "cancelled";
-        case StopReason::STOP_ERROR: return "error";
-    }
-    return "unknown";
-}
-
 std::string base64_encode(const std::string& bytes) {
     static const char* const kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     std::string out;
@@ -332,7 +320,7 @@ MetricGauges ServerCore::gauges() const {
 nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
     const StreamMetrics& m = o.metrics;
     nlohmann::json j;
-    j["stop_reason"] = o.slow_client ? "slow_client" : o.cancelled ? "cancelled" : stop_reason_text(m.stop_reason);
+    j["stop_reason"] = o.slow_client ? "slow_client" : o.cancelled ? "cancelled" : stop_reason_name(m.stop_reason);
     j["samples"] = o.samples;
     j["audio_seconds"] = double(o.samples) / kSampleRate;
     j["frames"] = m.frames;

@@ -43,15 +43,9 @@ Generator::Generator(std::shared_ptr<const LmWeights> weights) : weights_(std::m
 
 void Generator::start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
                       uint64_t seed, int text_tokens, bool text_closed) {
-    sampling_params_validate(params.talker, "talker");
-    sampling_params_validate(params.predictor, "code predictor");
+    generation_params_validate(params);
     if (L <= 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the prefill is empty");
     if (T < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "negative trailing text length {}", T);
-    if (params.max_new_tokens < 2)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_new_tokens {} leaves no frame (at least 2 are needed)",
-             params.max_new_tokens);
-    if (params.max_frames < 0)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_frames {} is negative (0 = use the frame budget)", params.max_frames);
 
     const LmWeights& w = *weights_;
     const size_t H = size_t(w.hidden_size());

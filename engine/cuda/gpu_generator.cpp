@@ -69,26 +69,14 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
 
 void GpuGenerator::start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
                          uint64_t seed, int text_tokens, bool text_closed) {
-    sampling_params_validate(params.talker, "talker");
-    sampling_params_validate(params.predictor, "code predictor");
-    if (params.max_new_tokens < 2)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_new_tokens {} leaves no frame (at least 2 are needed)",
-             params.max_new_tokens);
-    if (params.max_frames < 0)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_frames {} is negative (0 = use the frame budget)", params.max_frames);
+    generation_params_validate(params);
     lm_.generation_start(prefill, L, trailing, T, setup_from(params, seed));
     begin(params, L, text_tokens, text_closed);
     lm_.codes_read(0, 1, host_codes_.data());
 }
 
 void GpuGenerator::start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) {
-    sampling_params_validate(params.talker, "talker");
-    sampling_params_validate(params.predictor, "code predictor");
-    if (params.max_new_tokens < 2)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_new_tokens {} leaves no frame (at least 2 are needed)",
-             params.max_new_tokens);
-    if (params.max_frames < 0)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_frames {} is negative (0 = use the frame budget)", params.max_frames);
+    generation_params_validate(params);
     lm_.generation_start(prompt, setup_from(params, seed));
     begin(params, int(prompt.positions.size()), prompt.text_tokens, prompt.text_complete);
     lm_.codes_read(0, 1, host_codes_.data());

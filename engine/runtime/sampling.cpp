@@ -28,6 +28,16 @@ void sampling_params_validate(const SamplingParams& params, const char* which) {
              params.repetition_penalty);
 }
 
+void generation_params_validate(const GenerationParams& params) {
+    sampling_params_validate(params.talker, "talker");
+    sampling_params_validate(params.predictor, "code predictor");
+    if (params.max_new_tokens < 2)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_new_tokens {} leaves no frame (at least 2 are needed)",
+             params.max_new_tokens);
+    if (params.max_frames < 0)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_frames {} is negative (0 = use the frame budget)", params.max_frames);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Philox4x32-10
 // ---------------------------------------------------------------------------------------------

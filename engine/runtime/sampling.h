@@ -129,6 +129,10 @@ struct GenerationParams {
     FrameBudgetRule budget;
 };
 
+// Checks both samplers and the frame limits (the checks every generator runs at start);
+// throws qtts::Error (ERROR_INVALID_ARGUMENT) naming the field and what is accepted.
+void generation_params_validate(const GenerationParams& params);
+
 // The checkpoint's generation_config.json as GenerationParams.
 GenerationParams generation_params_from_config(const GenerationConfig& config);
 // Greedy talker and predictor with the reference's penalty (used by the golden tests).
