@@ -34,6 +34,7 @@
 #include "runtime/engine.h"
 #include "runtime/synthesizer.h"
 #include "runtime/voice.h"
+#include "test_streams.h"
 #include "test_support.h"
 
 using namespace qtts;
@@ -152,17 +153,7 @@ double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
     return a.empty() ? 0.0 : qtts_test::max_abs_error(a.data(), b.data(), a.size());
 }
 
-std::vector<float> read_all(Stream& s) {
-    std::vector<float> out;
-    std::vector<float> buf(4096);
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (!s.finished() && std::chrono::steady_clock::now() < deadline) {
-        const size_t n = s.read(buf.data(), buf.size());
-        out.insert(out.end(), buf.begin(), buf.begin() + long(n));
-        if (n == 0) s.wait(20ms);
-    }
-    return out;
-}
+std::vector<float> read_all(Stream& s) { return qtts_test::stream_read_all(s); }
 
 std::vector<FrameCodes> codes_of(const Stream& s) {
     std::vector<FrameCodes> out;

@@ -652,6 +652,23 @@ inline bool raw_wait_closed(int fd, std::chrono::milliseconds timeout) {
     return eof;
 }
 
+// `clients` curl processes POST the file `body_path` to /v1/audio/speech at once, each saving
+// its response as <dir>/out<i>.ogg (i = 1..clients); returns how many got status 200.
+inline int curl_clients_parallel(int port, const std::string& body_path, const std::string& dir, int clients,
+                                 int max_seconds) {
+    if (command_run("mkdir -p " + dir).exit_code != 0) return 0;
+    const std::string cmd = "cd " + dir + " && for i in $(seq 1 " + std::to_string(clients) + "); do (timeout " +
+                            std::to_string(max_seconds + 5) + " curl -s -N --max-time " + std::to_string(max_seconds) +
+                            " -o out$i.ogg -w '%{http_code}\\n' --data-binary @" + body_path + " http://127.0.0.1:" +
+                            std::to_string(port) + "/v1/audio/speech) & done; wait";
+    const CommandResult r = command_run(cmd);
+    int ok_count = 0;
+    std::istringstream codes(r.out);
+    std::string code;
+    while (codes >> code) ok_count += code == "200";
+    return ok_count;
+}
+
 inline std::string speech_json(const std::string& input, const std::string& format, bool stream,
                                const std::string& extra = "") {
     std::string j = "{\"model\":\"qtts\",\"input\":\"" + input + "\",\"response_format\":\"" + format + "\"";

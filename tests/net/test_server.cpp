@@ -695,17 +695,7 @@ TEST_CASE("load: 16 concurrent streaming clients all complete", "[net]") {
     const std::string in = temp_path("load.json");
     file_write(in, speech_json(kText, "opus", true));
     const std::string dir = temp_path("load");
-    REQUIRE(command_run("mkdir -p " + dir).exit_code == 0);
-    // 16 curl processes at once (bash waits for all of them); each prints its status code.
-    std::string cmd = "cd " + dir + " && for i in $(seq 1 16); do (timeout 25 curl -s -N --max-time 20 -o out$i.ogg -w '%{http_code}\\n' "
-                      "--data-binary @" + in + " http://127.0.0.1:" + std::to_string(s.port()) +
-                      "/v1/audio/speech) & done; wait";
-    const CommandResult r = command_run(cmd);
-    int ok_count = 0;
-    std::istringstream codes(r.out);
-    std::string code;
-    while (codes >> code) ok_count += code == "200";
-    CHECK(ok_count == 16);
+    CHECK(curl_clients_parallel(s.port(), in, dir, 16, 20) == 16);
     const auto want = expected_pcm(kText, cfg);
     for (int i = 1; i <= 16; ++i) {
         bool ok = false;

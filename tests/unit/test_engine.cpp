@@ -10,21 +10,15 @@
 #include "runtime/engine.h"
 #include "runtime/synthesizer.h"
 #include "model/make_model.h"
+#include "test_streams.h"
 
 using namespace qtts;
 using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<float> read_all(Stream& s, std::chrono::seconds limit = 120s) {
-    std::vector<float> out;
-    std::vector<float> buf(4096);
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!s.finished() && std::chrono::steady_clock::now() < deadline) {
-        const size_t n = s.read(buf.data(), buf.size());
-        out.insert(out.end(), buf.begin(), buf.begin() + long(n));
-        if (n == 0) s.wait(50ms);
-    }
+std::vector<float> read_all(Stream& s) {
+    std::vector<float> out = qtts_test::stream_read_all(s);
     REQUIRE(s.finished());
     return out;
 }

@@ -13,6 +13,7 @@
 #include "audio_io/jitter_buffer.h"
 #include "audio_io/stream_player.h"
 #include "runtime/engine.h"
+#include "test_streams.h"
 
 using namespace qtts;
 using namespace std::chrono_literals;
@@ -43,13 +44,8 @@ Engine& shared_engine() {
 const std::vector<float>& audio_expected() {
     static const std::vector<float> audio = [] {
         auto stream = shared_engine().submit(request_fixed());
-        std::vector<float> out;
-        std::vector<float> buf(4096);
-        while (!stream->finished()) {
-            const size_t n = stream->read(buf.data(), buf.size());
-            out.insert(out.end(), buf.begin(), buf.begin() + long(n));
-            if (n == 0) stream->wait(20ms);
-        }
+        std::vector<float> out = qtts_test::stream_read_all(*stream);
+        REQUIRE(stream->finished());
         REQUIRE(stream->error().empty());
         return out;
     }();
