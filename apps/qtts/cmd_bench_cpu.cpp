@@ -20,12 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
-double percentile(std::vector<double> v, double p) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5))];
-}
-
 int cmd_bench_cpu(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "frames", "json", "cache", "chunk"}, {"help"});
     if (args.has("help") || (!args.get("model") && !args.get("preset"))) {
@@ -90,8 +84,8 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
         model->decoder().decode(state, codes.data() + size_t(s) * 16, n, &pcm);
         chunk_ms.push_back(ms(t0, Clock::now()) / n);
     }
-    const double lm_med = percentile(frame_ms, 0.5);
-    const double dec_med = percentile(chunk_ms, 0.5);
+    const double lm_med = qtts_cli::bench_median(frame_ms);
+    const double dec_med = qtts_cli::bench_median(chunk_ms);
     const double total = lm_med + dec_med;
 
     nlohmann::json j = {{"bench", "cpu"},
@@ -103,7 +97,7 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
                         {"prefill_ms", prefill_ms},
                         {"prefill_positions", prompt.positions.size()},
                         {"lm_frame_ms_p50", lm_med},
-                        {"lm_frame_ms_p95", percentile(frame_ms, 0.95)},
+                        {"lm_frame_ms_p95", qtts_cli::bench_percentile(frame_ms, 95)},
                         {"decoder_frame_ms_p50", dec_med},
                         {"frame_ms_p50", total},
                         {"x_real_time", total > 0 ? 80.0 / total : 0.0}};

@@ -54,26 +54,6 @@ void usage() {
         "  --json FILE        write the results as JSON\n");
 }
 
-[[maybe_unused]] double median(std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-[[maybe_unused]] std::vector<int> chunk_list(const std::string& text) {
-    std::vector<int> out;
-    std::stringstream ss(text);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        const int v = std::atoi(item.c_str());
-        if (v < 1 || v > 1000)
-            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--chunks: '{}' is not a chunk size in 1..1000", item);
-        out.push_back(v);
-    }
-    if (out.empty()) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--chunks: no chunk sizes given");
-    return out;
-}
-
 #ifdef QTTS_HAVE_CUDA
 
 namespace qc = qtts::cuda;
@@ -94,7 +74,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     const int device = int(args.get_int("device", 0));
     const int frames = int(std::max(1LL, args.get_int("frames", 100)));
     const int repeats = int(std::max(1LL, args.get_int("repeats", 3)));
-    const std::vector<int> chunks = chunk_list(args.get_or("chunks", "1,2,4,25"));
+    const std::vector<int> chunks = qtts_cli::bench_sizes(args.get_or("chunks", "1,2,4,25"), "chunks");
     const bool graphs_allowed = !args.has("no-cuda-graphs");
 
     std::string model_dir;
@@ -208,9 +188,9 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
             row.small = mode.small;
             row.pdl = mode.pdl && pdl_default;
             row.padded = mode.padded;
-            row.gpu_ms_per_chunk = median(chunk_ms);
+            row.gpu_ms_per_chunk = qtts_cli::bench_median(chunk_ms);
             row.gpu_ms_per_frame = row.gpu_ms_per_chunk / chunk;
-            row.wall_ms_per_frame = median(wall_ms) / chunk;
+            row.wall_ms_per_frame = qtts_cli::bench_median(wall_ms) / chunk;
             rows.push_back(row);
         }
     }
@@ -238,8 +218,8 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
             for (size_t i = 0; i < runs[0].size(); ++i) {
                 std::vector<double> v;
                 for (const auto& run : runs) v.push_back(run[i].second);
-                std::printf("  %s %.3f", runs[0][i].first.c_str(), median(v));
-                stages[runs[0][i].first] = median(v);
+                std::printf("  %s %.3f", runs[0][i].first.c_str(), qtts_cli::bench_median(v));
+                stages[runs[0][i].first] = qtts_cli::bench_median(v);
             }
             std::printf("\n");
             stage_json.push_back({{"chunk", chunk}, {"stages_ms", stages}});
