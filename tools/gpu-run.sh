@@ -132,7 +132,7 @@ device() {
         if [ "$p" = "1.7b-customvoice" ]; then
             for v in ${QTTS_BENCH_VARIANTS:-}; do
                 t=$SECONDS
-                timeout 120 env "$v" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels \
+                timeout 120 env "$v" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels ${QTTS_BENCH_ARGS:-} \
                     >"$q/bench-$p-$v.log" 2>&1 || note "bench $p $v FAILED"
                 { echo "===== variant $v"; cat "$q/bench-$p-$v.log"; } >>"$out/bench.log"
                 note "bench $p with $v: $((SECONDS - t)) s"
@@ -141,7 +141,7 @@ device() {
             done
         fi
         t=$SECONDS
-        timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels \
+        timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels ${QTTS_BENCH_ARGS:-} \
             --json "$out/bench-$p.json" >"$q/bench-$p.log" 2>&1 || { note "bench $p FAILED"; failed=1; }
         cat "$q/bench-$p.log" >>"$out/bench.log"
         note "bench $p: $((SECONDS - t)) s"

@@ -14,13 +14,15 @@
 // first PCM chunk on the host (tokenization, prompt, prefill, first frame and its decode), p50 /
 // p95 over --e2e-requests requests (default 20) of a ~20-word sentence after one warm-up; and the
 // steady end-to-end frame time (LM + decoder + host copies per 80 ms frame) after the first chunk.
-// --no-e2e skips it.
+// A chunk is one fused graph replay (LM frames + their audio, cuda/fused_chunks.h);
+// --e2e-compare measures the separate LM and decoder replays as well. --no-e2e skips it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,7 @@
 
 #include "cuda/frame_graphs.h"
 #include "cuda/gpu_generator.h"
+#include "cuda/gpu_speech_decoder.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -67,21 +70,10 @@ void usage() {
         "  --kernels          also time each kernel of the frame alone (graphs of 64 launches)\n"
         "  --e2e-requests N   end-to-end requests (time to first audio, frame time with decode; default 20)\n"
         "  --no-e2e           skip the end-to-end runtime measurement\n"
+        "  --e2e-chunks LIST  steady chunk sizes of the end-to-end runs (default 4; the first chunk is 1 frame)\n"
+        "  --overlap          also time an LM chunk and a decoder chunk launched together on two streams\n"
+        "  --e2e-compare      also measure end to end with separate LM and decoder replays (no fused chunks)\n"
         "  --json FILE        write the results as JSON\n");
-}
-
-[[maybe_unused]] double median(std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-// Nearest-rank percentile (p in 0..100).
-[[maybe_unused]] double percentile(std::vector<double> v, double p) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const size_t rank = size_t(std::ceil(p / 100.0 * double(v.size())));
-    return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
 #ifdef QTTS_HAVE_CUDA
@@ -276,6 +268,59 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
     return out;
 }
 
+// Can the decoder hide behind the LM? One LM chunk graph (the generator's context) and one
+// decoder chunk graph (a second context: its own stream and cuBLAS handle) timed alone, one
+// after the other, and launched together on the two streams (wall time per chunk, synced).
+struct Overlap {
+    int chunk = 0;
+    double lm_ms = 0, decoder_ms = 0, serial_ms = 0, concurrent_ms = 0;
+};
+
+Overlap overlap_probe(const qtts::Checkpoint& checkpoint, int device, qtts::cuda::GpuContext& context,
+                      qtts::cuda::GpuGenerator& gen, const std::function<void()>& restart, int chunk) {
+    namespace qc = qtts::cuda;
+    Overlap o;
+    o.chunk = chunk;
+    qc::GpuContext decoder_context(device);
+    const auto decoder_weights = qc::GpuSpeechDecoderWeights::upload(checkpoint, device);
+    qc::GpuSpeechDecoderOptions options;
+    options.max_chunk_frames = std::max(8, chunk);
+    options.graph_chunk_sizes = {chunk};
+    qc::GpuSpeechDecoder decoder(decoder_weights, decoder_context, options);
+    std::vector<int32_t> codes(size_t(chunk) * 16);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = int32_t((i * 7919) % 2048);
+    decoder.codes_upload(codes.data(), chunk);
+    const int iters = 40;
+    const auto wall = [&](const std::function<void()>& one) {
+        restart();
+        for (int i = 0; i < 3; ++i) one();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) one();
+        return ms_between(t0, Clock::now()) / iters;
+    };
+    o.lm_ms = wall([&] {
+        gen.graphs().run(chunk);
+        context.synchronize();
+    });
+    o.decoder_ms = wall([&] {
+        decoder.chunk_run(chunk);
+        decoder_context.synchronize();
+    });
+    o.serial_ms = wall([&] {
+        gen.graphs().run(chunk);
+        context.synchronize();
+        decoder.chunk_run(chunk);
+        decoder_context.synchronize();
+    });
+    o.concurrent_ms = wall([&] {
+        gen.graphs().run(chunk);
+        decoder.chunk_run(chunk);
+        context.synchronize();
+        decoder_context.synchronize();
+    });
+    return o;
+}
+
 struct EndToEnd {
     int requests = 0;
     int prompt_tokens = 0;        // text ids of the sentence (the tokenizer of the checkpoint)
@@ -283,22 +328,27 @@ struct EndToEnd {
     std::vector<double> frame_ms;  // per request: mean wall time per frame after the first chunk
     int64_t frames = 0;           // frames after the first chunk, all requests
     bool gpu_decoder = false;
+    std::vector<int> fused_sizes;  // chunk sizes replayed as one graph (LM + decoder)
+    int chunk = 4;                 // steady chunk (the first one is 1 frame)
     double load_s = 0.0;
 };
 
 // The runtime path end to end: what a server request costs on one stream, on the calling thread.
-EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests) {
+EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests, bool fused, int chunk) {
     EndToEnd e;
+    e.chunk = chunk;
     qtts::SpeechModelOptions options;
     options.backend = "cuda";
     options.device = device;
     options.cuda_graphs = graphs;
+    options.fused_chunks = fused;
     options.first_chunk_frames = 1;
-    options.chunk_frames = 4;
+    options.chunk_frames = chunk;
     const auto t0 = Clock::now();
     const auto model = qtts::SpeechModel::load(model_dir, options);
     e.load_s = ms_between(t0, Clock::now()) / 1e3;
     e.gpu_decoder = model->gpu_decoder();
+    e.fused_sizes = model->gpu_fused_chunk_sizes();
     qtts::SpeechRequest request;
     request.text =
         "The quick brown fox jumps over the lazy dog while the evening sun slowly sets behind the quiet distant hills.";
@@ -318,7 +368,7 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
         if (status != qtts::UtteranceStatus::UTTERANCE_CHUNK || pcm.empty())
             qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first chunk produced no audio");
         const int64_t first = utt.frames();
-        while (utt.chunk(4, &pcm, &codes) != qtts::UtteranceStatus::UTTERANCE_DONE) {
+        while (utt.chunk(chunk, &pcm, &codes) != qtts::UtteranceStatus::UTTERANCE_DONE) {
         }
         const auto s2 = Clock::now();
         if (r == 0) continue;  // warm-up
@@ -341,6 +391,7 @@ int bench_cuda(const qtts_cli::Args& args) {
     const int repeats = int(args.get_int("repeats", 5));
     const bool graphs = !args.has("no-cuda-graphs");
     const int e2e_requests = args.has("no-e2e") ? 0 : int(args.get_int("e2e-requests", 20));
+    const std::vector<int> e2e_chunks = qtts_cli::bench_sizes(args.get_or("e2e-chunks", "4"), "e2e-chunks");
     if (frames < 8 || chunk < 1 || repeats < 1) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--frames >= 8, --chunk >= 1, --repeats >= 1");
 
     nlohmann::json out;
@@ -442,11 +493,20 @@ int bench_cuda(const qtts_cli::Args& args) {
     }
     context.synchronize();
 
+    Overlap overlap;
+    if (gen.graphs_enabled() && args.has("overlap"))
+        overlap = overlap_probe(*checkpoint, device, context, gen, [&] { gen.start(prompt, params, 11); }, chunk);
+
     std::vector<KernelTime> kernels;
     if (args.has("kernels")) kernels = kernel_times(context, *weights);
 
-    EndToEnd e2e;
-    if (e2e_requests > 0) e2e = end_to_end(model_dir, device, graphs, e2e_requests);
+    // End to end: fused chunks at each steady chunk size, and (--e2e-compare) separate replays.
+    std::vector<EndToEnd> e2e_runs;
+    for (const int k : e2e_chunks) {
+        if (e2e_requests == 0) break;
+        e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, true, k));
+        if (args.has("e2e-compare")) e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, false, k));
+    }
 
     // Bytes a frame must read: every talker weight once, every predictor weight 15 times, and the
     // talker KV cache (fp32) at the mean context of the steady-state run.
@@ -469,8 +529,8 @@ int bench_cuda(const qtts_cli::Args& args) {
     out["weights_upload_s"] = weights->upload_seconds();
     out["weights_mb"] = weights->device_bytes() / 1e6;
     out["state_mb"] = lm.state_bytes() / 1e6;
-    out["prefill_ms_p50"] = median(prefill_ms);
-    out["first_frame_ms_p50"] = median(first_frame_ms);
+    out["prefill_ms_p50"] = qtts_cli::bench_median(prefill_ms);
+    out["first_frame_ms_p50"] = qtts_cli::bench_median(first_frame_ms);
     out["frame_ms_graphs"] = graph_time.first;
     out["frame_ms_graphs_wall"] = graph_time.second;
     out["frame_ms_graphs_no_pdl"] = nopdl_time.first;
@@ -489,28 +549,42 @@ int bench_cuda(const qtts_cli::Args& args) {
         graph_stats.push_back({{"name", s.name}, {"frames", s.frames}, {"nodes", s.nodes}, {"capture_ms", s.capture_ms},
                                {"instantiate_ms", s.instantiate_ms}, {"device_bytes", s.device_bytes}});
     out["graphs"] = graph_stats;
-    const double e2e_frame = median(e2e.frame_ms);
-    if (e2e.requests > 0) {
-        out["e2e"] = {{"requests", e2e.requests},
-                      {"prompt_text_tokens", e2e.prompt_tokens},
-                      {"gpu_decoder", e2e.gpu_decoder},
-                      {"chunks", "1 then 4"},
-                      {"load_s", e2e.load_s},
-                      {"ttfa_ms_p50", median(e2e.ttfa_ms)},
-                      {"ttfa_ms_p95", percentile(e2e.ttfa_ms, 95)},
-                      {"ttfa_ms_min", percentile(e2e.ttfa_ms, 0)},
-                      {"frame_ms_p50", e2e_frame},
-                      {"frame_ms_p95", percentile(e2e.frame_ms, 95)},
-                      {"frames", e2e.frames},
-                      {"x_realtime", e2e_frame > 0 ? 80.0 / e2e_frame : 0.0}};
+    if (overlap.chunk > 0)
+        out["overlap"] = {{"chunk", overlap.chunk},
+                          {"lm_ms", overlap.lm_ms},
+                          {"decoder_ms", overlap.decoder_ms},
+                          {"serial_ms", overlap.serial_ms},
+                          {"concurrent_ms", overlap.concurrent_ms}};
+    auto e2e_json = [](const EndToEnd& e) {
+        const double frame = qtts_cli::bench_median(e.frame_ms);
+        return nlohmann::json{{"requests", e.requests},
+                              {"prompt_text_tokens", e.prompt_tokens},
+                              {"gpu_decoder", e.gpu_decoder},
+                              {"fused_chunk_sizes", e.fused_sizes},
+                              {"chunks", "1 then " + std::to_string(e.chunk)},
+                              {"chunk", e.chunk},
+                              {"load_s", e.load_s},
+                              {"ttfa_ms_p50", qtts_cli::bench_median(e.ttfa_ms)},
+                              {"ttfa_ms_p95", qtts_cli::bench_percentile(e.ttfa_ms, 95)},
+                              {"ttfa_ms_min", qtts_cli::bench_percentile(e.ttfa_ms, 0)},
+                              {"frame_ms_p50", frame},
+                              {"frame_ms_p95", qtts_cli::bench_percentile(e.frame_ms, 95)},
+                              {"frames", e.frames},
+                              {"x_realtime", frame > 0 ? 80.0 / frame : 0.0}};
+    };
+    if (!e2e_runs.empty()) {
+        out["e2e"] = e2e_json(e2e_runs.front());
+        nlohmann::json runs = nlohmann::json::array();
+        for (const EndToEnd& e : e2e_runs) runs.push_back(e2e_json(e));
+        out["e2e_runs"] = runs;
     }
 
     std::printf("\nqtts bench  %s  on %s (device %d)\n", model_dir.c_str(), context.device_name().c_str(), device);
     std::printf("  prompt %d positions, %d frames per run, chunk %d, PDL %s\n", L, frames, chunk, context.pdl() ? "on" : "off");
     std::printf("  %-34s %10s\n", "metric", "value");
     auto row = [](const char* name, double v, const char* unit) { std::printf("  %-34s %10.3f %s\n", name, v, unit); };
-    row("prefill (p50)", median(prefill_ms), "ms");
-    row("time to first frame (p50)", median(first_frame_ms), "ms");
+    row("prefill (p50)", qtts_cli::bench_median(prefill_ms), "ms");
+    row("time to first frame (p50)", qtts_cli::bench_median(first_frame_ms), "ms");
     row("frame, graphs", graph_time.first, "ms");
     row("frame, graphs, PDL off", nopdl_time.first, "ms");
     row("frame, eager (GPU)", eager_time.first, "ms");
@@ -522,14 +596,25 @@ int bench_cuda(const qtts_cli::Args& args) {
     row("bandwidth floor (4.3 TB/s)", floor_ms, "ms");
     row("achieved", best_ms > 0 ? frame_bytes / (best_ms * 1e-3) / 1e12 : 0.0, "TB/s");
     row("real-time factor", best_ms > 0 ? 80.0 / best_ms : 0.0, "x");
-    if (e2e.requests > 0) {
-        std::printf("  end to end (runtime: Utterance, %s decoder, chunks 1 then 4; %d requests, %d text tokens)\n",
-                    e2e.gpu_decoder ? "GPU" : "CPU", e2e.requests, e2e.prompt_tokens);
-        row("  time to first audio (p50)", median(e2e.ttfa_ms), "ms");
-        row("  time to first audio (p95)", percentile(e2e.ttfa_ms, 95), "ms");
-        row("  e2e frame, LM + decoder (p50)", e2e_frame, "ms");
-        row("  e2e frame, LM + decoder (p95)", percentile(e2e.frame_ms, 95), "ms");
-        row("  e2e real-time factor", e2e_frame > 0 ? 80.0 / e2e_frame : 0.0, "x");
+    if (overlap.chunk > 0) {
+        std::printf("  overlap probe (one chunk of %d frames, wall time, synced)\n", overlap.chunk);
+        row("  overlap: LM chunk alone", overlap.lm_ms, "ms");
+        row("  overlap: decoder chunk alone", overlap.decoder_ms, "ms");
+        row("  overlap: LM then decoder", overlap.serial_ms, "ms");
+        row("  overlap: LM and decoder at once", overlap.concurrent_ms, "ms");
+    }
+    for (const EndToEnd& run : e2e_runs) {
+        const EndToEnd* e = &run;
+        const double frame = qtts_cli::bench_median(e->frame_ms);
+        std::printf("  end to end (runtime: Utterance, %s decoder, chunks 1 then %d, %s; %d requests, %d text tokens)\n",
+                    e->gpu_decoder ? "GPU" : "CPU", e->chunk,
+                    e->fused_sizes.empty() ? "separate LM and decoder replays" : "fused chunk graphs", e->requests,
+                    e->prompt_tokens);
+        row("  time to first audio (p50)", qtts_cli::bench_median(e->ttfa_ms), "ms");
+        row("  time to first audio (p95)", qtts_cli::bench_percentile(e->ttfa_ms, 95), "ms");
+        row("  e2e frame, LM + decoder (p50)", frame, "ms");
+        row("  e2e frame, LM + decoder (p95)", qtts_cli::bench_percentile(e->frame_ms, 95), "ms");
+        row("  e2e real-time factor", frame > 0 ? 80.0 / frame : 0.0, "x");
     }
     if (!kernels.empty()) {
         std::printf("\n  %-40s %9s %9s\n", "kernel (alone, 64 launches in a graph)", "us", "GB/s");
@@ -547,8 +632,8 @@ int bench_cuda(const qtts_cli::Args& args) {
 #endif
 
 int cmd_bench(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests"},
-                        {"help", "no-cuda-graphs", "kernels", "no-e2e"});
+    qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks"},
+                        {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap"});
     if (args.has("help")) {
         usage();
         return 0;

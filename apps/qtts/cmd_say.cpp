@@ -60,6 +60,7 @@ void print_usage() {
         "  --device N            CUDA device index (default 0)\n"
         "  --no-cuda-graphs      run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
         "  --cpu-decoder         CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
+        "  --no-fused-chunks     CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --play                speak through the default audio device while generating\n"
         "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n"
         "  --voice FILE.qv       Base models: a saved voice (qtts voice create)\n"
@@ -73,7 +74,7 @@ int cmd_say(const std::vector<std::string>& argv) {
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
                          "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "device",
                          "audio-device", "voice", "ref-audio", "ref-text"},
-                        {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "play", "x-vector-only"});
+                        {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "play", "x-vector-only"});
     if (args.has("help")) {
         print_usage();
         return 0;
@@ -125,6 +126,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     if (options.device < 0 || options.device > 64) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--device must be 0..64");
     options.cuda_graphs = !args.has("no-cuda-graphs");
     options.gpu_decoder = !args.has("cpu-decoder");
+    options.fused_chunks = !args.has("no-fused-chunks");
     options.max_streams = 1;
     if (auto m = args.get("model")) {
         options.model_dir = *m;

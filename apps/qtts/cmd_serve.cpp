@@ -35,6 +35,7 @@ void print_usage() {
         "  --device N             CUDA device index (default 0)\n"
         "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
+        "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /healthz, GET /metrics,\n"
         "WebSocket /v1/audio/stream. Stop with Ctrl-C (SIGINT) or SIGTERM.\n");
 }
@@ -57,7 +58,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "io-threads", "backend", "device"},
-                        {"help", "no-cuda-graphs", "cpu-decoder"});
+                        {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks"});
     if (args.has("help")) {
         print_usage();
         return 0;
@@ -84,6 +85,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     engine_options.device = int_option(args, "device", 0, 0, 64);
     engine_options.cuda_graphs = !args.has("no-cuda-graphs");
     engine_options.gpu_decoder = !args.has("cpu-decoder");
+    engine_options.fused_chunks = !args.has("no-fused-chunks");
     engine_options.max_streams = options.max_streams;
 
     // Block the stop signals before any thread starts (threads inherit the mask), then wait for

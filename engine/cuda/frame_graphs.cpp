@@ -7,11 +7,9 @@
 
 namespace qtts::cuda {
 
-namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-}  // namespace
 
 GraphExec graph_capture(GpuContext& context, const std::string& name, const std::function<void()>& enqueue,
                         GraphStats* stats) {
@@ -20,20 +18,36 @@ GraphExec graph_capture(GpuContext& context, const std::string& name, const std:
     cudaStream_t stream = context.stream();
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto t0 = std::chrono::steady_clock::now();
-    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = stream_capture(stream, enqueue);
+    return graph_instantiate(context, name, graph, ms_since(t0), stats);
+}
+
+cudaGraph_t stream_capture(cudaStream_t stream, const std::function<void()>& enqueue, cudaGraph_t into) {
+    if (into)
+        CUDA_CHECK(cudaStreamBeginCaptureToGraph(stream, into, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
+    else
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
     try {
         enqueue();
     } catch (...) {
         cudaStreamEndCapture(stream, &graph);
-        if (graph) cudaGraphDestroy(graph);
+        if (graph && !into) cudaGraphDestroy(graph);
         cudaGetLastError();
         throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    const double capture_ms = ms_since(t0);
+    return graph;
+}
+
+GraphExec graph_instantiate(GpuContext& context, const std::string& name, cudaGraph_t graph, double capture_ms,
+                            GraphStats* stats) {
+    DeviceScope scope(context.device());
+    cudaStream_t stream = context.stream();
     size_t nodes = 0;
-    CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    const cudaError_t counted = cudaGraphGetNodes(graph, nullptr, &nodes);
+    if (counted != cudaSuccess) cudaGraphDestroy(graph);
+    CUDA_CHECK(counted);
 
     size_t free_before = 0, free_after = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_before, &total));

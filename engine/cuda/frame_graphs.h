@@ -13,6 +13,7 @@
 // another replay is in progress, is refused.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <string>
@@ -63,6 +64,15 @@ struct GraphStats {
 // Captures whatever `enqueue` puts on the context stream into an instantiated, uploaded graph.
 GraphExec graph_capture(GpuContext& context, const std::string& name, const std::function<void()>& enqueue,
                         GraphStats* stats);
+// Runs `enqueue` under stream capture (thread-local mode) and returns the captured graph, which
+// the caller owns; with `into`, the work is captured into that existing graph instead (a
+// conditional node's body) and `into` is returned. Capture is ended and cleaned up if enqueue throws.
+cudaGraph_t stream_capture(cudaStream_t stream, const std::function<void()>& enqueue, cudaGraph_t into = nullptr);
+// Instantiates and uploads a graph built by the caller (takes ownership of `graph`, destroys it),
+// logs and reports its stats like graph_capture.
+GraphExec graph_instantiate(GpuContext& context, const std::string& name, cudaGraph_t graph, double capture_ms,
+                            GraphStats* stats);
+double ms_since(std::chrono::steady_clock::time_point t0);
 // Replays a graph on the context stream (owner thread, not re-entrant).
 void graph_replay(GpuContext& context, const GraphExec& graph);
 

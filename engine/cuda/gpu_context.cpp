@@ -27,6 +27,11 @@ bool cuda_graphs_disabled_by_env() {
     return v && *v && std::strcmp(v, "0") != 0;
 }
 
+bool fused_chunks_disabled_by_env() {
+    const char* v = std::getenv("QTTS_NO_FUSED_CHUNKS");
+    return v && *v && std::strcmp(v, "0") != 0;
+}
+
 bool cuda_pdl_enabled_by_env() {
     const char* v = std::getenv("QTTS_PDL");
     return !(v && std::strcmp(v, "0") == 0);

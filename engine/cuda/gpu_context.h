@@ -33,6 +33,8 @@ private:
 
 // True when QTTS_NO_CUDA_GRAPHS is set to anything but "" or "0".
 bool cuda_graphs_disabled_by_env();
+// QTTS_NO_FUSED_CHUNKS=1: LM and decoder chunks replay separately (cuda/fused_chunks.h).
+bool fused_chunks_disabled_by_env();
 // False when QTTS_PDL=0 (programmatic dependent launch off; on by default on sm_90+).
 bool cuda_pdl_enabled_by_env();
 

@@ -56,17 +56,21 @@ std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_new() {
     return state;
 }
 
-std::unique_ptr<DecoderStream> GpuDecoderPool::acquire() {
-    backend_->context().guard().check("GpuDecoderPool::acquire");
-    std::unique_ptr<GpuSpeechDecoder> state;
-    if (!idle_.empty()) {
-        state = std::move(idle_.back());
-        idle_.pop_back();
-    } else {
-        state = state_new();
-        QTTS_LOG_INFO("GPU speech decoder: all {} states busy, created one more", created_ - 1);
+std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_take() {
+    backend_->context().guard().check("GpuDecoderPool::state_take");
+    if (idle_.empty()) {
+        auto state = state_new();
+        if (created_ > options_.states)
+            QTTS_LOG_INFO("GPU speech decoder: all {} states busy, created one more", created_ - 1);
+        return state;
     }
-    return std::make_unique<GpuDecoderLease>(shared_from_this(), std::move(state));
+    std::unique_ptr<GpuSpeechDecoder> state = std::move(idle_.back());
+    idle_.pop_back();
+    return state;
+}
+
+std::unique_ptr<DecoderStream> GpuDecoderPool::acquire() {
+    return std::make_unique<GpuDecoderLease>(shared_from_this(), state_take());
 }
 
 void GpuDecoderPool::state_release(std::unique_ptr<GpuSpeechDecoder> state) {

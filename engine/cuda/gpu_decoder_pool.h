@@ -38,6 +38,9 @@ public:
 
     // A fresh decoder stream (position 0) for one utterance, owner thread only.
     std::unique_ptr<DecoderStream> acquire();
+    // A decoder handed over for good (an idle one, else a new one): the generator states that
+    // decode their own frames own theirs (GpuGeneratorPool::decoders_attach). Owner thread only.
+    std::unique_ptr<GpuSpeechDecoder> state_take();
 
     int states_created() const { return created_; }
     int states_idle() const { return int(idle_.size()); }

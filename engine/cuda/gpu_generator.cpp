@@ -63,6 +63,10 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
     computed_ = 0;
     done_ = false;
     stop_reason_ = StopReason::STOP_REASON_NONE;
+    // The audio of emitted frames stays until taken (the next segment continues the stream).
+    // Decoded frames that were never emitted only exist after a restart before DONE (chunks end at
+    // the frame limit and only the frames before a stop are decoded): dropped.
+    audio_.resize(audio_emitted_);
     frame_limit_update();
     started_ = true;
 }
@@ -113,14 +117,77 @@ void GpuGenerator::text_close() {
     text_closed_ = true;
 }
 
+void GpuGenerator::decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder) {
+    context_.guard().check("GpuGenerator::decoder_attach");
+    if (!decoder) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "decoder_attach: no decoder");
+    if (&decoder->context() != &context_)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "decoder_attach: the decoder belongs to another GPU context");
+    fused_.reset();
+    decoder_ = std::move(decoder);
+    audio_.clear();
+    audio_emitted_ = 0;
+    if (options_.fused_chunks && graphs_.enabled() && !fused_chunks_disabled_by_env())
+        fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, options_.graph_frames);
+    else if (options_.fused_chunks && graphs_.enabled())
+        QTTS_LOG_INFO("fused chunks disabled by QTTS_NO_FUSED_CHUNKS: LM and decoder replay separately");
+}
+
+void GpuGenerator::decoder_reset() {
+    if (decoder_) decoder_->reset();
+    audio_.clear();
+    audio_emitted_ = 0;
+}
+
+std::vector<int> GpuGenerator::fused_sizes() const {
+    std::vector<int> sizes;
+    if (fused_)
+        for (const GraphStats& s : fused_->stats()) sizes.push_back(s.frames);
+    return sizes;
+}
+
+void GpuGenerator::audio_take(std::vector<float>* pcm) {
+    if (!pcm) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "audio_take: pcm is null");
+    pcm->insert(pcm->end(), audio_.begin(), audio_.begin() + long(audio_emitted_));
+    audio_.erase(audio_.begin(), audio_.begin() + long(audio_emitted_));
+    audio_emitted_ = 0;
+}
+
 void GpuGenerator::chunk_run(int frames) {
+    const int first = computed_;
+    const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
+    int32_t* dst = host_codes_.data() + size_t(first) * k::SAMPLE_MAX_GROUPS;
+    if (fused_ && fused_->has(frames)) {
+        // One replay, one sync: codes and (unless the chunk holds a stop) audio.
+        const bool decoded = fused_->run(frames);
+        std::memcpy(dst, fused_->codes(), rows * sizeof(int32_t));
+        computed_ += frames;
+        if (decoded)
+            audio_.insert(audio_.end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
+        else
+            chunk_decode(first, frames);
+        return;
+    }
     graphs_.run(frames);
     // One copy per chunk: the chunk's frames and codebook 0 of the frame after it.
-    lm_.codes_read_async(computed_, frames + 1, chunk_codes_.get());
+    lm_.codes_read_async(first, frames + 1, chunk_codes_.get());
     context_.synchronize();
-    std::memcpy(host_codes_.data() + size_t(computed_) * k::SAMPLE_MAX_GROUPS, chunk_codes_.get(),
-                size_t(frames + 1) * k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
+    std::memcpy(dst, chunk_codes_.get(), rows * sizeof(int32_t));
     computed_ += frames;
+    if (decoder_) chunk_decode(first, frames);
+}
+
+void GpuGenerator::chunk_decode(int first, int frames) {
+    // Only the frames next_frame() will emit: those before an end-of-speech row. (A frame past
+    // the frame limit is never computed: chunks stop at the limit.)
+    const int nq = decoder_->config().num_quantizers;
+    int valid = 0;
+    while (valid < frames && host_codes_[size_t(first + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
+    if (valid == 0) return;
+    decode_codes_.resize(size_t(valid) * nq);
+    for (int f = 0; f < valid; ++f)
+        std::copy_n(host_codes_.data() + size_t(first + f) * k::SAMPLE_MAX_GROUPS, nq,
+                    decode_codes_.begin() + long(f) * nq);
+    decoder_->decode(decode_codes_.data(), valid, &audio_);
 }
 
 FrameStatus GpuGenerator::next_frame(cpu::FrameCodes& codes) {
@@ -154,6 +221,7 @@ FrameStatus GpuGenerator::next_frame(cpu::FrameCodes& codes) {
     codes.fill(0);
     for (int g = 0; g < groups; ++g) codes[size_t(g)] = row[g];
     ++frames_;
+    if (decoder_) audio_emitted_ += size_t(decoder_->samples_per_frame());
     return FrameStatus::FRAME_STATUS_FRAME;
 }
 

@@ -7,6 +7,15 @@
 // hands the frames out one by one, applying the same stop rules as the CPU generator (EOS, frame
 // budget, max_frames). Frames computed past a stop are discarded.
 //
+// Audio (issue 7, "one chunk, one launch"): with a speech decoder attached (decoder_attach), the
+// generator also produces every emitted frame's samples, taken with audio_take(). A chunk whose
+// size has a fused graph (cuda/fused_chunks.h) is ONE replay: frame steps, the device-side
+// hand-off of the codes, the decoder under a graph condition, the copies; one sync. A chunk
+// that holds the end-of-speech token skips the decoder inside that replay, and only the frames
+// before the stop are then decoded (ordinary decoder call); chunk sizes without a fused graph
+// decode right after their codes arrive. Either way the decoder sees exactly the emitted frames,
+// in order, and continues across start() calls (the segments of one utterance).
+//
 // Streaming text: the talker step of frame k needs text-track row k while the text is open, so
 // next_frame() returns FRAME_STATUS_WAITING_FOR_TEXT one frame earlier than the CPU generator
 // does (the codes are the same).
@@ -17,7 +26,9 @@
 
 #include "cpu/generator.h"
 #include "cuda/frame_graphs.h"
+#include "cuda/fused_chunks.h"
 #include "cuda/gpu_lm.h"
+#include "cuda/gpu_speech_decoder.h"
 
 namespace qtts::cuda {
 
@@ -27,6 +38,9 @@ struct GpuGeneratorOptions {
     int chunk_frames = 4;         // frames per chunk afterwards
     bool graphs = true;           // CUDA graphs (also off when QTTS_NO_CUDA_GRAPHS is set)
     std::vector<int> graph_frames = {1, 4};  // frame counts that get a captured graph
+    // With a decoder attached: one fused graph per graph_frames size (graphs on, and
+    // QTTS_NO_FUSED_CHUNKS unset); false keeps separate LM and decoder replays.
+    bool fused_chunks = true;
 };
 
 class GpuGenerator {
@@ -50,6 +64,19 @@ public:
     int context_length() const { return prompt_length_ + frames_; }
 
     void chunk_frames_set(int first, int steady);
+
+    // ---- audio ---------------------------------------------------------------------------
+    // Gives the generator its speech decoder (same GPU context; its graph sizes should include
+    // graph_frames) and captures the fused chunk graphs.
+    void decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder);
+    GpuSpeechDecoder* decoder() { return decoder_.get(); }
+    // A new audio stream: the decoder back to position 0, held audio dropped (between utterances).
+    void decoder_reset();
+    // Appends the samples of every frame next_frame() returned since the last call (decoder
+    // attached; nothing otherwise).
+    void audio_take(std::vector<float>* pcm);
+    // Chunk sizes replayed as one fused graph (empty without a decoder or with fusion off).
+    std::vector<int> fused_sizes() const;
     bool graphs_enabled() const { return graphs_.enabled(); }
     GpuLm& lm() { return lm_; }
     FrameGraphs& graphs() { return graphs_; }
@@ -58,6 +85,7 @@ private:
     void begin(const GenerationParams& params, int L, int text_tokens, bool text_closed);
     void frame_limit_update();
     void chunk_run(int frames);
+    void chunk_decode(int first, int frames);  // host codes -> audio_, frames before a stop only
 
     GpuContext& context_;
     GpuGeneratorOptions options_;
@@ -77,6 +105,12 @@ private:
     cpu::StopReason stop_reason_ = cpu::StopReason::STOP_REASON_NONE;
     std::vector<int32_t> host_codes_;  // [code_capacity, 16]
     PinnedArray<int32_t> chunk_codes_; // [max chunk + 1, 16]
+
+    std::unique_ptr<GpuSpeechDecoder> decoder_;  // before fused_, which refers to it
+    std::unique_ptr<FusedChunkGraphs> fused_;
+    std::vector<float> audio_;     // decoded samples not yet taken, in frame order
+    size_t audio_emitted_ = 0;     // leading samples of audio_ that belong to emitted frames
+    std::vector<int32_t> decode_codes_;  // [frames, nq] packed for the decoder
 };
 
 }  // namespace qtts::cuda

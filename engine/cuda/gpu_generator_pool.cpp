@@ -26,10 +26,25 @@ public:
     void text_close() override { state_->text_close(); }
     cpu::StopReason stop_reason() const override { return state_->stop_reason(); }
     int frames_emitted() const override { return state_->frames_emitted(); }
+    DecoderStream* decoder() override { return state_->decoder() ? &decoder_view_ : nullptr; }
+    void audio_take(std::vector<float>* pcm) override { state_->audio_take(pcm); }
 
 private:
+    // The state's own decoder as a DecoderStream (the cloning warm-up decodes through it).
+    class DecoderView final : public DecoderStream {
+    public:
+        explicit DecoderView(GpuGenerator& state) : state_(state) {}
+        void decode(const int32_t* codes, int n, std::vector<float>* pcm) override {
+            state_.decoder()->decode(codes, n, pcm);
+        }
+
+    private:
+        GpuGenerator& state_;
+    };
+
     std::shared_ptr<GpuGeneratorPool> pool_;  // keeps the context alive while the state exists
     std::unique_ptr<GpuGenerator> state_;
+    DecoderView decoder_view_{*state_};
 };
 
 GpuGeneratorPool::GpuGeneratorPool(const GpuRuntimeOptions& options) : options_(options) {}
@@ -55,8 +70,17 @@ std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const
     return pool;
 }
 
+void GpuGeneratorPool::decoders_attach(const DecoderFactory& make) {
+    context_->guard().check("GpuGeneratorPool::decoders_attach");
+    if (!make) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "decoders_attach: no decoder factory");
+    decoder_factory_ = make;
+    for (auto& state : idle_) state->decoder_attach(decoder_factory_());
+    if (!idle_.empty()) fused_sizes_ = idle_.front()->fused_sizes();
+}
+
 std::unique_ptr<GpuGenerator> GpuGeneratorPool::state_new() {
     auto state = std::make_unique<GpuGenerator>(weights_, *context_, options_.generator);
+    if (decoder_factory_) state->decoder_attach(decoder_factory_());
     graphs_enabled_ = state->graphs_enabled();
     state_bytes_ = state->lm().state_bytes();
     ++created_;
@@ -82,6 +106,13 @@ void GpuGeneratorPool::state_release(std::unique_ptr<GpuGenerator> state) {
     if (context_->guard().owner() != std::this_thread::get_id()) {
         // Not the owner: the pool must not be touched from here; the state is freed instead.
         QTTS_LOG_WARN("a GPU generator state was released off its owner thread; it is freed, not reused");
+        return;
+    }
+    try {
+        state->decoder_reset();  // the next utterance's audio starts at position 0
+    } catch (const std::exception& e) {
+        QTTS_LOG_WARN("a GPU generator state's decoder could not be reset ({}); the state is freed, not reused",
+                      e.what());
         return;
     }
     idle_.push_back(std::move(state));

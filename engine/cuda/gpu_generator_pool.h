@@ -13,6 +13,7 @@
 // thread); acquire() and the generators check the context's owner guard.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -49,6 +50,14 @@ public:
     bool graphs_enabled() const { return graphs_enabled_; }
     size_t state_bytes() const { return state_bytes_; }
 
+    // Gives every state (the idle ones now, later ones when created) its own speech decoder from
+    // `make`, so that each generator decodes its frames itself, in fused chunk graphs where it
+    // can (GpuGenerator::decoder_attach). Owner thread.
+    using DecoderFactory = std::function<std::unique_ptr<GpuSpeechDecoder>()>;
+    void decoders_attach(const DecoderFactory& make);
+    bool decoders_attached() const { return bool(decoder_factory_); }
+    const std::vector<int>& fused_sizes() const { return fused_sizes_; }  // chunk sizes fused (states alike)
+
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
     void owner_adopt();
@@ -66,6 +75,8 @@ private:
     int created_ = 0;
     bool graphs_enabled_ = false;
     size_t state_bytes_ = 0;
+    DecoderFactory decoder_factory_;
+    std::vector<int> fused_sizes_;
 };
 
 }  // namespace qtts::cuda

@@ -164,6 +164,11 @@ public:
     void predictor_frame_enqueue();
     void talker_frame_enqueue();
 
+    // Device-side generation state and code buffer [code_capacity, 16] (read by the fused chunk
+    // graphs' hand-off to the decoder, cuda/fused_chunks.h).
+    const kernels::GenerationDeviceState* device_state() const { return state_; }
+    const int32_t* codes_device() const { return codes_; }
+
     // Codes of frames [first, first + count) -> out [count, 16] (synchronous).
     void codes_read(int first, int count, int32_t* out);
     // Same, asynchronous into pinned memory owned by the caller; the caller synchronises.

@@ -469,6 +469,15 @@ void GpuSpeechDecoder::chunk_run(int n) {
     chunk_enqueue(n);
 }
 
+void GpuSpeechDecoder::chunk_enqueue_for_capture(int n) {
+    context_.guard().check("GpuSpeechDecoder::chunk_enqueue_for_capture");
+    if (n < 1 || n > options_.max_chunk_frames)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: chunk of {} frames (accepted: 1..{})", n,
+             options_.max_chunk_frames);
+    DeviceScope scope(context_.device());
+    chunk_enqueue(n);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stages (all asynchronous on the context stream)
 // ---------------------------------------------------------------------------------------------

@@ -178,6 +178,7 @@ public:
     GpuSpeechDecoder& operator=(const GpuSpeechDecoder&) = delete;
 
     const DecoderConfig& config() const { return weights_->config(); }
+    GpuContext& context() { return context_; }
     int samples_per_frame() const { return weights_->samples_per_frame(); }
     int max_chunk_frames() const { return options_.max_chunk_frames; }
     int64_t frames_done() const { return frames_done_; }
@@ -205,6 +206,15 @@ public:
     // One eager chunk of n frames on the uploaded codes with CUDA events between the stages:
     // (stage, GPU ms) pairs. Advances the stream like chunk_run (synchronous).
     std::vector<std::pair<std::string, float>> chunk_profile(int n);
+
+    // ---- for fused chunk graphs (cuda/fused_chunks.h): the codes come from the device ----------
+    int32_t* codes_device() { return codes_dev_.get(); }   // chunk input [max_chunk_frames, nq]
+    const float* pcm_device() const { return pcm_dev_.get(); }  // chunk output [max_chunk_frames · spf]
+    // Enqueues the kernels of one chunk of n frames on the context stream, for a capture the
+    // caller has begun (owner thread).
+    void chunk_enqueue_for_capture(int n);
+    // Host bookkeeping after a fused replay decoded n frames (frames_done()).
+    void frames_decoded_add(int n) { frames_done_ += n; }
 
 private:
     void chunk_enqueue(int n);  // every kernel of one chunk (graph-capturable)

@@ -15,8 +15,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "cpu/generator.h"
+#include "runtime/decoder_stream.h"
 #include "runtime/sampling.h"
 #include "text/prompt.h"
 
@@ -33,6 +35,14 @@ public:
     virtual void text_close() = 0;
     virtual cpu::StopReason stop_reason() const = 0;
     virtual int frames_emitted() const = 0;
+
+    // Generators that decode their own frames (CUDA backend, fused chunks: cuda/gpu_generator.h)
+    // return their decoder here, for the in-context cloning warm-up before generation; the
+    // utterance then takes each chunk's samples with audio_take() instead of decoding. nullptr:
+    // the caller decodes.
+    virtual DecoderStream* decoder() { return nullptr; }
+    // Appends the samples of the frames next_frame() returned since the last call.
+    virtual void audio_take(std::vector<float>* pcm) { (void)pcm; }
 };
 
 // The CPU reference backend: a thin forwarder to cpu::Generator (no behaviour of its own, so the

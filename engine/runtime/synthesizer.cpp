@@ -101,6 +101,16 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
             if (options.chunk_frames != options.first_chunk_frames)
                 dec.decoder.graph_chunk_sizes.push_back(options.chunk_frames);
             model->gpu_decoder_ = cuda::GpuDecoderPool::create(model->gpu_, *ckpt, dec);
+            if (options.fused_chunks) {
+                // Each generator state gets a decoder of its own for good (fused chunk graphs are
+                // captured per pair); the decoder pool keeps the weights.
+                std::weak_ptr<cuda::GpuDecoderPool> pool = model->gpu_decoder_;
+                model->gpu_->decoders_attach([pool] {
+                    auto decoders = pool.lock();
+                    if (!decoders) fail(ErrorCode::ERROR_INTERNAL, "the GPU decoder pool is gone");
+                    return decoders->state_take();
+                });
+            }
         }
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
@@ -179,7 +189,7 @@ int SpeechModel::gpu_states_created() const {
 
 std::unique_ptr<DecoderStream> SpeechModel::decoder_stream_new() const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_decoder_) return gpu_decoder_->acquire();
+    if (gpu_decoder_ && !(gpu_ && gpu_->decoders_attached())) return gpu_decoder_->acquire();
 #endif
     return nullptr;
 }
@@ -189,6 +199,13 @@ int SpeechModel::gpu_decoder_states_created() const {
     if (gpu_decoder_) return gpu_decoder_->states_created();
 #endif
     return 0;
+}
+
+std::vector<int> SpeechModel::gpu_fused_chunk_sizes() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) return gpu_->fused_sizes();
+#endif
+    return {};
 }
 
 TextLayout SpeechModel::default_layout() const {
@@ -311,8 +328,10 @@ Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech pr
     : model_(std::move(model)),
       prepared_(std::move(prepared)),
       generator_(model_->generator_new()),
-      gpu_decoder_(model_->decoder_stream_new()) {
-    if (!gpu_decoder_) decoder_state_ = model_->decoder().state_new();
+      gpu_decoder_(generator_->decoder() ? nullptr : model_->decoder_stream_new()) {
+    // The decoder in use: the generator's own (it decodes its frames), a GPU lease, or the CPU's.
+    DecoderStream* gpu_stream = generator_->decoder() ? generator_->decoder() : gpu_decoder_.get();
+    if (!gpu_stream) decoder_state_ = model_->decoder().state_new();
     // In-context cloning: the reference codes are the decoder's left context, and their audio
     // is not part of the output. Decoding them once into the streaming state (audio thrown
     // away) makes every generated frame sound exactly as if decoded after the reference.
@@ -321,7 +340,7 @@ Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech pr
     if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * 16) {
         std::vector<float> discarded;
         discarded.reserve(size_t(base.ref_frames) * 1920);
-        if (gpu_decoder_) gpu_decoder_->decode(base.ref_codes.data(), base.ref_frames, &discarded);
+        if (gpu_stream) gpu_stream->decode(base.ref_codes.data(), base.ref_frames, &discarded);
         else model_->decoder().decode(decoder_state_, base.ref_codes.data(), base.ref_frames, &discarded);
     }
 }
@@ -398,8 +417,18 @@ void Utterance::text_close() {
 }
 
 void Utterance::frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm) {
-    // The CUDA backend decodes with its pooled GPU decoder state (unless the model was loaded
-    // with gpu_decoder = false); the CPU backend with the CPU reference, as always.
+    // Fused chunks: the generator decoded these frames already (in the same replay).
+    if (generator_->decoder()) {
+        const size_t before = pcm->size();
+        generator_->audio_take(pcm);
+        const size_t expected = frames.size() * size_t(model_->decoder().samples_per_frame());
+        if (pcm->size() - before != expected)
+            fail(ErrorCode::ERROR_INTERNAL, "the generator's decoder returned {} samples for {} frames",
+                 pcm->size() - before, frames.size());
+        return;
+    }
+    // Otherwise the CUDA backend decodes with its pooled GPU decoder state (unless the model was
+    // loaded with gpu_decoder = false); the CPU backend with the CPU reference, as always.
     codes_flat_.resize(frames.size() * 16);
     for (size_t f = 0; f < frames.size(); ++f)
         std::copy(frames[f].begin(), frames[f].end(), codes_flat_.begin() + long(f) * 16);

@@ -67,6 +67,10 @@ struct SpeechModelOptions {
     // needed (false: tools that only use the tokenizer or the cloning encoders, e.g. `qtts voice`).
     bool lm_eager = true;
     bool gpu_decoder = true;       // false: the CPU speech decoder on the CUDA backend (same audio to ~1e-6)
+    // GPU decoder: each generator state owns a decoder and a chunk of the configured sizes is one
+    // graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false (or
+    // QTTS_NO_FUSED_CHUNKS=1): separate LM and decoder replays. Same samples either way.
+    bool fused_chunks = true;
     // Reproducing the reference goldens only (tests; CPU backend): RoPE inverse-frequency tables
     // [head_dim / 2] that replace the configs' standard ones. The goldens were written with
     // randomly initialised rotary buffers (tests/support/golden_rope.h). Empty = the config's.
@@ -113,11 +117,14 @@ public:
     // CUDA: generator states created so far (0 on the CPU backend).
     int gpu_states_created() const;
     // A decoder stream for one utterance on the GPU (owner thread only; reset and given back
-    // when destroyed), or null when this model decodes on the CPU.
+    // when destroyed), or null when this model decodes on the CPU or its generators decode
+    // their own frames (fused chunks: FrameGenerator::decoder()).
     std::unique_ptr<DecoderStream> decoder_stream_new() const;
     bool gpu_decoder() const { return gpu_decoder_ != nullptr; }
     // CUDA with the GPU decoder: decoder states created so far (0 otherwise).
     int gpu_decoder_states_created() const;
+    // Chunk sizes that run as one fused graph replay (LM frames + audio); empty when none.
+    std::vector<int> gpu_fused_chunk_sizes() const;
 
     // Validates and lays out a request; throws qtts::Error for empty/huge/invalid text,
     // unknown speaker or language, missing voice for Base models, bad ids.
@@ -183,7 +190,8 @@ private:
     std::shared_ptr<const SpeechModel> model_;
     PreparedSpeech prepared_;
     std::unique_ptr<FrameGenerator> generator_;  // CPU or GPU, from model_->generator_new()
-    std::unique_ptr<DecoderStream> gpu_decoder_;  // CUDA decoder state, from model_->decoder_stream_new()
+    std::unique_ptr<DecoderStream> gpu_decoder_;  // CUDA decoder lease (model_->decoder_stream_new()), unless
+                                                  // the generator decodes its own frames
     cpu::DecoderState decoder_state_;             // CPU decoder (empty when gpu_decoder_ is set)
     std::vector<int32_t> codes_flat_;             // [frames, 16] of the chunk being decoded
     size_t next_segment_ = 0;

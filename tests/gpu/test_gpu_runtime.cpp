@@ -6,6 +6,10 @@
 //   * a Base voice (tiny-base from the reference, when staged): in-context cloning (the decoder
 //     warmed with the reference codes) and x-vector only, each equal to the CPU, also with two
 //     utterances interleaved chunk by chunk on one thread (two decoder states);
+//   * fused chunks (LM frames + their audio in one graph replay) against separate LM and decoder
+//     replays: same codes, bit-identical samples when the chunking matches, and a model that
+//     stops at frames the test does not choose (end-of-speech inside a fused chunk, two
+//     segments): codes equal the CPU's, the decoder never sees the stop frame;
 //   * an Engine on CUDA with two concurrent streams: each stream's codes and audio equal the CPU
 //     utterance's, a later stream reuses a pooled GPU state, and nothing trips the owner guard;
 //   * the owner guard refuses an utterance started on a thread that does not own the model,
@@ -20,6 +24,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -30,7 +35,9 @@
 #include "cpu/lm.h"
 #include "cuda/gpu_lm.h"
 #include "cuda/owner_guard.h"
+#include "model/weights.h"
 #include "model/make_model.h"
+#include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/synthesizer.h"
 #include "runtime/voice.h"
@@ -56,12 +63,13 @@ std::string tiny_model_dir() {
 }
 
 std::shared_ptr<const SpeechModel> model_on(const std::string& backend, bool gpu_decoder = true,
-                                            const std::string& dir = "") {
+                                            const std::string& dir = "", bool fused_chunks = true) {
     SpeechModelOptions o;
     o.backend = backend;
     o.first_chunk_frames = 1;
     o.chunk_frames = 4;
     o.gpu_decoder = gpu_decoder;
+    o.fused_chunks = fused_chunks;
     return SpeechModel::load(dir.empty() ? tiny_model_dir() : dir, o);
 }
 
@@ -97,6 +105,40 @@ std::string voice_file(const SpeechModel& model, bool icl, int ref_frames) {
     const std::string path = qtts_test::temp_dir() + (icl ? "/icl.qv" : "/xvec.qv");
     voice_save(v, path);
     return path;
+}
+
+// A copy of the tiny model whose talker head scores only the end-of-speech token (every other
+// codec logit is 0): greedy decoding stops at the first frame where that one logit is positive
+// (after min_new_tokens), a frame the test does not choose, often inside a 4-frame chunk.
+std::string eos_prone_model_dir() {
+    static const std::string dir = [] {
+        namespace fs = std::filesystem;
+        const std::string src = tiny_model_dir();
+        const std::string out = qtts_test::temp_dir() + "/eos-prone-model";
+        fs::remove_all(out);
+        fs::copy(src, out, fs::copy_options::recursive);
+        const int64_t eos = checkpoint_load(src)->config.talker.codec_eos_id;
+        auto file = SafetensorsFile::open(src + "/model.safetensors");
+        SafetensorsWriter writer;
+        for (const auto& [name, tensor] : file->tensors()) {
+            const TensorView* t = &tensor;
+            const bool head = name == "talker.codec_head.weight";
+            writer.add(name, t->dtype, t->shape, [t, head, eos](uint8_t* dst, size_t n) {
+                if (!head) {
+                    std::memcpy(dst, t->data, n);
+                    return;
+                }
+                const size_t row = n / size_t(t->shape[0]);
+                std::memset(dst, 0, n);
+                std::memcpy(dst + size_t(eos) * row, t->data + size_t(eos) * row, row);
+            });
+        }
+        for (const auto& [key, value] : file->metadata()) writer.set_metadata(key, value);
+        fs::remove(out + "/model.safetensors");
+        writer.write(out + "/model.safetensors");
+        return out;
+    }();
+    return dir;
 }
 
 const std::shared_ptr<const SpeechModel>& cpu_model() {
@@ -220,6 +262,79 @@ TEST_CASE("an utterance on the CUDA backend gives the CPU backend's codes and au
     // Utterances above ran one at a time: the single preallocated state was reused each time.
     CHECK(gpu->gpu_states_created() == 1);
     CHECK(gpu->gpu_decoder_states_created() == 1);
+}
+
+TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes and samples", "[gpu][runtime][fused]") {
+    const auto fused = model_on("cuda");
+    const auto separate = model_on("cuda", true, "", false);
+    // The fused graphs exist (a driver refusing them would make this test compare a path with
+    // itself).
+    REQUIRE(fused->gpu_fused_chunk_sizes() == std::vector<int>{1, 4});
+    CHECK(separate->gpu_fused_chunk_sizes().empty());
+
+    SECTION("max_frames ending in a partial chunk (1 + 4·7 + 2 frames)") {
+        const SpeechRequest r = greedy_request("Every chunk is one replay now.", 31);
+        const Spoken want = speak(separate, r);
+        const Spoken got = speak(fused, r);
+        REQUIRE(want.codes.size() == 31);
+        CHECK(got.codes == want.codes);
+        CHECK(got.pcm == want.pcm);  // same kernels in the same order: bit for bit
+    }
+    SECTION("incremental text (chunks cut short by the text)") {
+        const std::vector<std::string> pieces = {"Text that ", "arrives in ", "small pieces."};
+        const Spoken want = speak_incremental(separate, pieces, 24);
+        const Spoken got = speak_incremental(fused, pieces, 24);
+        REQUIRE(!want.codes.empty());
+        CHECK(got.codes == want.codes);
+        // The text cuts chunks short, so the utterance's decode calls and the generator's chunks
+        // differ: the same samples up to float rounding (streamed decoding is exact in any
+        // chunking, cuBLAS may sum in another order).
+        const double diff = max_abs(got.pcm, want.pcm);
+        WARN("incremental, fused vs separate: max abs " << diff);
+        CHECK(diff <= 1e-5);
+    }
+    SECTION("an end-of-speech inside a fused chunk: the decoder never sees it") {
+        const std::string dir = eos_prone_model_dir();
+        const auto cpu = model_on("cpu", true, dir);
+        const auto eos_fused = model_on("cuda", true, dir);
+        const auto eos_separate = model_on("cuda", true, dir, false);
+        int inside = 0;
+        const char* texts[] = {"Stop whenever you like.", "A second try at stopping.", "One more sentence to end.",
+                               "Short.", "Where does this one stop?", "The last attempt."};
+        for (const char* text : texts) {
+            const SpeechRequest r = greedy_request(text, 64);
+            const Spoken want = speak(cpu, r);
+            const Spoken got = speak(eos_fused, r);
+            const Spoken sep = speak(eos_separate, r);
+            CHECK(got.codes == want.codes);
+            CHECK(got.stop == want.stop);
+            CHECK(got.pcm == sep.pcm);
+            CHECK(max_abs(got.pcm, want.pcm) <= 1e-4);
+            // Chunks are frames [0], [1, 5), [5, 9), ...: the end-of-speech row n is inside a fused
+            // 4-frame chunk (not its first row) when (n - 1) % 4 != 0.
+            const int n = int(want.codes.size());
+            if (want.stop == StopReason::STOP_EOS && n >= 2 && (n - 1) % 4 != 0) ++inside;
+        }
+        WARN("end-of-speech inside a fused chunk in " << inside << " of 6 utterances");
+        CHECK(inside >= 1);
+
+        // Two segments (each over half the 600-byte split limit), each ended by its own stop: the
+        // decoder continues across them. Utterance chunks then straddle the segment boundary, so
+        // the separate path decodes other chunks than the generator: rounding-level differences.
+        std::string first = "The first long sentence goes on", second = "The second long sentence also goes on";
+        while (first.size() < 380) first += " and on";
+        while (second.size() < 380) second += " and on";
+        const SpeechRequest r = greedy_request(first + ". " + second + ".", 0);
+        REQUIRE(eos_fused->prepare(r).segments.size() == 2);
+        const Spoken want = speak(cpu, r);
+        const Spoken got = speak(eos_fused, r);
+        const Spoken sep = speak(eos_separate, r);
+        WARN("two segments: " << want.codes.size() << " frames, stop " << stop_reason_name(want.stop));
+        CHECK(got.codes == want.codes);
+        CHECK(sep.codes == want.codes);
+        CHECK(max_abs(got.pcm, sep.pcm) <= 1e-5);
+        CHECK(max_abs(got.pcm, want.pcm) <= 1e-4);
+    }
 }
 
 TEST_CASE("a Base voice on CUDA (ICL warm-up and x-vector) gives the CPU's codes and audio", "[gpu][runtime][base]") {

@@ -1,0 +1,61 @@
+// One chunk, one launch: K frames of the talker + code predictor AND their audio in a single
+// CUDA graph replay with a single host sync (docs/cuda.md, "Fused chunks").
+//
+// The graph of a K-frame chunk is
+//   K frame steps (GpuLm::frame_step_enqueue, as in FrameGraphs)
+//   → chunk_bridge: copies the chunk's codes (+ codebook 0 of the next frame) into a staging
+//     buffer and the K frames into the decoder's input, and sets the graph's condition to
+//     "every code is a codebook entry"
+//   → IF condition: the decoder's chunk of K frames (GpuSpeechDecoder, same kernels as its own
+//     graphs)
+//   → one copy of the staged codes + flag, one copy of the K·1920 samples, to pinned memory.
+// A chunk that contains the end-of-speech token is therefore never seen by the decoder (its
+// state does not move); the generator then decodes the frames before the stop with the
+// decoder's ordinary call. Every pointer in the graph is fixed (the chunk's position comes from
+// the LM's device state), so one graph per K serves every chunk of every utterance of the
+// (generator, decoder) pair it was captured for.
+//
+// Threading: the owner thread of the context, like the GpuLm and decoder it drives.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "cuda/device_buffer.h"
+#include "cuda/frame_graphs.h"
+#include "cuda/gpu_lm.h"
+#include "cuda/gpu_speech_decoder.h"
+
+namespace qtts::cuda {
+
+class FusedChunkGraphs {
+public:
+    // Captures one graph per size in `frame_counts` (sizes the decoder cannot take in one chunk
+    // are skipped). A size whose graph the driver refuses is logged and left to the unfused path.
+    FusedChunkGraphs(GpuLm& lm, GpuSpeechDecoder& decoder, const std::vector<int>& frame_counts);
+    FusedChunkGraphs(const FusedChunkGraphs&) = delete;
+    FusedChunkGraphs& operator=(const FusedChunkGraphs&) = delete;
+
+    bool has(int frames) const { return graphs_.count(frames) != 0; }
+    // Replays the K-frame graph and waits for it. Returns true when the decoder ran (the chunk
+    // had no end-of-speech token); codes() and pcm() then hold the chunk's results.
+    bool run(int frames);
+    // [K + 1, 16] codes of the last run: the chunk's frames and the row after it.
+    const int32_t* codes() const { return staged_host_.get(); }
+    const float* pcm() const { return pcm_host_.get(); }  // [K · samples_per_frame]
+    const std::vector<GraphStats>& stats() const { return stats_; }
+
+private:
+    GraphExec capture(int frames, GraphStats* stats);
+
+    GpuLm& lm_;
+    GpuSpeechDecoder& decoder_;
+    int max_frames_ = 0;
+    DeviceArray<int32_t> staged_dev_;     // [max + 1, 16] + flag
+    PinnedArray<int32_t> staged_host_;
+    PinnedArray<float> pcm_host_;         // [max · spf]
+    std::map<int, GraphExec> graphs_;
+    std::vector<GraphStats> stats_;
+};
+
+}  // namespace qtts::cuda
