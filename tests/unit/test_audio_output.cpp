@@ -9,6 +9,7 @@
 //   it uses is checked to be always lock-free (a non-lock-free atomic hides a mutex).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -173,7 +174,9 @@ TEST_CASE("virtual sink thread (as fast as possible) with a producer thread", "[
     VirtualSinkConfig config;
     config.random_min = 1;
     config.random_max = 1024;
-    config.record_capacity = 24000 * 60;
+    // The free-running sink records silence while the producer is not scheduled: room for
+    // 10 minutes of it (pages are only touched when written).
+    config.record_capacity = 24000 * 600;
     VirtualAudioSink sink(config, qtts::render_source(jb));
     const std::vector<float> input = qtts_test::random_floats(48000, 33, 0.2f, 1.0f);
     sink.start();
@@ -196,7 +199,16 @@ TEST_CASE("virtual sink thread (as fast as possible) with a producer thread", "[
     std::vector<float> nonzero;
     for (float v : sink.recorded())
         if (v != 0.0f) nonzero.push_back(v);
-    CHECK(nonzero == input);
+    if (sink.frames_not_recorded() == 0) {
+        CHECK(nonzero == input);
+    } else {
+        // The producer was starved for so long (a loaded machine) that the sink's recording
+        // filled up with silence: what it kept must still be the input's beginning, in order.
+        WARN("recording full: " << sink.frames_not_recorded() << " frames not recorded; checking the "
+                                << nonzero.size() << " recorded input samples");
+        REQUIRE(nonzero.size() <= input.size());
+        CHECK(std::equal(nonzero.begin(), nonzero.end(), input.begin()));
+    }
 }
 
 TEST_CASE("virtual sink thread at real-time pace plays a stream out", "[audio_output][threads]") {
