@@ -41,7 +41,8 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 }
 
 // One block samples one row. The block size is a template parameter (the helpers work for any
-// multiple of 32 up to 1024 threads); 1024 is the size that was measured and tested.
+// multiple of 32 from 256 to 1024 threads). Measured on the H200 (1.7B, top-k 50): 1024 threads
+// 10.2 / 9.9 us (codebook 0 / predictor), 512 10.9 / 9.9, 256 14.8 / 12.1.
 constexpr int SAMPLE_BLOCK = 1024;
 template <int SAMPLE_THREADS>
 struct SampleImpl {
@@ -203,16 +204,16 @@ template <typename F>
         if (lane == 0) sh.round_count[j][warp] = __popc(ballot[j]);
     }
     __syncthreads();
-    if (warp < PER_THREAD) {
-        const int c = lane < SAMPLE_WARPS ? sh.round_count[warp][lane] : 0;
+    for (int round = warp; round < PER_THREAD; round += SAMPLE_WARPS) {
+        const int c = lane < SAMPLE_WARPS ? sh.round_count[round][lane] : 0;
         int inclusive = c;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const int t = __shfl_up_sync(0xffffffffu, inclusive, o);
             if (lane >= o) inclusive += t;
         }
-        if (lane < SAMPLE_WARPS) sh.round_offset[warp][lane] = inclusive - c;
-        if (lane == 31) sh.round_total[warp] = inclusive;
+        if (lane < SAMPLE_WARPS) sh.round_offset[round][lane] = inclusive - c;
+        if (lane == 31) sh.round_total[round] = inclusive;
     }
     __syncthreads();
     int base = 0;
