@@ -27,7 +27,136 @@ __host__ __device__ inline int split_chunk(int ctx, int splits) {
     return chunk > ATTN_KEYS_PER_SPLIT ? ATTN_KEYS_PER_SPLIT : chunk;
 }
 
-// grid: (n_kv, splits, query tiles). See attention.cuh.
+// The query tile and key slice of this block (blockIdx.y = split, blockIdx.z = tile).
+struct BlockSlice {
+    int t0, nq;        // first query token of the tile; query rows (tokens × heads per KV head)
+    int pos0, ctx;     // position of query 0; keys in the context after this launch
+    int chunk, k0, k1; // slice length and its keys [k0, k1)
+    int k1_visible;    // end of the keys some query of the tile can see
+};
+
+__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, int group) {
+    BlockSlice b;
+    b.t0 = blockIdx.z * ATTN_TILE;
+    const int qt = min(ATTN_TILE, a.T - b.t0);
+    b.nq = qt * group;
+    b.pos0 = position_read(a.pos_dev, a.pos_host);
+    b.ctx = b.pos0 + a.T;
+    b.chunk = split_chunk(b.ctx, a.splits);
+    b.k0 = blockIdx.y * b.chunk;
+    b.k1 = min(b.ctx, b.k0 + b.chunk);
+    b.k1_visible = min(b.k1, b.pos0 + b.t0 + qt);
+    return b;
+}
+
+// The part both attention kernels share, once the scores of the block's queries against its key
+// slice are in s_s ([nq, ATTN_KEYS_PER_SPLIT], -inf where masked) and the slice's values are at
+// v_base (row j = key k0 + j, stride head_dim): softmax, probabilities times values, and either
+// the output (one split) or this split's partial state plus, in the last block of the (KV head,
+// query tile), the split-K combine. Called by every thread of the block.
+__device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* s_s, const float* v_base, int n, int t0,
+                                                 int nq, int ctx, int chunk, float* m_s, float* l_s, int* is_last_s) {
+    const int hd = a.head_dim;
+    const int group = a.n_heads / a.n_kv;
+    const int g = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
+    const int cap = ATTN_KEYS_PER_SPLIT;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // Softmax statistics per query (unnormalised probabilities stay in s_s).
+    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+        float* sq = s_s + qi * cap;
+        float m = -INFINITY;
+        for (int j = lane; j < n; j += 32) m = fmaxf(m, sq[j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < n; j += 32) {
+            const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
+            sq[j] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            m_s[qi] = m;
+            l_s[qi] = l;
+        }
+    }
+    __syncthreads();
+
+    // Probabilities times values.
+    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
+        const int qi = o / hd, d = o % hd;
+        const float* p = s_s + qi * cap;
+        const float* v_col = v_base + d;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) acc = fmaf(p[j], v_col[size_t(j) * hd], acc);
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        if (a.splits == 1) {
+            const float l = l_s[qi];
+            a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
+        } else {
+            float* P = a.partial + ((size_t(t) * a.n_heads + h) * a.splits + split) * (hd + 2);
+            P[d] = acc;
+            if (d == 0) {
+                P[hd] = m_s[qi];
+                P[hd + 1] = l_s[qi];
+            }
+        }
+    }
+    if (a.splits == 1) return;
+
+    // The last block of this (KV head, tile) combines the partial states of the splits that
+    // hold keys (later splits are empty at this context).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t* counter = a.counters + size_t(g) * query_tiles(a.T) + tile;
+        const uint32_t before = atomicAdd(counter, 1u);
+        *is_last_s = before == uint32_t(a.splits - 1);
+        if (*is_last_s) *counter = 0u;  // every split has arrived: reset for the next launch
+    }
+    __syncthreads();
+    if (!*is_last_s) return;
+    __threadfence();
+    const int active = min(a.splits, (ctx + chunk - 1) / chunk);
+    // Weights of every (query, split) in parallel, into s_s (free now): w = exp(m - M).
+    float* w_s = s_s;  // [nq, active]
+    for (int i = threadIdx.x; i < nq * active; i += ATTN_THREADS) {
+        const int qi = i / active, sp = i % active;
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        w_s[i] = load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
+    }
+    __syncthreads();
+    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        float M = -INFINITY;
+        for (int sp = lane; sp < active; sp += 32) M = fmaxf(M, w_s[qi * active + sp]);
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int sp = lane; sp < active; sp += 32) {
+            const float m = w_s[qi * active + sp];
+            const float w = (m == -INFINITY || M == -INFINITY) ? 0.0f : expf(m - M);
+            w_s[qi * active + sp] = w;
+            L = fmaf(w, load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd + 1), L);
+        }
+        L = warp_sum(L);
+        if (lane == 0) l_s[qi] = L;
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
+        const int qi = o / hd, d = o % hd;
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + d;
+        const float* w = w_s + qi * active;
+        float acc = 0.0f;
+#pragma unroll 4
+        for (int sp = 0; sp < active; ++sp) acc = fmaf(w[sp], load_coherent(P + sp * (hd + 2)), acc);
+        const float L = l_s[qi];
+        a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
+    }
+}
+
+// grid: (n_kv, splits, query tiles). See attention.cuh. Launches that append their new keys
+// (decode); prefill launches go to attention_cached_kernel.
 // Decode launches (T <= 2) whose key slice has at most ATTN_STAGE_KEYS rows copy the cached
 // rows into shared memory with cp.async BEFORE griddepcontrol.wait (they do not depend on the
 // previous kernel) and add the new rows there themselves; everything else reads the cache.
@@ -39,7 +168,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
 
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
-    const int g = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
+    const int g = blockIdx.x, split = blockIdx.y;
     const int nq_cap = min(a.T, ATTN_TILE) * group;
     const int cap = ATTN_KEYS_PER_SPLIT;
     float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
@@ -81,15 +210,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     pdl_wait();
     pdl_trigger();
 
-    const int t0 = tile * ATTN_TILE;
-    const int qt = min(ATTN_TILE, a.T - t0);
-    const int nq = qt * group;
-    const int pos0 = position_read(a.pos_dev, a.pos_host);
-    const int ctx = pos0 + a.T;
-    const int chunk = split_chunk(ctx, a.splits);
-    const int k0 = split * chunk;
-    const int k1 = min(ctx, k0 + chunk);
-    const int k1_visible = min(k1, pos0 + t0 + qt);  // keys some query of this tile can see
+    const BlockSlice b = block_slice(a, group);
+    const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, ctx = b.ctx, chunk = b.chunk, k0 = b.k0, k1 = b.k1;
+    const int k1_visible = b.k1_visible;
     if (staged) {
         __pipeline_wait_prior(0);
         staged = pos0 == pos_early;  // the early read was right (always, in the frame step)
@@ -168,98 +291,82 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     }
     __syncthreads();
 
-    // Softmax statistics per query (unnormalised probabilities stay in s_s).
+    attention_finish(a, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last);
+}
+
+// Prefill attention (append = false: every key, the new ones included, is already in the cache).
+// grid: (n_kv, splits, query tiles), like attention_kernel. The block stages its whole key slice
+// (K rows padded to head_dim + 1 floats, so that one key per thread reads without bank
+// conflicts, and V rows) and its queries (normalised, rotated) in shared memory; each thread
+// scores one key against every query of the tile, eight queries at a time from registers.
+__global__ void __launch_bounds__(ATTN_THREADS) attention_cached_kernel(const AttentionArgs a) {
+    extern __shared__ float4 attn_smem4[];
+    __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
+    __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
+    __shared__ int is_last;
+
+    const int hd = a.head_dim, kld = hd + 1;
+    const int group = a.n_heads / a.n_kv;
+    const int g = blockIdx.x;
+    const int nq_cap = min(a.T, ATTN_TILE) * group;
+    const int cap = ATTN_KEYS_PER_SPLIT;
+    float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
+    float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
+    float* k_s = s_s + nq_cap * cap;                     // [cap, hd + 1]
+    float* v_s = k_s + cap * kld;                        // [cap, hd]
+    float* scratch = v_s + cap * hd;                     // [ATTN_WARPS, 128]
+    const int warp = threadIdx.x >> 5;
+    const size_t head_base = size_t(g) * size_t(a.max_ctx);
+
+    pdl_wait();  // the keys were appended by the previous kernel
+    pdl_trigger();
+    const BlockSlice b = block_slice(a, group);
+    const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
+    const int n = max(0, b.k1_visible - k0);  // keys some query of this tile can see
+
+    for (int i = threadIdx.x; i < n * hd; i += ATTN_THREADS) {
+        const int r = i / hd, d = i % hd;
+        const size_t src = (head_base + size_t(k0 + r)) * hd + d;
+        k_s[r * kld + d] = a.k_cache[src];
+        v_s[r * hd + d] = a.v_cache[src];
+    }
     for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
-        float* sq = s_s + qi * cap;
-        float m = -INFINITY;
-        for (int j = lane; j < n; j += 32) m = fmaxf(m, sq[j]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int j = lane; j < n; j += 32) {
-            const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
-            sq[j] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            m_s[qi] = m;
-            l_s[qi] = l;
-        }
+        const int t = t0 + qi / group, h = g * group + qi % group;
+        warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, scratch + warp * 128, q_s + qi * hd, hd,
+                            a.q_norm, a.eps, a.inv_freq, pos0 + t);
     }
     __syncthreads();
 
-    // Probabilities times values.
-    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
-        const int qi = o / hd, d = o % hd;
-        const float* p = s_s + qi * cap;
-        const float* v_col = v_base + d;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int j = 0; j < n; ++j) acc = fmaf(p[j], v_col[size_t(j) * hd], acc);
-        const int t = t0 + qi / group, h = g * group + qi % group;
-        if (a.splits == 1) {
-            const float l = l_s[qi];
-            a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
-        } else {
-            float* P = a.partial + ((size_t(t) * a.n_heads + h) * a.splits + split) * (hd + 2);
-            P[d] = acc;
-            if (d == 0) {
-                P[hd] = m_s[qi];
-                P[hd + 1] = l_s[qi];
+    const float scale = 1.0f / sqrtf(float(hd));
+    constexpr int QB = 8;  // queries per register block
+    for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
+        const float* k_row = k_s + j * kld;
+        for (int qb = 0; qb < nq; qb += QB) {
+            float acc[QB];
+#pragma unroll
+            for (int u = 0; u < QB; ++u) acc[u] = 0.0f;
+            for (int d = 0; d < hd; ++d) {
+                const float kv = k_row[d];
+#pragma unroll
+                for (int u = 0; u < QB; ++u)
+                    if (qb + u < nq) acc[u] = fmaf(q_s[(qb + u) * hd + d], kv, acc[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < QB; ++u) {
+                const int qi = qb + u;
+                if (qi < nq) s_s[qi * cap + j] = (k0 + j <= pos0 + t0 + qi / group) ? acc[u] * scale : -INFINITY;
             }
         }
     }
-    if (a.splits == 1) return;
+    __syncthreads();
+    attention_finish(a, s_s, v_s, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last);
+}
 
-    // The last block of this (KV head, tile) combines the partial states of the splits that
-    // hold keys (later splits are empty at this context).
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t* counter = a.counters + size_t(g) * query_tiles(a.T) + tile;
-        const uint32_t before = atomicAdd(counter, 1u);
-        is_last = before == uint32_t(a.splits - 1);
-        if (is_last) *counter = 0u;  // every split has arrived: reset for the next launch
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const int active = min(a.splits, (ctx + chunk - 1) / chunk);
-    // Weights of every (query, split) in parallel, into s_s (free now): w = exp(m - M).
-    float* w_s = s_s;  // [nq, active]
-    for (int i = threadIdx.x; i < nq * active; i += ATTN_THREADS) {
-        const int qi = i / active, sp = i % active;
-        const int t = t0 + qi / group, h = g * group + qi % group;
-        w_s[i] = load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
-    }
-    __syncthreads();
-    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
-        const int t = t0 + qi / group, h = g * group + qi % group;
-        float M = -INFINITY;
-        for (int sp = lane; sp < active; sp += 32) M = fmaxf(M, w_s[qi * active + sp]);
-        M = warp_max(M);
-        float L = 0.0f;
-        for (int sp = lane; sp < active; sp += 32) {
-            const float m = w_s[qi * active + sp];
-            const float w = (m == -INFINITY || M == -INFINITY) ? 0.0f : expf(m - M);
-            w_s[qi * active + sp] = w;
-            L = fmaf(w, load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd + 1), L);
-        }
-        L = warp_sum(L);
-        if (lane == 0) l_s[qi] = L;
-    }
-    __syncthreads();
-    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
-        const int qi = o / hd, d = o % hd;
-        const int t = t0 + qi / group, h = g * group + qi % group;
-        const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + d;
-        const float* w = w_s + qi * active;
-        float acc = 0.0f;
-#pragma unroll 4
-        for (int sp = 0; sp < active; ++sp) acc = fmaf(w[sp], load_coherent(P + sp * (hd + 2)), acc);
-        const float L = l_s[qi];
-        a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
-    }
+size_t attention_cached_smem(const AttentionArgs& a) {
+    const int nq_cap = std::min(a.T, ATTN_TILE) * (a.n_heads / a.n_kv);
+    return (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + size_t(ATTN_KEYS_PER_SPLIT) * (2 * a.head_dim + 1) +
+            ATTN_WARPS * 128) *
+           sizeof(float);
 }
 
 // grid: (T, n_kv); one warp per KV head row.
@@ -300,6 +407,15 @@ size_t attention_counter_count(int n_kv, int T) { return size_t(n_kv) * size_t(q
 
 void attention(const AttentionArgs& a, const Launch& l) {
     attention_validate(a);
+    const dim3 grid(a.n_kv, a.splits, query_tiles(a.T));
+    if (!a.append) {
+        // Prefill: keys already in the cache (kv_append), staged per block.
+        const size_t smem = attention_cached_smem(a);
+        static std::atomic<uint64_t> raised{0};
+        smem_limit_raise(attention_cached_kernel, smem, raised);
+        CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_cached_kernel, a));
+        return;
+    }
     if (a.append && a.T > ATTN_TILE)
         cuda::check_fail("attention", "append needs T <= ATTN_TILE (use kv_append for longer prefills)", __func__,
                          __FILE__, __LINE__);
@@ -311,17 +427,8 @@ void attention(const AttentionArgs& a, const Launch& l) {
     const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128 +
                          2 * size_t(stage_keys) * a.head_dim) *
                         sizeof(float);
-    if (smem > 48 * 1024) {
-        static std::atomic<uint64_t> raised{0};
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        const uint64_t bit = uint64_t(1) << (device & 63);
-        if (!(raised.load() & bit)) {
-            CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-            raised.fetch_or(bit);
-        }
-    }
-    const dim3 grid(a.n_kv, a.splits, query_tiles(a.T));
+    static std::atomic<uint64_t> raised{0};
+    smem_limit_raise(attention_kernel, smem, raised);
     CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
 }
 

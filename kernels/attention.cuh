@@ -6,6 +6,8 @@
 // to ATTN_TILE query tokens. The queries (and, when `append` is set, the new keys) get the
 // per-head RMSNorm and rotary embedding here. With splits > 1 every block writes a partial
 // softmax state and the last block of its group combines them (split-K, flash-decoding style).
+// Prefill launches (append = false: kv_append stored the keys first) use a second kernel that
+// stages each block's key slice and queries in shared memory and scores one key per thread.
 // KV cache layout: [n_kv, max_ctx, head_dim] fp32.
 #pragma once
 

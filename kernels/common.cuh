@@ -31,7 +31,10 @@ using bf16_t = uint16_t;
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <utility>
+
+#include "cuda/cuda_check.h"
 
 namespace qtts::kernels {
 
@@ -50,6 +53,19 @@ cudaError_t launch_kernel(const Launch& l, dim3 grid, dim3 block, size_t smem, v
     config.attrs = attribute;
     config.numAttrs = l.pdl ? 1 : 0;
     return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Raises the dynamic shared-memory limit of `kernel` (to 200 KiB) once per device, when a launch
+// needs more than the default 48 KiB. `raised` is one flag word per kernel (bit = device).
+template <typename Kernel>
+void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised) {
+    if (smem <= 48 * 1024) return;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = uint64_t(1) << (device & 63);
+    if (raised.load() & bit) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    raised.fetch_or(bit);
 }
 
 // Lets the next kernel on the stream be scheduled (it still waits in pdl_wait() for this one).

@@ -311,18 +311,6 @@ GemvVariant gemv_variant() {
     return variant;
 }
 
-// Raises the dynamic shared-memory limit of `kernel` once per device when `smem` needs it.
-template <typename Kernel>
-void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised) {
-    if (smem <= 48 * 1024) return;
-    int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    const uint64_t bit = uint64_t(1) << (device & 63);
-    if (raised.load() & bit) return;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-    raised.fetch_or(bit);
-}
-
 template <int NB, int NMAT>
 void gemv_launch(const GemvArgs& a, const Launch& l) {
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);

@@ -145,7 +145,7 @@ device() {
             --json "$out/bench-$p.json" >"$q/bench-$p.log" 2>&1 || { note "bench $p FAILED"; failed=1; }
         cat "$q/bench-$p.log" >>"$out/bench.log"
         note "bench $p: $((SECONDS - t)) s"
-        grep -E '^\s+(prefill|time to first|end to end|e2e|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time|talker |predictor |codec|rmsnorm|frame embed|sample)' \
+        grep -E '^\s+(prefill|time to first|end to end|e2e|prepare|utterance|first chunk|generator|overlap|frame,|  talker|  predictor|launches|bytes per|bandwidth|achieved|real-time|talker |predictor |codec|rmsnorm|frame embed|sample)' \
             "$q/bench-$p.log" | sed "s/^/  [$p] /" | tee -a "$summary" || true
         rm -rf "$dir"
     done

@@ -71,6 +71,7 @@ void usage() {
         "  --e2e-requests N   end-to-end requests (time to first audio, frame time with decode; default 20)\n"
         "  --no-e2e           skip the end-to-end runtime measurement\n"
         "  --e2e-chunks LIST  steady chunk sizes of the end-to-end runs (default 4; the first chunk is 1 frame)\n"
+        "  --prefill-sweep    also time the talker prefill at several prompt lengths, eager and as a graph\n"
         "  --overlap          also time an LM chunk and a decoder chunk launched together on two streams\n"
         "  --e2e-compare      also measure end to end with separate LM and decoder replays (no fused chunks)\n"
         "  --json FILE        write the results as JSON\n");
@@ -324,7 +325,15 @@ Overlap overlap_probe(const qtts::Checkpoint& checkpoint, int device, qtts::cuda
 struct EndToEnd {
     int requests = 0;
     int prompt_tokens = 0;        // text ids of the sentence (the tokenizer of the checkpoint)
+    int prompt_positions = 0;     // talker prompt length of that sentence
     std::vector<double> ttfa_ms;  // per request: submit -> first PCM chunk on the host
+    // Its parts: prepare() (text -> ids), the Utterance (state leases, ICL warm-up), the first
+    // chunk (prompt, prefill, first frame, its audio); and, measured apart on the same prompt, the
+    // generator's start (prompt embedding + prefill + codebook 0, synced) and its first frame.
+    std::vector<double> prepare_ms, utterance_ms, first_chunk_ms, start_ms, first_frame_ms;
+    // Time to first audio with the streaming text layout (the text enters during generation, so
+    // the prefill holds only its first tokens), same sentence.
+    std::vector<double> ttfa_streaming_ms;
     std::vector<double> frame_ms;  // per request: mean wall time per frame after the first chunk
     int64_t frames = 0;           // frames after the first chunk, all requests
     bool gpu_decoder = false;
@@ -362,7 +371,10 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
         pcm.clear();
         codes.clear();
         const auto s0 = Clock::now();
-        qtts::Utterance utt(model, model->prepare(request));
+        qtts::PreparedSpeech prepared = model->prepare(request);
+        const auto s0a = Clock::now();
+        qtts::Utterance utt(model, std::move(prepared));
+        const auto s0b = Clock::now();
         qtts::UtteranceStatus status = utt.chunk(1, &pcm, &codes);
         const auto s1 = Clock::now();
         if (status != qtts::UtteranceStatus::UTTERANCE_CHUNK || pcm.empty())
@@ -373,11 +385,48 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
         const auto s2 = Clock::now();
         if (r == 0) continue;  // warm-up
         e.ttfa_ms.push_back(ms_between(s0, s1));
+        e.prepare_ms.push_back(ms_between(s0, s0a));
+        e.utterance_ms.push_back(ms_between(s0a, s0b));
+        e.first_chunk_ms.push_back(ms_between(s0b, s1));
         const int64_t rest = utt.frames() - first;
         if (rest > 0) {
             e.frame_ms.push_back(ms_between(s1, s2) / double(rest));
             e.frames += rest;
         }
+    }
+    {
+        qtts::SpeechRequest streaming = request;
+        streaming.text_layout = qtts::TextLayout::TEXT_LAYOUT_STREAMING;
+        for (int r = 0; r < requests + 1; ++r) {
+            streaming.seed = 300 + uint64_t(r);
+            pcm.clear();
+            codes.clear();
+            const auto s0 = Clock::now();
+            qtts::Utterance utt(model, model->prepare(streaming));
+            if (utt.chunk(1, &pcm, &codes) != qtts::UtteranceStatus::UTTERANCE_CHUNK || pcm.empty())
+                qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first chunk produced no audio");
+            if (r > 0) e.ttfa_streaming_ms.push_back(ms_between(s0, Clock::now()));
+        }
+    }
+    // The generator alone on the same prompt: start (prefill) and the first frame.
+    {
+        const qtts::PreparedSpeech prepared = model->prepare(request);
+        qtts::PromptRequest prompt_request = prepared.base;
+        prompt_request.input_ids = prepared.segments.front();
+        const qtts::Prompt prompt = qtts::prompt_build(model->checkpoint().config, prompt_request);
+        const auto gen = model->generator_new();
+        for (int r = 0; r < requests + 1; ++r) {
+            const auto g0 = Clock::now();
+            gen->start(prompt, prepared.params, 500 + uint64_t(r));
+            const auto g1 = Clock::now();
+            qtts::cpu::FrameCodes frame{};
+            gen->next_frame(frame);
+            const auto g2 = Clock::now();
+            if (r == 0) continue;
+            e.start_ms.push_back(ms_between(g0, g1));
+            e.first_frame_ms.push_back(ms_between(g1, g2));
+        }
+        e.prompt_positions = int(prompt.positions.size());
     }
     e.requests = requests;
     return e;
@@ -493,6 +542,29 @@ int bench_cuda(const qtts_cli::Args& args) {
     }
     context.synchronize();
 
+    // Prefill length sweep (--prefill-sweep): eager (host enqueue + GPU, synced wall time) vs the
+    // same launches replayed from a graph (GPU time), per prompt length.
+    nlohmann::json prefill_sweep = nlohmann::json::array();
+    if (args.has("prefill-sweep")) {
+        gen.start(prompt, params, 5);
+        for (const int n : {16, 33, 64, 125, 250, 500}) {
+            if (n >= lm.max_context()) break;
+            std::vector<double> eager;
+            for (int r = 0; r < 6; ++r) {
+                const auto w0 = Clock::now();
+                lm.prefill_enqueue(n);
+                context.synchronize();
+                if (r > 0) eager.push_back(ms_between(w0, Clock::now()));
+            }
+            qc::GraphStats ps;
+            const qc::GraphExec pg = qc::graph_capture(context, "prefill", [&] { lm.prefill_enqueue(n); }, &ps);
+            const double graph_ms = time_on_stream(stream, 5, [&] { qc::graph_replay(context, pg); });
+            QTTS_LOG_INFO("bench prefill {} positions: eager {:.3f} ms (wall), graph {:.3f} ms (GPU), {} nodes", n,
+                          qtts_cli::bench_median(eager), graph_ms, ps.nodes);
+            prefill_sweep.push_back({{"positions", n}, {"eager_ms", qtts_cli::bench_median(eager)}, {"graph_ms", graph_ms}});
+        }
+    }
+
     Overlap overlap;
     if (gen.graphs_enabled() && args.has("overlap"))
         overlap = overlap_probe(*checkpoint, device, context, gen, [&] { gen.start(prompt, params, 11); }, chunk);
@@ -549,6 +621,7 @@ int bench_cuda(const qtts_cli::Args& args) {
         graph_stats.push_back({{"name", s.name}, {"frames", s.frames}, {"nodes", s.nodes}, {"capture_ms", s.capture_ms},
                                {"instantiate_ms", s.instantiate_ms}, {"device_bytes", s.device_bytes}});
     out["graphs"] = graph_stats;
+    if (!prefill_sweep.empty()) out["prefill_sweep"] = prefill_sweep;
     if (overlap.chunk > 0)
         out["overlap"] = {{"chunk", overlap.chunk},
                           {"lm_ms", overlap.lm_ms},
@@ -567,6 +640,14 @@ int bench_cuda(const qtts_cli::Args& args) {
                               {"ttfa_ms_p50", qtts_cli::bench_median(e.ttfa_ms)},
                               {"ttfa_ms_p95", qtts_cli::bench_percentile(e.ttfa_ms, 95)},
                               {"ttfa_ms_min", qtts_cli::bench_percentile(e.ttfa_ms, 0)},
+                              {"ttfa_prepare_ms_p50", qtts_cli::bench_median(e.prepare_ms)},
+                              {"ttfa_utterance_ms_p50", qtts_cli::bench_median(e.utterance_ms)},
+                              {"ttfa_first_chunk_ms_p50", qtts_cli::bench_median(e.first_chunk_ms)},
+                              {"prompt_positions", e.prompt_positions},
+                              {"ttfa_streaming_layout_ms_p50", qtts_cli::bench_median(e.ttfa_streaming_ms)},
+                              {"ttfa_streaming_layout_ms_p95", qtts_cli::bench_percentile(e.ttfa_streaming_ms, 95)},
+                              {"generator_start_ms_p50", qtts_cli::bench_median(e.start_ms)},
+                              {"generator_first_frame_ms_p50", qtts_cli::bench_median(e.first_frame_ms)},
                               {"frame_ms_p50", frame},
                               {"frame_ms_p95", qtts_cli::bench_percentile(e.frame_ms, 95)},
                               {"frames", e.frames},
@@ -582,7 +663,7 @@ int bench_cuda(const qtts_cli::Args& args) {
     std::printf("\nqtts bench  %s  on %s (device %d)\n", model_dir.c_str(), context.device_name().c_str(), device);
     std::printf("  prompt %d positions, %d frames per run, chunk %d, PDL %s\n", L, frames, chunk, context.pdl() ? "on" : "off");
     std::printf("  %-34s %10s\n", "metric", "value");
-    auto row = [](const char* name, double v, const char* unit) { std::printf("  %-34s %10.3f %s\n", name, v, unit); };
+    auto row = [](const char* name, double v, const char* unit) { std::printf("  %-48s %10.3f %s\n", name, v, unit); };
     row("prefill (p50)", qtts_cli::bench_median(prefill_ms), "ms");
     row("time to first frame (p50)", qtts_cli::bench_median(first_frame_ms), "ms");
     row("frame, graphs", graph_time.first, "ms");
@@ -596,6 +677,9 @@ int bench_cuda(const qtts_cli::Args& args) {
     row("bandwidth floor (4.3 TB/s)", floor_ms, "ms");
     row("achieved", best_ms > 0 ? frame_bytes / (best_ms * 1e-3) / 1e12 : 0.0, "TB/s");
     row("real-time factor", best_ms > 0 ? 80.0 / best_ms : 0.0, "x");
+    for (const auto& p : prefill_sweep)
+        std::printf("  prefill %4d positions: eager %.3f ms, graph %.3f ms\n", p["positions"].get<int>(),
+                    p["eager_ms"].get<double>(), p["graph_ms"].get<double>());
     if (overlap.chunk > 0) {
         std::printf("  overlap probe (one chunk of %d frames, wall time, synced)\n", overlap.chunk);
         row("  overlap: LM chunk alone", overlap.lm_ms, "ms");
@@ -612,6 +696,12 @@ int bench_cuda(const qtts_cli::Args& args) {
                     e->prompt_tokens);
         row("  time to first audio (p50)", qtts_cli::bench_median(e->ttfa_ms), "ms");
         row("  time to first audio (p95)", qtts_cli::bench_percentile(e->ttfa_ms, 95), "ms");
+        row("    prepare (text -> ids)", qtts_cli::bench_median(e->prepare_ms), "ms");
+        row("    utterance set-up", qtts_cli::bench_median(e->utterance_ms), "ms");
+        row("    first chunk (prefill, frame, audio)", qtts_cli::bench_median(e->first_chunk_ms), "ms");
+        row("    generator start (prefill)", qtts_cli::bench_median(e->start_ms), "ms");
+        row("    generator first frame", qtts_cli::bench_median(e->first_frame_ms), "ms");
+        row("  time to first audio, streaming text layout (p50)", qtts_cli::bench_median(e->ttfa_streaming_ms), "ms");
         row("  e2e frame, LM + decoder (p50)", frame, "ms");
         row("  e2e frame, LM + decoder (p95)", qtts_cli::bench_percentile(e->frame_ms, 95), "ms");
         row("  e2e real-time factor", frame > 0 ? 80.0 / frame : 0.0, "x");
@@ -633,7 +723,7 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks"},
-                        {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap"});
+                        {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep"});
     if (args.has("help")) {
         usage();
         return 0;

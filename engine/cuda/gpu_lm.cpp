@@ -720,6 +720,12 @@ void GpuLm::talker_prefill(const float* embeds, int L) {
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 
+void GpuLm::prefill_enqueue(int L) {
+    check("GpuLm::prefill_enqueue");
+    DeviceScope scope(context_.device());
+    prefill_device(embeds_, L);
+}
+
 void GpuLm::talker_step(const float* input) {
     check("GpuLm::talker_step");
     DeviceScope scope(context_.device());

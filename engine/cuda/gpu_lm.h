@@ -153,6 +153,9 @@ public:
     void generation_start(const float* prefill, int L, const float* trailing, int T, const GpuGenerationSetup& setup);
     // Prefill from a built prompt: every embedding is computed on the GPU.
     void generation_start(const Prompt& prompt, const GpuGenerationSetup& setup);
+    // Benchmarks: the talker prefill over the first L rows of the prompt-embedding buffer (what
+    // the last generation_start() left there), enqueued without a sync; graph-capturable.
+    void prefill_enqueue(int L);
     // Appends text-track rows (projected on the GPU) for the streaming text layout.
     void trailing_append(const int32_t* text_ids, size_t n);
     int trailing_rows() const { return trailing_rows_; }

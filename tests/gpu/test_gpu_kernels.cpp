@@ -306,6 +306,8 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         {{2, 4, 2, 24, 256, 16}, false, 2},       // a 2-row last prefill chunk (rows from kv_append)
         {{1, 4, 2, 24, 256, 18}, true, 2},        // tiny decode, staged slice, split-K
         {{2, 16, 8, 128, 4096, 40}, false, 32},   // 2-row prefill chunk, full-size heads
+        {{128, 16, 8, 128, 4096, 122}, false, 32},  // a full 128-row prefill chunk after an earlier one
+        {{20, 16, 4, 128, 1024, 50}, false, 8},   // 4 query heads per KV head (largest staging)
     };
     for (const Mode& m : modes) {
         const AttentionCase& c = m.c;
