@@ -61,8 +61,9 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
     const int g = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
     const int cap = ATTN_KEYS_PER_SPLIT;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int threads = blockDim.x, warps = threads >> 5;  // the kernels use 128 or 256 threads
     // Softmax statistics per query (unnormalised probabilities stay in s_s).
-    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+    for (int qi = warp; qi < nq; qi += warps) {
         float* sq = s_s + qi * cap;
         float m = -INFINITY;
         for (int j = lane; j < n; j += 32) m = fmaxf(m, sq[j]);
@@ -82,7 +83,7 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
     __syncthreads();
 
     // Probabilities times values.
-    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
+    for (int o = threadIdx.x; o < nq * hd; o += threads) {
         const int qi = o / hd, d = o % hd;
         const float* p = s_s + qi * cap;
         const float* v_col = v_base + d;
@@ -120,13 +121,13 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
     const int active = min(a.splits, (ctx + chunk - 1) / chunk);
     // Weights of every (query, split) in parallel, into s_s (free now): w = exp(m - M).
     float* w_s = s_s;  // [nq, active]
-    for (int i = threadIdx.x; i < nq * active; i += ATTN_THREADS) {
+    for (int i = threadIdx.x; i < nq * active; i += threads) {
         const int qi = i / active, sp = i % active;
         const int t = t0 + qi / group, h = g * group + qi % group;
         w_s[i] = load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
     }
     __syncthreads();
-    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+    for (int qi = warp; qi < nq; qi += warps) {
         const int t = t0 + qi / group, h = g * group + qi % group;
         float M = -INFINITY;
         for (int sp = lane; sp < active; sp += 32) M = fmaxf(M, w_s[qi * active + sp]);
@@ -142,7 +143,7 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
         if (lane == 0) l_s[qi] = L;
     }
     __syncthreads();
-    for (int o = threadIdx.x; o < nq * hd; o += ATTN_THREADS) {
+    for (int o = threadIdx.x; o < nq * hd; o += threads) {
         const int qi = o / hd, d = o % hd;
         const int t = t0 + qi / group, h = g * group + qi % group;
         const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + d;
@@ -299,7 +300,10 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
 // (K rows padded to head_dim + 1 floats, so that one key per thread reads without bank
 // conflicts, and V rows) and its queries (normalised, rotated) in shared memory; each thread
 // scores one key against every query of the tile, eight queries at a time from registers.
-__global__ void __launch_bounds__(ATTN_THREADS) attention_cached_kernel(const AttentionArgs a) {
+constexpr int ATTN_CACHED_THREADS = 256;  // two warps per scheduler: the score and value loops are latency-bound
+constexpr int ATTN_CACHED_WARPS = ATTN_CACHED_THREADS / 32;
+
+__global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(const AttentionArgs a) {
     extern __shared__ float4 attn_smem4[];
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_cached_kernel(const At
     float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
     float* k_s = s_s + nq_cap * cap;                     // [cap, hd + 1]
     float* v_s = k_s + cap * kld;                        // [cap, hd]
-    float* scratch = v_s + cap * hd;                     // [ATTN_WARPS, 128]
+    float* scratch = v_s + cap * hd;                     // [ATTN_CACHED_WARPS, 128]
     const int warp = threadIdx.x >> 5;
     const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
@@ -324,13 +328,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_cached_kernel(const At
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
     const int n = max(0, b.k1_visible - k0);  // keys some query of this tile can see
 
-    for (int i = threadIdx.x; i < n * hd; i += ATTN_THREADS) {
+    for (int i = threadIdx.x; i < n * hd; i += ATTN_CACHED_THREADS) {
         const int r = i / hd, d = i % hd;
         const size_t src = (head_base + size_t(k0 + r)) * hd + d;
         k_s[r * kld + d] = a.k_cache[src];
         v_s[r * hd + d] = a.v_cache[src];
     }
-    for (int qi = warp; qi < nq; qi += ATTN_WARPS) {
+    for (int qi = warp; qi < nq; qi += ATTN_CACHED_WARPS) {
         const int t = t0 + qi / group, h = g * group + qi % group;
         warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, scratch + warp * 128, q_s + qi * hd, hd,
                             a.q_norm, a.eps, a.inv_freq, pos0 + t);
@@ -339,23 +343,25 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_cached_kernel(const At
 
     const float scale = 1.0f / sqrtf(float(hd));
     constexpr int QB = 8;  // queries per register block
-    for (int j = threadIdx.x; j < n; j += ATTN_THREADS) {
+    // Work item = (block of QB queries, key), keys fastest: a warp reads consecutive (padded) K
+    // rows and the same query values.
+    const int q_blocks = (nq + QB - 1) / QB;
+    for (int w = threadIdx.x; w < q_blocks * n; w += ATTN_CACHED_THREADS) {
+        const int qb = (w / n) * QB, j = w % n;
         const float* k_row = k_s + j * kld;
-        for (int qb = 0; qb < nq; qb += QB) {
-            float acc[QB];
+        float acc[QB];
 #pragma unroll
-            for (int u = 0; u < QB; ++u) acc[u] = 0.0f;
-            for (int d = 0; d < hd; ++d) {
-                const float kv = k_row[d];
+        for (int u = 0; u < QB; ++u) acc[u] = 0.0f;
+        for (int d = 0; d < hd; ++d) {
+            const float kv = k_row[d];
 #pragma unroll
-                for (int u = 0; u < QB; ++u)
-                    if (qb + u < nq) acc[u] = fmaf(q_s[(qb + u) * hd + d], kv, acc[u]);
-            }
+            for (int u = 0; u < QB; ++u)
+                if (qb + u < nq) acc[u] = fmaf(q_s[(qb + u) * hd + d], kv, acc[u]);
+        }
 #pragma unroll
-            for (int u = 0; u < QB; ++u) {
-                const int qi = qb + u;
-                if (qi < nq) s_s[qi * cap + j] = (k0 + j <= pos0 + t0 + qi / group) ? acc[u] * scale : -INFINITY;
-            }
+        for (int u = 0; u < QB; ++u) {
+            const int qi = qb + u;
+            if (qi < nq) s_s[qi * cap + j] = (k0 + j <= pos0 + t0 + qi / group) ? acc[u] * scale : -INFINITY;
         }
     }
     __syncthreads();
@@ -365,7 +371,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_cached_kernel(const At
 size_t attention_cached_smem(const AttentionArgs& a) {
     const int nq_cap = std::min(a.T, ATTN_TILE) * (a.n_heads / a.n_kv);
     return (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + size_t(ATTN_KEYS_PER_SPLIT) * (2 * a.head_dim + 1) +
-            ATTN_WARPS * 128) *
+            ATTN_CACHED_WARPS * 128) *
            sizeof(float);
 }
 
@@ -413,7 +419,7 @@ void attention(const AttentionArgs& a, const Launch& l) {
         const size_t smem = attention_cached_smem(a);
         static std::atomic<uint64_t> raised{0};
         smem_limit_raise(attention_cached_kernel, smem, raised);
-        CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_cached_kernel, a));
+        CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel, a));
         return;
     }
     if (a.append && a.T > ATTN_TILE)
