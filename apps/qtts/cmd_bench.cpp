@@ -71,6 +71,7 @@ void usage() {
         "  --e2e-requests N   end-to-end requests (time to first audio, frame time with decode; default 20)\n"
         "  --no-e2e           skip the end-to-end runtime measurement\n"
         "  --e2e-chunks LIST  steady chunk sizes of the end-to-end runs (default 4; the first chunk is 1 frame)\n"
+        "  --prefill-chunk N  prompt rows per prefill pass of the LM part (default: the engine's)\n"
         "  --prefill-sweep    also time the talker prefill at several prompt lengths, eager and as a graph\n"
         "  --overlap          also time an LM chunk and a decoder chunk launched together on two streams\n"
         "  --e2e-compare      also measure end to end with separate LM and decoder replays (no fused chunks)\n"
@@ -478,6 +479,9 @@ int bench_cuda(const qtts_cli::Args& args) {
     options.chunk_frames = chunk;
     options.graph_frames = {1, chunk};
     options.lm.max_context = std::max(4096, L + frames * 4 + 64);
+    options.lm.prefill_chunk = int(args.get_int("prefill-chunk", options.lm.prefill_chunk));
+    if (options.lm.prefill_chunk < 1 || options.lm.prefill_chunk > 1024)
+        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--prefill-chunk must be 1..1024");
     const auto t_setup = Clock::now();
     qc::GpuGenerator gen(weights, context, options);
     const double setup_ms = ms_between(t_setup, Clock::now());
@@ -722,7 +726,8 @@ int bench_cuda(const qtts_cli::Args& args) {
 #endif
 
 int cmd_bench(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks"},
+    qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
+                         "prefill-chunk"},
                         {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep"});
     if (args.has("help")) {
         usage();
