@@ -16,17 +16,7 @@ namespace {
 
 constexpr int kConvNeXtKernel = 7;
 constexpr float kConvNeXtNormEps = 1e-6f;
-constexpr float kCodebookEpsilon = 1e-5f;
 constexpr int kResidualDilations[3] = {1, 3, 9};
-
-// fp32 copy of a checkpoint tensor, checking it is there and has the expected size.
-std::vector<float> f32_load(Tensor t, int64_t numel, const char* what) {
-    if (!t) fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' is missing", what);
-    if (t->numel() != numel)
-        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' has shape {} ({} values), expected {} values",
-             t->name, t->shape_str(), t->numel(), numel);
-    return tensor_to_f32(*t);
-}
 
 ConvTail conv_tail_new(int channels, int len) {
     ConvTail tail;
@@ -74,6 +64,25 @@ void add_scaled_rows(float* h, const float* x, const float* scale, int T, int D)
 
 }  // namespace
 
+std::vector<float> speech_weight_f32(Tensor t, int64_t numel, const char* what) {
+    if (!t) fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' is missing", what);
+    if (numel >= 0 && t->numel() != numel)
+        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' has shape {} ({} values), expected {} values",
+             t->name, t->shape_str(), t->numel(), numel);
+    return tensor_to_f32(*t);
+}
+
+std::vector<float> rvq_codebook_normalised(Tensor embedding_sum, Tensor cluster_usage, int codebook_size, int dim) {
+    constexpr float kCodebookEpsilon = 1e-5f;
+    std::vector<float> book = speech_weight_f32(embedding_sum, int64_t(codebook_size) * dim, "codebook embedding_sum");
+    const std::vector<float> usage = speech_weight_f32(cluster_usage, codebook_size, "codebook cluster_usage");
+    for (int i = 0; i < codebook_size; ++i) {
+        const float denom = std::max(usage[size_t(i)], kCodebookEpsilon);
+        for (int j = 0; j < dim; ++j) book[size_t(i) * dim + j] /= denom;
+    }
+    return book;
+}
+
 size_t DecoderState::carried_bytes() const {
     size_t floats = pre_conv.data.size() + conv_in.data.size() + conv_out.data.size();
     for (const auto& a : attention) floats += a.k.size() + a.v.size();
@@ -99,7 +108,7 @@ CpuSpeechDecoder::Conv CpuSpeechDecoder::conv_load(const ConvWeights& w, int dil
     c.dilation = dilation;
     c.groups = groups;
     c.w = tensor_to_f32(*w.w);
-    if (w.b) c.b = f32_load(w.b, c.cout, "conv bias");
+    if (w.b) c.b = speech_weight_f32(w.b, c.cout, "conv bias");
     return c;
 }
 
@@ -115,7 +124,7 @@ CpuSpeechDecoder::TransConv CpuSpeechDecoder::trans_conv_load(const ConvWeights&
         fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: transposed conv '{}' has kernel {} < stride {}", w.w->name,
              c.k, stride);
     c.w = tensor_to_f32(*w.w);
-    c.b = f32_load(w.b, c.cout, "transposed conv bias");
+    c.b = speech_weight_f32(w.b, c.cout, "transposed conv bias");
     return c;
 }
 
@@ -123,7 +132,7 @@ CpuSpeechDecoder::Snake CpuSpeechDecoder::snake_load(const SnakeWeights& w) {
     Snake s;
     if (!w.alpha || !w.beta) fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: a SnakeBeta alpha/beta is missing");
     s.log_alpha = tensor_to_f32(*w.alpha);
-    s.log_beta = f32_load(w.beta, int64_t(s.log_alpha.size()), "snake beta");
+    s.log_beta = speech_weight_f32(w.beta, int64_t(s.log_alpha.size()), "snake beta");
     return s;
 }
 
@@ -161,46 +170,38 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
     }
 
     // RVQ codebooks, normalised once: embedding_sum / max(cluster_usage, eps).
-    auto codebook_make = [&](Tensor sum_t, Tensor usage_t) {
-        std::vector<float> book = f32_load(sum_t, int64_t(cs) * half, "codebook embedding_sum");
-        const std::vector<float> usage = f32_load(usage_t, cs, "codebook cluster_usage");
-        for (int i = 0; i < cs; ++i) {
-            const float denom = std::max(usage[size_t(i)], kCodebookEpsilon);
-            for (int j = 0; j < half; ++j) book[size_t(i) * half + j] /= denom;
-        }
-        return book;
-    };
-    codebooks_.push_back(codebook_make(w.rvq_first_embedding_sum, w.rvq_first_cluster_usage));
+    codebooks_.push_back(rvq_codebook_normalised(w.rvq_first_embedding_sum, w.rvq_first_cluster_usage, cs, half));
     for (int k = 0; k < d.num_quantizers - 1; ++k)
-        codebooks_.push_back(codebook_make(w.rvq_rest_embedding_sum[size_t(k)], w.rvq_rest_cluster_usage[size_t(k)]));
-    rvq_first_proj_ = f32_load(w.rvq_first_output_proj, int64_t(cd) * half, "rvq_first.output_proj");
-    rvq_rest_proj_ = f32_load(w.rvq_rest_output_proj, int64_t(cd) * half, "rvq_rest.output_proj");
+        codebooks_.push_back(rvq_codebook_normalised(w.rvq_rest_embedding_sum[size_t(k)],
+                                                     w.rvq_rest_cluster_usage[size_t(k)], cs, half));
+    rvq_first_proj_ = speech_weight_f32(w.rvq_first_output_proj, int64_t(cd) * half, "rvq_first.output_proj");
+    rvq_rest_proj_ = speech_weight_f32(w.rvq_rest_output_proj, int64_t(cd) * half, "rvq_rest.output_proj");
 
     pre_conv_ = conv_load(w.pre_conv, 1, 1);
     if (pre_conv_.cin != cd || pre_conv_.cout != latent)
         fail(ErrorCode::ERROR_SHAPE, "speech decoder pre_conv is {}->{}, expected {}->{}", pre_conv_.cin, pre_conv_.cout, cd,
              latent);
 
-    tr_input_proj_w_ = f32_load(w.tr_input_proj_w, int64_t(D) * latent, "pre_transformer.input_proj.weight");
-    tr_input_proj_b_ = f32_load(w.tr_input_proj_b, D, "pre_transformer.input_proj.bias");
+    tr_input_proj_w_ = speech_weight_f32(w.tr_input_proj_w, int64_t(D) * latent, "pre_transformer.input_proj.weight");
+    tr_input_proj_b_ = speech_weight_f32(w.tr_input_proj_b, D, "pre_transformer.input_proj.bias");
     for (const auto& lw : w.tr_layers) {
         TransformerLayer l;
-        l.input_norm = f32_load(lw.input_norm, D, "input_layernorm");
-        l.q_proj = f32_load(lw.q_proj, int64_t(qd) * D, "q_proj");
-        l.k_proj = f32_load(lw.k_proj, int64_t(kvd) * D, "k_proj");
-        l.v_proj = f32_load(lw.v_proj, int64_t(kvd) * D, "v_proj");
-        l.o_proj = f32_load(lw.o_proj, int64_t(D) * qd, "o_proj");
-        l.attn_scale = f32_load(lw.attn_scale, D, "self_attn_layer_scale");
-        l.post_norm = f32_load(lw.post_norm, D, "post_attention_layernorm");
-        l.gate_proj = f32_load(lw.gate_proj, int64_t(I) * D, "gate_proj");
-        l.up_proj = f32_load(lw.up_proj, int64_t(I) * D, "up_proj");
-        l.down_proj = f32_load(lw.down_proj, int64_t(D) * I, "down_proj");
-        l.mlp_scale = f32_load(lw.mlp_scale, D, "mlp_layer_scale");
+        l.input_norm = speech_weight_f32(lw.input_norm, D, "input_layernorm");
+        l.q_proj = speech_weight_f32(lw.q_proj, int64_t(qd) * D, "q_proj");
+        l.k_proj = speech_weight_f32(lw.k_proj, int64_t(kvd) * D, "k_proj");
+        l.v_proj = speech_weight_f32(lw.v_proj, int64_t(kvd) * D, "v_proj");
+        l.o_proj = speech_weight_f32(lw.o_proj, int64_t(D) * qd, "o_proj");
+        l.attn_scale = speech_weight_f32(lw.attn_scale, D, "self_attn_layer_scale");
+        l.post_norm = speech_weight_f32(lw.post_norm, D, "post_attention_layernorm");
+        l.gate_proj = speech_weight_f32(lw.gate_proj, int64_t(I) * D, "gate_proj");
+        l.up_proj = speech_weight_f32(lw.up_proj, int64_t(I) * D, "up_proj");
+        l.down_proj = speech_weight_f32(lw.down_proj, int64_t(D) * I, "down_proj");
+        l.mlp_scale = speech_weight_f32(lw.mlp_scale, D, "mlp_layer_scale");
         tr_layers_.push_back(std::move(l));
     }
-    tr_norm_ = f32_load(w.tr_norm, D, "pre_transformer.norm");
-    tr_output_proj_w_ = f32_load(w.tr_output_proj_w, int64_t(latent) * D, "pre_transformer.output_proj.weight");
-    tr_output_proj_b_ = f32_load(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias");
+    tr_norm_ = speech_weight_f32(w.tr_norm, D, "pre_transformer.norm");
+    tr_output_proj_w_ = speech_weight_f32(w.tr_output_proj_w, int64_t(latent) * D, "pre_transformer.output_proj.weight");
+    tr_output_proj_b_ = speech_weight_f32(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias");
 
     samples_per_frame_ = 1;
     for (size_t i = 0; i < d.upsampling_ratios.size(); ++i) {
@@ -211,13 +212,13 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
         cx.dwconv = conv_load(cw.dwconv, 1, latent);
         if (cx.dwconv.k != kConvNeXtKernel || cx.dwconv.cout != latent)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder ConvNeXt {} depthwise conv has an unexpected shape", i);
-        cx.norm_w = f32_load(cw.norm_w, latent, "convnext norm.weight");
-        cx.norm_b = f32_load(cw.norm_b, latent, "convnext norm.bias");
-        cx.pw1_w = f32_load(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight");
-        cx.pw1_b = f32_load(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias");
-        cx.pw2_w = f32_load(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight");
-        cx.pw2_b = f32_load(cw.pw2_b, latent, "convnext pwconv2.bias");
-        cx.gamma = f32_load(cw.gamma, latent, "convnext gamma");
+        cx.norm_w = speech_weight_f32(cw.norm_w, latent, "convnext norm.weight");
+        cx.norm_b = speech_weight_f32(cw.norm_b, latent, "convnext norm.bias");
+        cx.pw1_w = speech_weight_f32(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight");
+        cx.pw1_b = speech_weight_f32(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias");
+        cx.pw2_w = speech_weight_f32(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight");
+        cx.pw2_b = speech_weight_f32(cw.pw2_b, latent, "convnext pwconv2.bias");
+        cx.gamma = speech_weight_f32(cw.gamma, latent, "convnext gamma");
         upsample_convnext_.push_back(std::move(cx));
         samples_per_frame_ *= r;
     }

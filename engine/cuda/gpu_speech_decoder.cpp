@@ -16,18 +16,11 @@ namespace qtts::cuda {
 
 namespace {
 
-constexpr float kCodebookEpsilon = 1e-5f;
 constexpr float kConvNeXtNormEps = 1e-6f;
 constexpr int kResidualDilations[3] = {1, 3, 9};
 constexpr int kMaxWindow = 1024;  // kernels/decoder.cu MAX_WINDOW
 
-std::vector<float> f32_load(Tensor t, int64_t numel, const char* what) {
-    if (!t) fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' is missing", what);
-    if (numel >= 0 && t->numel() != numel)
-        fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: tensor '{}' has shape {} ({} values), expected {} values",
-             t->name, t->shape_str(), t->numel(), numel);
-    return tensor_to_f32(*t);
-}
+using cpu::speech_weight_f32;
 
 void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
 
@@ -82,21 +75,15 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     // RVQ: codebooks divided by their usage, as the CPU does.
     std::vector<float> books;
     auto book_add = [&](Tensor sum_t, Tensor usage_t) {
-        std::vector<float> book = f32_load(sum_t, int64_t(cs) * half, "codebook embedding_sum");
-        const std::vector<float> usage = f32_load(usage_t, cs, "codebook cluster_usage");
-        for (int i = 0; i < cs; ++i) {
-            const float denom = std::max(usage[size_t(i)], kCodebookEpsilon);
-            for (int j = 0; j < half; ++j) book[size_t(i) * half + j] /= denom;
-        }
-        append(books, book);
+        append(books, cpu::rvq_codebook_normalised(sum_t, usage_t, cs, half));
     };
     book_add(w.rvq_first_embedding_sum, w.rvq_first_cluster_usage);
     for (int k = 0; k < d.num_quantizers - 1; ++k)
         book_add(w.rvq_rest_embedding_sum[size_t(k)], w.rvq_rest_cluster_usage[size_t(k)]);
     g.codebooks = g.store(books);
     {
-        const auto first = f32_load(w.rvq_first_output_proj, int64_t(cd) * half, "rvq_first.output_proj");
-        const auto rest = f32_load(w.rvq_rest_output_proj, int64_t(cd) * half, "rvq_rest.output_proj");
+        const auto first = speech_weight_f32(w.rvq_first_output_proj, int64_t(cd) * half, "rvq_first.output_proj");
+        const auto rest = speech_weight_f32(w.rvq_rest_output_proj, int64_t(cd) * half, "rvq_rest.output_proj");
         std::vector<float> proj(size_t(cd) * cd);
         for (int o = 0; o < cd; ++o) {
             std::copy_n(first.begin() + ptrdiff_t(o) * half, half, proj.begin() + ptrdiff_t(o) * cd);
@@ -117,7 +104,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         c.k = int(cw.w->shape[2]);
         c.dilation = dilation;
         const std::vector<float> wt = tensor_to_f32(*cw.w);
-        const std::vector<float> b = cw.b ? f32_load(cw.b, c.cout, what) : std::vector<float>(size_t(c.cout), 0.0f);
+        const std::vector<float> b = cw.b ? speech_weight_f32(cw.b, c.cout, what) : std::vector<float>(size_t(c.cout), 0.0f);
         const size_t row = size_t(c.cin) * c.k;
         c.row = row_len(int(row) + 1);
         std::vector<float> packed(size_t(c.cout) * c.row, 0.0f);
@@ -141,12 +128,12 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
                  "GPU speech decoder: transposed conv '{}' has kernel {} for stride {} (supported: stride..2·stride)", what,
                  c.k, stride);
         c.w = g.store(tensor_to_f32(*cw.w));
-        c.b = g.store(f32_load(cw.b, c.cout, what));
+        c.b = g.store(speech_weight_f32(cw.b, c.cout, what));
         return c;
     };
     auto snake_make = [&](const SnakeWeights& sw, int channels) {
-        const auto la = f32_load(sw.alpha, channels, "snake alpha");
-        const auto lb = f32_load(sw.beta, channels, "snake beta");
+        const auto la = speech_weight_f32(sw.alpha, channels, "snake alpha");
+        const auto lb = speech_weight_f32(sw.beta, channels, "snake beta");
         std::vector<float> alpha(la.size()), inv_beta(lb.size());
         for (size_t i = 0; i < la.size(); ++i) {
             alpha[i] = std::exp(la[i]);
@@ -163,28 +150,28 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         fail(ErrorCode::ERROR_SHAPE, "speech decoder pre_conv is {}->{}, expected {}->{}", g.pre_conv.cin,
              g.pre_conv.cout, cd, latent);
 
-    g.tr_input_w = g.store(f32_load(w.tr_input_proj_w, int64_t(D) * latent, "pre_transformer.input_proj.weight"));
-    g.tr_input_b = g.store(f32_load(w.tr_input_proj_b, D, "pre_transformer.input_proj.bias"));
+    g.tr_input_w = g.store(speech_weight_f32(w.tr_input_proj_w, int64_t(D) * latent, "pre_transformer.input_proj.weight"));
+    g.tr_input_b = g.store(speech_weight_f32(w.tr_input_proj_b, D, "pre_transformer.input_proj.bias"));
     for (const auto& lw : w.tr_layers) {
         Layer l;
-        l.input_norm = g.store(f32_load(lw.input_norm, D, "input_layernorm"));
-        std::vector<float> qkv = f32_load(lw.q_proj, int64_t(qd) * D, "q_proj");
-        append(qkv, f32_load(lw.k_proj, int64_t(kvd) * D, "k_proj"));
-        append(qkv, f32_load(lw.v_proj, int64_t(kvd) * D, "v_proj"));
+        l.input_norm = g.store(speech_weight_f32(lw.input_norm, D, "input_layernorm"));
+        std::vector<float> qkv = speech_weight_f32(lw.q_proj, int64_t(qd) * D, "q_proj");
+        append(qkv, speech_weight_f32(lw.k_proj, int64_t(kvd) * D, "k_proj"));
+        append(qkv, speech_weight_f32(lw.v_proj, int64_t(kvd) * D, "v_proj"));
         l.qkv = g.store(qkv);
-        l.o = g.store(f32_load(lw.o_proj, int64_t(D) * qd, "o_proj"));
-        l.attn_scale = g.store(f32_load(lw.attn_scale, D, "self_attn_layer_scale"));
-        l.post_norm = g.store(f32_load(lw.post_norm, D, "post_attention_layernorm"));
-        std::vector<float> gate_up = f32_load(lw.gate_proj, int64_t(I) * D, "gate_proj");
-        append(gate_up, f32_load(lw.up_proj, int64_t(I) * D, "up_proj"));
+        l.o = g.store(speech_weight_f32(lw.o_proj, int64_t(D) * qd, "o_proj"));
+        l.attn_scale = g.store(speech_weight_f32(lw.attn_scale, D, "self_attn_layer_scale"));
+        l.post_norm = g.store(speech_weight_f32(lw.post_norm, D, "post_attention_layernorm"));
+        std::vector<float> gate_up = speech_weight_f32(lw.gate_proj, int64_t(I) * D, "gate_proj");
+        append(gate_up, speech_weight_f32(lw.up_proj, int64_t(I) * D, "up_proj"));
         l.gate_up = g.store(gate_up);
-        l.down = g.store(f32_load(lw.down_proj, int64_t(D) * I, "down_proj"));
-        l.mlp_scale = g.store(f32_load(lw.mlp_scale, D, "mlp_layer_scale"));
+        l.down = g.store(speech_weight_f32(lw.down_proj, int64_t(D) * I, "down_proj"));
+        l.mlp_scale = g.store(speech_weight_f32(lw.mlp_scale, D, "mlp_layer_scale"));
         g.layers.push_back(l);
     }
-    g.tr_norm = g.store(f32_load(w.tr_norm, D, "pre_transformer.norm"));
-    g.tr_output_w = g.store(f32_load(w.tr_output_proj_w, int64_t(latent) * D, "pre_transformer.output_proj.weight"));
-    g.tr_output_b = g.store(f32_load(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias"));
+    g.tr_norm = g.store(speech_weight_f32(w.tr_norm, D, "pre_transformer.norm"));
+    g.tr_output_w = g.store(speech_weight_f32(w.tr_output_proj_w, int64_t(latent) * D, "pre_transformer.output_proj.weight"));
+    g.tr_output_b = g.store(speech_weight_f32(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias"));
 
     // RoPE frequencies in fp32 exactly as the CPU computes them (or the override).
     const int half_hd = d.head_dim / 2;
@@ -213,10 +200,10 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         cx.channels = latent;
         cx.k = int(cw.dwconv.w->shape[2]);
         cx.dw_w = g.store(tensor_to_f32(*cw.dwconv.w));
-        cx.dw_b = g.store(cw.dwconv.b ? f32_load(cw.dwconv.b, latent, "convnext dwconv.bias")
+        cx.dw_b = g.store(cw.dwconv.b ? speech_weight_f32(cw.dwconv.b, latent, "convnext dwconv.bias")
                                       : std::vector<float>(size_t(latent), 0.0f));
-        cx.norm_w = g.store(f32_load(cw.norm_w, latent, "convnext norm.weight"));
-        cx.norm_b = g.store(f32_load(cw.norm_b, latent, "convnext norm.bias"));
+        cx.norm_w = g.store(speech_weight_f32(cw.norm_w, latent, "convnext norm.weight"));
+        cx.norm_b = g.store(speech_weight_f32(cw.norm_b, latent, "convnext norm.bias"));
         auto linear_with_bias = [](const std::vector<float>& wt, const std::vector<float>& b, int rows, int cols,
                                    int row) {
             std::vector<float> packed(size_t(rows) * row, 0.0f);
@@ -228,13 +215,13 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         };
         cx.pw1_row = row_len(latent + 1);
         cx.pw2_row = row_len(4 * latent + 1);
-        cx.pw1 = g.store(linear_with_bias(f32_load(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight"),
-                                          f32_load(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias"), 4 * latent,
+        cx.pw1 = g.store(linear_with_bias(speech_weight_f32(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight"),
+                                          speech_weight_f32(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias"), 4 * latent,
                                           latent, cx.pw1_row));
-        cx.pw2 = g.store(linear_with_bias(f32_load(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight"),
-                                          f32_load(cw.pw2_b, latent, "convnext pwconv2.bias"), latent, 4 * latent,
+        cx.pw2 = g.store(linear_with_bias(speech_weight_f32(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight"),
+                                          speech_weight_f32(cw.pw2_b, latent, "convnext pwconv2.bias"), latent, 4 * latent,
                                           cx.pw2_row));
-        cx.gamma = g.store(f32_load(cw.gamma, latent, "convnext gamma"));
+        cx.gamma = g.store(speech_weight_f32(cw.gamma, latent, "convnext gamma"));
         g.convnext.push_back(cx);
         g.samples_per_frame_ *= r;
     }
