@@ -27,7 +27,6 @@
 #include "cpu/speech_decoder.h"
 #include "cuda/gpu_speech_decoder.h"
 #include "kernels/decoder.cuh"
-#include "model/make_model.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "golden_rope.h"
@@ -591,12 +590,8 @@ TEST_CASE("gpu decoder: invalid codes are refused before the state changes; rese
 TEST_CASE("gpu decoder: release-size random tokenizer streams with SNR >= 60 dB vs the CPU", "[gpu][decoder]") {
     const char* env = std::getenv("QTTS_TEST_DECODER_FRAMES");
     const int n = env ? std::max(1, std::atoi(env)) : 300;
-    qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
-    preset.speech_config.decoder = qtts::DecoderConfig{};
-    const std::string dir = qtts_test::temp_dir() + "/full-decoder";
     auto t0 = std::chrono::steady_clock::now();
-    qtts::model_write_random(preset, dir, 21);
-    const auto ckpt = qtts::checkpoint_load(dir);
+    const auto ckpt = qtts_test::tiny_checkpoint_with_decoder("full-decoder", qtts_test::decoder_release_size, 21);
     std::printf("full-size decoder: written and loaded in %.1f s\n", seconds_since(t0));
     const int nq = 16;
     const auto u = qtts_test::random_floats(size_t(n) * nq, 77, 0.0f, 1.0f);

@@ -50,6 +50,8 @@ namespace qc = qtts::cuda;
 
 namespace {
 
+constexpr uint64_t kGreedySeed = 3;  // every greedy request of this file
+
 // The tiny reference CustomVoice model when it is complete (tokenizer included), else the
 // embedded tiny default model (random weights, same shapes).
 std::string tiny_model_dir() {
@@ -146,15 +148,6 @@ const std::shared_ptr<const SpeechModel>& cpu_model() {
     return model;
 }
 
-SpeechRequest greedy_request(const std::string& text, int max_frames) {
-    SpeechRequest r;
-    r.text = text;
-    r.greedy = true;
-    r.seed = 3;
-    r.max_frames = max_frames;
-    return r;
-}
-
 struct Spoken {
     std::vector<float> pcm;
     std::vector<FrameCodes> codes;
@@ -173,7 +166,7 @@ Spoken speak(const std::shared_ptr<const SpeechModel>& model, const SpeechReques
 
 Spoken speak_incremental(const std::shared_ptr<const SpeechModel>& model, const std::vector<std::string>& pieces,
                          int max_frames) {
-    SpeechRequest r = greedy_request("", max_frames);
+    SpeechRequest r = qtts_test::greedy_request("", max_frames, kGreedySeed);
     r.incremental = true;
     Utterance utt(model, model->prepare(r));
     Spoken out;
@@ -220,7 +213,7 @@ TEST_CASE("an utterance on the CUDA backend gives the CPU backend's codes and au
     CHECK(cpu->backend_name() == "cpu");
 
     SECTION("one segment, several chunks") {
-        const SpeechRequest r = greedy_request("The backends must agree on every code.", 30);
+        const SpeechRequest r = qtts_test::greedy_request("The backends must agree on every code.", 30, kGreedySeed);
         const Spoken want = speak(cpu, r);
         const Spoken got = speak(gpu, r);
         REQUIRE(!want.codes.empty());
@@ -231,7 +224,7 @@ TEST_CASE("an utterance on the CUDA backend gives the CPU backend's codes and au
         CHECK(diff <= 1e-4);
     }
     SECTION("no max_frames: the same stop (EOS or the frame budget) at the same frame") {
-        const SpeechRequest r = greedy_request("First sentence here.", 0);
+        const SpeechRequest r = qtts_test::greedy_request("First sentence here.", 0, kGreedySeed);
         const Spoken want = speak(cpu, r);
         const Spoken got = speak(gpu, r);
         REQUIRE(!want.codes.empty());
@@ -253,7 +246,7 @@ TEST_CASE("an utterance on the CUDA backend gives the CPU backend's codes and au
         const auto gpu_cpu_decoder = model_on("cuda", false);
         CHECK_FALSE(gpu_cpu_decoder->gpu_decoder());
         CHECK(gpu_cpu_decoder->gpu_decoder_states_created() == 0);
-        const SpeechRequest r = greedy_request("Decoded on the host this time.", 12);
+        const SpeechRequest r = qtts_test::greedy_request("Decoded on the host this time.", 12, kGreedySeed);
         const Spoken want = speak(cpu, r);
         const Spoken got = speak(gpu_cpu_decoder, r);
         REQUIRE(got.codes == want.codes);
@@ -273,7 +266,7 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
     CHECK(separate->gpu_fused_chunk_sizes().empty());
 
     SECTION("max_frames ending in a partial chunk (1 + 4·7 + 2 frames)") {
-        const SpeechRequest r = greedy_request("Every chunk is one replay now.", 31);
+        const SpeechRequest r = qtts_test::greedy_request("Every chunk is one replay now.", 31, kGreedySeed);
         const Spoken want = speak(separate, r);
         const Spoken got = speak(fused, r);
         REQUIRE(want.codes.size() == 31);
@@ -302,7 +295,7 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
         const char* texts[] = {"Stop whenever you like.", "A second try at stopping.", "One more sentence to end.",
                                "Short.", "Where does this one stop?", "The last attempt."};
         for (const char* text : texts) {
-            const SpeechRequest r = greedy_request(text, 64);
+            const SpeechRequest r = qtts_test::greedy_request(text, 64, kGreedySeed);
             const Spoken want = speak(cpu, r);
             const Spoken got = speak(eos_fused, r);
             const Spoken sep = speak(eos_separate, r);
@@ -324,7 +317,7 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
         std::string first = "The first long sentence goes on", second = "The second long sentence also goes on";
         while (first.size() < 380) first += " and on";
         while (second.size() < 380) second += " and on";
-        const SpeechRequest r = greedy_request(first + ". " + second + ".", 0);
+        const SpeechRequest r = qtts_test::greedy_request(first + ". " + second + ".", 0, kGreedySeed);
         REQUIRE(eos_fused->prepare(r).segments.size() == 2);
         const Spoken want = speak(cpu, r);
         const Spoken got = speak(eos_fused, r);
@@ -346,9 +339,9 @@ TEST_CASE("a Base voice on CUDA (ICL warm-up and x-vector) gives the CPU's codes
     const auto cpu = model_on("cpu", true, dir);
     const auto gpu = model_on("cuda", true, dir);
     REQUIRE(gpu->gpu_decoder());
-    SpeechRequest icl = greedy_request("Cloned speech follows the reference clip.", 20);
+    SpeechRequest icl = qtts_test::greedy_request("Cloned speech follows the reference clip.", 20, kGreedySeed);
     icl.voice_path = voice_file(*cpu, true, 37);  // 37 frames: several decoder chunks and a partial one
-    SpeechRequest xvec = greedy_request("Only the speaker vector this time.", 16);
+    SpeechRequest xvec = qtts_test::greedy_request("Only the speaker vector this time.", 16, kGreedySeed);
     xvec.voice_path = voice_file(*cpu, false, 0);
     REQUIRE(cpu->prepare(icl).base.ref_frames == 37);
 
@@ -394,8 +387,8 @@ TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CP
     Engine engine(options);
     REQUIRE(engine.backend_name() == "cuda:0");
 
-    const SpeechRequest a = greedy_request("The first stream speaks this sentence.", 28);
-    const SpeechRequest b = greedy_request("A different sentence for the second stream!", 22);
+    const SpeechRequest a = qtts_test::greedy_request("The first stream speaks this sentence.", 28, kGreedySeed);
+    const SpeechRequest b = qtts_test::greedy_request("A different sentence for the second stream!", 22, kGreedySeed);
     const Spoken want_a = speak(cpu_model(), a);
     const Spoken want_b = speak(cpu_model(), b);
     REQUIRE(want_a.codes != want_b.codes);
@@ -436,7 +429,7 @@ TEST_CASE("GPU state belongs to the loading thread until another thread adopts i
         return;
     }
     const auto gpu = model_on("cuda");
-    const PreparedSpeech prep = gpu->prepare(greedy_request("Owned by one thread.", 6));
+    const PreparedSpeech prep = gpu->prepare(qtts_test::greedy_request("Owned by one thread.", 6, kGreedySeed));
     std::atomic<int> refused{0};
     std::vector<FrameCodes> codes;
     std::thread other([&] {

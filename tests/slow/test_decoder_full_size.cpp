@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "cpu/speech_decoder.h"
-#include "model/make_model.h"
 #include "model/weights.h"
 #include "test_support.h"
 
@@ -26,12 +25,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 TEST_CASE("full-size decoder: exact streaming and CPU time per frame", "[decoder][slow]") {
     // Tiny talker (irrelevant here), release-size speech decoder.
-    qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
-    preset.speech_config.decoder = qtts::DecoderConfig{};
-    const std::string dir = qtts_test::temp_dir() + "/full-decoder";
     auto t0 = std::chrono::steady_clock::now();
-    qtts::model_write_random(preset, dir, 21);
-    const auto ckpt = qtts::checkpoint_load(dir);
+    const auto ckpt = qtts_test::tiny_checkpoint_with_decoder("full-decoder", qtts_test::decoder_release_size, 21);
     const qtts::cpu::CpuSpeechDecoder dec(*ckpt);
     std::printf("full-size decoder: written, loaded and converted in %.1f s\n", seconds_since(t0));
     REQUIRE(dec.config().decoder_dim == 1536);

@@ -1,12 +1,24 @@
-// Reading engine streams in tests.
+// Engine streams and requests in tests.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/engine.h"
 
 namespace qtts_test {
+
+// A greedy request (deterministic codes) for `text`, at most max_frames frames (0: the budget rule).
+inline qtts::SpeechRequest greedy_request(const std::string& text, int max_frames, uint64_t seed) {
+    qtts::SpeechRequest r;
+    r.text = text;
+    r.greedy = true;
+    r.seed = seed;
+    r.max_frames = max_frames;
+    return r;
+}
 
 // Reads a stream until it is finished or `limit` has passed (no test assertions inside, so it
 // may run on any thread); the caller checks s.finished().

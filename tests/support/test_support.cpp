@@ -7,7 +7,20 @@
 
 #include <unistd.h>
 
+#include "model/make_model.h"
+
 namespace qtts_test {
+
+std::shared_ptr<const qtts::Checkpoint> tiny_checkpoint_with_decoder(const std::string& name,
+                                                                     void (*edit)(qtts::DecoderConfig*), uint64_t seed) {
+    qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
+    if (edit) edit(&preset.speech_config.decoder);
+    const std::string dir = temp_dir() + "/" + name;
+    qtts::model_write_random(preset, dir, seed);
+    return qtts::checkpoint_load(dir);
+}
+
+void decoder_release_size(qtts::DecoderConfig* decoder) { *decoder = qtts::DecoderConfig{}; }
 
 std::string reference_dir() {
     if (const char* env = std::getenv("QTTS_REFERENCE_DIR")) return env;

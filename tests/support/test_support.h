@@ -2,8 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
 
 namespace qtts_test {
 
@@ -23,5 +27,12 @@ double max_abs_error(const float* a, const float* b, size_t n);
 
 // Deterministic pseudo-random floats in [lo, hi) (never all zeros).
 std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// The tiny-customvoice preset with its speech-decoder config changed by `edit` (nullptr: as
+// is), random weights from `seed`, written to temp_dir()/name and loaded.
+std::shared_ptr<const qtts::Checkpoint> tiny_checkpoint_with_decoder(const std::string& name,
+                                                                     void (*edit)(qtts::DecoderConfig*), uint64_t seed);
+// An `edit` for it: the release-size speech decoder (the real tokenizer's dimensions).
+void decoder_release_size(qtts::DecoderConfig* decoder);
 
 }  // namespace qtts_test

@@ -12,7 +12,6 @@
 
 #include "common/error.h"
 #include "cpu/speech_decoder.h"
-#include "model/make_model.h"
 #include "model/weights.h"
 #include "test_support.h"
 
@@ -21,15 +20,7 @@ namespace {
 using qtts::cpu::CpuSpeechDecoder;
 using qtts::cpu::DecoderState;
 
-// A tiny checkpoint whose decoder config is adjusted by `edit`, written once per name.
-std::shared_ptr<const qtts::Checkpoint> checkpoint_make(const std::string& name,
-                                                        void (*edit)(qtts::DecoderConfig*), uint64_t seed) {
-    qtts::ModelPreset preset = qtts::model_preset("tiny-customvoice");
-    if (edit) edit(&preset.speech_config.decoder);
-    const std::string dir = qtts_test::temp_dir() + "/" + name;
-    qtts::model_write_random(preset, dir, seed);
-    return qtts::checkpoint_load(dir);
-}
+using qtts_test::tiny_checkpoint_with_decoder;
 
 std::vector<int32_t> random_codes(int frames, int nq, int codebook_size, uint64_t seed) {
     const auto u = qtts_test::random_floats(size_t(frames) * nq, seed, 0.0f, 1.0f);
@@ -74,7 +65,7 @@ void edit_small_window(qtts::DecoderConfig* d) {
 }  // namespace
 
 TEST_CASE("streaming at any chunk size equals the full decode (real 72-frame window)", "[decoder]") {
-    const auto ckpt = checkpoint_make("stream-default", nullptr, 11);
+    const auto ckpt = tiny_checkpoint_with_decoder("stream-default", nullptr, 11);
     const CpuSpeechDecoder dec(*ckpt);
     const int n = 90;  // > 72: the attention window slides during the test
     const auto codes = random_codes(n, dec.num_quantizers(), dec.config().codebook_size, 5);
@@ -99,7 +90,7 @@ TEST_CASE("streaming at any chunk size equals the full decode (real 72-frame win
 }
 
 TEST_CASE("streaming is exact with a small wrapping window, more layers and GQA", "[decoder]") {
-    const auto ckpt = checkpoint_make("stream-small-window", edit_small_window, 12);
+    const auto ckpt = tiny_checkpoint_with_decoder("stream-small-window", edit_small_window, 12);
     const CpuSpeechDecoder dec(*ckpt);
     REQUIRE(dec.config().sliding_window == 5);
     const int n = 40;
@@ -115,7 +106,7 @@ TEST_CASE("streaming is exact with a small wrapping window, more layers and GQA"
 
 TEST_CASE("the carried state matters: restarting each chunk is not exact", "[decoder]") {
     // Guards the tests above against passing trivially: dropping the state must change the audio.
-    const auto ckpt = checkpoint_make("stream-restart", edit_small_window, 13);
+    const auto ckpt = tiny_checkpoint_with_decoder("stream-restart", edit_small_window, 13);
     const CpuSpeechDecoder dec(*ckpt);
     const int n = 12;
     const auto codes = random_codes(n, dec.num_quantizers(), dec.config().codebook_size, 7);
@@ -132,7 +123,7 @@ TEST_CASE("the carried state matters: restarting each chunk is not exact", "[dec
 }
 
 TEST_CASE("decoder state bookkeeping and input validation", "[decoder]") {
-    const auto ckpt = checkpoint_make("stream-validate", nullptr, 14);
+    const auto ckpt = tiny_checkpoint_with_decoder("stream-validate", nullptr, 14);
     const CpuSpeechDecoder dec(*ckpt);
     const int nq = dec.num_quantizers();
     const int n = 6;
@@ -184,14 +175,14 @@ TEST_CASE("decoder state bookkeeping and input validation", "[decoder]") {
     CHECK_THROWS_AS(dec.dequantize(bad.data(), 1), qtts::Error);
 
     // A state made by a differently shaped decoder is refused.
-    const auto other_ckpt = checkpoint_make("stream-validate-other", edit_small_window, 15);
+    const auto other_ckpt = tiny_checkpoint_with_decoder("stream-validate-other", edit_small_window, 15);
     const CpuSpeechDecoder other(*other_ckpt);
     DecoderState foreign = other.state_new();
     CHECK_THROWS_AS(dec.decode(foreign, codes.data(), 1, &pcm), qtts::Error);
 }
 
 TEST_CASE("dequantize is the sum of both projected codebook groups", "[decoder]") {
-    const auto ckpt = checkpoint_make("stream-dequant", nullptr, 16);
+    const auto ckpt = tiny_checkpoint_with_decoder("stream-dequant", nullptr, 16);
     const CpuSpeechDecoder dec(*ckpt);
     const qtts::DecoderConfig& d = dec.config();
     const int nq = d.num_quantizers, half = d.codebook_dim / 2, cd = d.codebook_dim;

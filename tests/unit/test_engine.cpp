@@ -17,19 +17,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
+constexpr uint64_t kGreedySeed = 5;  // every greedy request of this file
+
 std::vector<float> read_all(Stream& s) {
     std::vector<float> out = qtts_test::stream_read_all(s);
     REQUIRE(s.finished());
     return out;
-}
-
-SpeechRequest greedy_request(const std::string& text, int max_frames) {
-    SpeechRequest r;
-    r.text = text;
-    r.greedy = true;
-    r.seed = 5;
-    r.max_frames = max_frames;
-    return r;
 }
 
 }  // namespace
@@ -38,7 +31,7 @@ TEST_CASE("a stream delivers exactly the utterance's audio and codes", "[engine]
     EngineOptions options;
     options.chunk_frames = 3;
     Engine engine(options);
-    auto stream = engine.submit(greedy_request("Hello there.", 7));
+    auto stream = engine.submit(qtts_test::greedy_request("Hello there.", 7, kGreedySeed));
     const std::vector<float> audio = read_all(*stream);
     const StreamMetrics m = stream->metrics();
     CHECK(m.frames == 7);
@@ -49,7 +42,7 @@ TEST_CASE("a stream delivers exactly the utterance's audio and codes", "[engine]
 
     // The same request run directly through an Utterance gives the same samples and codes.
     auto model = SpeechModel::load(default_model_dir());
-    Utterance utt(model, model->prepare(greedy_request("Hello there.", 7)));
+    Utterance utt(model, model->prepare(qtts_test::greedy_request("Hello there.", 7, kGreedySeed)));
     std::vector<float> pcm;
     std::vector<FrameCodes> codes;
     while (utt.chunk(2, &pcm, &codes) != UtteranceStatus::UTTERANCE_DONE) {
@@ -71,7 +64,8 @@ TEST_CASE("cancellation stops a stream within a chunk and frees its slot", "[eng
     EngineOptions options;
     options.max_streams = 1;
     Engine engine(options);
-    auto stream = engine.submit(greedy_request("A long sentence that would take a while to speak.", 300));
+    auto stream = engine.submit(
+        qtts_test::greedy_request("A long sentence that would take a while to speak.", 300, kGreedySeed));
     std::vector<float> buf(1920);
     while (stream->read(buf.data(), buf.size()) == 0) stream->wait(50ms);
     stream->cancel();
@@ -81,7 +75,7 @@ TEST_CASE("cancellation stops a stream within a chunk and frees its slot", "[eng
     CHECK(stream->metrics().stop_reason == StopReason::STOP_CANCELLED);
     CHECK(stream->metrics().frames < 300);
     // The slot is free again: a new stream is accepted.
-    auto second = engine.submit(greedy_request("Next.", 2));
+    auto second = engine.submit(qtts_test::greedy_request("Next.", 2, kGreedySeed));
     read_all(*second);
     CHECK(engine.stats().cancelled == 1);
 }
@@ -90,9 +84,9 @@ TEST_CASE("the concurrency limit refuses extra streams with ERROR_BUSY", "[engin
     EngineOptions options;
     options.max_streams = 1;
     Engine engine(options);
-    auto first = engine.submit(greedy_request("One.", 40));
+    auto first = engine.submit(qtts_test::greedy_request("One.", 40, kGreedySeed));
     try {
-        engine.submit(greedy_request("Two.", 2));
+        engine.submit(qtts_test::greedy_request("Two.", 2, kGreedySeed));
         FAIL("second stream was accepted");
     } catch (const Error& e) {
         CHECK(e.code() == ErrorCode::ERROR_BUSY);
@@ -122,12 +116,12 @@ TEST_CASE("bad requests fail on submit with clear errors", "[engine]") {
 TEST_CASE("text appended in pieces gives the same codes as the whole text", "[engine]") {
     const std::string text = "The quick brown fox jumps over the lazy dog. How are you?";
     Engine engine(EngineOptions{});
-    SpeechRequest whole = greedy_request(text, 30);
+    SpeechRequest whole = qtts_test::greedy_request(text, 30, kGreedySeed);
     whole.text_layout = TextLayout::TEXT_LAYOUT_STREAMING;
     auto a = engine.submit(whole);
     read_all(*a);
 
-    SpeechRequest inc = greedy_request("", 30);
+    SpeechRequest inc = qtts_test::greedy_request("", 30, kGreedySeed);
     inc.incremental = true;
     auto b = engine.submit(inc);
     for (const char* piece : {"The qu", "ick brown fox ", "jumps over", " the lazy dog.", " How are", " you?"}) {
@@ -146,7 +140,8 @@ TEST_CASE("telemetry events: started, one per chunk, done; plain values, polled 
     EngineOptions options;
     options.chunk_frames = 3;
     Engine engine(options);
-    auto stream = engine.submit(greedy_request("Hello there.", 7));  // chunks of 1 + 3 + 3 frames
+    // Chunks of 1 + 3 + 3 frames.
+    auto stream = engine.submit(qtts_test::greedy_request("Hello there.", 7, kGreedySeed));
     const std::vector<float> audio = read_all(*stream);
     std::vector<StreamEvent> events;
     StreamEvent e;
