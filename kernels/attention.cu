@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     // The new keys and values of this slice and the tile's queries, as independent warp jobs so
     // that their global loads are in flight together.
     const int r_first = max(k0, pos0);
-    const int n_new = a.append ? max(0, k1 - r_first) : 0;
+    const int n_new = max(0, k1 - r_first);  // launched with append only
     const int jobs = 2 * n_new + nq;
     for (int job = warp; job < jobs; job += ATTN_WARPS) {
         if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
@@ -422,14 +422,13 @@ void attention(const AttentionArgs& a, const Launch& l) {
         CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel, a));
         return;
     }
-    if (a.append && a.T > ATTN_TILE)
+    // Decode: the kernel appends the new keys itself.
+    if (a.T > ATTN_TILE)
         cuda::check_fail("attention", "append needs T <= ATTN_TILE (use kv_append for longer prefills)", __func__,
                          __FILE__, __LINE__);
     const int group = a.n_heads / a.n_kv;
     const int nq_cap = std::min(a.T, ATTN_TILE) * group;
-    // Staging needs the kernel to produce the new rows itself (append): a prefill chunk whose
-    // rows kv_append() wrote must read them from the cache.
-    const int stage_keys = (a.append && a.T <= 2) ? ATTN_STAGE_KEYS : 0;
+    const int stage_keys = a.T <= 2 ? ATTN_STAGE_KEYS : 0;
     const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128 +
                          2 * size_t(stage_keys) * a.head_dim) *
                         sizeof(float);
