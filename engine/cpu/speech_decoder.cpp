@@ -157,17 +157,8 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
     const int qd = d.num_heads * d.head_dim, kvd = d.num_kv_heads * d.head_dim;
     codebook_half_ = half;
 
-    // RoPE inverse frequencies, computed in fp32 like the reference: 1 / theta^(2i / head_dim).
-    const int half_hd = d.head_dim / 2;
-    if (options_.rope_inv_freq.empty()) {
-        for (int i = 0; i < half_hd; ++i)
-            rope_inv_freq_.push_back(1.0f / std::pow(float(d.rope_theta), float(2 * i) / float(d.head_dim)));
-    } else if (int(options_.rope_inv_freq.size()) == half_hd) {
-        rope_inv_freq_ = options_.rope_inv_freq;
-    } else {
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: rope_inv_freq has {} values, expected head_dim/2 = {}",
-             options_.rope_inv_freq.size(), half_hd);
-    }
+    // RoPE inverse frequencies from the config, in fp32 like the reference: 1 / theta^(2i / head_dim).
+    rope_inv_freq_ = rope_inv_freq(d.head_dim, d.rope_theta);
 
     // RVQ codebooks, normalised once: embedding_sum / max(cluster_usage, eps).
     codebooks_.push_back(rvq_codebook_normalised(w.rvq_first_embedding_sum, w.rvq_first_cluster_usage, cs, half));

@@ -75,11 +75,6 @@ struct CpuSpeechDecoderOptions {
     // memory: the 24 kHz stage holds C_last × 1920 × frames floats). Results do not depend on
     // it beyond float rounding, because streaming is exact.
     int max_chunk_frames = 25;
-
-    // RoPE inverse frequencies [head_dim / 2] replacing the standard 1 / theta^(2i / head_dim).
-    // Empty (the default) = standard. Exists only to reproduce the reference goldens, which were
-    // generated with a randomly initialised `inv_freq` buffer (see docs/decoder.md).
-    std::vector<float> rope_inv_freq;
 };
 
 // Weight preparation shared by the CPU decoder and the GPU upload (cuda/gpu_speech_decoder.cpp):

@@ -113,15 +113,7 @@ SpeechEncoder::SpeechEncoder(const SpeechTokenizerConfig& config, const SpeechEn
     if (options_.attention_window < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech encoder: attention_window {} must be >= 0 (0 = full causal)",
              options_.attention_window);
-    const int half_hd = e.head_dim / 2;
-    if (options_.rope_inv_freq.empty())
-        rope_inv_freq_ = rope_inv_freq(e.head_dim, e.rope_theta);
-    else if (int(options_.rope_inv_freq.size()) == half_hd)
-        rope_inv_freq_ = options_.rope_inv_freq;
-    else
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
-             "speech encoder: rope_inv_freq has {} values, expected head_dim/2 = {} (or none for the config's table)",
-             options_.rope_inv_freq.size(), half_hd);
+    rope_inv_freq_ = rope_inv_freq(e.head_dim, e.rope_theta);  // the config's table, shared by every layer
 
     const size_t n_stages = e.upsampling_ratios.size();
     if (weights.res.size() != n_stages || weights.down.size() != n_stages ||

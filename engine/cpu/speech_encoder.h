@@ -36,12 +36,6 @@ struct SpeechEncoderOptions {
     // default (SDPA) path ignores the config's sliding_window (250 = 10 s) and attends causally
     // to everything; the two differ only for clips longer than 10 s (spec §10, §15.6).
     int attention_window = 0;
-
-    // RoPE inverse frequencies [head_dim / 2] replacing the standard 1 / theta^(2i / head_dim),
-    // shared by every transformer layer. Empty (the default) = standard. Exists only to reproduce
-    // the reference goldens, generated with a randomly initialised `inv_freq` buffer (same meaning
-    // as CpuSpeechDecoderOptions::rope_inv_freq; see docs/voice-cloning.md).
-    std::vector<float> rope_inv_freq;
 };
 
 struct SpeechCodes {

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "cpu/ops.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -81,12 +82,6 @@ private:
     size_t size_ = 0;
 };
 
-std::vector<float> rope_inv_freq(int head_dim, double theta) {
-    std::vector<float> f(size_t(head_dim / 2));
-    for (int i = 0; i < head_dim / 2; ++i) f[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / head_dim));
-    return f;
-}
-
 // Offsets of one stack while the arena is planned.
 struct StackOffsets {
     struct Layer {
@@ -112,7 +107,7 @@ StackOffsets plan_stack(ArenaPlan& plan, const TransformerConfig& c, const std::
         s.layers.push_back(o);
     }
     s.norm = plan.add_f32(norm);
-    s.inv_freq = plan.add_f32(rope_inv_freq(c.head_dim, c.rope_theta));
+    s.inv_freq = plan.add_f32(cpu::rope_inv_freq(c.head_dim, c.rope_theta));
     return s;
 }
 

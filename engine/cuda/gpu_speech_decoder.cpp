@@ -173,20 +173,8 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     g.tr_output_w = g.store(speech_weight_f32(w.tr_output_proj_w, int64_t(latent) * D, "pre_transformer.output_proj.weight"));
     g.tr_output_b = g.store(speech_weight_f32(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias"));
 
-    // RoPE frequencies in fp32 exactly as the CPU computes them (or the override).
-    const int half_hd = d.head_dim / 2;
-    std::vector<float> inv_freq;
-    if (options.rope_inv_freq.empty()) {
-        for (int i = 0; i < half_hd; ++i)
-            inv_freq.push_back(1.0f / std::pow(float(d.rope_theta), float(2 * i) / float(d.head_dim)));
-    } else if (int(options.rope_inv_freq.size()) == half_hd) {
-        inv_freq = options.rope_inv_freq;
-    } else {
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
-             "GPU speech decoder: rope_inv_freq has {} values, expected head_dim/2 = {}", options.rope_inv_freq.size(),
-             half_hd);
-    }
-    g.inv_freq = g.store(inv_freq);
+    // RoPE frequencies from the config, computed by the CPU reference's function.
+    g.inv_freq = g.store(cpu::rope_inv_freq(d.head_dim, d.rope_theta));
 
     g.samples_per_frame_ = 1;
     for (size_t i = 0; i < d.upsampling_ratios.size(); ++i) {

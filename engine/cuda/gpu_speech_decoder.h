@@ -59,10 +59,6 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
                      const float* B, int ldb, float beta, float* C, int ldc, bool tf32 = false);
 
 struct GpuSpeechDecoderWeightOptions {
-    // RoPE inverse frequencies [head_dim / 2] replacing 1 / theta^(2i / head_dim); empty = the
-    // standard table. Same meaning as cpu::CpuSpeechDecoderOptions::rope_inv_freq (the
-    // reference goldens need it, see docs/decoder.md).
-    std::vector<float> rope_inv_freq;
     // Pad the rows of the im2col-GEMM weights ([C_out, C_in·K + 1] and the ConvNeXt pointwise
     // layers) with zero columns to a multiple of 4 floats, so that cuBLAS sees 16-byte aligned
     // leading dimensions. Results are the same up to float rounding.

@@ -49,14 +49,6 @@ StopReason stop_reason_from(cpu::StopReason r) {
 }
 
 // Replaces `table` by `with` when `with` is given (same size required).
-void rope_table_override(std::vector<float>& table, const std::vector<float>& with, const char* what) {
-    if (with.empty()) return;
-    if (with.size() != table.size())
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{} RoPE table override has {} values, the model needs {} (head_dim / 2)",
-             what, with.size(), table.size());
-    table = with;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -91,7 +83,6 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
         if (options.gpu_decoder) {
             cuda::GpuDecoderPoolOptions dec;
             dec.states = options.gpu_states;
-            dec.weights.rope_inv_freq = options.decoder_rope_inv_freq;  // the upload validates its size
             dec.decoder.cuda_graphs = options.cuda_graphs;
             // Scratch for 8 frames (~66 MB at release size, vs ~205 MB for 25) per stream: the
             // engine's chunks fit it and replay their graphs; longer calls (ICL reference codes,
@@ -118,22 +109,10 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
     } else if (options.lm_eager) {
         model->lm_shared();  // convert now, not in the first request
     }
-    const bool lm_rope_override = !options.talker_rope_inv_freq.empty() || !options.predictor_rope_inv_freq.empty();
-    if (lm_rope_override) {
-        if (choice.backend != LmBackend::LM_BACKEND_CPU)
-            fail(ErrorCode::ERROR_UNSUPPORTED, "RoPE table overrides are a CPU-backend test facility (backend {})",
-                 model->backend_name());
-        auto lm = std::make_shared<cpu::LmWeights>(*model->lm_shared());
-        rope_table_override(lm->talker.rope_inv_freq, options.talker_rope_inv_freq, "talker");
-        rope_table_override(lm->predictor.rope_inv_freq, options.predictor_rope_inv_freq, "code predictor");
-        model->lm_ = std::move(lm);
-    }
     // (An automatic fallback to the CPU was already logged, with its reason, by lm_backend_choose.)
     if (!(options.backend == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
         QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
-    cpu::CpuSpeechDecoderOptions decoder_options;
-    decoder_options.rope_inv_freq = options.decoder_rope_inv_freq;  // the decoder validates its size
-    model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, decoder_options);
+    model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, cpu::CpuSpeechDecoderOptions{});
     return model;
 }
 

@@ -71,13 +71,6 @@ struct SpeechModelOptions {
     // graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false (or
     // QTTS_NO_FUSED_CHUNKS=1): separate LM and decoder replays. Same samples either way.
     bool fused_chunks = true;
-    // Reproducing the reference goldens only (tests; CPU backend): RoPE inverse-frequency tables
-    // [head_dim / 2] that replace the configs' standard ones. The goldens were written with
-    // randomly initialised rotary buffers (tests/support/golden_rope.h). Empty = the config's.
-    // The decoder table also applies to the GPU speech decoder (the LM tables are CPU-only).
-    std::vector<float> talker_rope_inv_freq;
-    std::vector<float> predictor_rope_inv_freq;
-    std::vector<float> decoder_rope_inv_freq;
 };
 
 struct PreparedSpeech {

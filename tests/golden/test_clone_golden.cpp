@@ -19,7 +19,6 @@
 #include "cpu/speech_encoder.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
-#include "golden_rope.h"
 #include "test_errors.h"
 #include "test_support.h"
 
@@ -217,36 +216,28 @@ TEST_CASE("speech encoder: the first frame equals ref_codes exactly", "[clone][c
     }
 }
 
-// The golden generator ran the encoder transformer with a randomly initialised rotary `inv_freq`
-// buffer (as it did the talker's, the predictor's and the decoder's), so ref_codes are only
-// reproduced with that table (qtts_test::golden_encoder_rope(), fitted to these codes; see
-// docs/voice-cloning.md). RoPE is the identity at position 0, hence frame 0 matches either way.
-static qtts::cpu::SpeechEncoderOptions golden_encoder_options() {
-    qtts::cpu::SpeechEncoderOptions options;
-    options.rope_inv_freq = qtts_test::golden_encoder_rope();
-    return options;
-}
-
-TEST_CASE("speech encoder with the goldens' RoPE table: codes equal ref_codes (all frames)", "[clone][codes]") {
+TEST_CASE("speech encoder with the config's RoPE table: codes equal ref_codes (all frames)", "[clone][codes]") {
     auto ckpt = tiny_base();
-    const SpeechEncoder encoder(ckpt->speech_config, *ckpt->encoder, golden_encoder_options());
+    const SpeechEncoder encoder(ckpt->speech_config, *ckpt->encoder);
     for (const char* scenario : kScenarios) {
         const CloneGolden g = golden_load(scenario);
         const qtts::cpu::SpeechCodes codes = encoder.encode(g.audio.data(), g.audio.size());
         REQUIRE(codes.frames == g.code_frames);
         REQUIRE(codes.num_codebooks == 16);
         const int mismatches = count_code_mismatches(codes.values, g.codes, g.codes.size());
-        std::printf("[%s] codes (golden RoPE table) vs ref_codes: %d frames x 16, %d of %zu differ\n", scenario,
-                    codes.frames, mismatches, g.codes.size());
+        std::printf("[%s] codes vs ref_codes: %d frames x 16, %d of %zu differ\n", scenario, codes.frames, mismatches,
+                    g.codes.size());
         CHECK(mismatches == 0);
     }
 }
 
-TEST_CASE("speech encoder with the config's RoPE table differs from ref_codes after frame 0", "[clone][codes]") {
-    // Guards the premise above: if the goldens are regenerated with the standard table, this
-    // fails and golden_encoder_rope() should be dropped.
+TEST_CASE("ref_codes pin the encoder's RoPE table: another rope_theta misses them after frame 0", "[clone][codes]") {
+    // RoPE is the identity at position 0, so frame 0 matches whatever the table; later frames
+    // only with the config's. This makes the comparison above a check of the rotary table too.
     auto ckpt = tiny_base();
-    const SpeechEncoder encoder(ckpt->speech_config, *ckpt->encoder);
+    qtts::SpeechTokenizerConfig detuned = ckpt->speech_config;
+    detuned.encoder.rope_theta *= 0.5;
+    const SpeechEncoder encoder(detuned, *ckpt->encoder);
     const CloneGolden g = golden_load(kScenarios[0]);
     const qtts::cpu::SpeechCodes codes = encoder.encode(g.audio.data(), g.audio.size());
     REQUIRE(codes.frames == g.code_frames);
@@ -255,8 +246,8 @@ TEST_CASE("speech encoder with the config's RoPE table differs from ref_codes af
     const std::vector<int32_t> later(codes.values.begin() + 16, codes.values.end());
     const std::vector<int64_t> later_expected(g.codes.begin() + 16, g.codes.end());
     const int mismatches = count_code_mismatches(later, later_expected, later.size());
-    std::printf("codes (config RoPE table) vs ref_codes: frame 0 %d of 16 differ, frames 1.. %d of %zu differ\n",
-                frame0, mismatches, later.size());
+    std::printf("codes (half rope_theta) vs ref_codes: frame 0 %d of 16 differ, frames 1.. %d of %zu differ\n", frame0,
+                mismatches, later.size());
     CHECK(frame0 == 0);
     CHECK(mismatches > int(later.size()) / 2);
 }
@@ -429,7 +420,4 @@ TEST_CASE("speech encoder rejects a config that does not fit the graph or the we
     bad_window.attention_window = -1;
     require_error([&] { SpeechEncoder e(good, w, bad_window); }, ErrorCode::ERROR_INVALID_ARGUMENT,
                   "attention_window");
-    qtts::cpu::SpeechEncoderOptions bad_rope;
-    bad_rope.rope_inv_freq = {0.1f, 0.2f, 0.3f};  // head_dim 8 needs 4
-    require_error([&] { SpeechEncoder e(good, w, bad_rope); }, ErrorCode::ERROR_INVALID_ARGUMENT, "rope_inv_freq");
 }

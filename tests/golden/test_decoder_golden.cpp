@@ -2,15 +2,9 @@
 // (../shared/reference/golden): RVQ dequantization, one full decode, exact streaming at several
 // chunk sizes, and the audio of every generation scenario.
 //
-// About RoPE: the goldens were generated with the decoder transformer's `inv_freq` buffer
-// randomly initialised (like a weight) instead of 1/theta^(2i/head_dim). The buffer is not in
-// the checkpoint, so no loader can know it; its 4 values were recovered by a least-squares fit
-// of the audio and turned out to be exactly bf16-representable (as all the random weights are):
-// -127/8192, -243/16384, 217/4096, -225/2048. With them, every golden matches to ~1e-6; with the
-// standard frequencies the audio differs by ~0.1 after frame 0. The tests below therefore run
-// the decoder with these frequencies (CpuSpeechDecoderOptions::rope_inv_freq), and one test
-// checks that the standard frequencies do NOT match, so the tests fail (and this note must be
-// revisited) if the goldens are ever regenerated correctly. See docs/decoder.md.
+// RoPE: the decoder computes its rotary table from the config (1 / theta^(2i / head_dim)), as
+// the reference does since the goldens were regenerated (2026-12-01). The last test checks that
+// the goldens are sensitive to that table, so a wrong one cannot pass unnoticed.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -26,7 +20,6 @@
 #include "cpu/speech_decoder.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
-#include "golden_rope.h"
 #include "test_support.h"
 
 namespace {
@@ -51,11 +44,9 @@ struct Golden {
     }
 };
 
-// The RoPE inverse frequencies the reference run actually used (see the note above).
 qtts::cpu::CpuSpeechDecoderOptions golden_options(int max_chunk_frames = 25) {
     qtts::cpu::CpuSpeechDecoderOptions options;
     options.max_chunk_frames = max_chunk_frames;
-    options.rope_inv_freq = qtts_test::golden_decoder_rope();
     return options;
 }
 
@@ -217,23 +208,27 @@ TEST_CASE("scenario codes decode to the reference audio", "[decoder][golden]") {
     }
 }
 
-TEST_CASE("the goldens' RoPE frequencies are not the standard ones", "[decoder][golden]") {
-    // Frame 0 (position 0, where RoPE is the identity) matches either way; later frames only
-    // with the recovered frequencies. If this fails, the goldens were regenerated: drop
-    // golden_options().rope_inv_freq above.
+TEST_CASE("the goldens pin the decoder's RoPE table: another rope_theta misses them after frame 0", "[decoder][golden]") {
+    // Frame 0 (position 0, where RoPE is the identity) matches whatever the table; later frames
+    // only with the config's. This is what makes the golden comparisons above a RoPE check.
     const Golden g("tiny-customvoice", "decoder_long");
     int n = 0;
     const auto codes = g.codes("codes", &n);
     const auto audio_full = g.f32("audio_full");
     const auto ckpt = qtts::checkpoint_load(qtts_test::reference_model_dir("tiny-customvoice"));
-    const CpuSpeechDecoder standard(*ckpt);
+    qtts::Checkpoint detuned = *ckpt;
+    detuned.speech_config.decoder.rope_theta *= 0.5;
     const int frames = 20;
-    const auto pcm = standard.decode_full(codes.data(), frames);
-    const size_t spf = size_t(standard.samples_per_frame());
-    const double err_frame0 = qtts_test::max_abs_error(pcm.data(), audio_full.data(), spf);
-    const double err_rest = qtts_test::max_abs_error(pcm.data() + spf, audio_full.data() + spf, (frames - 1) * spf);
-    std::printf("standard RoPE vs goldens: frame 0 max abs %.3g, frames 1..%d max abs %.3g\n", err_frame0, frames - 1,
-                err_rest);
+    const size_t spf = size_t(decoder_get("tiny-customvoice").samples_per_frame());
+    const auto pcm_config = decoder_get("tiny-customvoice").decode_full(codes.data(), frames);
+    const auto pcm_detuned = CpuSpeechDecoder(detuned).decode_full(codes.data(), frames);
+    const double err_config = qtts_test::max_abs_error(pcm_config.data(), audio_full.data(), frames * spf);
+    const double err_frame0 = qtts_test::max_abs_error(pcm_detuned.data(), audio_full.data(), spf);
+    const double err_rest =
+        qtts_test::max_abs_error(pcm_detuned.data() + spf, audio_full.data() + spf, (frames - 1) * spf);
+    std::printf("config RoPE: max abs %.3g; half rope_theta: frame 0 %.3g, frames 1..%d %.3g\n", err_config,
+                err_frame0, frames - 1, err_rest);
+    CHECK(err_config <= 1e-4);
     CHECK(err_frame0 <= 1e-5);
     CHECK(err_rest > 1e-3);
 }

@@ -20,7 +20,6 @@
 #include "cpu/lm.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
-#include "golden_rope.h"
 #include "test_support.h"
 #include "text/prompt.h"
 
@@ -50,42 +49,12 @@ std::vector<Scenario> scenarios_load(const std::string& model) {
     return out;
 }
 
-// The goldens' RoPE tables (tests/support/golden_rope.h): the config's rope_theta does not
-// reproduce them (the first talker row already differs by 36-76% relative).
-std::shared_ptr<const LmWeights> weights_plain(const std::string& model) {
+// The checkpoint's weights, with the RoPE tables computed from the config as the library does.
+std::shared_ptr<const LmWeights> weights_of(const std::string& model) {
     static std::map<std::string, std::shared_ptr<const LmWeights>> cache;
     auto& w = cache[model];
     if (!w) w = LmWeights::load(qtts::checkpoint_load(qtts_test::reference_model_dir(model)));
     return w;
-}
-
-// The weights to compare with the goldens: the config's RoPE if it reproduces the first golden
-// talker row (regenerated goldens), otherwise a copy carrying the goldens' RoPE tables.
-std::shared_ptr<const LmWeights> weights_for_goldens(const std::string& model) {
-    static std::map<std::string, std::shared_ptr<const LmWeights>> cache;
-    auto& chosen = cache[model];
-    if (chosen) return chosen;
-    const auto plain = weights_plain(model);
-    std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
-    const std::string first = nlohmann::json::parse(in).at(model).at(0).at("name").get<std::string>();
-    const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path(model, first));
-    const auto& prefill = golden->get("prefill_embeds");
-    const std::vector<float> embeds = qtts::tensor_to_f32(prefill);
-    const std::vector<float> hidden = qtts::tensor_to_f32(golden->get("talker_hidden"));
-    qtts::cpu::TalkerState state;
-    qtts::cpu::talker_prefill(*plain, state, embeds.data(), int(prefill.shape[0]));
-    const double err = qtts_test::rel_error(state.hidden.data(), hidden.data(), state.hidden.size());
-    if (err <= TOLERANCE) {
-        std::printf("  %s: the config's RoPE reproduces the goldens (%.3g): the golden_rope tables can go\n",
-                    model.c_str(), err);
-        chosen = plain;
-        return chosen;
-    }
-    std::printf("  %s: config RoPE gives %.3g relative error on talker row 0; using the goldens' RoPE tables\n",
-                model.c_str(), err);
-    const auto copy = qtts_test::lm_weights_with_golden_rope(*plain, model);
-    chosen = copy;
-    return chosen;
 }
 
 std::vector<int32_t> ids_of(const nlohmann::json& list) {
@@ -167,7 +136,7 @@ void scenario_run(const Scenario& sc) {
     const std::string label = sc.model + "--" + sc.name;
     INFO(label);
     const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path(sc.model, sc.name));
-    const auto w = weights_for_goldens(sc.model);
+    const auto w = weights_of(sc.model);
     const int H = w->hidden_size();
     const int G = w->num_code_groups();
 
@@ -243,7 +212,7 @@ TEST_CASE("streaming text fed piecewise gives exactly the golden frames", "[lm][
         return Scenario{};
     }();
     const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path(sc.model, sc.name));
-    const auto w = weights_for_goldens(sc.model);
+    const auto w = weights_of(sc.model);
     qtts::PromptRequest request = request_of(sc, *golden);
     const std::vector<int32_t> full = request.input_ids;
     const std::vector<int32_t> text(full.begin() + 3, full.end() - 5);
@@ -300,7 +269,7 @@ TEST_CASE("streaming text fed piecewise gives exactly the golden frames", "[lm][
 }
 
 TEST_CASE("frame budget and explicit max_frames end a stream with their stop reason", "[lm][golden]") {
-    const auto w = weights_plain("tiny-customvoice");
+    const auto w = weights_of("tiny-customvoice");
     qtts::PromptRequest r;
     r.input_ids = {151644, 77091, 198, 9707, 1879, 11, 151645, 198, 151644, 77091, 198};
     r.speaker = "ryan";
@@ -332,7 +301,7 @@ TEST_CASE("frame budget and explicit max_frames end a stream with their stop rea
 }
 
 TEST_CASE("seeded sampling through the generator is reproducible", "[lm][golden]") {
-    const auto w = weights_plain("tiny-voicedesign");
+    const auto w = weights_of("tiny-voicedesign");
     qtts::PromptRequest r;
     r.input_ids = {151644, 77091, 198, 9707, 1879, 11, 419, 374, 264, 1273, 13, 151645, 198, 151644, 77091, 198};
     r.language = "english";
@@ -356,7 +325,7 @@ TEST_CASE("seeded sampling through the generator is reproducible", "[lm][golden]
 
 TEST_CASE("talker: one prefill equals a shorter prefill plus decode steps (KV cache, positions)", "[lm][golden]") {
     for (const std::string model : {"tiny-customvoice", "tiny-voicedesign"}) {
-        const auto w = weights_plain(model);  // the config's RoPE table
+        const auto w = weights_of(model);  // the config's RoPE table
         const int H = w->hidden_size();
         const int L = 12;
         const std::vector<float> x = qtts_test::random_floats(size_t(L * H), 99);

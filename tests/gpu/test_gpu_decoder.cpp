@@ -29,7 +29,6 @@
 #include "kernels/decoder.cuh"
 #include "model/safetensors.h"
 #include "model/weights.h"
-#include "golden_rope.h"
 #include "test_support.h"
 
 namespace qc = qtts::cuda;
@@ -451,11 +450,8 @@ TinyDecoder* tiny_decoder() {
     if (!qtts_test::reference_available() || !std::ifstream(golden).good()) return nullptr;
     td = std::make_unique<TinyDecoder>();
     td->ckpt = qtts::checkpoint_load(qtts_test::reference_model_dir("tiny-customvoice"));
-    qtts::cpu::CpuSpeechDecoderOptions cpu_options;
-    cpu_options.rope_inv_freq = qtts_test::golden_decoder_rope();
-    td->cpu = std::make_unique<qtts::cpu::CpuSpeechDecoder>(*td->ckpt, cpu_options);
+    td->cpu = std::make_unique<qtts::cpu::CpuSpeechDecoder>(*td->ckpt);
     qc::GpuSpeechDecoderWeightOptions gpu_options;
-    gpu_options.rope_inv_freq = qtts_test::golden_decoder_rope();
     td->gpu = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
     gpu_options.pad_rows = false;
     td->gpu_unpadded = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
