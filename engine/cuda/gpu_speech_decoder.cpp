@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "cpu/ops.h"
 #include "cpu/speech_decoder.h"
 #include "model/safetensors.h"
 
