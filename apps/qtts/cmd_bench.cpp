@@ -55,6 +55,9 @@
 namespace {
 
 constexpr double FLOOR_BANDWIDTH = 4.3e12;  // measured device-to-device copy rate on the H200 (bytes/s)
+// The end-to-end and cold-start requests' sentence (21 words).
+constexpr const char* kBenchSentence =
+    "The quick brown fox jumps over the lazy dog while the evening sun slowly sets behind the quiet distant hills.";
 
 void usage() {
     std::printf(
@@ -75,6 +78,8 @@ void usage() {
         "  --prefill-sweep    also time the talker prefill at several prompt lengths, eager and as a graph\n"
         "  --overlap          also time an LM chunk and a decoder chunk launched together on two streams\n"
         "  --e2e-compare      also measure end to end with separate LM and decoder replays (no fused chunks)\n"
+        "  --cold N           time to first audio of the first request of N fresh processes each, with and\n"
+        "                     without the load-time warm-up (default 0: skipped)\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -343,6 +348,64 @@ struct EndToEnd {
     double load_s = 0.0;
 };
 
+// Time to first audio of the first request in this process and of the one after it (the warm
+// figure), on a model just loaded with or without the load-time warm-up. Run by `--cold` in
+// fresh processes (`bench --cold-probe`), one line of JSON on stdout.
+nlohmann::json cold_probe(const std::string& model_dir, int device, bool warm_up) {
+    qtts::SpeechModelOptions options;
+    options.backend = "cuda";
+    options.device = device;
+    options.warm_up = warm_up;
+    const auto t0 = Clock::now();
+    const auto model = qtts::SpeechModel::load(model_dir, options);
+    const double load_s = ms_between(t0, Clock::now()) / 1e3;
+    qtts::SpeechRequest request;
+    request.text = kBenchSentence;
+    request.max_frames = 8;
+    std::vector<double> ttfa;
+    for (int r = 0; r < 2; ++r) {
+        request.seed = 700 + uint64_t(r);
+        std::vector<float> pcm;
+        std::vector<qtts::FrameCodes> codes;
+        const auto s0 = Clock::now();
+        qtts::Utterance utt(model, model->prepare(request));
+        if (utt.chunk(1, &pcm, &codes) != qtts::UtteranceStatus::UTTERANCE_CHUNK || pcm.empty())
+            qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first chunk produced no audio");
+        ttfa.push_back(ms_between(s0, Clock::now()));
+    }
+    return {{"warm_up", warm_up}, {"load_s", load_s}, {"first_ttfa_ms", ttfa[0]}, {"second_ttfa_ms", ttfa[1]}};
+}
+
+struct ColdRuns {
+    bool warm_up = true;
+    std::vector<double> first_ms, second_ms, load_s;
+};
+
+// `processes` fresh processes of this executable, each running cold_probe().
+ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int processes) {
+    ColdRuns runs;
+    runs.warm_up = warm_up;
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const std::string command = "'" + self + "' bench -q --cold-probe --model '" + model_dir + "' --device " +
+                                std::to_string(device) + (warm_up ? "" : " --no-warm-up");
+    for (int p = 0; p < processes; ++p) {
+        FILE* pipe = popen(command.c_str(), "r");
+        if (!pipe) qtts::fail(qtts::ErrorCode::ERROR_IO, "bench: cannot start {}", command);
+        std::string output;
+        char buf[512];
+        while (std::fgets(buf, sizeof buf, pipe)) output += buf;
+        const int status = pclose(pipe);
+        const size_t at = output.rfind("COLD-PROBE ");
+        if (status != 0 || at == std::string::npos)
+            qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: cold probe failed (status {}): {}", status, output);
+        const auto line = nlohmann::json::parse(output.substr(at + 11));
+        runs.first_ms.push_back(line.at("first_ttfa_ms").get<double>());
+        runs.second_ms.push_back(line.at("second_ttfa_ms").get<double>());
+        runs.load_s.push_back(line.at("load_s").get<double>());
+    }
+    return runs;
+}
+
 // The runtime path end to end: what a server request costs on one stream, on the calling thread.
 EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests, bool fused, int chunk) {
     EndToEnd e;
@@ -360,8 +423,7 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
     e.gpu_decoder = model->gpu_decoder();
     e.fused_sizes = model->gpu_fused_chunk_sizes();
     qtts::SpeechRequest request;
-    request.text =
-        "The quick brown fox jumps over the lazy dog while the evening sun slowly sets behind the quiet distant hills.";
+    request.text = kBenchSentence;
     request.max_frames = 96;  // 7.7 s of audio per request; EOS may end it earlier (random weights)
     e.prompt_tokens = int(model->text_ids(request.text).size());
     std::vector<float> pcm;
@@ -466,6 +528,15 @@ int bench_cuda(const qtts_cli::Args& args) {
         return 2;
     }
     out["model"] = model_dir;
+    if (args.has("cold-probe")) {  // a child of --cold: one fresh process's first requests
+        std::printf("COLD-PROBE %s\n", cold_probe(model_dir, device, !args.has("no-warm-up")).dump().c_str());
+        return 0;
+    }
+    const int cold_processes = int(args.get_int("cold", 0));
+    if (cold_processes < 0) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--cold takes a count >= 0");
+    std::vector<ColdRuns> cold;
+    if (cold_processes > 0)  // first, before this process holds GPU memory
+        for (const bool warm_up : {true, false}) cold.push_back(cold_runs(model_dir, device, warm_up, cold_processes));
 
     const auto checkpoint = qtts::checkpoint_load(model_dir);
     qc::GpuContext context(device);
@@ -657,6 +728,17 @@ int bench_cuda(const qtts_cli::Args& args) {
                               {"frames", e.frames},
                               {"x_realtime", frame > 0 ? 80.0 / frame : 0.0}};
     };
+    const double warm_ttfa = e2e_runs.empty() ? 0.0 : qtts_cli::bench_median(e2e_runs.front().ttfa_ms);
+    for (const ColdRuns& c : cold) {
+        const double first = qtts_cli::bench_median(c.first_ms);
+        out[c.warm_up ? "cold_start" : "cold_start_no_warm_up"] = {
+            {"processes", c.first_ms.size()},
+            {"first_ttfa_ms", c.first_ms},
+            {"first_ttfa_ms_p50", first},
+            {"second_ttfa_ms_p50", qtts_cli::bench_median(c.second_ms)},
+            {"load_s_p50", qtts_cli::bench_median(c.load_s)},
+            {"first_over_warm", warm_ttfa > 0 ? first / warm_ttfa : 0.0}};
+    }
     if (!e2e_runs.empty()) {
         out["e2e"] = e2e_json(e2e_runs.front());
         nlohmann::json runs = nlohmann::json::array();
@@ -710,6 +792,13 @@ int bench_cuda(const qtts_cli::Args& args) {
         row("  e2e frame, LM + decoder (p95)", qtts_cli::bench_percentile(e->frame_ms, 95), "ms");
         row("  e2e real-time factor", frame > 0 ? 80.0 / frame : 0.0, "x");
     }
+    for (const ColdRuns& c : cold) {
+        std::printf("  fresh processes, %s load-time warm-up (%zu processes)\n", c.warm_up ? "with" : "without",
+                    c.first_ms.size());
+        row("  time to first audio, first request (p50)", qtts_cli::bench_median(c.first_ms), "ms");
+        row("  time to first audio, second request (p50)", qtts_cli::bench_median(c.second_ms), "ms");
+        row("  model load incl. warm-up (p50)", qtts_cli::bench_median(c.load_s), "s");
+    }
     if (!kernels.empty()) {
         std::printf("\n  %-40s %9s %9s\n", "kernel (alone, 64 launches in a graph)", "us", "GB/s");
         nlohmann::json kj = nlohmann::json::array();
@@ -727,8 +816,9 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
-                         "prefill-chunk"},
-                        {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep"});
+                         "prefill-chunk", "cold"},
+                        {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
+                         "cold-probe", "no-warm-up"});
     if (args.has("help")) {
         usage();
         return 0;

@@ -85,4 +85,20 @@ void GpuContext::synchronize() {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+bool GpuContext::recover() {
+    guard_.check("GpuContext::recover");
+    DeviceScope scope(device_);
+    (void)cudaGetLastError();  // the failed call's error, so the next launch check does not see it
+    const cudaError_t sync = cudaStreamSynchronize(stream_);
+    const cudaError_t after = cudaGetLastError();
+    return sync == cudaSuccess && after == cudaSuccess;
+}
+
+void GpuContext::fault_raise() {
+    guard_.check("GpuContext::fault_raise");
+    DeviceScope scope(device_);
+    CUDA_CHECK(cudaMemcpyAsync(nullptr, nullptr, 1, cudaMemcpyDeviceToDevice, stream_));
+    fail(ErrorCode::ERROR_INTERNAL, "fault_raise: the invalid CUDA call did not fail");
+}
+
 }  // namespace qtts::cuda

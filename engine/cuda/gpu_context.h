@@ -63,6 +63,13 @@ public:
     const OwnerGuard& guard() const { return guard_; }
 
     void synchronize();
+    // After a failed call on this context (one stream's error): clears the thread's pending
+    // runtime error and waits for the stream. True when the context still works; false after a
+    // sticky error (illegal address, device lost), after which every call fails. Owner thread.
+    bool recover();
+    // Fault-injection seam for tests: an invalid runtime call through CUDA_CHECK, so the caller
+    // gets the qtts::Error (ERROR_CUDA) a real failed call gives. Not a sticky error.
+    [[noreturn]] void fault_raise();
 
 private:
     int device_ = 0;

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "cuda/cuda_check.h"
 
 namespace qtts::cuda {
 
@@ -63,11 +64,38 @@ std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const
     std::shared_ptr<GpuGeneratorPool> pool(new GpuGeneratorPool(options));
     pool->context_ = std::make_unique<GpuContext>(options.device);
     pool->weights_ = GpuLmWeights::upload(std::move(checkpoint), options.device);
-    for (int i = 0; i < options.states; ++i) pool->idle_.push_back(pool->state_new());
-    QTTS_LOG_INFO("CUDA backend on device {}: {} generator state(s) of {:.1f} MB (context {} positions), graphs {}",
-                  options.device, pool->created_, pool->state_bytes_ / 1e6, options.generator.lm.max_context,
-                  pool->graphs_enabled_ ? "on" : "off");
+    pool->states_grow(options.states);
     return pool;
+}
+
+namespace {
+size_t device_free_bytes() {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+}
+}  // namespace
+
+void GpuGeneratorPool::states_grow(int total) {
+    context_->guard().check("GpuGeneratorPool::states_grow");
+    constexpr size_t kMargin = size_t(256) << 20;  // graph instantiation, cuBLAS and driver growth
+    DeviceScope scope(options_.device);
+    size_t per_state = 0;  // device memory the last state took, its decoder included
+    while (created_ < total) {
+        const size_t free_before = device_free_bytes();
+        if (per_state > 0 && free_before < per_state + kMargin)
+            fail(ErrorCode::ERROR_CUDA,
+                 "GPU {} has room for {} concurrent stream(s) ({:.0f} MB each with a {}-position context, {:.0f} MB "
+                 "free), not {}: lower the stream count (--max-streams {}) or the context",
+                 options_.device, created_, per_state / 1e6, options_.generator.lm.max_context, free_before / 1e6, total,
+                 created_);
+        idle_.push_back(state_new());
+        const size_t free_after = device_free_bytes();
+        per_state = free_before > free_after ? free_before - free_after : state_bytes_;
+    }
+    QTTS_LOG_INFO("CUDA backend on device {}: {} generator state(s) of {:.1f} MB (context {} positions), graphs {}",
+                  options_.device, created_, per_state / 1e6, options_.generator.lm.max_context,
+                  graphs_enabled_ ? "on" : "off");
 }
 
 void GpuGeneratorPool::decoders_attach(const DecoderFactory& make) {

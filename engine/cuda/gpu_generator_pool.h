@@ -39,6 +39,11 @@ public:
     GpuGeneratorPool(const GpuGeneratorPool&) = delete;
     GpuGeneratorPool& operator=(const GpuGeneratorPool&) = delete;
 
+    // Creates states (with their decoders, once attached) until `total` exist. Before each one
+    // it checks that the device still has room for it (the measured cost of the state before,
+    // plus a margin for graph and library growth); when it has not, it throws ERROR_CUDA naming
+    // how many concurrent streams fit, instead of failing in the middle of an allocation.
+    void states_grow(int total);
     // A generator for one utterance (owner thread only): an idle state, else a new one.
     std::unique_ptr<FrameGenerator> acquire();
 

@@ -166,6 +166,9 @@ struct Engine::Impl {
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> next_id{1};
     std::atomic<int64_t> admitted{0};  // queued + active streams (the concurrency limit)
+    std::atomic<uint64_t> fault_stream{0};  // test seam: this stream's next chunk fails (engine_testing.h)
+    std::atomic<bool> failed{false};        // the backend failed for good (see Engine::healthy)
+    std::string failure;                    // why; written once before `failed` is set
 
     std::mutex wake_mutex;
     std::condition_variable wake_cv;
@@ -225,6 +228,10 @@ struct Engine::Impl {
         if (s.waiting_for_text_ && !got_text) return false;
         const int k = s.utterance_->frames() == 0 ? options.first_chunk_frames : options.chunk_frames;
         if (s.ring_.available_write() < size_t(k) * 1920) return false;  // reader is behind: backpressure
+        if (fault_stream.load(std::memory_order_relaxed) == s.id()) {
+            fault_stream.store(0);
+            model->backend_fault_raise();
+        }
         pcm.clear();
         frames.clear();
         const bool was_waiting = s.waiting_for_text_;
@@ -242,6 +249,18 @@ struct Engine::Impl {
         return !frames.empty() || finished;
     }
 
+    // The backend cannot work any more (a sticky device error after `what`): every other admitted
+    // stream ends with an error now, and submit() refuses new ones. Engine thread.
+    void backend_lost(std::list<std::shared_ptr<StreamImpl>>& active, const std::string& what) {
+        failure = "the " + model->backend_name() + " backend failed and serves no more streams: " + what;
+        failed.store(true);
+        QTTS_LOG_ERROR("{}", failure);
+        for (auto& s : active)
+            if (!s->generation_done()) finish(*s, StopReason::STOP_ERROR, failure);
+        std::shared_ptr<StreamImpl> left;
+        while (intake.try_dequeue(left)) finish(*left, StopReason::STOP_ERROR, failure);
+    }
+
     void run() {
         std::list<std::shared_ptr<StreamImpl>> active;
         std::vector<float> pcm;
@@ -249,12 +268,17 @@ struct Engine::Impl {
         while (!stop.load()) {
             std::shared_ptr<StreamImpl> incoming;
             while (intake.try_dequeue(incoming)) {
+                if (failed.load()) {  // submitted while the backend was being lost
+                    finish(*incoming, StopReason::STOP_ERROR, failure);
+                    continue;
+                }
                 try {
                     incoming->utterance_ = std::make_unique<Utterance>(model, incoming->prepared_);
                     incoming->event_emit(StreamEventKind::STREAM_EVENT_STARTED);
                     active.push_back(incoming);
                 } catch (const std::exception& e) {
                     finish(*incoming, StopReason::STOP_ERROR, e.what());
+                    if (!model->backend_recover()) backend_lost(active, e.what());
                 }
             }
             bool progressed = false;
@@ -266,9 +290,12 @@ struct Engine::Impl {
                     QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());
                     finish(**it, StopReason::STOP_ERROR, e.what());
                     finished = true;
+                    if (!model->backend_recover()) backend_lost(active, e.what());
                 }
+                if (failed.load()) break;  // backend_lost ended every stream
                 it = finished ? active.erase(it) : std::next(it);
             }
+            if (failed.load()) active.clear();
             if (!progressed) {
                 std::unique_lock<std::mutex> lock(wake_mutex);
                 wake_cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return wake_flag || stop.load(); });
@@ -330,6 +357,7 @@ Engine::~Engine() {
 }
 
 std::shared_ptr<Stream> Engine::submit(const SpeechRequest& request) {
+    if (impl_->failed.load()) fail(ErrorCode::ERROR_CUDA, "{}", impl_->failure);
     PreparedSpeech prepared = impl_->model->prepare(request);  // throws on a bad request
     if (impl_->admitted.fetch_add(1) >= impl_->options.max_streams) {
         impl_->admitted.fetch_sub(1);
@@ -361,5 +389,12 @@ const Checkpoint& Engine::checkpoint() const { return impl_->model->checkpoint()
 std::vector<std::string> Engine::speakers() const { return impl_->model->speakers(); }
 std::vector<std::string> Engine::languages() const { return impl_->model->languages(); }
 std::string Engine::backend_name() const { return impl_->model->backend_name(); }
+bool Engine::healthy() const { return !impl_->failed.load(); }
+std::string Engine::failure() const { return impl_->failed.load() ? impl_->failure : std::string(); }
+
+void engine_fault_inject(Engine& engine, uint64_t stream_id) {
+    engine.impl_->fault_stream.store(stream_id);
+    engine.impl_->wake();
+}
 
 }  // namespace qtts

@@ -143,8 +143,14 @@ public:
     std::vector<std::string> speakers() const;   // CustomVoice speaker names
     std::vector<std::string> languages() const;  // "auto" and the model's languages
     std::string backend_name() const;            // "cpu" or "cuda:N"
+    // False once the backend failed for good (a sticky CUDA error): every stream then ended with
+    // an error and submit() refuses new ones (ERROR_CUDA); failure() says what happened. One
+    // stream's failure that leaves the device usable ends only that stream.
+    bool healthy() const;
+    std::string failure() const;
 
 private:
+    friend void engine_fault_inject(Engine& engine, uint64_t stream_id);  // runtime/engine_testing.h
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

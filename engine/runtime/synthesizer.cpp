@@ -1,6 +1,7 @@
 #include "runtime/synthesizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "common/error.h"
@@ -49,6 +50,36 @@ StopReason stop_reason_from(cpu::StopReason r) {
 }
 
 // Replaces `table` by `with` when `with` is given (same size required).
+// CUDA warm-up (SpeechModelOptions::warm_up): every pooled generator state at once (so each is
+// leased, not the same one again), one first chunk and one steady chunk each, greedy, on a short
+// sentence. The first real request then finds graphs uploaded, handles made and modules loaded.
+void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, int first_chunk, int chunk) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ModelConfig& config = model->checkpoint().config;
+    PreparedSpeech prepared;
+    prepared.base.language = "auto";
+    prepared.base.layout = model->default_layout();
+    if (config.type == ModelType::MODEL_TYPE_CUSTOM_VOICE) prepared.base.speaker = model->default_speaker();
+    if (config.type == ModelType::MODEL_TYPE_BASE)  // a neutral x-vector: the prompt shape of a cloned voice
+        prepared.base.x_vector.assign(size_t(config.talker.hidden_size), 0.0f);
+    prepared.segments.push_back(model->assistant_ids("Warming up."));
+    prepared.params = generation_params_greedy(model->checkpoint().generation);
+    prepared.max_frames = first_chunk + chunk;
+    std::vector<std::unique_ptr<Utterance>> utterances;
+    for (int i = 0; i < states; ++i) utterances.push_back(std::make_unique<Utterance>(model, prepared));
+    std::vector<float> pcm;
+    std::vector<FrameCodes> codes;
+    int64_t frames = 0;
+    for (auto& utterance : utterances) {
+        if (utterance->chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
+            utterance->chunk(chunk, &pcm, &codes);
+        frames += utterance->frames();
+    }
+    utterances.clear();  // the states go back to the pool
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    QTTS_LOG_INFO("warm-up: {} generator state(s), {} frames, {:.0f} ms", states, frames, ms);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -72,7 +103,7 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
                  options.first_chunk_frames, options.chunk_frames, options.gpu_states);
         cuda::GpuRuntimeOptions gpu;
         gpu.device = choice.device;
-        gpu.states = options.gpu_states;
+        gpu.states = 1;  // the rest once the first has its decoder, so each is measured whole (states_grow)
         gpu.generator.lm.max_context = options.gpu_max_context;
         gpu.generator.graphs = options.cuda_graphs;
         gpu.generator.first_chunk_frames = options.first_chunk_frames;
@@ -103,6 +134,7 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
                 });
             }
         }
+        model->gpu_->states_grow(options.gpu_states);
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
 #endif
@@ -113,6 +145,8 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
     if (!(options.backend == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
         QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
     model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, cpu::CpuSpeechDecoderOptions{});
+    if (choice.backend == LmBackend::LM_BACKEND_CUDA && options.warm_up)
+        gpu_warm_up(model, options.gpu_states, options.first_chunk_frames, options.chunk_frames);
     return model;
 }
 
@@ -144,6 +178,20 @@ const cpu::SpeechEncoder& SpeechModel::speech_encoder() const {
 std::string SpeechModel::backend_name() const {
     if (backend_.backend == LmBackend::LM_BACKEND_CUDA) return "cuda:" + std::to_string(backend_.device);
     return "cpu";
+}
+
+bool SpeechModel::backend_recover() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) return gpu_->context().recover();
+#endif
+    return true;
+}
+
+void SpeechModel::backend_fault_raise() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) gpu_->context().fault_raise();
+#endif
+    fail(ErrorCode::ERROR_INTERNAL, "injected fault (test seam) on the {} backend", backend_name());
 }
 
 std::unique_ptr<FrameGenerator> SpeechModel::generator_new() const {

@@ -71,6 +71,12 @@ struct SpeechModelOptions {
     // graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false (or
     // QTTS_NO_FUSED_CHUNKS=1): separate LM and decoder replays. Same samples either way.
     bool fused_chunks = true;
+    // CUDA: before load() returns, every generator state speaks a short greedy utterance (a
+    // first chunk and a steady chunk, so each captured graph and the decoder replay once, and the
+    // library handles, pinned buffers and lazy module loads are touched): the first real request
+    // then takes the warm path. Logged with its duration. false: a cold first request (benchmarks
+    // of the cold path). The CPU backend has nothing lazy to warm (weights are converted at load).
+    bool warm_up = true;
 };
 
 struct PreparedSpeech {
@@ -107,6 +113,13 @@ public:
     // CUDA: hands every GPU object to the calling thread (load on one thread, generate on another).
     // No-op on the CPU backend.
     void owner_adopt() const;
+    // After one utterance failed with an exception (owner thread): clears the backend's pending
+    // error state. False when the backend can no longer work (a sticky CUDA error: every stream
+    // on the device is lost); always true on the CPU.
+    bool backend_recover() const;
+    // Fault-injection seam for tests (owner thread): throws the qtts::Error a failed backend call
+    // gives (CUDA: a real invalid runtime call, ERROR_CUDA; CPU: ERROR_INTERNAL).
+    [[noreturn]] void backend_fault_raise() const;
     // CUDA: generator states created so far (0 on the CPU backend).
     int gpu_states_created() const;
     // A decoder stream for one utterance on the GPU (owner thread only; reset and given back

@@ -39,6 +39,7 @@
 #include "model/make_model.h"
 #include "model/safetensors.h"
 #include "runtime/engine.h"
+#include "runtime/engine_testing.h"
 #include "runtime/synthesizer.h"
 #include "runtime/voice.h"
 #include "test_streams.h"
@@ -421,6 +422,70 @@ TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CP
     for (int i = 0; i < 100 && engine.stats().completed < 3; ++i) std::this_thread::sleep_for(10ms);
     CHECK(engine.stats().completed == 3);
     CHECK(engine.stats().errors == 0);
+}
+
+TEST_CASE("a CUDA error in one stream's step ends that stream; the engine keeps serving", "[gpu][runtime][faults]") {
+    EngineOptions options;
+    options.model_dir = tiny_model_dir();
+    options.backend = "cuda";
+    options.max_streams = 2;
+    Engine engine(options);
+    const SpeechRequest a = qtts_test::greedy_request("The first stream speaks this sentence.", 28, kGreedySeed);
+    const Spoken want_a = speak(cpu_model(), a);
+
+    auto sa = engine.submit(a);
+    auto victim = engine.submit(qtts_test::greedy_request("This stream meets a CUDA error.", 300, kGreedySeed));
+    engine_fault_inject(engine, victim->id());
+    const std::vector<float> pcm_a = read_all(*sa);
+    qtts_test::stream_read_all(*victim);
+    REQUIRE(victim->generation_done());
+    CHECK(victim->metrics().stop_reason == StopReason::STOP_ERROR);
+    WARN("injected fault: " << victim->error());
+    CHECK_THAT(victim->error(), Catch::Contains("cudaMemcpyAsync"));
+    CHECK(sa->error().empty());
+    CHECK(codes_of(*sa) == want_a.codes);
+    CHECK(max_abs(pcm_a, want_a.pcm) <= 1e-4);
+    // The pending error was cleared: the device serves the next streams, the failed state reused.
+    CHECK(engine.healthy());
+    auto sb = engine.submit(a);
+    auto sc = engine.submit(a);
+    const std::vector<float> pcm_b = read_all(*sb);
+    const std::vector<float> pcm_c = read_all(*sc);
+    CHECK(sb->error().empty());
+    CHECK(sc->error().empty());
+    CHECK(codes_of(*sb) == want_a.codes);
+    CHECK(codes_of(*sc) == want_a.codes);
+    CHECK(max_abs(pcm_b, want_a.pcm) <= 1e-4);
+    CHECK(max_abs(pcm_c, want_a.pcm) <= 1e-4);
+}
+
+TEST_CASE("more streams than the GPU holds fail at load, naming the number that fits", "[gpu][runtime][memory]") {
+    SpeechModelOptions options;
+    options.backend = "cuda";
+    options.gpu_max_context = 1 << 18;  // ~0.35 GB per tiny state: the device fills after a few hundred
+    options.gpu_states = 5000;
+    options.warm_up = false;
+    std::string message;
+    try {
+        SpeechModel::load(tiny_model_dir(), options);
+        FAIL("5000 states of 0.35 GB were created");
+    } catch (const Error& e) {
+        message = e.what();
+        CHECK(e.code() == ErrorCode::ERROR_CUDA);
+    }
+    WARN(message);
+    CHECK_THAT(message, Catch::Contains("has room for") && Catch::Contains("--max-streams"));
+    const size_t at = message.find("room for ");
+    REQUIRE(at != std::string::npos);
+    const int fit = std::atoi(message.c_str() + at + 9);
+    CHECK(fit > 1);
+    CHECK(fit < 5000);
+    // Everything was released: a normal model loads and speaks afterwards.
+    SpeechModelOptions normal;
+    normal.backend = "cuda";
+    normal.gpu_states = 2;
+    const auto model = SpeechModel::load(tiny_model_dir(), normal);
+    CHECK(model->gpu_states_created() == 2);
 }
 
 TEST_CASE("GPU state belongs to the loading thread until another thread adopts it", "[gpu][runtime][owner]") {

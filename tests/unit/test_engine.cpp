@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "runtime/engine.h"
+#include "runtime/engine_testing.h"
 #include "runtime/synthesizer.h"
 #include "model/make_model.h"
 #include "test_streams.h"
@@ -92,6 +93,38 @@ TEST_CASE("the concurrency limit refuses extra streams with ERROR_BUSY", "[engin
         CHECK(e.code() == ErrorCode::ERROR_BUSY);
     }
     first->cancel();
+}
+
+TEST_CASE("a fault in one stream's step ends that stream alone; the others finish intact", "[engine][faults]") {
+    EngineOptions options;
+    options.max_streams = 3;
+    Engine engine(options);
+    // Reference audio of the two healthy streams, alone.
+    const auto request = [](const char* text) { return qtts_test::greedy_request(text, 12, kGreedySeed); };
+    const std::vector<float> alone_a = read_all(*engine.submit(request("First healthy stream.")));
+    const std::vector<float> alone_b = read_all(*engine.submit(request("Second healthy stream.")));
+
+    auto a = engine.submit(request("First healthy stream."));
+    auto victim = engine.submit(qtts_test::greedy_request("This one fails, long before its end.", 300, kGreedySeed));
+    auto b = engine.submit(request("Second healthy stream."));
+    engine_fault_inject(engine, victim->id());
+    const std::vector<float> got_a = read_all(*a);
+    const std::vector<float> got_b = read_all(*b);
+    qtts_test::stream_read_all(*victim);
+    REQUIRE(victim->generation_done());
+    CHECK(victim->metrics().stop_reason == StopReason::STOP_ERROR);
+    CHECK_THAT(victim->error(), Catch::Contains("injected fault"));
+    CHECK(victim->metrics().frames < 300);
+    CHECK(got_a == alone_a);
+    CHECK(got_b == alone_b);
+    CHECK(a->metrics().stop_reason == StopReason::STOP_MAX_FRAMES);
+    CHECK(b->metrics().stop_reason == StopReason::STOP_MAX_FRAMES);
+    // The engine stays in service: healthy, its slot freed, the next stream complete.
+    CHECK(engine.healthy());
+    CHECK(engine.failure().empty());
+    CHECK(engine.stats().errors == 1);
+    CHECK(engine.stats().active_streams == 0);
+    CHECK(read_all(*engine.submit(request("First healthy stream."))) == alone_a);
 }
 
 TEST_CASE("bad requests fail on submit with clear errors", "[engine]") {
