@@ -61,7 +61,7 @@ std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_take() {
     if (idle_.empty()) {
         auto state = state_new();
         if (created_ > options_.states)
-            QTTS_LOG_INFO("GPU speech decoder: all {} states busy, created one more", created_ - 1);
+            QTTS_LOG_DEBUG("GPU speech decoder: all {} states busy, created one more", created_ - 1);
         return state;
     }
     std::unique_ptr<GpuSpeechDecoder> state = std::move(idle_.back());

@@ -254,9 +254,11 @@ GpuLm::GpuLm(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, G
     if (weights_->device() != context_.device())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuLm: weights live on CUDA device {} but the context uses device {}",
              weights_->device(), context_.device());
-    if (options_.max_context < 16 || options_.prefill_chunk < 1)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuLm: max_context {} (>= 16) / prefill_chunk {} (>= 1) out of range",
-             options_.max_context, options_.prefill_chunk);
+    constexpr int kMaxContext = k::ATTN_KEYS_PER_SPLIT * k::ATTN_KEYS_PER_SPLIT;  // attention's split limit
+    if (options_.max_context < 16 || options_.max_context > kMaxContext || options_.prefill_chunk < 1)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "GpuLm: max_context {} (16..{} positions) / prefill_chunk {} (>= 1) out of range", options_.max_context,
+             kMaxContext, options_.prefill_chunk);
     DeviceScope scope(context_.device());
     const GpuLmWeights& w = *weights_;
     const GpuStack& T = w.talker;

@@ -50,9 +50,12 @@ StopReason stop_reason_from(cpu::StopReason r) {
 }
 
 // Replaces `table` by `with` when `with` is given (same size required).
-// CUDA warm-up (SpeechModelOptions::warm_up): every pooled generator state at once (so each is
-// leased, not the same one again), one first chunk and one steady chunk each, greedy, on a short
-// sentence. The first real request then finds graphs uploaded, handles made and modules loaded.
+// CUDA warm-up (SpeechModelOptions::warm_up). Graphs are per generator state, so every state
+// speaks a short sentence, all leased at once (so each is taken, not one again and again): one
+// first chunk and one steady chunk, which replays each chunk graph with its decoder. Kernels and
+// library code are loaded per process on first launch, and which ones run depends on the prompt
+// length (prefill GEMM shapes, one or several prefill chunks) and the text layout, so one state
+// also speaks a long sentence in both layouts. Sampled, as requests are (a fixed seed).
 void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, int first_chunk, int chunk) {
     const auto t0 = std::chrono::steady_clock::now();
     const ModelConfig& config = model->checkpoint().config;
@@ -62,20 +65,35 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
     if (config.type == ModelType::MODEL_TYPE_CUSTOM_VOICE) prepared.base.speaker = model->default_speaker();
     if (config.type == ModelType::MODEL_TYPE_BASE)  // a neutral x-vector: the prompt shape of a cloned voice
         prepared.base.x_vector.assign(size_t(config.talker.hidden_size), 0.0f);
-    prepared.segments.push_back(model->assistant_ids("Warming up."));
-    prepared.params = generation_params_greedy(model->checkpoint().generation);
+    prepared.params = generation_params_from_config(model->checkpoint().generation);
+    prepared.seed = 1;
     prepared.max_frames = first_chunk + chunk;
-    std::vector<std::unique_ptr<Utterance>> utterances;
-    for (int i = 0; i < states; ++i) utterances.push_back(std::make_unique<Utterance>(model, prepared));
     std::vector<float> pcm;
     std::vector<FrameCodes> codes;
     int64_t frames = 0;
-    for (auto& utterance : utterances) {
-        if (utterance->chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
-            utterance->chunk(chunk, &pcm, &codes);
-        frames += utterance->frames();
+    const auto speak = [&](Utterance& utterance) {
+        if (utterance.chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
+            utterance.chunk(chunk, &pcm, &codes);
+        frames += utterance.frames();
+    };
+
+    PreparedSpeech short_text = prepared;
+    short_text.segments.push_back(model->assistant_ids("Warming up."));
+    std::vector<std::unique_ptr<Utterance>> leased;
+    for (int i = 0; i < states; ++i) leased.push_back(std::make_unique<Utterance>(model, short_text));
+    for (auto& utterance : leased) speak(*utterance);
+    leased.clear();  // the states go back to the pool
+
+    std::string long_sentence;
+    while (model->text_ids(long_sentence).size() < 160)  // more than one 128-row prefill chunk
+        long_sentence += "A warm engine answers its first request as quickly as every later one. ";
+    for (const TextLayout layout : {TextLayout::TEXT_LAYOUT_NON_STREAMING, TextLayout::TEXT_LAYOUT_STREAMING}) {
+        PreparedSpeech long_text = prepared;
+        long_text.base.layout = layout;
+        long_text.segments.push_back(model->assistant_ids(long_sentence));
+        Utterance utterance(model, long_text);
+        speak(utterance);
     }
-    utterances.clear();  // the states go back to the pool
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     QTTS_LOG_INFO("warm-up: {} generator state(s), {} frames, {:.0f} ms", states, frames, ms);
 }
@@ -113,7 +131,9 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
         model->gpu_ = cuda::GpuGeneratorPool::create(ckpt, gpu);
         if (options.gpu_decoder) {
             cuda::GpuDecoderPoolOptions dec;
-            dec.states = options.gpu_states;
+            // Fused chunks: each generator state takes its decoder as states_grow() makes it (so
+            // the free-memory check sees both); separate replays: a pool of decoders up front.
+            dec.states = options.fused_chunks ? 1 : options.gpu_states;
             dec.decoder.cuda_graphs = options.cuda_graphs;
             // Scratch for 8 frames (~66 MB at release size, vs ~205 MB for 25) per stream: the
             // engine's chunks fit it and replay their graphs; longer calls (ICL reference codes,
