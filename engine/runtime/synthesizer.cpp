@@ -54,8 +54,8 @@ StopReason stop_reason_from(cpu::StopReason r) {
 // speaks a short sentence, all leased at once (so each is taken, not one again and again): one
 // first chunk and one steady chunk, which replays each chunk graph with its decoder. Kernels and
 // library code are loaded per process on first launch, and which ones run depends on the prompt
-// length (prefill GEMM shapes, one or several prefill chunks) and the text layout, so one state
-// also speaks a long sentence in both layouts. Sampled, as requests are (a fixed seed).
+// length (prefill GEMM shapes) and the text layout, so one state also sweeps prompt lengths and
+// speaks in the streaming layout. Sampled, as requests are (a fixed seed).
 void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, int first_chunk, int chunk) {
     const auto t0 = std::chrono::steady_clock::now();
     const ModelConfig& config = model->checkpoint().config;
@@ -84,15 +84,23 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
     for (auto& utterance : leased) speak(*utterance);
     leased.clear();  // the states go back to the pool
 
-    std::string long_sentence;
-    while (model->text_ids(long_sentence).size() < 160)  // more than one 128-row prefill chunk
-        long_sentence += "A warm engine answers its first request as quickly as every later one. ";
-    for (const TextLayout layout : {TextLayout::TEXT_LAYOUT_NON_STREAMING, TextLayout::TEXT_LAYOUT_STREAMING}) {
-        PreparedSpeech long_text = prepared;
-        long_text.base.layout = layout;
-        long_text.segments.push_back(model->assistant_ids(long_sentence));
-        Utterance utterance(model, long_text);
-        speak(utterance);
+    // Prompt lengths: the prefill's matrix products pick their kernels by row count (1..128 rows
+    // per prefill chunk), and each kernel is loaded on its first launch, so one state sweeps the
+    // row counts in steps of 8 (a first chunk each), then the streaming layout once.
+    std::string text;
+    std::vector<std::string> sweep;
+    for (size_t rows = 8; rows <= 136; rows += 8) {
+        while (model->text_ids(text).size() < rows) text += "Every request should find a warm engine. ";
+        sweep.push_back(text);
+    }
+    for (size_t i = 0; i <= sweep.size(); ++i) {
+        PreparedSpeech sized = prepared;
+        if (i == sweep.size()) sized.base.layout = TextLayout::TEXT_LAYOUT_STREAMING;
+        sized.segments.push_back(model->assistant_ids(sweep[std::min(i, sweep.size() - 1)]));
+        Utterance utterance(model, sized);
+        if (i == sweep.size()) speak(utterance);
+        else if (utterance.chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
+            frames += utterance.frames();
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     QTTS_LOG_INFO("warm-up: {} generator state(s), {} frames, {:.0f} ms", states, frames, ms);
