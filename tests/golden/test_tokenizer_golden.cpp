@@ -24,6 +24,12 @@ nlohmann::json cases_load() {
     return nlohmann::json::parse(in);
 }
 
+nlohmann::json scenarios_load() {
+    std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
+    REQUIRE(in.good());
+    return nlohmann::json::parse(in);
+}
+
 // Loaded once per regex and shared by the test cases (loading the 151k-token files is the
 // slowest part of this test).
 const qtts::Tokenizer& tokenizer_load(PretokenizerRegex regex) {
@@ -125,9 +131,7 @@ TEST_CASE("golden: the prompt templates with request text read as text give the 
     // text starting with a newline) inside the assistant template.
     const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
     constexpr auto kText = qtts::AddedTokens::ADDED_TOKENS_AS_TEXT;
-    std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
-    REQUIRE(in.good());
-    const nlohmann::json scenarios = nlohmann::json::parse(in);
+    const nlohmann::json scenarios = scenarios_load();
     size_t checked = 0;
     for (const auto& [model, list] : scenarios.items()) {
         for (const auto& scenario : list) {
@@ -192,9 +196,7 @@ TEST_CASE("golden: prompt ids of the reference scenarios re-encode from their de
     // scenarios.json records the ids the reference built for whole prompts (role tokens, text,
     // <|im_end|>, instruct blocks); tokenising their decoded text must give them back.
     const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
-    std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
-    REQUIRE(in.good());
-    const nlohmann::json scenarios = nlohmann::json::parse(in);
+    const nlohmann::json scenarios = scenarios_load();
     size_t checked = 0;
     for (const auto& [model, list] : scenarios.items()) {
         for (const auto& scenario : list) {

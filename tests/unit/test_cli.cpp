@@ -63,6 +63,14 @@ std::string temp_path(const std::string& name) {
     return path;
 }
 
+// A refusal: exit status 1, the reason on stderr, and no output file left behind.
+void check_refused(const Run& r, const std::string& reason, const std::string& out_file) {
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains(reason));
+    CHECK_FALSE(fs::exists(out_file));
+}
+
 }  // namespace
 
 TEST_CASE("qtts say with empty or blank standard input fails and writes no file", "[cli]") {
@@ -73,17 +81,11 @@ TEST_CASE("qtts say with empty or blank standard input fails and writes no file"
     for (const std::string& source : {std::string("/dev/null"), blank}) {
         INFO(source);
         fs::remove(wav);
-        const Run r = qtts_run("say - -o " + wav + " < " + source);
-        CHECK(r.exit_code == 1);
-        CHECK_THAT(r.err, Catch::Contains("no text on standard input"));
-        CHECK_FALSE(fs::exists(wav));
+        check_refused(qtts_run("say - -o " + wav + " < " + source), "no text on standard input", wav);
     }
     // As `say ""` and `say "   "` do.
     for (const char* text : {"\"\"", "\"   \""}) {
-        const Run r = qtts_run(std::string("say ") + text + " -o " + wav);
-        CHECK(r.exit_code == 1);
-        CHECK_THAT(r.err, Catch::Contains("no text given"));
-        CHECK_FALSE(fs::exists(wav));
+        check_refused(qtts_run(std::string("say ") + text + " -o " + wav), "no text given", wav);
     }
 }
 
@@ -109,10 +111,8 @@ TEST_CASE("qtts say takes seeds 0..2^64-1 and refuses negative ones", "[cli]") {
     fs::remove(wav);
     for (const char* seed : {"-1", "18446744073709551616", "x"}) {
         INFO(seed);
-        const Run r = qtts_run(std::string("say \"Hi.\" --max-frames 2 -o ") + wav + " --seed " + seed);
-        CHECK(r.exit_code == 1);
-        CHECK_THAT(r.err, Catch::Contains("from 0 to 18446744073709551615 (2^64-1)"));
-        CHECK_FALSE(fs::exists(wav));
+        check_refused(qtts_run(std::string("say \"Hi.\" --max-frames 2 -o ") + wav + " --seed " + seed),
+                      "from 0 to 18446744073709551615 (2^64-1)", wav);
     }
 }
 
@@ -123,10 +123,8 @@ TEST_CASE("qtts say accepts a dialect with its speaker and refuses it with anoth
     CHECK(ok.exit_code == 0);
     CHECK(fs::exists(wav));
     fs::remove(wav);
-    const Run bad = qtts_run("say \"\xE4\xBD\xA0\xE5\xA5\xBD\" --speaker ryan --language beijing_dialect --max-frames 2 -o " + wav);
-    CHECK(bad.exit_code == 1);
-    CHECK_THAT(bad.err, Catch::Contains("dialect spoken only by speaker dylan"));
-    CHECK_FALSE(fs::exists(wav));
+    check_refused(qtts_run("say \"\xE4\xBD\xA0\xE5\xA5\xBD\" --speaker ryan --language beijing_dialect --max-frames 2 -o " + wav),
+                  "dialect spoken only by speaker dylan", wav);
 }
 
 TEST_CASE("qtts info and tokenize use the embedded demo model without --model", "[cli]") {
@@ -162,9 +160,8 @@ TEST_CASE("qtts say --raw-tokens is accepted and documented; --max-frames 0 is d
     const Run r = qtts_run("say \"Hi<|im_end|>\" --raw-tokens --max-frames 2 -o " + wav);
     INFO(r.err);
     CHECK(r.exit_code == 0);
-    const Run negative = qtts_run("say \"Hi.\" --max-frames -1 -o " + wav);
-    CHECK(negative.exit_code == 1);
-    CHECK_THAT(negative.err, Catch::Contains("0 (no cap)"));
+    fs::remove(wav);
+    check_refused(qtts_run("say \"Hi.\" --max-frames -1 -o " + wav), "0 (no cap)", wav);
 }
 
 TEST_CASE("qtts make-model without --out says what is missing", "[cli]") {
@@ -177,7 +174,7 @@ TEST_CASE("qtts make-model without --out says what is missing", "[cli]") {
     CHECK_THAT(p.err, Catch::Contains("tiny-customvoice"));
 }
 
-TEST_CASE("qtts say checks --ref-audio before it loads the model", "[cli]") {
+TEST_CASE("qtts say --ref-audio and voice create --audio are checked before the model loads", "[cli]") {
     // The model folder does not exist: an error about it would mean the model was loaded first.
     const std::string missing_model = qtts_test::temp_dir() + "/no-such-model";
     const std::string wav = temp_path("ref.wav");
@@ -188,10 +185,13 @@ TEST_CASE("qtts say checks --ref-audio before it loads the model", "[cli]") {
         INFO(ref);
         const Run r = qtts_run("say \"Hi.\" --model " + missing_model + " --ref-audio " + ref +
                                " --x-vector-only -o " + wav);
-        CHECK(r.exit_code == 1);
-        CHECK_THAT(r.err, Catch::Contains("--ref-audio"));
+        check_refused(r, "--ref-audio", wav);
         CHECK_THAT(r.err, !Catch::Contains("no-such-model"));
-        CHECK_FALSE(fs::exists(wav));
+        // qtts voice create checks its --audio the same way, before the model.
+        const std::string voice = temp_path("v.qv");
+        const Run v = qtts_run("voice create --model " + missing_model + " --audio " + ref + " --x-vector-only -o " + voice);
+        check_refused(v, ref == not_audio ? "not-audio.wav" : ref, voice);
+        CHECK_THAT(v.err, !Catch::Contains("no-such-model"));
     }
 }
 
