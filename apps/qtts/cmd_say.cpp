@@ -70,7 +70,8 @@ void print_usage() {
         "  -o, --out FILE  24 kHz mono WAV written as audio is generated\n"
         "  --model DIR     checkpoint directory (default: the embedded demo model)\n"
         "  --speaker S     CustomVoice speaker (default vivian)\n"
-        "  --language L    language name or auto (default auto)\n"
+        "  --language L    language name or auto (default auto; qtts info lists them); a dialect\n"
+        "                  (sichuan_dialect, beijing_dialect) only with its speaker (eric, dylan)\n"
         "  --instruct T    style instruction / voice description\n"
         "  --seed N        fixed seed, 0..18446744073709551615 (2^64-1), for reproducible sampling\n"
         "  --greedy        argmax decoding\n"
@@ -181,17 +182,19 @@ int cmd_say(const std::vector<std::string>& argv) {
     // fails without leaving an empty file behind.
     qtts::Engine engine(options);
     QTTS_LOG_INFO("say: generating on the {} backend", engine.backend_name());
-    // Standard input: wait for the first line with text before anything is generated or written,
-    // so empty or blank input fails like `say ""` and leaves no file behind.
+    const double play_t0 = sink ? sink->time_now() : 0.0;
+    auto stream = engine.submit(request);  // validates the request (speaker, language, text, voice)
+    // Standard input: wait for the first line with text before any file is written, so empty or
+    // blank input fails like `say ""` and leaves nothing behind.
     std::string first_line;
     if (from_stdin) {
         first_line = stdin_first_text_line();
-        if (first_line.empty())
+        if (first_line.empty()) {
+            stream->cancel();
             fail(ErrorCode::ERROR_INVALID_ARGUMENT,
                  "no text on standard input (it was empty or only whitespace); nothing was written");
+        }
     }
-    const double play_t0 = sink ? sink->time_now() : 0.0;
-    auto stream = engine.submit(request);  // validates the request (speaker, language, text, voice)
     // The WAV file only once the request is accepted, so a refused one leaves no file behind.
     std::unique_ptr<qtts::WavWriter> wav;
     if (auto out = args.get("out")) {

@@ -83,6 +83,8 @@ TEST_CASE("qtts say with empty or blank standard input fails and writes no file"
         fs::remove(wav);
         check_refused(qtts_run("say - -o " + wav + " < " + source), "no text on standard input", wav);
     }
+    // The request is checked before standard input is read: a bad speaker is reported first.
+    check_refused(qtts_run("say - --speaker nobody -o " + wav + " </dev/null"), "unknown speaker 'nobody'", wav);
     // As `say ""` and `say "   "` do.
     for (const char* text : {"\"\"", "\"   \""}) {
         check_refused(qtts_run(std::string("say ") + text + " -o " + wav), "no text given", wav);
