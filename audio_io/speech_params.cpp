@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "text/text_split.h"
 
 namespace qtts {
 
@@ -31,10 +34,6 @@ std::string list_join(const std::vector<std::string>& items) {
     return out;
 }
 
-bool blank(const std::string& s) {
-    return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c) != 0; });
-}
-
 const char* json_type_name(const json& v) { return v.type_name(); }
 
 // A string field, or fallback when absent or null.
@@ -52,14 +51,18 @@ bool bool_field(const json& obj, const char* name, bool fallback) {
     return it->get<bool>();
 }
 
+[[noreturn]] void seed_refuse(const std::string& got) {
+    bad_request("seed", fmt::format("`seed` must be an integer from 0 to {} (2^64-1), got {}",
+                                    std::numeric_limits<uint64_t>::max(), got));
+}
+
 std::optional<uint64_t> seed_field(const json& obj) {
     auto it = obj.find("seed");
     if (it == obj.end() || it->is_null()) return std::nullopt;
-    if (it->is_number_unsigned()) return it->get<uint64_t>();
-    if (it->is_number_integer()) {
-        bad_request("seed", fmt::format("`seed` must be a non-negative integer, got {}", it->get<int64_t>()));
-    }
-    bad_request("seed", fmt::format("`seed` must be a non-negative integer, got {}", json_type_name(*it)));
+    if (it->is_number_unsigned()) return it->get<uint64_t>();  // nlohmann keeps all of 0..2^64-1 exact
+    if (it->is_number_integer()) seed_refuse(std::to_string(it->get<int64_t>()));
+    if (it->is_number_float()) seed_refuse(it->dump());  // a fraction, or a whole number past 2^64-1
+    seed_refuse(json_type_name(*it));
 }
 
 // Maps a user-given name onto the service's spelling, case-insensitively.
@@ -169,6 +172,18 @@ bool utf8_valid(const std::string& text) {
     return true;
 }
 
+uint64_t seed_parse(const std::string& text) {
+    const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+    if (!digits) seed_refuse("'" + text + "'");
+    uint64_t value = 0;
+    for (const char c : text) {
+        const uint64_t digit = uint64_t(c - '0');
+        if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) seed_refuse("'" + text + "'");
+        value = value * 10 + digit;
+    }
+    return value;
+}
+
 void text_check(const std::string& text, const std::string& field, size_t max_bytes) {
     if (!utf8_valid(text)) bad_request(field, fmt::format("`{}` is not valid UTF-8", field));
     if (text.size() > max_bytes)
@@ -188,7 +203,7 @@ SpeechParams speech_params_parse_http(const std::string& body_text, const Speech
     if (!input->is_string()) bad_request("input", fmt::format("`input` must be a string, got {}", json_type_name(*input)));
     r.text = input->get<std::string>();
     text_check(r.text, "input", limits.max_text_bytes);
-    if (blank(r.text)) bad_request("input", "`input` is empty; give the text to speak");
+    if (text_is_blank(r.text)) bad_request("input", "`input` is empty; give the text to speak");
 
     common_fields_parse(body, service, limits, r);
 
@@ -267,7 +282,7 @@ SpeechParams speech_params_parse_tcp_line(const std::string& line, const SpeechS
         p.request.text = line;
     }
     text_check(p.request.text, "input", limits.max_text_bytes);
-    if (blank(p.request.text)) bad_request("input", "the line is empty; send the text to speak followed by a newline");
+    if (text_is_blank(p.request.text)) bad_request("input", "the line is empty; send the text to speak followed by a newline");
     return p;
 }
 

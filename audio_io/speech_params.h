@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -76,6 +77,12 @@ SpeechParams speech_params_parse_ws_start(const nlohmann::json& message, const S
 // is always Ogg Opus.
 SpeechParams speech_params_parse_tcp_line(const std::string& line, const SpeechService& service,
                                           const SpeechLimits& limits);
+
+// The one seed range of every entry point (qtts say --seed and the server's `seed` field): an
+// integer from 0 to 2^64-1, the engine's whole seed space. Reads decimal text (digits only, as the
+// command line gives it); throws RequestError (400, param "seed") for anything else, negative
+// numbers included, with a message that states the range.
+uint64_t seed_parse(const std::string& text);
 
 // Checks one piece of text (UTF-8, size) for the named field; throws RequestError (400).
 void text_check(const std::string& text, const std::string& field, size_t max_bytes);

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "model/make_model.h"
 
 namespace qtts_cli {
 
@@ -86,6 +87,13 @@ double Args::get_double(const std::string& name, double fallback) const {
     if (errno != 0 || end == v->c_str() || *end != '\0')
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "option --{} expects a number, got '{}'", name, *v);
     return x;
+}
+
+std::string model_dir_or_default(const Args& args) {
+    if (auto dir = args.get("model")) return *dir;
+    const std::string dir = qtts::default_model_dir();
+    QTTS_LOG_INFO("no --model given: using the embedded demo model (random weights) at {}", dir);
+    return dir;
 }
 
 std::map<std::string, Command>& command_registry() {

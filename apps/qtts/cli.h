@@ -44,6 +44,10 @@ struct CommandRegistrar {
     CommandRegistrar(const std::string& name, const std::string& summary, CommandFn fn);
 };
 
+// --model DIR when given, else the embedded demo model (written to the cache on first use), with
+// an info line saying so: the one default every command that loads a model shares.
+std::string model_dir_or_default(const Args& args);
+
 // Options every command accepts (log level); returns the remaining arguments.
 std::vector<std::string> apply_common_options(const std::vector<std::string>& args);
 

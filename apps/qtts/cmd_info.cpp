@@ -2,17 +2,25 @@
 #include <cstdio>
 
 #include "cli.h"
+#include "common/error.h"
 #include "model/weights.h"
+#include "text/prompt.h"
 
 namespace {
 
 int cmd_info(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model"}, {"help", "json"});
-    if (args.has("help") || !args.get("model")) {
-        std::printf("usage: qtts info --model DIR\n  prints the model type, dimensions, speakers, languages and parameter counts\n");
-        return args.has("help") ? 0 : 2;
+    qtts_cli::Args args(argv, {"model"}, {"help"});
+    if (args.has("help")) {
+        std::printf(
+            "usage: qtts info [--model DIR]\n"
+            "  prints the model type, dimensions, speakers, languages and parameter counts\n"
+            "  --model DIR    checkpoint directory (default: the embedded demo model)\n");
+        return 0;
     }
-    auto ckpt = qtts::checkpoint_load(*args.get("model"));
+    if (!args.positional().empty())
+        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "unexpected argument '{}' (give the model as --model DIR)",
+                   args.positional().front());
+    auto ckpt = qtts::checkpoint_load(qtts_cli::model_dir_or_default(args));
     const qtts::ModelConfig& c = ckpt->config;
     const qtts::TalkerConfig& t = c.talker;
     const qtts::CodePredictorConfig& p = t.code_predictor;
@@ -40,8 +48,8 @@ int cmd_info(const std::vector<std::string>& argv) {
         if (it != t.speaker_dialect.end() && !it->second.empty()) speakers += " (" + it->second + ")";
     }
     std::printf("speakers:         %s\n", speakers.empty() ? "(none)" : speakers.c_str());
-    std::string langs = "auto";
-    for (const auto& [name, id] : t.language_ids) langs += ", " + name;
+    std::string langs;
+    for (const auto& name : qtts::languages_describe(t)) langs += (langs.empty() ? "" : ", ") + name;
     std::printf("languages:        %s\n", langs.c_str());
 
     std::printf("\n%-18s %16s %16s\n", "network", "parameters", "bytes");

@@ -1,21 +1,38 @@
 // qtts make-model --preset P --out DIR [--seed N]: a random-weight checkpoint at real size.
 #include <cstdio>
 
+#include "audio_io/speech_params.h"
 #include "cli.h"
+#include "common/error.h"
 #include "model/make_model.h"
 
 namespace {
 
+using qtts::ErrorCode;
+using qtts::fail;
+
+std::string presets_join() {
+    std::string names;
+    for (const auto& n : qtts::model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    return names;
+}
+
 int cmd_make_model(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"preset", "out", "seed"}, {"help"});
-    if (args.has("help") || !args.get("preset") || !args.get("out")) {
-        std::printf("usage: qtts make-model --preset P --out DIR [--seed N]\n  presets:");
-        for (const auto& n : qtts::model_preset_names()) std::printf(" %s", n.c_str());
-        std::printf("\n  writes a random-weight checkpoint in the official Hugging Face layout\n");
-        return args.has("help") ? 0 : 2;
+    if (args.has("help")) {
+        std::printf("usage: qtts make-model --preset P --out DIR [--seed N]\n  presets: %s\n"
+                    "  writes a random-weight checkpoint in the official Hugging Face layout\n",
+                    presets_join().c_str());
+        return 0;
     }
+    if (!args.get("preset"))
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "missing --preset P (one of: {})", presets_join());
+    if (!args.get("out"))
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "missing --out DIR: the folder to write the checkpoint into");
+    if (!args.positional().empty())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unexpected argument '{}'", args.positional().front());
     const auto preset = qtts::model_preset(*args.get("preset"));
-    const auto seed = uint64_t(args.get_int("seed", 1234));
+    const uint64_t seed = args.get("seed") ? qtts::seed_parse(*args.get("seed")) : 1234;
     const auto stats = qtts::model_write_random(preset, *args.get("out"), seed);
     std::printf("wrote %s (%s): model.safetensors %.1f MB, speech_tokenizer/model.safetensors %.1f MB in %.2f s\n",
                 args.get("out")->c_str(), preset.name.c_str(), stats.model_bytes / 1e6, stats.speech_bytes / 1e6,

@@ -1,5 +1,6 @@
 // qtts say "text" -o out.wav: speak text into a WAV file, streaming chunks as they are decoded.
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,8 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audio_io/audio_file.h"
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
+#include "audio_io/speech_params.h"
 #include "audio_io/stream_player.h"
 #include "audio_io/wav_writer.h"
 #include "cli.h"
@@ -17,6 +20,8 @@
 #include "common/log.h"
 #include "model/make_model.h"
 #include "runtime/engine.h"
+#include "runtime/voice.h"
+#include "text/text_split.h"
 
 namespace {
 
@@ -38,19 +43,44 @@ std::vector<int32_t> parse_ids(const std::string& text, const char* option) {
     return ids;
 }
 
+// The first line of standard input that holds more than whitespace, or "" at end of input.
+std::string stdin_first_text_line() {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        if (!qtts::text_is_blank(line)) return line;
+    }
+    return "";
+}
+
+// Decodes and checks a reference clip as the engine will (exists, readable, audio, 1-30 s, not
+// silent), so a bad one fails before the seconds a model takes to load.
+void ref_audio_check(const std::string& path) {
+    try {
+        qtts::reference_clip_validate(qtts::audio_read_mono_24k(path));
+    } catch (const qtts::Error& e) {
+        fail(e.code(), "--ref-audio: {}", e.what());
+    }
+}
+
 void print_usage() {
     std::printf(
         "usage: qtts say \"text\" -o out.wav [options]\n"
-        "  text            the text to speak (\"-\" reads standard input line by line into one stream)\n"
+        "  text            the text to speak (\"-\" reads standard input line by line into one stream;\n"
+        "                  empty or blank input is an error and writes no file)\n"
         "  -o, --out FILE  24 kHz mono WAV written as audio is generated\n"
         "  --model DIR     checkpoint directory (default: the embedded demo model)\n"
         "  --speaker S     CustomVoice speaker (default vivian)\n"
-        "  --language L    language name or auto (default auto)\n"
+        "  --language L    language name or auto (default auto; qtts info lists them); a dialect\n"
+        "                  (sichuan_dialect, beijing_dialect) only with its speaker (eric, dylan)\n"
         "  --instruct T    style instruction / voice description\n"
-        "  --seed N        fixed seed (reproducible sampling)\n"
+        "  --seed N        fixed seed, 0..18446744073709551615 (2^64-1), for reproducible sampling\n"
         "  --greedy        argmax decoding\n"
-        "  --max-frames N  stop after N frames (80 ms each)\n"
+        "  --max-frames N  stop after N frames (80 ms each); 0 (the default) = no cap beyond the\n"
+        "                  text-length frame budget\n"
         "  --text-layout streaming|non-streaming\n"
+        "  --raw-tokens          debugging: special-token strings in the text and --instruct\n"
+        "                        (<|im_end|>, <|im_start|>, <tts_pad>, ...) become control tokens;\n"
+        "                        by default they are read as plain text\n"
         "  --input-ids a,b,c     assistant-template ids (skips the tokenizer)\n"
         "  --instruct-ids a,b,c  instruct-template ids\n"
         "  --codes-out FILE      write {\"codes\": [[c0..c15], ...]}\n"
@@ -64,7 +94,8 @@ void print_usage() {
         "  --play                speak through the default audio device while generating\n"
         "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n"
         "  --voice FILE.qv       Base models: a saved voice (qtts voice create)\n"
-        "  --ref-audio FILE      Base models: clone from this clip (with --ref-text, or --x-vector-only)\n"
+        "  --ref-audio FILE      Base models: clone from this clip (with --ref-text, or --x-vector-only);\n"
+        "                        checked (exists, decodes, 1-30 s of sound) before the model loads\n"
         "  --ref-text T          transcript of --ref-audio (in-context cloning)\n"
         "  --x-vector-only       Base models: use only the speaker x-vector\n");
 }
@@ -74,7 +105,7 @@ int cmd_say(const std::vector<std::string>& argv) {
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
                          "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "device",
                          "audio-device", "voice", "ref-audio", "ref-text"},
-                        {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "play", "x-vector-only"});
+                        {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "play", "x-vector-only", "raw-tokens"});
     if (args.has("help")) {
         print_usage();
         return 0;
@@ -94,8 +125,8 @@ int cmd_say(const std::vector<std::string>& argv) {
     }
     if (args.get("input-ids")) request.input_ids = parse_ids(*args.get("input-ids"), "input-ids");
     if (args.get("instruct-ids")) request.instruct_ids = parse_ids(*args.get("instruct-ids"), "instruct-ids");
-    if (request.text.empty() && request.input_ids.empty() && !from_stdin)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "no text given: qtts say \"text\" -o out.wav");
+    if (qtts::text_is_blank(request.text) && request.input_ids.empty() && !from_stdin)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "no text given (empty or only whitespace): qtts say \"text\" -o out.wav");
     request.speaker = args.get_or("speaker", "");
     request.language = args.get_or("language", "auto");
     request.instruct = args.get_or("instruct", "");
@@ -105,9 +136,15 @@ int cmd_say(const std::vector<std::string>& argv) {
     request.x_vector_only = args.has("x-vector-only");
     if (args.get("ref-audio") && !request.x_vector_only && request.ref_text.empty())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--ref-audio needs --ref-text TRANSCRIPT (or --x-vector-only)");
-    if (args.get("seed")) request.seed = uint64_t(args.get_int("seed", 0));
+    if (!request.ref_audio_path.empty()) ref_audio_check(request.ref_audio_path);
+    if (auto seed = args.get("seed")) request.seed = qtts::seed_parse(*seed);
+    request.raw_tokens = args.has("raw-tokens");
     request.greedy = args.has("greedy");
-    request.max_frames = int(args.get_int("max-frames", 0));
+    const long long max_frames = args.get_int("max-frames", 0);
+    if (max_frames < 0 || max_frames > INT32_MAX)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--max-frames must be 0 (no cap) or a frame count up to {}, got {}",
+             INT32_MAX, max_frames);
+    request.max_frames = int(max_frames);
     if (auto layout = args.get("text-layout")) {
         if (*layout == "streaming") request.text_layout = qtts::TextLayout::TEXT_LAYOUT_STREAMING;
         else if (*layout == "non-streaming") request.text_layout = qtts::TextLayout::TEXT_LAYOUT_NON_STREAMING;
@@ -128,12 +165,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     options.gpu_decoder = !args.has("cpu-decoder");
     options.fused_chunks = !args.has("no-fused-chunks");
     options.max_streams = 1;
-    if (auto m = args.get("model")) {
-        options.model_dir = *m;
-    } else {
-        options.model_dir = qtts::default_model_dir();
-        QTTS_LOG_INFO("no --model given: using the embedded demo model (random weights) at {}", options.model_dir);
-    }
+    options.model_dir = qtts_cli::model_dir_or_default(args);
 
     // Open the audio output first, so a machine without sound fails before any work is done.
     std::unique_ptr<qtts::JitterBuffer> jitter;
@@ -150,26 +182,38 @@ int cmd_say(const std::vector<std::string>& argv) {
     // fails without leaving an empty file behind.
     qtts::Engine engine(options);
     QTTS_LOG_INFO("say: generating on the {} backend", engine.backend_name());
+    const double play_t0 = sink ? sink->time_now() : 0.0;
+    auto stream = engine.submit(request);  // validates the request (speaker, language, text, voice)
+    // Standard input: wait for the first line with text before any file is written, so empty or
+    // blank input fails like `say ""` and leaves nothing behind.
+    std::string first_line;
+    if (from_stdin) {
+        first_line = stdin_first_text_line();
+        if (first_line.empty()) {
+            stream->cancel();
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+                 "no text on standard input (it was empty or only whitespace); nothing was written");
+        }
+    }
+    // The WAV file only once the request is accepted, so a refused one leaves no file behind.
     std::unique_ptr<qtts::WavWriter> wav;
     if (auto out = args.get("out")) {
         wav = std::make_unique<qtts::WavWriter>(*out, 24000, 1,
                                                 format_name == "f32" ? qtts::WavFormat::WAV_FORMAT_F32 : qtts::WavFormat::WAV_FORMAT_S16);
     }
-    const double play_t0 = sink ? sink->time_now() : 0.0;
-    auto stream = engine.submit(request);
 
     // Standard input: each line is appended to the stream as it arrives; EOF closes the text.
     std::thread reader;
     if (from_stdin) {
-        reader = std::thread([stream]() {
-            std::string line;
-            while (std::getline(std::cin, line)) {
+        reader = std::thread([stream, first_line]() {
+            std::string line = first_line;
+            do {
                 try {
                     stream->text_append(line + "\n");
                 } catch (const qtts::Error& e) {
                     QTTS_LOG_WARN("skipping a line of input: {}", e.what());
                 }
-            }
+            } while (std::getline(std::cin, line));
             stream->text_close();
         });
     }

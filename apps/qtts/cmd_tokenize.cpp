@@ -1,5 +1,5 @@
-// qtts tokenize: shows the text ids the engine feeds the talker (no chat template, no special
-// tokens added), for checking against the Hugging Face tokenizer.
+// qtts tokenize: shows the text ids the engine feeds the talker for a text (no chat template, no
+// special tokens added), for checking against the Hugging Face tokenizer.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -17,12 +17,15 @@ using qtts::fail;
 
 void print_help() {
     std::printf(
-        "usage: qtts tokenize --model DIR [--json] [--regex qwen2|mistral-fix] (TEXT... | --file F)\n\n"
+        "usage: qtts tokenize [--model DIR] [--json] [--raw-tokens] [--regex qwen2|mistral-fix] (TEXT... | --file F)\n\n"
         "Prints the token ids of TEXT (several words are joined with single spaces) as 'id<TAB>token'\n"
-        "lines, or with --json one object {\"ids\": [...], \"tokens\": [...]}. No special tokens are added;\n"
-        "special token strings in the text (e.g. <|im_end|>) become their ids.\n\n"
+        "lines, or with --json one object {\"ids\": [...], \"tokens\": [...]}. No special tokens are added.\n"
+        "Special-token strings in the text (e.g. <|im_end|>) are plain text, as in every request the\n"
+        "engine takes; --raw-tokens turns them into their ids (Hugging Face with add_special_tokens=False).\n\n"
         "  --model DIR    model folder with vocab.json, merges.txt, tokenizer_config.json\n"
+        "                 (default: the embedded demo model: the real added tokens, a byte-only vocabulary)\n"
         "  --file F       read the text from file F instead of the command line\n"
+        "  --raw-tokens   match special-token strings (<|im_start|>, <tts_pad>, ...) as control tokens\n"
         "  --regex NAME   pre-tokenizer regex: qwen2 (default) or mistral-fix\n"
         "  --json         print one JSON object\n");
 }
@@ -36,13 +39,11 @@ std::string text_read_file(const std::string& path) {
 }
 
 int cmd_tokenize(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "file", "regex"}, {"json", "help"});
+    qtts_cli::Args args(argv, {"model", "file", "regex"}, {"json", "help", "raw-tokens"});
     if (args.has("help")) {
         print_help();
         return 0;
     }
-    const auto model = args.get("model");
-    if (!model) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--model DIR is required (a folder holding vocab.json)");
 
     std::string text;
     if (auto file = args.get("file")) {
@@ -56,8 +57,9 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
 
     qtts::TokenizerOptions options;
     options.regex = qtts::pretokenizer_regex_parse(args.get_or("regex", "qwen2"));
-    const qtts::Tokenizer tokenizer = qtts::Tokenizer::load(*model, options);
-    const std::vector<int32_t> ids = tokenizer.encode(text);
+    const qtts::Tokenizer tokenizer = qtts::Tokenizer::load(qtts_cli::model_dir_or_default(args), options);
+    const std::vector<int32_t> ids = tokenizer.encode(
+        text, args.has("raw-tokens") ? qtts::AddedTokens::ADDED_TOKENS_MATCH : qtts::AddedTokens::ADDED_TOKENS_AS_TEXT);
 
     if (args.has("json")) {
         nlohmann::json out;

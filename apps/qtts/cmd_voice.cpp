@@ -35,12 +35,14 @@ int voice_create_command(const qtts_cli::Args& args) {
     if (!x_vector_only && text.empty())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT,
              "missing --text TRANSCRIPT: in-context cloning needs what the clip says (or pass --x-vector-only)");
+    // The clip first: a missing, undecodable, too short or silent one fails before the model loads.
+    const std::vector<float> audio = qtts::audio_read_mono_24k(*args.get("audio"));
+    qtts::reference_clip_validate(audio);
     // Only the tokenizer and the cloning encoders are needed: no LM conversion, no GPU upload.
     qtts::SpeechModelOptions options;
     options.backend = "cpu";
     options.lm_eager = false;
     auto model = qtts::SpeechModel::load(*args.get("model"), options);
-    const std::vector<float> audio = qtts::audio_read_mono_24k(*args.get("audio"));
     const qtts::Voice voice = qtts::voice_create(*model, audio, text, x_vector_only);
     qtts::voice_save(voice, *args.get("out"));
     std::printf("wrote %s: %s voice for %s %s (hidden %d), %.2f s reference, %d frames, %zu transcript ids\n",

@@ -1,5 +1,7 @@
 #include "common/device.h"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #ifdef QTTS_HAVE_CUDA
@@ -35,6 +37,11 @@ std::string cuda_describe(int device) {
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         cudaGetLastError();
+        // Without the NVIDIA kernel driver the runtime reports an "insufficient driver"; on a
+        // machine with no GPU that reads like a fault, so say what is really missing.
+        if ((err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) &&
+            !std::filesystem::exists("/proc/driver/nvidia/version"))
+            return "no NVIDIA GPU driver is loaded on this machine";
         return fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
     }
     if (device < 0 || device >= count) {

@@ -35,6 +35,10 @@ struct SpeechRequest {
     bool x_vector_only = false;      // Base models: use only the speaker x-vector (no reference codes/text)
     std::vector<int32_t> input_ids;     // debugging: assistant-template ids, skips the tokenizer
     std::vector<int32_t> instruct_ids;  // debugging: instruct-template ids
+    // Debugging (qtts say --raw-tokens): special-token strings in text and instruct ("<|im_end|>",
+    // "<tts_pad>", ...) become control tokens. Off: they are read as plain text, so request text
+    // can never inject prompt structure (servers never set it).
+    bool raw_tokens = false;
 };
 
 enum class StopReason { STOP_NONE, STOP_EOS, STOP_FRAME_BUDGET, STOP_MAX_FRAMES, STOP_CANCELLED, STOP_ERROR };

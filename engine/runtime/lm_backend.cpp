@@ -29,9 +29,12 @@ LmBackendChoice lm_backend_choose(const std::string& requested, int device) {
     const std::string why = cuda_describe(device);
     if (requested == "cuda")
         fail(ErrorCode::ERROR_UNSUPPORTED, "the CUDA backend was requested but cannot run on device {}: {}", device, why);
-    choice.reason = "no usable GPU for CUDA device " + std::to_string(device) + " (" + why +
-                    "); falling back to the CPU backend";
-    QTTS_LOG_WARN("{}", choice.reason);
+    choice.reason =
+        "no usable GPU for CUDA device " + std::to_string(device) + " (" + why + "); falling back to the CPU backend";
+    // No GPU at all is a normal machine for the CPU backend: say why at info level. A GPU that is
+    // present but not at the index asked for is probably a mistake: warn.
+    if (count > 0) QTTS_LOG_WARN("{}", choice.reason);
+    else QTTS_LOG_INFO("{}", choice.reason);
     return choice;
 }
 

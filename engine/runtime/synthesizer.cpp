@@ -36,10 +36,6 @@ std::string lower(std::string s) {
     return s;
 }
 
-bool is_blank(const std::string& s) {
-    return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
-}
-
 StopReason stop_reason_from(cpu::StopReason r) {
     switch (r) {
         case cpu::StopReason::STOP_REASON_EOS: return StopReason::STOP_EOS;
@@ -287,12 +283,12 @@ std::vector<std::string> SpeechModel::languages() const {
     return out;
 }
 
-std::vector<int32_t> SpeechModel::assistant_ids(const std::string& text) const {
-    return tokenizer_.encode("<|im_start|>assistant\n" + text + "<|im_end|>\n<|im_start|>assistant\n");
+std::vector<int32_t> SpeechModel::assistant_ids(const std::string& text, AddedTokens text_tokens) const {
+    return assistant_template_ids(tokenizer_, text, text_tokens);
 }
 
-std::vector<int32_t> SpeechModel::instruct_ids(const std::string& instruct) const {
-    return tokenizer_.encode("<|im_start|>user\n" + instruct + "<|im_end|>\n");
+std::vector<int32_t> SpeechModel::instruct_ids(const std::string& instruct, AddedTokens text_tokens) const {
+    return instruct_template_ids(tokenizer_, instruct, text_tokens);
 }
 
 PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
@@ -310,7 +306,8 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "instruct is {} bytes; at most {} are accepted", request.instruct.size(),
              REQUEST_MAX_INSTRUCT_BYTES);
     prep.incremental = request.incremental;
-    if (request.input_ids.empty() && !request.incremental && is_blank(request.text))
+    prep.text_tokens = request.raw_tokens ? AddedTokens::ADDED_TOKENS_MATCH : AddedTokens::ADDED_TOKENS_AS_TEXT;
+    if (request.input_ids.empty() && !request.incremental && text_is_blank(request.text))
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
 
     base.layout = request.text_layout ? *request.text_layout : default_layout();
@@ -323,7 +320,7 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
     base.speaker = lower(request.speaker);
     if (config.type == ModelType::MODEL_TYPE_CUSTOM_VOICE && base.speaker.empty()) base.speaker = default_speaker();
     if (!request.instruct_ids.empty()) base.instruct_ids = request.instruct_ids;
-    else if (!request.instruct.empty()) base.instruct_ids = instruct_ids(request.instruct);
+    else if (!request.instruct.empty()) base.instruct_ids = instruct_ids(request.instruct, prep.text_tokens);
     if (config.type == ModelType::MODEL_TYPE_BASE) {
         Voice voice;
         if (!request.voice_path.empty()) {
@@ -356,7 +353,7 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
     if (!request.input_ids.empty()) {
         prep.segments.push_back(request.input_ids);
     } else if (!request.incremental) {
-        for (const std::string& seg : text_split_sentences(request.text)) prep.segments.push_back(assistant_ids(seg));
+        for (const std::string& seg : text_split_sentences(request.text)) prep.segments.push_back(assistant_ids(seg, prep.text_tokens));
         if (prep.segments.empty()) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
     }
     // Validate speaker/language/ids now, on the caller's thread, with the first segment (or a
@@ -417,14 +414,14 @@ bool Utterance::segment_start() {
 void Utterance::incremental_commit(bool all) {
     if (pending_text_.empty()) return;
     const std::string text = utf8_nfc(pending_text_);
-    std::vector<std::string> pieces = model_->tokenizer().pretokenize(text);
+    std::vector<std::string> pieces = model_->tokenizer().pretokenize(text, prepared_.text_tokens);
     // The last two pre-tokens may still change when more text arrives (a word continues,
     // whitespace attaches to the next word); keep them pending unless the text is closed.
     const size_t keep = all ? 0 : std::min<size_t>(2, pieces.size());
     if (pieces.size() <= keep) return;
     std::string ready;
     for (size_t i = 0; i + keep < pieces.size(); ++i) ready += pieces[i];
-    const std::vector<int32_t> ids = model_->tokenizer().encode(ready);
+    const std::vector<int32_t> ids = model_->tokenizer().encode(ready, prepared_.text_tokens);
     committed_ids_.insert(committed_ids_.end(), ids.begin(), ids.end());
     pending_text_ = text.substr(ready.size());
 }

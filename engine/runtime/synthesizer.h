@@ -83,6 +83,8 @@ struct PreparedSpeech {
     PromptRequest base;                       // speaker, language, layout, instruct ids, voice
     std::vector<std::vector<int32_t>> segments;  // assistant-template ids of each text segment
     bool incremental = false;
+    // How added-token strings in the text are read (SpeechRequest::raw_tokens): appended text too.
+    AddedTokens text_tokens = AddedTokens::ADDED_TOKENS_AS_TEXT;
     GenerationParams params;
     uint64_t seed = 0;
     int max_frames = 0;  // over the whole utterance; 0 = per-segment budget rule only
@@ -136,12 +138,17 @@ public:
     // unknown speaker or language, missing voice for Base models, bad ids.
     PreparedSpeech prepare(const SpeechRequest& request) const;
 
-    // "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n" as ids.
-    std::vector<int32_t> assistant_ids(const std::string& text) const;
-    // "<|im_start|>user\n{instruct}<|im_end|>\n" as ids.
-    std::vector<int32_t> instruct_ids(const std::string& instruct) const;
-    // Text ids of a piece of text (no template).
-    std::vector<int32_t> text_ids(const std::string& text) const { return tokenizer_.encode(text); }
+    // "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n" as ids (text/prompt.h:
+    // added-token strings in the text stay text unless text_tokens says to match them).
+    std::vector<int32_t> assistant_ids(const std::string& text,
+                                       AddedTokens text_tokens = AddedTokens::ADDED_TOKENS_AS_TEXT) const;
+    // "<|im_start|>user\n{instruct}<|im_end|>\n" as ids (the same rule).
+    std::vector<int32_t> instruct_ids(const std::string& instruct,
+                                      AddedTokens text_tokens = AddedTokens::ADDED_TOKENS_AS_TEXT) const;
+    // Text ids of a piece of request text (no template; added-token strings stay text).
+    std::vector<int32_t> text_ids(const std::string& text) const {
+        return tokenizer_.encode(text, AddedTokens::ADDED_TOKENS_AS_TEXT);
+    }
 
     TextLayout default_layout() const;
     std::string default_speaker() const;  // CustomVoice: "vivian" when present, else the first

@@ -16,6 +16,7 @@
 #include "cpu/speaker_encoder.h"
 #include "cpu/speech_encoder.h"
 #include "runtime/synthesizer.h"
+#include "text/prompt.h"
 #include "text/tokenizer.h"
 
 namespace qtts {
@@ -203,7 +204,7 @@ Voice voice_create(const SpeechModel& model, const std::vector<float>& audio_24k
         voice.ref_codes = codes.values;
         voice.ref_frames = codes.frames;
         voice.ref_text = ref_text;
-        voice.ref_ids = model.tokenizer().encode("<|im_start|>assistant\n" + ref_text + "<|im_end|>\n");
+        voice.ref_ids = reference_template_ids(model.tokenizer(), ref_text, AddedTokens::ADDED_TOKENS_AS_TEXT);
     }
     voice_validate(voice, "new voice");
     return voice;

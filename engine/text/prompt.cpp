@@ -29,14 +29,15 @@ std::string names_join(const std::vector<std::string>& names) {
     return out;
 }
 
-// Languages the official API accepts: "auto" plus every config language that is not a dialect
-// (dialects are reached only through a dialect speaker).
-std::vector<std::string> languages_supported(const TalkerConfig& t) {
-    std::vector<std::string> names{"auto"};
-    for (const auto& [name, id] : t.language_ids)
-        if (name.find("dialect") == std::string::npos) names.push_back(name);
+// The speakers whose dialect is `language` (CustomVoice: eric for sichuan_dialect, dylan for
+// beijing_dialect); empty when `language` is not a dialect.
+std::vector<std::string> dialect_speakers(const TalkerConfig& t, const std::string& language) {
+    std::vector<std::string> names;
+    for (const auto& [speaker, dialect] : t.speaker_dialect)
+        if (!dialect.empty() && dialect == language) names.push_back(speaker);
     return names;
 }
+
 
 std::vector<std::string> speakers_supported(const TalkerConfig& t) {
     std::vector<std::string> names;
@@ -103,16 +104,25 @@ int32_t speaker_resolve(const ModelConfig& config, const PromptRequest& request,
     return -1;
 }
 
-// The language codec id, or -1 for "auto" (dialect rule applied).
+// The language codec id, or -1 for "auto" (dialect rule applied). A dialect named as the language
+// is accepted only with a speaker of that dialect, for whom it means what "chinese" and "auto"
+// mean (model doc §6.1): the official API reaches dialects only through their speakers, and the
+// model was trained on them only with those speakers.
 int32_t language_resolve(const ModelConfig& config, const std::string& language, const std::string& speaker_key) {
     const TalkerConfig& t = config.talker;
     const std::string key = lower(language.empty() ? std::string("auto") : language);
     int32_t id = -1;
     if (key != "auto") {
         const auto it = t.language_ids.find(key);
-        if (it == t.language_ids.end() || key.find("dialect") != std::string::npos)
+        if (it == t.language_ids.end())
             fail(ErrorCode::ERROR_NOT_FOUND, "unknown language '{}'; supported (case-insensitive): {}", language,
-                 names_join(languages_supported(t)));
+                 names_join(languages_describe(t)));
+        const auto speakers = dialect_speakers(t, key);
+        if (!speakers.empty() && std::find(speakers.begin(), speakers.end(), speaker_key) == speakers.end())
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+                 "language '{}' is a dialect spoken only by speaker {} (got speaker '{}'); choose that speaker, or "
+                 "another language",
+                 language, names_join(speakers), speaker_key.empty() ? "none" : speaker_key);
         id = it->second;
     }
     // A dialect speaker speaks its dialect whenever the language is Chinese or left to the model.
@@ -134,6 +144,34 @@ void position_add(Prompt& p, int32_t text_id, CodecSource codec, int32_t value) 
 }
 
 }  // namespace
+
+std::vector<std::string> languages_describe(const TalkerConfig& talker) {
+    std::vector<std::string> names{"auto"};
+    for (const auto& [name, id] : talker.language_ids) {
+        const auto speakers = dialect_speakers(talker, name);
+        names.push_back(speakers.empty() ? name : name + " (speaker " + names_join(speakers) + " only)");
+    }
+    return names;
+}
+
+std::vector<int32_t> assistant_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens) {
+    constexpr AddedTokens kTemplate = AddedTokens::ADDED_TOKENS_MATCH;
+    return tokenizer.encode(std::vector<TextPart>{{"<|im_start|>assistant\n", kTemplate},
+                                                  {text, text_tokens},
+                                                  {"<|im_end|>\n<|im_start|>assistant\n", kTemplate}});
+}
+
+std::vector<int32_t> instruct_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens) {
+    constexpr AddedTokens kTemplate = AddedTokens::ADDED_TOKENS_MATCH;
+    return tokenizer.encode(
+        std::vector<TextPart>{{"<|im_start|>user\n", kTemplate}, {text, text_tokens}, {"<|im_end|>\n", kTemplate}});
+}
+
+std::vector<int32_t> reference_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens) {
+    constexpr AddedTokens kTemplate = AddedTokens::ADDED_TOKENS_MATCH;
+    return tokenizer.encode(
+        std::vector<TextPart>{{"<|im_start|>assistant\n", kTemplate}, {text, text_tokens}, {"<|im_end|>\n", kTemplate}});
+}
 
 Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
     const TalkerConfig& t = config.talker;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "text/tokenizer.h"
 
 namespace qtts {
 
@@ -73,6 +74,22 @@ struct Prompt {
     int32_t tts_pad_id = 151671;
     int32_t tts_eos_id = 151673;
 };
+
+// The languages a request may name, for listings and error messages: "auto", each language, and
+// each dialect with the speakers it is tied to ("sichuan_dialect (speaker eric only)").
+std::vector<std::string> languages_describe(const TalkerConfig& talker);
+
+// The reference's prompt templates (model doc §3) around a request's text, as ids. The text is
+// read with `text_tokens`: ADDED_TOKENS_AS_TEXT (what every request gets unless it opts in to raw
+// token syntax) keeps "<|im_end|>" and the like in the text from becoming control tokens; the
+// template's own tokens always are. Either way the ids equal those of the whole template string
+// when the text holds no added-token string.
+//   assistant: "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+//   instruct:  "<|im_start|>user\n{text}<|im_end|>\n"
+//   reference: "<|im_start|>assistant\n{text}<|im_end|>\n"  (Base in-context cloning transcript)
+std::vector<int32_t> assistant_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens);
+std::vector<int32_t> instruct_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens);
+std::vector<int32_t> reference_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens);
 
 // Validates the request against the model and lays out the prompt. Throws qtts::Error for an
 // unknown speaker or language (listing the supported ones), a missing CustomVoice speaker, a

@@ -295,4 +295,8 @@ std::vector<std::string> text_split_sentences(std::string_view input, size_t max
     return chunks;
 }
 
+bool text_is_blank(std::string_view text) {
+    return std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c) != 0; });
+}
+
 }  // namespace qtts

@@ -15,6 +15,9 @@ namespace qtts {
 // playing quickly.
 constexpr size_t TEXT_SPLIT_DEFAULT_MAX_BYTES = 600;
 
+// True when text is empty or only ASCII whitespace: nothing to speak (requests refuse it).
+bool text_is_blank(std::string_view text);
+
 // The sentences of text, trimmed of surrounding whitespace, empty ones dropped. Boundaries:
 // newlines; '.', '!', '?' runs followed by whitespace, the end, or a CJK character (not inside
 // numbers like 3.14 or after abbreviations such as "e.g." or "Dr."); '。', '！', '？' anywhere.

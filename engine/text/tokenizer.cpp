@@ -426,10 +426,15 @@ struct Tokenizer::Impl {
     static constexpr int8_t ID_KIND_ADDED = 2;
 
     // Calls on_piece(begin, end, added_index) for each plain segment (added_index -1) and each
-    // added token of text, in order. Linear: each position tests only the added tokens that
+    // added token of text, in order. An added token may match at byte i only when
+    // may_match(i, length) says so. Linear: each position tests only the added tokens that
     // start with its byte, and token length is bounded.
-    template <typename Fn>
-    void added_split(std::string_view text, Fn&& on_piece) const;
+    template <typename MayMatch, typename Fn>
+    void added_split(std::string_view text, MayMatch&& may_match, Fn&& on_piece) const;
+
+    // Appends the ids of text (valid UTF-8) to ids; added tokens as may_match allows.
+    template <typename MayMatch>
+    void ids_append(std::string_view text, MayMatch&& may_match, std::vector<int32_t>& ids) const;
 
     // NFC + regex pre-tokenisation of one plain segment.
     template <typename Fn>
@@ -439,8 +444,8 @@ struct Tokenizer::Impl {
     void bpe_merge(std::string_view piece, std::vector<int32_t>& out) const;
 };
 
-template <typename Fn>
-void Tokenizer::Impl::added_split(std::string_view text, Fn&& on_piece) const {
+template <typename MayMatch, typename Fn>
+void Tokenizer::Impl::added_split(std::string_view text, MayMatch&& may_match, Fn&& on_piece) const {
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();
     size_t segment_begin = 0;
@@ -450,7 +455,8 @@ void Tokenizer::Impl::added_split(std::string_view text, Fn&& on_piece) const {
         int32_t found = -1;
         for (int32_t index : candidates) {  // longest first: the first hit is the longest match
             const std::string& content = added[size_t(index)].content;
-            if (content.size() <= n - i && std::memcmp(text.data() + i, content.data(), content.size()) == 0) {
+            if (content.size() <= n - i && std::memcmp(text.data() + i, content.data(), content.size()) == 0 &&
+                may_match(i, content.size())) {
                 found = index;
                 break;
             }
@@ -810,7 +816,18 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const TokenizerOptions& 
 // Public interface
 // ---------------------------------------------------------------------------------------------
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+template <typename MayMatch>
+void Tokenizer::Impl::ids_append(std::string_view text, MayMatch&& may_match, std::vector<int32_t>& ids) const {
+    added_split(text, may_match, [&](size_t begin, size_t end, int32_t added_index) {
+        if (added_index >= 0) {
+            ids.push_back(added[size_t(added_index)].id);
+            return;
+        }
+        segment_pretokenize(text.substr(begin, end - begin), [&](std::string_view piece) { pretoken_encode(piece, ids); });
+    });
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, AddedTokens added) const {
     std::string sanitised;
     if (!utf8_is_valid(text)) {
         sanitised = utf8_sanitize(text);
@@ -818,21 +835,38 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     }
     std::vector<int32_t> ids;
     ids.reserve(text.size() / 3 + 8);
-    impl_->added_split(text, [&](size_t begin, size_t end, int32_t added_index) {
-        if (added_index >= 0) {
-            ids.push_back(impl_->added[size_t(added_index)].id);
-            return;
-        }
-        impl_->segment_pretokenize(text.substr(begin, end - begin),
-                                   [&](std::string_view piece) { impl_->pretoken_encode(piece, ids); });
-    });
+    const bool match = added == AddedTokens::ADDED_TOKENS_MATCH;
+    impl_->ids_append(text, [match](size_t, size_t) { return match; }, ids);
     return ids;
 }
 
-std::vector<std::string> Tokenizer::pretokenize(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(const std::vector<TextPart>& parts) const {
+    // Each part is sanitised on its own, so its byte range in the joined text is known.
+    std::string joined;
+    std::vector<std::pair<size_t, size_t>> match_ranges;  // [begin, end) of the MATCH parts
+    for (const TextPart& part : parts) {
+        const size_t begin = joined.size();
+        if (utf8_is_valid(part.text)) joined.append(part.text);
+        else joined += utf8_sanitize(part.text);
+        if (part.added == AddedTokens::ADDED_TOKENS_MATCH) match_ranges.emplace_back(begin, joined.size());
+    }
+    const auto inside_match_part = [&match_ranges](size_t at, size_t length) {
+        for (const auto& [begin, end] : match_ranges)
+            if (at >= begin && at + length <= end) return true;
+        return false;
+    };
+    std::vector<int32_t> ids;
+    ids.reserve(joined.size() / 3 + 8);
+    impl_->ids_append(joined, inside_match_part, ids);
+    return ids;
+}
+
+std::vector<std::string> Tokenizer::pretokenize(std::string_view text, AddedTokens added) const {
     const std::string sanitised = utf8_sanitize(text);
     std::vector<std::string> pieces;
-    impl_->added_split(sanitised, [&](size_t begin, size_t end, int32_t added_index) {
+    const bool match = added == AddedTokens::ADDED_TOKENS_MATCH;
+    impl_->added_split(sanitised, [match](size_t, size_t) { return match; },
+                       [&](size_t begin, size_t end, int32_t added_index) {
         const std::string_view segment = std::string_view(sanitised).substr(begin, end - begin);
         if (added_index >= 0) {
             pieces.emplace_back(segment);

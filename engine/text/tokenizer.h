@@ -3,7 +3,8 @@
 // add_special_tokens=False.
 //
 // Pipeline of encode() (docs/text-frontend.md has the details and the reasons):
-//   invalid UTF-8 -> U+FFFD  ->  split out added tokens (raw text, leftmost-longest)
+//   invalid UTF-8 -> U+FFFD  ->  split out added tokens (raw text, leftmost-longest; only where
+//   AddedTokens::ADDED_TOKENS_MATCH allows it)
 //   -> per plain segment: NFC -> Qwen2 pre-tokenizer regex -> GPT-2 byte->unicode
 //   -> BPE by merge rank -> ids
 //
@@ -38,6 +39,19 @@ struct TokenizerOptions {
     size_t cache_entries = 65536;
 };
 
+// How added-token strings (<|im_start|>, <|im_end|>, <tts_pad>, ...) inside a text are read.
+enum class AddedTokens {
+    ADDED_TOKENS_MATCH,    // they become their ids: prompt templates, and HF parity (the goldens)
+    ADDED_TOKENS_AS_TEXT,  // they are ordinary characters, split by BPE like any other text: what
+                           // user text gets, so it cannot inject prompt structure
+};
+
+// A piece of a text to encode in one go (see Tokenizer::encode(parts)).
+struct TextPart {
+    std::string_view text;
+    AddedTokens added = AddedTokens::ADDED_TOKENS_AS_TEXT;
+};
+
 // One entry of tokenizer_config.json's added_tokens_decoder.
 struct AddedToken {
     int32_t id = -1;
@@ -53,9 +67,17 @@ public:
     // qtts::Error: ERROR_NOT_FOUND for a missing file, ERROR_FORMAT for malformed content.
     static Tokenizer load(const std::string& model_dir, const TokenizerOptions& options = {});
 
-    // Text ids, no special tokens added (add_special_tokens=False). Added/special token
-    // strings inside the text become their ids. Invalid UTF-8 is replaced by U+FFFD first.
-    std::vector<int32_t> encode(std::string_view text) const;
+    // Text ids, no special tokens added (add_special_tokens=False). With ADDED_TOKENS_MATCH (the
+    // Hugging Face behaviour) added/special token strings inside the text become their ids; with
+    // ADDED_TOKENS_AS_TEXT they are plain text. Invalid UTF-8 is replaced by U+FFFD first.
+    std::vector<int32_t> encode(std::string_view text, AddedTokens added = AddedTokens::ADDED_TOKENS_MATCH) const;
+
+    // The parts joined and encoded as one text, with added tokens matched only where they lie
+    // wholly inside an ADDED_TOKENS_MATCH part. A template around user text, e.g.
+    // {"<|im_start|>assistant\n", MATCH}, {text, AS_TEXT}, {"<|im_end|>\n", MATCH}, gives exactly
+    // encode(joined) whenever the text holds no added-token string (plain runs are pre-tokenized
+    // across part boundaries, as in the whole string), and never a control id from the text.
+    std::vector<int32_t> encode(const std::vector<TextPart>& parts) const;
 
     // Bytes of the ids joined; byte sequences that are not valid UTF-8 are replaced by U+FFFD
     // (HF errors="replace"). Special tokens are kept as their text. Throws ERROR_INVALID_ARGUMENT
@@ -76,8 +98,9 @@ public:
     PretokenizerRegex regex() const;
 
     // The pre-tokens (raw UTF-8 pieces after added-token split, NFC and the regex) of a text,
-    // added tokens included as whole pieces; for debugging and tests.
-    std::vector<std::string> pretokenize(std::string_view text) const;
+    // matched added tokens included as whole pieces; for incremental text, debugging and tests.
+    std::vector<std::string> pretokenize(std::string_view text,
+                                         AddedTokens added = AddedTokens::ADDED_TOKENS_MATCH) const;
 
     struct Impl;
 

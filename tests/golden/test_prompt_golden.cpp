@@ -165,6 +165,53 @@ TEST_CASE("prompt layout: position counts of each variant", "[prompt][golden]") 
     CHECK(p.positions[5].value == config.talker.language_ids.at("sichuan_dialect"));
 }
 
+TEST_CASE("prompt: a dialect named as the language is accepted with its own speaker only", "[prompt][golden]") {
+    // The reference reaches a dialect through its speaker (language chinese or auto); naming the
+    // dialect with that speaker asks for the same thing and must give the same prompt, which the
+    // cv-auto-dialect golden checks to the last vector.
+    const auto cv = weights_load("tiny-customvoice");
+    const nlohmann::json all = scenarios_all();
+    const nlohmann::json* dialect_spec = nullptr;
+    for (const auto& spec : all.at("tiny-customvoice"))
+        if (spec.at("name") == "cv-auto-dialect") dialect_spec = &spec;
+    REQUIRE(dialect_spec != nullptr);
+    REQUIRE(dialect_spec->at("speaker") == "eric");
+    const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path("tiny-customvoice", "cv-auto-dialect"));
+    qtts::PromptRequest r = request_of(*dialect_spec, *golden);
+    for (const char* language : {"sichuan_dialect", "Sichuan_Dialect"}) {
+        r.language = language;
+        const qtts::Prompt prompt = qtts::prompt_build(cv->config(), r);
+        rows_check("prefill_embeds", qtts::prompt_embed(prompt, *cv, cv->num_code_groups()), golden->get("prefill_embeds"),
+                   cv->hidden_size(), std::string("cv-auto-dialect as ") + language);
+        rows_check("trailing_text", qtts::prompt_embed_trailing(prompt, *cv), golden->get("trailing_text"),
+                   cv->hidden_size(), std::string("cv-auto-dialect as ") + language);
+    }
+
+    // dylan speaks beijing_dialect: naming it equals "auto" and "chinese" for him.
+    const auto values = [&](const std::string& speaker, const std::string& language) {
+        std::vector<int32_t> out;
+        for (const auto& p : qtts::prompt_build(cv->config(), simple_request(speaker, language)).positions)
+            out.push_back(p.value);
+        return out;
+    };
+    CHECK(values("dylan", "beijing_dialect") == values("dylan", "auto"));
+    CHECK(values("dylan", "beijing_dialect") == values("dylan", "chinese"));
+    CHECK(values("dylan", "beijing_dialect") != values("dylan", "english"));
+
+    // Any other speaker is refused, naming the speaker the dialect belongs to.
+    using Catch::Matchers::Contains;
+    CHECK_THROWS_WITH(qtts::prompt_build(cv->config(), simple_request("ryan", "sichuan_dialect")),
+                      Contains("dialect spoken only by speaker eric") && Contains("'ryan'"));
+    CHECK_THROWS_WITH(qtts::prompt_build(cv->config(), simple_request("eric", "beijing_dialect")),
+                      Contains("only by speaker dylan"));
+    try {
+        qtts::prompt_build(cv->config(), simple_request("vivian", "beijing_dialect"));
+        FAIL("a dialect with another speaker must be refused");
+    } catch (const qtts::Error& e) {
+        CHECK(e.code() == qtts::ErrorCode::ERROR_INVALID_ARGUMENT);
+    }
+}
+
 TEST_CASE("prompt: 0.6B CustomVoice drops the instruct unless asked to keep it", "[prompt][golden]") {
     const auto cv = weights_load("tiny-customvoice");
     REQUIRE(cv->config().size_tag == "0b6");
@@ -197,9 +244,9 @@ TEST_CASE("prompt: invalid requests fail with clear errors", "[prompt][golden]")
     SECTION("unknown language lists the supported ones") {
         CHECK_THROWS_WITH(qtts::prompt_build(cv->config(), simple_request("ryan", "klingon")),
                           Contains("unknown language 'klingon'") && Contains("auto") && Contains("english"));
-        // dialects are reached through a dialect speaker, not by name (as the official API)
-        CHECK_THROWS_WITH(qtts::prompt_build(cv->config(), simple_request("ryan", "sichuan_dialect")),
-                          Contains("unknown language"));
+        // the error's list names each dialect with its speaker
+        CHECK_THROWS_WITH(qtts::prompt_build(cv->config(), simple_request("ryan", "klingon")),
+                          Contains("sichuan_dialect (speaker eric only)") && Contains("beijing_dialect (speaker dylan only)"));
     }
     SECTION("CustomVoice needs a speaker") {
         CHECK_THROWS_WITH(qtts::prompt_build(cv->config(), simple_request("", "english")), Contains("needs a speaker"));

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.h"
+#include "text/prompt.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -19,6 +20,12 @@ using qtts::PretokenizerRegex;
 nlohmann::json cases_load() {
     const std::string path = qtts_test::reference_dir() + "/golden/tokenizer-cases.json";
     std::ifstream in(path);
+    REQUIRE(in.good());
+    return nlohmann::json::parse(in);
+}
+
+nlohmann::json scenarios_load() {
+    std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
     REQUIRE(in.good());
     return nlohmann::json::parse(in);
 }
@@ -117,6 +124,64 @@ TEST_CASE("golden: the two regexes give the independently computed ids on texts 
     }
 }
 
+TEST_CASE("golden: the prompt templates with request text read as text give the reference's prompt ids") {
+    // The engine encodes templates with the request's text as plain text (text/prompt.h). For
+    // text without special-token strings that must be exactly the reference's whole-string ids:
+    // the scenarios' own prompts, and every golden text (merges across the template boundary, a
+    // text starting with a newline) inside the assistant template.
+    const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
+    constexpr auto kText = qtts::AddedTokens::ADDED_TOKENS_AS_TEXT;
+    const nlohmann::json scenarios = scenarios_load();
+    size_t checked = 0;
+    for (const auto& [model, list] : scenarios.items()) {
+        for (const auto& scenario : list) {
+            INFO(model << " " << scenario.at("name").get<std::string>());
+            const std::vector<int32_t> input = ids_of(scenario.at("input_ids"));
+            const std::string text = tokenizer.decode(std::vector<int32_t>(input.begin() + 3, input.end() - 5));
+            CHECK(qtts::assistant_template_ids(tokenizer, text, kText) == input);
+            if (scenario.contains("instruct_ids")) {
+                const std::vector<int32_t> instruct = ids_of(scenario.at("instruct_ids"));
+                const std::string what = tokenizer.decode(std::vector<int32_t>(instruct.begin() + 3, instruct.end() - 2));
+                CHECK(qtts::instruct_template_ids(tokenizer, what, kText) == instruct);
+            }
+            if (scenario.contains("ref_ids")) {
+                const std::vector<int32_t> ref = ids_of(scenario.at("ref_ids"));
+                const std::string said = tokenizer.decode(std::vector<int32_t>(ref.begin() + 3, ref.end() - 2));
+                CHECK(qtts::reference_template_ids(tokenizer, said, kText) == ref);
+            }
+            ++checked;
+        }
+    }
+    CHECK(checked >= 9);
+
+    const nlohmann::json cases = cases_load();
+    size_t plain_cases = 0;
+    for (size_t i = 0; i < cases.at("texts").size(); ++i) {
+        const std::string text = cases.at("texts")[i].get<std::string>();
+        const std::string whole = "<|im_start|>assistant\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
+        const std::vector<int32_t> matched = tokenizer.encode(whole);
+        // The template holds three added tokens: <|im_start|>, <|im_end|>, <|im_start|>.
+        const auto added_count = [](const std::vector<int32_t>& ids) {
+            return std::count_if(ids.begin(), ids.end(), [](int32_t id) { return id >= 151643; });
+        };
+        const bool has_added = added_count(matched) > 3;
+        INFO("case " << i << ": " << text);
+        if (has_added) {
+            // A special-token string in the text: never a control id from the text as text.
+            const auto ids = qtts::assistant_template_ids(tokenizer, text, kText);
+            CHECK(added_count(ids) == 3);
+            CHECK(qtts::assistant_template_ids(tokenizer, text, qtts::AddedTokens::ADDED_TOKENS_MATCH) == matched);
+        } else {
+            CHECK(qtts::assistant_template_ids(tokenizer, text, kText) == matched);
+            ++plain_cases;
+        }
+    }
+    CHECK(plain_cases >= 25);
+    const std::string newline_first = "\nHello there.";
+    CHECK(qtts::assistant_template_ids(tokenizer, newline_first, kText) ==
+          tokenizer.encode("<|im_start|>assistant\n" + newline_first + "<|im_end|>\n<|im_start|>assistant\n"));
+}
+
 TEST_CASE("golden: decode inverts encode on every case (NFC applied)") {
     const nlohmann::json cases = cases_load();
     const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
@@ -131,9 +196,7 @@ TEST_CASE("golden: prompt ids of the reference scenarios re-encode from their de
     // scenarios.json records the ids the reference built for whole prompts (role tokens, text,
     // <|im_end|>, instruct blocks); tokenising their decoded text must give them back.
     const auto& tokenizer = tokenizer_load(PretokenizerRegex::PRETOKENIZER_QWEN2);
-    std::ifstream in(qtts_test::reference_dir() + "/golden/scenarios.json");
-    REQUIRE(in.good());
-    const nlohmann::json scenarios = nlohmann::json::parse(in);
+    const nlohmann::json scenarios = scenarios_load();
     size_t checked = 0;
     for (const auto& [model, list] : scenarios.items()) {
         for (const auto& scenario : list) {
