@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -80,6 +81,7 @@ void usage() {
         "  --e2e-compare      also measure end to end with separate LM and decoder replays (no fused chunks)\n"
         "  --cold N           time to first audio of the first request of N fresh processes each, with and\n"
         "                     without the load-time warm-up (default 0: skipped)\n"
+        "  --cold-gap-ms G    also with G ms of idle time before each of those requests\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -348,10 +350,10 @@ struct EndToEnd {
     double load_s = 0.0;
 };
 
-// Time to first audio of the first request in this process and of the one after it (the warm
-// figure), on a model just loaded with or without the load-time warm-up. Run by `--cold` in
-// fresh processes (`bench --cold-probe`), one line of JSON on stdout.
-nlohmann::json cold_probe(const std::string& model_dir, int device, bool warm_up) {
+// Time to first audio of the first requests in this process, on a model just loaded with or
+// without the load-time warm-up, `gap_ms` of idle time before each request (a server between
+// users). Run by `--cold` in fresh processes (`bench --cold-probe`), one line of JSON on stdout.
+nlohmann::json cold_probe(const std::string& model_dir, int device, bool warm_up, int gap_ms) {
     qtts::SpeechModelOptions options;
     options.backend = "cuda";
     options.device = device;
@@ -362,32 +364,47 @@ nlohmann::json cold_probe(const std::string& model_dir, int device, bool warm_up
     qtts::SpeechRequest request;
     request.text = kBenchSentence;
     request.max_frames = 8;
-    std::vector<double> ttfa;
-    for (int r = 0; r < 2; ++r) {
+    std::vector<double> ttfa, prepare_ms, first_chunk_ms;
+    // The benchmark sentence twice, then a shorter one twice (a prompt length not seen before).
+    for (int r = 0; r < 4; ++r) {
+        if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
         request.seed = 700 + uint64_t(r);
+        if (r == 2) request.text = "Good morning, and welcome to the evening news.";
         std::vector<float> pcm;
         std::vector<qtts::FrameCodes> codes;
         const auto s0 = Clock::now();
-        qtts::Utterance utt(model, model->prepare(request));
+        qtts::PreparedSpeech prepared = model->prepare(request);
+        const auto s1 = Clock::now();
+        qtts::Utterance utt(model, std::move(prepared));
+        const auto s2 = Clock::now();
         if (utt.chunk(1, &pcm, &codes) != qtts::UtteranceStatus::UTTERANCE_CHUNK || pcm.empty())
             qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first chunk produced no audio");
-        ttfa.push_back(ms_between(s0, Clock::now()));
+        const auto s3 = Clock::now();
+        ttfa.push_back(ms_between(s0, s3));
+        prepare_ms.push_back(ms_between(s0, s1));
+        first_chunk_ms.push_back(ms_between(s2, s3));
     }
-    return {{"warm_up", warm_up}, {"load_s", load_s}, {"first_ttfa_ms", ttfa[0]}, {"second_ttfa_ms", ttfa[1]}};
+    return {{"warm_up", warm_up},         {"load_s", load_s},         {"gap_ms", gap_ms},
+            {"ttfa_ms", ttfa},            {"prepare_ms", prepare_ms}, {"first_chunk_ms", first_chunk_ms},
+            {"first_ttfa_ms", ttfa[0]},   {"second_ttfa_ms", ttfa[1]}};
 }
 
 struct ColdRuns {
     bool warm_up = true;
+    int gap_ms = 0;
     std::vector<double> first_ms, second_ms, load_s;
+    std::vector<nlohmann::json> probes;  // each process's line
 };
 
 // `processes` fresh processes of this executable, each running cold_probe().
-ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int processes) {
+ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int processes, int gap_ms) {
     ColdRuns runs;
     runs.warm_up = warm_up;
+    runs.gap_ms = gap_ms;
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     const std::string command = "'" + self + "' bench -q --cold-probe --model '" + model_dir + "' --device " +
-                                std::to_string(device) + (warm_up ? "" : " --no-warm-up");
+                                std::to_string(device) + " --cold-gap-ms " + std::to_string(gap_ms) +
+                                (warm_up ? "" : " --no-warm-up");
     for (int p = 0; p < processes; ++p) {
         FILE* pipe = popen(command.c_str(), "r");
         if (!pipe) qtts::fail(qtts::ErrorCode::ERROR_IO, "bench: cannot start {}", command);
@@ -402,6 +419,7 @@ ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int p
         runs.first_ms.push_back(line.at("first_ttfa_ms").get<double>());
         runs.second_ms.push_back(line.at("second_ttfa_ms").get<double>());
         runs.load_s.push_back(line.at("load_s").get<double>());
+        runs.probes.push_back(line);
     }
     return runs;
 }
@@ -529,14 +547,20 @@ int bench_cuda(const qtts_cli::Args& args) {
     }
     out["model"] = model_dir;
     if (args.has("cold-probe")) {  // a child of --cold: one fresh process's first requests
-        std::printf("COLD-PROBE %s\n", cold_probe(model_dir, device, !args.has("no-warm-up")).dump().c_str());
+        const int gap_ms = int(args.get_int("cold-gap-ms", 0));
+        std::printf("COLD-PROBE %s\n", cold_probe(model_dir, device, !args.has("no-warm-up"), gap_ms).dump().c_str());
         return 0;
     }
     const int cold_processes = int(args.get_int("cold", 0));
     if (cold_processes < 0) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--cold takes a count >= 0");
     std::vector<ColdRuns> cold;
-    if (cold_processes > 0)  // first, before this process holds GPU memory
-        for (const bool warm_up : {true, false}) cold.push_back(cold_runs(model_dir, device, warm_up, cold_processes));
+    if (cold_processes > 0) {  // first, before this process holds GPU memory
+        std::vector<int> gaps = {0};
+        if (args.get_int("cold-gap-ms", 0) > 0) gaps.push_back(int(args.get_int("cold-gap-ms", 0)));
+        for (const int gap_ms : gaps)
+            for (const bool warm_up : {true, false})
+                cold.push_back(cold_runs(model_dir, device, warm_up, cold_processes, gap_ms));
+    }
 
     const auto checkpoint = qtts::checkpoint_load(model_dir);
     qc::GpuContext context(device);
@@ -731,8 +755,11 @@ int bench_cuda(const qtts_cli::Args& args) {
     const double warm_ttfa = e2e_runs.empty() ? 0.0 : qtts_cli::bench_median(e2e_runs.front().ttfa_ms);
     for (const ColdRuns& c : cold) {
         const double first = qtts_cli::bench_median(c.first_ms);
-        out[c.warm_up ? "cold_start" : "cold_start_no_warm_up"] = {
+        out[std::string(c.warm_up ? "cold_start" : "cold_start_no_warm_up") +
+            (c.gap_ms > 0 ? "_gap" + std::to_string(c.gap_ms) + "ms" : "")] = {
             {"processes", c.first_ms.size()},
+            {"gap_ms", c.gap_ms},
+            {"probes", c.probes},
             {"first_ttfa_ms", c.first_ms},
             {"first_ttfa_ms_p50", first},
             {"second_ttfa_ms_p50", qtts_cli::bench_median(c.second_ms)},
@@ -793,8 +820,9 @@ int bench_cuda(const qtts_cli::Args& args) {
         row("  e2e real-time factor", frame > 0 ? 80.0 / frame : 0.0, "x");
     }
     for (const ColdRuns& c : cold) {
-        std::printf("  fresh processes, %s load-time warm-up (%zu processes)\n", c.warm_up ? "with" : "without",
-                    c.first_ms.size());
+        std::printf("  fresh processes, %s load-time warm-up (%zu processes, %d ms idle before each request)\n",
+                    c.warm_up ? "with" : "without", c.first_ms.size(), c.gap_ms);
+        for (const auto& p : c.probes) std::printf("    probe %s\n", p.dump().c_str());
         row("  time to first audio, first request (p50)", qtts_cli::bench_median(c.first_ms), "ms");
         row("  time to first audio, second request (p50)", qtts_cli::bench_median(c.second_ms), "ms");
         row("  model load incl. warm-up (p50)", qtts_cli::bench_median(c.load_s), "s");
@@ -816,7 +844,7 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
-                         "prefill-chunk", "cold"},
+                         "prefill-chunk", "cold", "cold-gap-ms"},
                         {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
                          "cold-probe", "no-warm-up"});
     if (args.has("help")) {
