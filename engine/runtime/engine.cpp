@@ -322,6 +322,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     mo.cuda_graphs = options.cuda_graphs;
     mo.gpu_decoder = options.gpu_decoder;
     mo.fused_chunks = options.fused_chunks;
+    mo.warm_up = options.warm_up;
     // CUDA: one generator state (KV caches, graphs) per admitted stream, all made at load, so a
     // new stream never allocates or captures on the engine thread while others are speaking.
     mo.gpu_states = options.max_streams;

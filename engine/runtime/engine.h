@@ -115,6 +115,9 @@ struct EngineOptions {
     bool cuda_graphs = true;        // false = eager GPU execution (same results)
     bool gpu_decoder = true;        // CUDA: false = the CPU speech decoder (same audio to ~1e-6)
     bool fused_chunks = true;       // CUDA + GPU decoder: a chunk = one graph replay (LM + audio)
+    bool warm_up = true;            // CUDA: warm every graph and prefill shape before the constructor
+                                    // returns (SpeechModelOptions::warm_up); false: faster start,
+                                    // a cold first request
     int max_streams = 16;           // concurrent streams; more are refused with ERROR_BUSY. CUDA: one
                                     // GPU generator state (KV caches) per stream, all made at start-up
     int first_chunk_frames = 1;     // frames in a stream's first chunk (time to first audio)
