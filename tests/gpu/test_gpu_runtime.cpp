@@ -380,12 +380,19 @@ TEST_CASE("a Base voice on CUDA (ICL warm-up and x-vector) gives the CPU's codes
     }
 }
 
-TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
+namespace {
+// An engine on the tiny model, CUDA backend, `streams` slots.
+EngineOptions tiny_cuda_engine_options(int streams) {
     EngineOptions options;
     options.model_dir = tiny_model_dir();
     options.backend = "cuda";
-    options.max_streams = 2;
-    Engine engine(options);
+    options.max_streams = streams;
+    return options;
+}
+}  // namespace
+
+TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
+    Engine engine(tiny_cuda_engine_options(2));
     REQUIRE(engine.backend_name() == "cuda:0");
 
     const SpeechRequest a = qtts_test::greedy_request("The first stream speaks this sentence.", 28, kGreedySeed);
@@ -425,11 +432,7 @@ TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CP
 }
 
 TEST_CASE("a CUDA error in one stream's step ends that stream; the engine keeps serving", "[gpu][runtime][faults]") {
-    EngineOptions options;
-    options.model_dir = tiny_model_dir();
-    options.backend = "cuda";
-    options.max_streams = 2;
-    Engine engine(options);
+    Engine engine(tiny_cuda_engine_options(2));
     const SpeechRequest a = qtts_test::greedy_request("The first stream speaks this sentence.", 28, kGreedySeed);
     const Spoken want_a = speak(cpu_model(), a);
 
