@@ -402,6 +402,46 @@ TEST_CASE("WebSocket cancel with audio queued: the queue is dropped and done.sam
     }
 }
 
+TEST_CASE("an utterance that ends with no samples is a valid empty Ogg Opus stream on every transport", "[net]") {
+    // Issue 15, item 1: the shared Ogg encoder aborted the process on a stream with no audio.
+    // The scripted engine makes no audio at all here, whatever the text.
+    FakeConfig cfg;
+    cfg.seconds_per_byte = 0.0;
+    Server s(cfg);
+    const auto check_empty_ogg = [](const std::string& bytes) {
+        bool ok = false;
+        CHECK(ogg_opus_decode_48k(bytes, &ok).empty());
+        CHECK(ok);
+        CHECK(ogg_ends_with_eos(bytes));
+    };
+    for (const bool stream : {false, true}) {
+        INFO("HTTP " << (stream ? "streamed" : "whole file"));
+        const HttpResult r = curl_post(s.port(), "/v1/audio/speech", speech_json(kText, "opus", stream));
+        REQUIRE(r.status == 200);
+        CHECK(r.curl_exit == 0);
+        check_empty_ogg(r.body);
+    }
+    const int fd = raw_connect(s.tcp_port());
+    REQUIRE(fd >= 0);
+    REQUIRE(raw_send(fd, kText + "\n"));
+    bool eof = false;
+    const std::string tcp_bytes = raw_recv(fd, 5000ms, 1 << 20, &eof);
+    ::close(fd);
+    CHECK(eof);
+    check_empty_ogg(tcp_bytes);
+    WsClient ws(s.port());
+    REQUIRE(ws.connected());
+    REQUIRE(ws.send_text(json{{"type", "start"}, {"format", "ogg"}, {"text", kText}, {"end", true}}.dump()));
+    const WsUtterance u = ws_utterance_read(ws);
+    REQUIRE(!u.done.is_null());
+    CHECK(u.done["samples"] == 0);
+    std::string ws_bytes;
+    for (const auto& a : u.audio) ws_bytes += a;
+    check_empty_ogg(ws_bytes);
+    ws.close();
+    CHECK(server_healthy(s.port()));
+}
+
 TEST_CASE("plain TCP with nc: one line in, Ogg Opus out", "[net]") {
     FakeConfig cfg;
     Server s(cfg);
