@@ -47,6 +47,9 @@ void server_options_validate(const ServerOptions& o) {
 
 namespace {
 
+// stop(): how long the connections get to write the terminal messages of the streams it cut.
+constexpr std::chrono::milliseconds kTerminalFlushWait{2000};
+
 enum class ListenerKind { LISTENER_HTTP, LISTENER_TCP };
 
 class Listener : public std::enable_shared_from_this<Listener> {
@@ -235,11 +238,43 @@ void HttpServer::stop() {
     if (s.http_listener) s.http_listener->stop();
     if (s.tcp_listener) s.tcp_listener->stop();
     s.core.pumps->stop();  // every running stream is cancelled; joins
+    // The I/O threads still run: let the connections write the cut streams' terminal messages.
+    const auto flush_deadline = Clock::now() + kTerminalFlushWait;
+    while (s.core.terminals_pending.load() > 0 && Clock::now() < flush_deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (s.core.terminals_pending.load() > 0)
+        QTTS_LOG_WARN("server: {} connection(s) did not take their stream's last message in time",
+                      s.core.terminals_pending.load());
     s.work.reset();
     s.core.ioc.stop();
     for (auto& t : s.threads) t.join();
     s.threads.clear();
     QTTS_LOG_INFO("server: stopped");
+}
+
+void HttpServer::drain_begin() {
+    if (!impl_->started || impl_->stopped) return;
+    impl_->core.draining = true;
+}
+
+DrainReport HttpServer::drain(std::chrono::milliseconds deadline) {
+    Impl& s = *impl_;
+    DrainReport report;
+    if (!s.started || s.stopped) return report;
+    const auto start = Clock::now();
+    drain_begin();
+    report.running = s.core.active_streams.load();
+    QTTS_LOG_INFO("server: draining: new streams are refused; {} running, up to {:g} s to finish", report.running,
+                  double(deadline.count()) / 1000.0);
+    while (s.core.active_streams.load() > 0 && Clock::now() - start < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    report.cut = s.core.active_streams.load();
+    report.finished = std::max<int64_t>(0, report.running - report.cut);
+    stop();
+    report.seconds = seconds_since(start);
+    QTTS_LOG_INFO("server: drained in {:.1f} s: {} of {} running streams finished, {} cut at the deadline", report.seconds,
+                  report.finished, report.running, report.cut);
+    return report;
 }
 
 int HttpServer::port() const { return impl_->http_listener ? impl_->http_listener->port() : -1; }

@@ -49,6 +49,14 @@ struct ServerOptions {
 // Throws qtts::Error (ERROR_INVALID_ARGUMENT) naming the bad field and the accepted range.
 void server_options_validate(const ServerOptions& options);
 
+// What a drain did (HttpServer::drain).
+struct DrainReport {
+    int64_t running = 0;   // streams running when the drain began
+    int64_t finished = 0;  // of those, streams that ended before the deadline (any reason)
+    int64_t cut = 0;       // streams still running at the deadline, ended by the server
+    double seconds = 0.0;  // how long the drain took, stop included
+};
+
 class HttpServer {
 public:
     HttpServer(SpeechService& service, const ServerOptions& options);
@@ -59,8 +67,17 @@ public:
     // Binds the ports and starts the threads; throws qtts::Error (ERROR_IO) when a port cannot be
     // bound. Returns once the server accepts connections.
     void start();
-    // Cancels every stream, closes every connection and joins the threads. Idempotent.
+    // Cancels every stream, closes every connection and joins the threads. Each cut stream gets
+    // its terminal message first (WebSocket `error` + `done` + close frame 1001, SSE `error`, a
+    // truncated HTTP or TCP transfer, a 503 for a whole file); stop waits up to 2 s for those to
+    // be written. Idempotent.
     void stop();
+    // Graceful shutdown (SIGTERM in `qtts serve`): from now on new streams are refused with 503
+    // (/readyz turns 503 "draining", HTTP responses close their connection); running streams
+    // may finish until `deadline`, then stop() cuts the rest. Returns what happened; logs it.
+    DrainReport drain(std::chrono::milliseconds deadline);
+    // Only the first half of drain(): refuse new streams, leave running ones alone.
+    void drain_begin();
 
     int port() const;      // the bound HTTP port (after start)
     int tcp_port() const;  // the bound TCP port, or -1 when the TCP mode is off

@@ -31,6 +31,16 @@ void opus_check(int rc, const char* what) {
     if (rc != OPUS_OK) fail(ErrorCode::ERROR_INTERNAL, "libopus {} failed: {}", what, opus_strerror(rc));
 }
 
+uint64_t le_read(const unsigned char* p, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+
+// Ogg page layout (RFC 3533): "OggS", version, flags, granule position (8 bytes LE) at 6,
+// ..., segment count at 26, the segment table, then the body.
+constexpr size_t kOggHeaderBytes = 27;
+
 }  // namespace
 
 void opus_encoder_options_validate(const OpusEncoderOptions& o) {
@@ -56,6 +66,7 @@ OggOpusStreamEncoder::OggOpusStreamEncoder(const OpusEncoderOptions& options) {
     int error = OPE_OK;
     // Mono, mapping family 0. libopusenc resamples non-48 kHz input internally (its docs: "48 kHz
     // is faster"); at 24 kHz the cost is small and the Ogg timeline is 48 kHz as RFC 7845 wants.
+    sample_rate_ = options.sample_rate;
     enc_ = ope_encoder_create_pull(comments, options.sample_rate, 1, 0, &error);
     ope_comments_destroy(comments);
     if (!enc_ || error != OPE_OK)
@@ -87,9 +98,26 @@ std::string OggOpusStreamEncoder::pages_collect(bool flush) {
     opus_int32 len = 0;
     // Each call hands out one page; with flush=1 whatever packets are waiting are put in a page.
     while (ope_encoder_get_page(enc_, &page, &len, flush ? 1 : 0)) {
+        page_note(page, size_t(len));
         out.append(reinterpret_cast<const char*>(page), size_t(len));
     }
     return out;
+}
+
+// Tracks what the pages handed out so far decode to: the pre-skip from the OpusHead page, the
+// granule position (48 kHz, pre-skip included) from each audio page.
+void OggOpusStreamEncoder::page_note(const unsigned char* page, size_t len) {
+    if (len < kOggHeaderBytes) return;
+    const size_t body = kOggHeaderBytes + page[26];
+    if (pre_skip_48k_ < 0) {
+        // The first page holds the OpusHead packet: "OpusHead", version, channels, pre-skip (u16).
+        if (len >= body + 12 && std::memcmp(page + body, "OpusHead", 8) == 0) pre_skip_48k_ = int64_t(le_read(page + body + 10, 2));
+        return;
+    }
+    const int64_t granule = int64_t(le_read(page + 6, 8));
+    if (granule < 0) return;  // -1: no packet ends on this page
+    const int64_t decoded_48k = std::max<int64_t>(0, granule - pre_skip_48k_);
+    samples_paged_ = std::min(samples_written_, decoded_48k * sample_rate_ / 48000);
 }
 
 std::string OggOpusStreamEncoder::header_pages() {
@@ -103,6 +131,9 @@ std::string OggOpusStreamEncoder::header_pages() {
 
 std::string OggOpusStreamEncoder::write(const float* pcm, size_t n) {
     if (finished_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the Ogg Opus stream is already finished");
+    // Nothing to encode, so no page to take: asking libopusenc for a page before its stream is
+    // set up (no header flush, no audio yet) crashes it.
+    if (n == 0) return {};
     // libopusenc takes an int count; feed large buffers in slices.
     constexpr size_t kSlice = 1 << 20;
     for (size_t done = 0; done < n;) {
@@ -116,6 +147,14 @@ std::string OggOpusStreamEncoder::write(const float* pcm, size_t n) {
 
 std::string OggOpusStreamEncoder::finish() {
     if (finished_) return {};
+    if (samples_written_ == 0) {
+        // An utterance with no audio. libopusenc sets a stream's end position only in a write;
+        // drained without one it ends on whatever that field held (seen: an assertion in
+        // ope_encoder_drain aborting the whole server, issue 15). A write of no samples sets
+        // it to 0, so the drain writes a valid stream of no audio: headers and an end page.
+        const float none = 0.0f;
+        ope_check(ope_encoder_write_float(enc_, &none, 0), "write_float");
+    }
     ope_check(ope_encoder_drain(enc_), "drain");
     finished_ = true;
     return pages_collect(true);
@@ -179,6 +218,11 @@ void OpusPacketEncoder::write(const float* pcm, size_t n, std::vector<OpusPacket
     }
     for (; i + frame <= n; i += frame) frame_encode(pcm + i, out);
     pending_.insert(pending_.end(), pcm + i, pcm + n);
+}
+
+int64_t OpusPacketEncoder::samples_covered(const OpusPacket& packet) const {
+    const int64_t end = int64_t(packet.position) + frame_samples_ - pre_skip_;
+    return std::max<int64_t>(0, std::min(end, samples_written_));
 }
 
 void OpusPacketEncoder::finish(std::vector<OpusPacket>& out) {

@@ -57,13 +57,21 @@ public:
 
     bool finished() const { return finished_; }
     int64_t samples_written() const { return samples_written_; }
+    // Input samples a decoder gets from the pages returned so far (their last granule position,
+    // less the pre-skip): what a client that received exactly those pages can play. Equals
+    // samples_written() after finish().
+    int64_t samples_paged() const { return samples_paged_; }
 
 private:
     std::string pages_collect(bool flush);
+    void page_note(const unsigned char* page, size_t len);
 
     OggOpusEnc* enc_ = nullptr;
+    int sample_rate_ = 24000;
     bool finished_ = false;
     int64_t samples_written_ = 0;
+    int64_t samples_paged_ = 0;
+    int64_t pre_skip_48k_ = -1;  // from the OpusHead page; -1 until it has gone out
 };
 
 // One raw Opus packet with its place on the encoder's timeline.
@@ -97,6 +105,9 @@ public:
 
     bool finished() const { return finished_; }
     int64_t samples_written() const { return samples_written_; }
+    // Input samples a decoder gets from the packets up to and including `packet` once it drops
+    // pre_skip: the part of the input that packet's end covers.
+    int64_t samples_covered(const OpusPacket& packet) const;
 
 private:
     void frame_encode(const float* frame, std::vector<OpusPacket>& out);

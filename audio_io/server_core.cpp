@@ -47,13 +47,13 @@ namespace {
 class OggFormatter : public AudioFormatter {
 public:
     explicit OggFormatter(const OpusEncoderOptions& o) : enc_(o) {}
-    void start(std::vector<std::string>& out) override { push(enc_.header_pages(), out); }
-    void write(const float* pcm, size_t n, std::vector<std::string>& out) override { push(enc_.write(pcm, n), out); }
-    void finish(std::vector<std::string>& out) override { push(enc_.finish(), out); }
+    void start(std::vector<AudioPiece>& out) override { push(enc_.header_pages(), out); }
+    void write(const float* pcm, size_t n, std::vector<AudioPiece>& out) override { push(enc_.write(pcm, n), out); }
+    void finish(std::vector<AudioPiece>& out) override { push(enc_.finish(), out); }
 
 private:
-    static void push(std::string bytes, std::vector<std::string>& out) {
-        if (!bytes.empty()) out.push_back(std::move(bytes));
+    void push(std::string bytes, std::vector<AudioPiece>& out) const {
+        if (!bytes.empty()) out.push_back(AudioPiece{std::move(bytes), enc_.samples_paged()});
     }
     OggOpusStreamEncoder enc_;
 };
@@ -61,13 +61,13 @@ private:
 class PacketFormatter : public AudioFormatter {
 public:
     explicit PacketFormatter(const OpusEncoderOptions& o) : enc_(o) {}
-    void start(std::vector<std::string>&) override {}
-    void write(const float* pcm, size_t n, std::vector<std::string>& out) override {
+    void start(std::vector<AudioPiece>&) override {}
+    void write(const float* pcm, size_t n, std::vector<AudioPiece>& out) override {
         packets_.clear();
         enc_.write(pcm, n, packets_);
         frame(out);
     }
-    void finish(std::vector<std::string>& out) override {
+    void finish(std::vector<AudioPiece>& out) override {
         packets_.clear();
         enc_.finish(packets_);
         frame(out);
@@ -75,8 +75,8 @@ public:
     int pre_skip() const override { return enc_.pre_skip(); }
 
 private:
-    void frame(std::vector<std::string>& out) {
-        for (const auto& p : packets_) out.push_back(opus_frame_pack(p, enc_.frame_samples()));
+    void frame(std::vector<AudioPiece>& out) {
+        for (const auto& p : packets_) out.push_back(AudioPiece{opus_frame_pack(p, enc_.frame_samples()), enc_.samples_covered(p)});
     }
     OpusPacketEncoder enc_;
     std::vector<OpusPacket> packets_;
@@ -85,18 +85,20 @@ private:
 class PcmFormatter : public AudioFormatter {
 public:
     explicit PcmFormatter(bool wav_header) : wav_header_(wav_header) {}
-    void start(std::vector<std::string>& out) override {
-        if (wav_header_) out.push_back(wav_header_s16_streaming(kSampleRate, 1));
+    void start(std::vector<AudioPiece>& out) override {
+        if (wav_header_) out.push_back(AudioPiece{wav_header_s16_streaming(kSampleRate, 1), 0});
     }
-    void write(const float* pcm, size_t n, std::vector<std::string>& out) override {
+    void write(const float* pcm, size_t n, std::vector<AudioPiece>& out) override {
         std::string bytes;
         pcm_append_s16le(pcm, n, bytes);
-        if (!bytes.empty()) out.push_back(std::move(bytes));
+        samples_ += int64_t(n);
+        if (!bytes.empty()) out.push_back(AudioPiece{std::move(bytes), samples_});
     }
-    void finish(std::vector<std::string>&) override {}
+    void finish(std::vector<AudioPiece>&) override {}
 
 private:
     bool wav_header_;
+    int64_t samples_ = 0;
 };
 
 }  // namespace
@@ -145,6 +147,8 @@ void PumpPool::job_abandon(PumpJob& job) {
     core_.stream_slot_release();
     StreamOutcome outcome;
     outcome.cancelled = true;
+    outcome.server_stop = true;
+    outcome.terminal = CounterHold(core_.terminals_pending);
     job.sink->pump_end(std::move(outcome));
     job.sink.reset();
 }
@@ -185,7 +189,7 @@ void PumpPool::job_run(PumpJob& job) {
     Stream& stream = *job.stream;
     PumpSink& sink = *job.sink;
     StreamOutcome outcome;
-    std::vector<std::string> pieces;
+    std::vector<AudioPiece> pieces;
     // One second per read: more than an engine chunk, so one read takes everything that is ready.
     std::vector<float> pcm(static_cast<size_t>(kSampleRate));
     // Real-time tracking for the stall count: a listener who starts playing at the first audio.
@@ -196,7 +200,7 @@ void PumpPool::job_run(PumpJob& job) {
     const auto deliver = [&](int64_t samples) {
         if (pieces.empty() && samples == 0) return;
         size_t bytes = 0;
-        for (const auto& p : pieces) bytes += p.size();
+        for (const auto& p : pieces) bytes += p.bytes.size();
         sink.pump_backlog().fetch_add(bytes);
         sink.pump_audio(std::move(pieces), bytes, samples);
         pieces.clear();
@@ -208,6 +212,7 @@ void PumpPool::job_run(PumpJob& job) {
         for (;;) {
             if (core_.stopping.load() || sink.pump_abandoned()) {
                 outcome.cancelled = true;
+                outcome.server_stop = !sink.pump_abandoned();
                 break;
             }
             if (sink.pump_backlog().load() > core_.options.max_backlog_bytes) {
@@ -276,6 +281,7 @@ void PumpPool::job_run(PumpJob& job) {
     // this one ends finds the slot free.
     job.stream.reset();
     core_.stream_slot_release();
+    outcome.terminal = CounterHold(core_.terminals_pending);
     sink.pump_end(std::move(outcome));
     job.sink.reset();
 }
@@ -309,6 +315,25 @@ bool ServerCore::stream_slot_acquire() {
 
 void ServerCore::stream_slot_release() { active_streams.fetch_sub(1); }
 
+std::string ServerCore::unready_reason() const {
+    if (stopping.load()) return "stopping";
+    if (draining.load()) return "draining";
+    if (!service.ready()) return "loading";
+    return "";
+}
+
+RequestError ServerCore::unready_error(const std::string& reason) const {
+    std::string message;
+    if (reason == "loading") {
+        message = "the model is still loading; retry in a few seconds (GET /readyz answers 200 once it is ready)";
+    } else if (reason == "draining") {
+        message = "the server is shutting down and takes no new streams; retry on another instance";
+    } else {
+        message = "the server is stopping; retry on another instance";
+    }
+    return RequestError(503, "unavailable_error", "", message);
+}
+
 MetricGauges ServerCore::gauges() const {
     MetricGauges g;
     g.active_streams = active_streams.load();
@@ -335,6 +360,8 @@ nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
 RequestError submit_error_map(const std::exception& e) {
     if (dynamic_cast<const ServiceBusyError*>(&e))
         return RequestError(429, "rate_limit_error", "", std::string("the engine is at its stream limit: ") + e.what());
+    if (dynamic_cast<const ServiceUnavailableError*>(&e))
+        return RequestError(503, "unavailable_error", "", std::string(e.what()) + "; retry in a few seconds");
     if (const auto* err = dynamic_cast<const Error*>(&e)) {
         switch (err->code()) {
             case ErrorCode::ERROR_INVALID_ARGUMENT:
@@ -347,6 +374,12 @@ RequestError submit_error_map(const std::exception& e) {
         }
     }
     return RequestError(500, "server_error", "", std::string("the request failed inside the server: ") + e.what());
+}
+
+const char* request_error_metric(const RequestError& e) {
+    if (e.status() == 429) return "busy";
+    if (e.status() == 503) return "unavailable";
+    return e.status() >= 500 ? "internal" : "bad_request";
 }
 
 }  // namespace qtts::server

@@ -7,6 +7,7 @@
 // there means the client left, and the stream is cancelled at once instead of being generated
 // for nobody. Bytes that arrive instead (a pipelined next request) are kept for the next parse.
 #include <array>
+#include <map>
 #include <optional>
 
 #include <boost/beast/websocket/rfc6455.hpp>
@@ -24,6 +25,11 @@ using json = nlohmann::json;
 
 constexpr const char* kSpeechPath = "/v1/audio/speech";
 constexpr const char* kStreamPath = "/v1/audio/stream";
+// GET endpoints by path, with their label in qtts_requests_total.
+const std::map<std::string, std::string> kGetEndpoints = {
+    {"/livez", "livez"},     {"/readyz", "readyz"},   {"/healthz", "healthz"},
+    {"/metrics", "metrics"}, {"/v1/audio/voices", "voices"},
+};
 // A pipelined request waiting behind a speech response may be at most this big before the
 // session stops reading it (it is parsed, with the usual limits, when the response is done).
 constexpr size_t kPipelineBytes = 64 * 1024;
@@ -203,24 +209,35 @@ private:
             return;
         }
         const bool get = method == http::verb::get;
-        if (path == "/healthz" || path == "/metrics" || path == "/v1/audio/voices") {
-            const std::string endpoint = path == "/healthz" ? "healthz" : path == "/metrics" ? "metrics" : "voices";
+        const auto endpoint_it = kGetEndpoints.find(path);
+        if (endpoint_it != kGetEndpoints.end()) {
+            const std::string endpoint = endpoint_it->second;
             if (!get) {
                 method_not_allowed("GET", endpoint);
                 return;
             }
-            if (path == "/healthz") {
-                json body = {{"status", core_.stopping.load() ? "stopping" : "ok"},
+            const std::string unready = core_.unready_reason();
+            if (path == "/livez") {
+                // The process is up and its I/O threads answer: nothing else is checked.
+                json_respond(200, json{{"status", "alive"}}.dump(), endpoint);
+            } else if (path == "/readyz") {
+                json body = unready.empty() ? json{{"status", "ready"}} : json{{"status", "not_ready"}, {"reason", unready}};
+                json_respond(unready.empty() ? 200 : 503, body.dump(), endpoint);
+            } else if (path == "/healthz") {
+                json body = {{"status", unready.empty() ? "ok" : unready},
                              {"model", core_.service.model_name()},
                              {"backend", core_.service.backend_name()},
                              {"active_streams", core_.active_streams.load()},
                              {"max_streams", core_.options.max_streams}};
-                json_respond(core_.stopping.load() ? 503 : 200, body.dump(), endpoint);
+                json_respond(unready.empty() ? 200 : 503, body.dump(), endpoint);
             } else if (path == "/metrics") {
                 http::response<http::string_body> res{http::status::ok, req.version()};
                 res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
                 res.body() = core_.metrics.prometheus_text(core_.gauges());
                 respond(std::move(res), endpoint, false);
+            } else if (unready == "loading") {
+                const RequestError e = core_.unready_error(unready);
+                error_respond(e.status(), e.type(), e.param(), e.what(), endpoint, false, unready);
             } else {
                 json body = {{"model", core_.service.model_name()},
                              {"voices", core_.service.voices()},
@@ -230,8 +247,8 @@ private:
             return;
         }
         error_respond(404, "not_found_error", "",
-                      fmt::format("no endpoint at {}; available: POST {}, GET /v1/audio/voices, GET /healthz, GET /metrics, "
-                                  "WebSocket {}",
+                      fmt::format("no endpoint at {}; available: POST {}, GET /v1/audio/voices, GET /livez, GET /readyz, "
+                                  "GET /healthz, GET /metrics, WebSocket {}",
                                   path, kSpeechPath, kStreamPath),
                       "other", false);
     }
@@ -275,7 +292,8 @@ private:
         core_.metrics.request_count(endpoint, res.result_int());
         res.set(http::field::server, kServerName);
         res.set(http::field::cache_control, "no-store");
-        res.keep_alive(keep_alive_ && !close_after);
+        // While draining, connections are not kept: the client's next request goes elsewhere.
+        res.keep_alive(keep_alive_ && !close_after && !core_.draining.load());
         res.prepare_payload();
         if (phase_ != Phase::SPEECH) phase_ = Phase::RESPONDING;
         auto msg = std::make_shared<http::response<http::string_body>>(std::move(res));
@@ -292,6 +310,7 @@ private:
     // After the last byte of a response: next request, or close.
     void response_done(bool close_after) {
         if (phase_ == Phase::CLOSED) return;
+        terminal_.release();
         deadline_clear();
         if (close_after) {
             close_graceful();
@@ -307,6 +326,12 @@ private:
     // Speech
     // ---------------------------------------------------------------------------------------
     void speech_start(Request& req) {
+        if (const std::string unready = core_.unready_reason(); !unready.empty()) {
+            core_.metrics.error_count("unavailable");
+            const RequestError e = core_.unready_error(unready);
+            error_respond(e.status(), e.type(), e.param(), e.what(), "speech", false, unready);
+            return;
+        }
         SpeechParams params;
         try {
             params = speech_params_parse_http(req.body(), core_.service, core_.limits);
@@ -332,7 +357,7 @@ private:
         } catch (const std::exception& e) {
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
-            core_.metrics.error_count(mapped.status() == 429 ? "busy" : mapped.status() >= 500 ? "internal" : "bad_request");
+            core_.metrics.error_count(request_error_metric(mapped));
             error_respond(mapped.status(), mapped.type(), mapped.param(), mapped.what(), "speech", false,
                           mapped.status() == 429 ? "max_streams" : "");
             return;
@@ -394,7 +419,7 @@ private:
         watch_read();
     }
 
-    void audio_on(std::vector<std::string> pieces, size_t bytes, int64_t samples) {
+    void audio_on(std::vector<AudioPiece> pieces, size_t bytes, int64_t samples) {
         if (phase_ != Phase::SPEECH) {
             backlog_.fetch_sub(bytes);
             return;
@@ -405,14 +430,15 @@ private:
             core_.metrics.ttfa_observe(ttfa_seconds_);
         }
         if (!params_.stream) {
-            for (auto& p : pieces) body_ += p;
+            for (auto& p : pieces) body_ += p.bytes;
             backlog_.fetch_sub(bytes);  // collected, not queued: bounded by the engine's frame budget
             return;
         }
         size_t framed = 0;
         for (auto& p : pieces) {
-            std::string payload = params_.sse ? sse_event(json{{"type", "speech.audio.delta"}, {"audio", base64_encode(p)}})
-                                              : std::move(p);
+            std::string payload = params_.sse
+                                      ? sse_event(json{{"type", "speech.audio.delta"}, {"audio", base64_encode(p.bytes)}})
+                                      : std::move(p.bytes);
             std::string out = chunk_frame(payload);
             framed += out.size();
             out_.push_back(std::move(out));
@@ -425,13 +451,17 @@ private:
 
     void end_on(StreamOutcome outcome) {
         if (phase_ != Phase::SPEECH) return;
+        terminal_ = std::move(outcome.terminal);  // released once the ending is written (or the socket is gone)
         if (outcome.slow_client) {
             QTTS_LOG_WARN("http: stream {}: the client reads too slowly (over {} bytes queued); disconnecting", stream_id_,
                           core_.options.max_backlog_bytes);
             close_now();
             return;
         }
-        if (outcome.cancelled) {
+        if (outcome.server_stop) {
+            // Cut by the server stopping: the same ending as an engine failure.
+            outcome.error = "the server shut down before the audio was complete";
+        } else if (outcome.cancelled) {
             close_now();
             return;
         }
@@ -439,6 +469,10 @@ private:
         if (failed) QTTS_LOG_WARN("http: stream {} failed: {}", stream_id_, outcome.error);
         if (!params_.stream) {
             phase_ = Phase::RESPONDING;
+            if (outcome.server_stop) {
+                error_respond(503, "unavailable_error", "", outcome.error, "speech", true, "stopping");
+                return;
+            }
             if (failed) {
                 error_respond(500, "server_error", "", "speech generation failed: " + outcome.error, "speech", false);
                 return;
@@ -453,7 +487,8 @@ private:
             return;
         }
         if (params_.sse) {
-            json event = failed ? json{{"type", "error"}, {"error", {{"message", outcome.error}, {"type", "server_error"}}}}
+            const char* error_type = outcome.server_stop ? "unavailable_error" : "server_error";
+            json event = failed ? json{{"type", "error"}, {"error", {{"message", outcome.error}, {"type", error_type}}}}
                                 : json{{"type", "speech.audio.done"}, {"metrics", outcome_json(outcome, ttfa_seconds_)}};
             std::string out = chunk_frame(sse_event(event));
             backlog_.fetch_add(out.size());
@@ -492,7 +527,7 @@ private:
                 close_now();
             } else if (finish_after_flush_) {
                 finish_after_flush_ = false;
-                response_done(!keep_alive_);
+                response_done(!keep_alive_ || core_.draining.load());
             }
             return;
         }
@@ -536,6 +571,7 @@ private:
         socket_.close(ec);
         timer_.cancel();
         out_.clear();
+        terminal_.release();
     }
 
     // Half-close and read until the client closes too, so an error response sent before the
@@ -587,6 +623,7 @@ private:
     bool finish_after_flush_ = false;
     bool abort_after_flush_ = false;
     std::atomic<bool> abandoned_{false};
+    CounterHold terminal_;  // the ended stream's ServerCore::terminals_pending, until its ending is out
 };
 
 }  // namespace

@@ -52,16 +52,50 @@ double seconds_since(Clock::time_point t);
 const char* stop_reason_text(StopReason reason);  // "eos", "frame_budget", ...
 std::string base64_encode(const std::string& bytes);
 
+// Holds one unit of a ServerCore counter while it lives; moves, releases once.
+class CounterHold {
+public:
+    CounterHold() = default;
+    explicit CounterHold(std::atomic<int64_t>& counter) : counter_(&counter) { counter.fetch_add(1); }
+    CounterHold(CounterHold&& other) noexcept : counter_(other.counter_) { other.counter_ = nullptr; }
+    CounterHold& operator=(CounterHold&& other) noexcept {
+        if (this != &other) {
+            release();
+            counter_ = other.counter_;
+            other.counter_ = nullptr;
+        }
+        return *this;
+    }
+    CounterHold(const CounterHold&) = delete;
+    CounterHold& operator=(const CounterHold&) = delete;
+    ~CounterHold() { release(); }
+
+    void release() {
+        if (counter_) counter_->fetch_sub(1);
+        counter_ = nullptr;
+    }
+
+private:
+    std::atomic<int64_t>* counter_ = nullptr;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Audio formatting: PCM in, the byte pieces a connection sends out. A piece is one WebSocket
 // binary message; HTTP and TCP simply concatenate the pieces.
 // ---------------------------------------------------------------------------------------------
+struct AudioPiece {
+    std::string bytes;
+    // Utterance samples a client can decode from every piece up to and including this one (so a
+    // connection that drops the pieces after it can report exactly what it sent).
+    int64_t samples_end = 0;
+};
+
 class AudioFormatter {
 public:
     virtual ~AudioFormatter() = default;
-    virtual void start(std::vector<std::string>& out) = 0;  // container headers, if any
-    virtual void write(const float* pcm, size_t n, std::vector<std::string>& out) = 0;
-    virtual void finish(std::vector<std::string>& out) = 0;
+    virtual void start(std::vector<AudioPiece>& out) = 0;  // container headers, if any
+    virtual void write(const float* pcm, size_t n, std::vector<AudioPiece>& out) = 0;
+    virtual void finish(std::vector<AudioPiece>& out) = 0;
     virtual int pre_skip() const { return 0; }  // raw Opus packets: decoder delay at 24 kHz
 };
 
@@ -83,6 +117,10 @@ struct StreamOutcome {
     int64_t stalls = 0;        // times the audio read so far fell behind the wall clock since the
                                // first audio (a listener playing from the first chunk would
                                // have run dry) before generation ended
+    bool server_stop = false;  // cut by the server stopping (stop(), or a drain past its deadline)
+    // Counts this stream in ServerCore::terminals_pending until the connection has sent its
+    // terminal message (or is gone): stop() waits for that before it stops the I/O threads.
+    CounterHold terminal;
 };
 
 // The connection side of a stream. Called on the pump thread; implementations only post work
@@ -92,7 +130,7 @@ public:
     virtual ~PumpSink() = default;
     // pieces hold `bytes` bytes of encoded audio covering `samples` new PCM samples. The pump
     // has already added `bytes` to the backlog the sink reports.
-    virtual void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) = 0;
+    virtual void pump_audio(std::vector<AudioPiece> pieces, size_t bytes, int64_t samples) = 0;
     virtual void pump_end(StreamOutcome outcome) = 0;
     virtual bool pump_abandoned() const = 0;  // stop: the client went away or cancelled
     virtual std::atomic<size_t>& pump_backlog() = 0;  // bytes queued, not yet on the socket
@@ -106,7 +144,7 @@ class StrandPumpSink : public PumpSink {
 public:
     explicit StrandPumpSink(boost::asio::any_io_executor strand) : executor_(std::move(strand)) {}
 
-    void pump_audio(std::vector<std::string> pieces, size_t bytes, int64_t samples) override {
+    void pump_audio(std::vector<AudioPiece> pieces, size_t bytes, int64_t samples) override {
         boost::asio::post(executor_, [self = session_shared(), pieces = std::move(pieces), bytes, samples]() mutable {
             self->audio_on(std::move(pieces), bytes, samples);
         });
@@ -168,6 +206,8 @@ struct ServerCore {
     ServerMetrics metrics;
     std::atomic<int64_t> active_streams{0};
     std::atomic<int64_t> connections{0};
+    std::atomic<int64_t> terminals_pending{0};  // see StreamOutcome::terminal
+    std::atomic<bool> draining{false};  // no new streams; running ones finish (HttpServer::drain)
     std::atomic<bool> stopping{false};
     std::unique_ptr<PumpPool> pumps;
     // Declared last so it is destroyed first: destroying it destroys the handlers still queued,
@@ -179,38 +219,26 @@ struct ServerCore {
     bool stream_slot_acquire();  // false at max_streams
     void stream_slot_release();
     MetricGauges gauges() const;
+    // Why the server takes no new streams now: "loading" (the service is not ready), "draining"
+    // or "stopping"; empty when it does. The readiness endpoint reports the same.
+    std::string unready_reason() const;
+    // The 503 a new speech request gets while unready_reason() is not empty.
+    RequestError unready_error(const std::string& reason) const;
 };
 
 // Counts an open connection for ServerOptions::max_connections; moves with the socket.
-class ConnectionSlot {
+class ConnectionSlot : public CounterHold {
 public:
     ConnectionSlot() = default;
-    explicit ConnectionSlot(ServerCore& core) : core_(&core) { core.connections.fetch_add(1); }
-    ConnectionSlot(ConnectionSlot&& other) noexcept : core_(other.core_) { other.core_ = nullptr; }
-    ConnectionSlot& operator=(ConnectionSlot&& other) noexcept {
-        if (this != &other) {
-            release();
-            core_ = other.core_;
-            other.core_ = nullptr;
-        }
-        return *this;
-    }
-    ConnectionSlot(const ConnectionSlot&) = delete;
-    ConnectionSlot& operator=(const ConnectionSlot&) = delete;
-    ~ConnectionSlot() { release(); }
-
-private:
-    void release() {
-        if (core_) core_->connections.fetch_sub(1);
-        core_ = nullptr;
-    }
-    ServerCore* core_ = nullptr;
+    explicit ConnectionSlot(ServerCore& core) : CounterHold(core.connections) {}
 };
 
 // The `done` metrics shared by WebSocket events and SSE.
 nlohmann::json outcome_json(const StreamOutcome& outcome, double ttfa_seconds);
 // Maps a submit() failure to a RequestError (status, type, message).
 RequestError submit_error_map(const std::exception& e);
+// The qtts_errors_total type of a refused request: busy, unavailable, internal or bad_request.
+const char* request_error_metric(const RequestError& e);
 
 // Session entry points (each in its own source file).
 void http_session_run(ServerCore& core, tcp::socket socket, ConnectionSlot slot);

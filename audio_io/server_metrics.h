@@ -51,11 +51,11 @@ class ServerMetrics {
 public:
     ServerMetrics();
 
-    // endpoint: speech, voices, healthz, metrics, websocket, tcp, other. status: the HTTP status
+    // endpoint: speech, voices, livez, readyz, healthz, metrics, websocket, tcp, other. status: the HTTP status
     // (101 for an accepted WebSocket, 200/4xx for TCP's outcome).
     void request_count(const std::string& endpoint, int status);
     // type: bad_request, busy, too_large, timeout, disconnect, slow_client, stream_error,
-    // internal, connection_limit.
+    // internal, connection_limit, unavailable (loading, draining or stopping).
     void error_count(const std::string& type);
     void ttfa_observe(double seconds);
     void stream_started();

@@ -79,6 +79,11 @@ private:
     }
 
     void speech_start(const std::string& line) {
+        if (const std::string unready = core_.unready_reason(); !unready.empty()) {
+            core_.metrics.error_count("unavailable");
+            error_finish(core_.unready_error(unready).what(), 503);
+            return;
+        }
         SpeechParams params;
         try {
             params = speech_params_parse_tcp_line(line, core_.service, core_.limits);
@@ -101,7 +106,7 @@ private:
         } catch (const std::exception& e) {
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
-            core_.metrics.error_count(mapped.status() == 429 ? "busy" : mapped.status() >= 500 ? "internal" : "bad_request");
+            core_.metrics.error_count(request_error_metric(mapped));
             error_finish(mapped.what(), mapped.status());
             return;
         }
@@ -135,7 +140,7 @@ private:
         });
     }
 
-    void audio_on(std::vector<std::string> pieces, size_t bytes, int64_t samples) {
+    void audio_on(std::vector<AudioPiece> pieces, size_t bytes, int64_t samples) {
         if (closed_) {
             backlog_.fetch_sub(bytes);
             return;
@@ -144,13 +149,15 @@ private:
             first_audio_ = true;
             core_.metrics.ttfa_observe(seconds_since(request_time_));
         }
-        for (auto& p : pieces) out_ += p;
+        for (auto& p : pieces) out_ += p.bytes;
         write_next();
     }
 
     void end_on(StreamOutcome outcome) {
         speaking_ = false;
         if (closed_) return;
+        terminal_ = std::move(outcome.terminal);  // released when the connection closes
+        // Cut by a server stop, too: no end-of-stream page, so a player reports a truncated stream.
         if (outcome.slow_client || outcome.cancelled) {
             close_now();
             return;
@@ -228,6 +235,7 @@ private:
         timer_.cancel();
         backlog_.fetch_sub(out_.size());
         out_.clear();
+        terminal_.release();
     }
 
     ServerCore& core_;
@@ -249,6 +257,7 @@ private:
     std::string out_;
     std::string inflight_;
     std::atomic<bool> abandoned_{false};
+    CounterHold terminal_;  // the ended stream's ServerCore::terminals_pending, until the close
 };
 
 }  // namespace

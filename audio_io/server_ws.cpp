@@ -16,6 +16,9 @@ namespace {
 using json = nlohmann::json;
 namespace websocket = beast::websocket;
 
+// After our close frame: how long the client has to answer with its own before the socket closes.
+constexpr std::chrono::milliseconds kCloseAnswerWait{2000};
+
 class WsSession : public std::enable_shared_from_this<WsSession>, public StrandPumpSink<WsSession> {
     friend class StrandPumpSink<WsSession>;  // calls audio_on / end_on on the strand
 
@@ -38,9 +41,12 @@ public:
 private:
     enum class State { IDLE, SPEAKING, CANCELLING };
 
+    enum class OutKind { TEXT, BINARY, CLOSE };
     struct OutMessage {
-        bool text = true;
-        std::string data;
+        OutKind kind = OutKind::TEXT;
+        std::string data;          // CLOSE: the close reason
+        int64_t samples_end = 0;   // BINARY: AudioPiece::samples_end
+        websocket::close_code close_code = websocket::close_code::normal;
     };
 
     // ---------------------------------------------------------------------------------------
@@ -75,10 +81,38 @@ private:
     }
 
     static void core_timeout(WsSession& s) {
+        if (s.writing_ || s.close_queued_) {
+            // A write (or the close handshake) did not finish in time: the client is gone or
+            // does not read. Nothing more can be said to it.
+            if (s.writing_) s.core_.metrics.error_count("timeout");
+            s.close_now();
+            return;
+        }
         s.core_.metrics.error_count("timeout");
-        QTTS_LOG_DEBUG("websocket: closing a connection after {} ms without activity",
+        QTTS_LOG_DEBUG("websocket: ending a connection after {} ms without activity",
                        (long long)s.core_.options.idle_timeout.count());
-        s.close_now();
+        s.idle_timeout_handle();
+    }
+
+    // No message and no audio for idle_timeout: end what is running with its terminal event,
+    // then close with a close frame (never just drop the socket).
+    void idle_timeout_handle() {
+        const std::string message = fmt::format("no message for {:g} s; closing the connection",
+                                                double(core_.options.idle_timeout.count()) / 1000.0);
+        if (timed_out_) {
+            close_now();  // the utterance did not end in time after its cancel
+            return;
+        }
+        if (state_ == State::IDLE) {
+            error_send("timeout_error", "", message, "idle_timeout");
+            close_send(websocket::close_code::normal, "idle timeout");
+            return;
+        }
+        // An utterance waits for text that does not come: stop it; end_on sends `done` with
+        // stop_reason "timeout", then the close frame.
+        timed_out_ = true;
+        if (state_ == State::SPEAKING) cancel_handle();
+        deadline_set(core_.options.cancel_grace + core_.options.send_timeout);  // bounds the wait for the pump
     }
 
     // ---------------------------------------------------------------------------------------
@@ -101,14 +135,17 @@ private:
             close_now();  // cancels a running utterance through pump_abandoned()
             return;
         }
-        if (!writing_) deadline_set(core_.options.idle_timeout);
         const bool text = ws_.got_text();
         std::string data = beast::buffers_to_string(rbuf_.data());
         rbuf_.consume(rbuf_.size());
-        if (!text) {
+        if (close_queued_ || timed_out_) {
+            // The connection is ending: messages that cross our close frame are not acted on.
+        } else if (!text) {
+            if (!writing_) deadline_set(core_.options.idle_timeout);
             error_send("invalid_request_error", "",
                        "binary messages are not accepted; send JSON text messages: start, append, end, cancel");
         } else {
+            if (!writing_) deadline_set(core_.options.idle_timeout);
             message_handle(data);
         }
         read_next();
@@ -158,6 +195,14 @@ private:
         if (state_ != State::IDLE)
             throw RequestError(400, "invalid_request_error", "",
                                "an utterance is already in progress; send `end` and wait for `done`, or send `cancel`");
+        if (const std::string unready = core_.unready_reason(); !unready.empty()) {
+            core_.metrics.error_count("unavailable");
+            const RequestError e = core_.unready_error(unready);
+            error_send(e.type(), e.param(), e.what(), unready);
+            // Shutting down: tell the client to go elsewhere. Loading: it may retry here.
+            if (unready != "loading") close_send(websocket::close_code::going_away, "server shutting down");
+            return;
+        }
         SpeechParams params = speech_params_parse_ws_start(msg, core_.service, core_.limits);
         if (!core_.stream_slot_acquire()) {
             core_.metrics.error_count("busy");
@@ -175,7 +220,7 @@ private:
         } catch (const std::exception& e) {
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
-            core_.metrics.error_count(mapped.status() == 429 ? "busy" : mapped.status() >= 500 ? "internal" : "bad_request");
+            core_.metrics.error_count(request_error_metric(mapped));
             error_send(mapped.type(), mapped.param(), mapped.what(), mapped.status() == 429 ? "max_streams" : "");
             return;
         }
@@ -187,6 +232,8 @@ private:
         first_audio_ = false;
         ttfa_seconds_ = -1.0;
         cancel_requested_ = false;
+        samples_sent_ = 0;
+        samples_kept_ = 0;
         // Time to first audio counts from the moment there is text to speak.
         text_time_set_ = !params.request.text.empty();
         if (text_time_set_) text_time_ = Clock::now();
@@ -244,22 +291,24 @@ private:
         if (state_ != State::SPEAKING) return;  // nothing to cancel: harmless
         state_ = State::CANCELLING;
         cancel_requested_ = true;
-        // Audio not yet on the socket is dropped; the pump cancels the stream and reports `done`.
+        // Audio not yet on the socket is dropped; the pump cancels the stream and reports `done`,
+        // whose sample count is then what the client did get.
         std::deque<OutMessage> kept;
         for (auto& m : out_) {
-            if (m.text) {
+            if (m.kind != OutKind::BINARY) {
                 kept.push_back(std::move(m));
             } else {
                 backlog_.fetch_sub(m.data.size());
             }
         }
         out_ = std::move(kept);
+        samples_kept_ = samples_sent_;
     }
 
     // ---------------------------------------------------------------------------------------
     // Audio and events
     // ---------------------------------------------------------------------------------------
-    void audio_on(std::vector<std::string> pieces, size_t bytes, int64_t samples) {
+    void audio_on(std::vector<AudioPiece> pieces, size_t bytes, int64_t samples) {
         if (closed_ || state_ != State::SPEAKING) {
             backlog_.fetch_sub(bytes);
             return;
@@ -270,12 +319,16 @@ private:
             core_.metrics.ttfa_observe(ttfa_seconds_);
             event_send(json{{"type", "first_audio"}, {"stream_id", stream_ ? stream_->id() : 0}, {"ttfa_ms", ttfa_seconds_ * 1000.0}});
         }
-        for (auto& p : pieces) out_.push_back(OutMessage{false, std::move(p)});  // already counted by the pump
+        for (auto& p : pieces) {
+            samples_kept_ = p.samples_end;
+            out_.push_back(OutMessage{OutKind::BINARY, std::move(p.bytes), p.samples_end});  // already counted by the pump
+        }
         write_next();
     }
 
     void end_on(StreamOutcome outcome) {
         if (closed_) return;
+        terminal_ = std::move(outcome.terminal);  // released once `done` (and a close) is written
         if (outcome.slow_client) {
             QTTS_LOG_WARN("websocket: the client reads too slowly (over {} bytes queued); disconnecting",
                           core_.options.max_backlog_bytes);
@@ -283,15 +336,27 @@ private:
             return;
         }
         const uint64_t id = stream_ ? stream_->id() : 0;
-        if (!outcome.error.empty())
+        if (outcome.server_stop) {
+            error_send("unavailable_error", "", "the server shut down before the utterance was complete", "stopping");
+        } else if (!outcome.error.empty()) {
             error_send("server_error", "", "speech generation failed: " + outcome.error);
+        }
+        // Report what the client got: after a cancel the audio still queued was dropped.
+        outcome.samples = samples_kept_;
         json done = outcome_json(outcome, ttfa_seconds_);
         done["type"] = "done";
         done["stream_id"] = id;
+        if (outcome.server_stop) done["stop_reason"] = "shutdown";
+        if (timed_out_) done["stop_reason"] = "timeout";
         event_send(done);
         stream_.reset();
         state_ = State::IDLE;
         cancel_requested_ = false;
+        if (outcome.server_stop || core_.draining.load()) {
+            close_send(websocket::close_code::going_away, "server shutting down");
+        } else if (timed_out_) {
+            close_send(websocket::close_code::normal, "idle timeout");
+        }
     }
 
     void error_send(const std::string& type, const std::string& param, const std::string& message,
@@ -302,19 +367,43 @@ private:
     }
 
     void event_send(const json& event) {
+        if (close_queued_) return;
         std::string data = event.dump(-1, ' ', false, json::error_handler_t::replace);
         backlog_.fetch_add(data.size());
-        out_.push_back(OutMessage{true, std::move(data)});
+        out_.push_back(OutMessage{OutKind::TEXT, std::move(data)});
+        write_next();
+    }
+
+    // Queues the close frame after everything already queued; nothing is sent after it. The
+    // client's answering close frame (or the deadline) ends the connection.
+    void close_send(websocket::close_code code, const std::string& reason) {
+        if (close_queued_ || closed_) return;
+        close_queued_ = true;
+        OutMessage m;
+        m.kind = OutKind::CLOSE;
+        m.data = reason;
+        m.close_code = code;
+        out_.push_back(std::move(m));
         write_next();
     }
 
     void write_next() {
-        if (writing_ || closed_ || out_.empty()) return;
+        if (writing_ || closed_) return;
+        if (out_.empty()) {
+            terminal_.release();  // an ended stream's `done` is out
+            return;
+        }
         inflight_ = std::move(out_.front());
         out_.pop_front();
         writing_ = true;
-        ws_.text(inflight_.text);
         deadline_set(core_.options.send_timeout);
+        if (inflight_.kind == OutKind::CLOSE) {
+            ws_.async_close(websocket::close_reason(inflight_.close_code, inflight_.data),
+                            [self = shared_from_this()](beast::error_code ec) { self->close_on(ec); });
+            return;
+        }
+        if (inflight_.kind == OutKind::BINARY) samples_sent_ = inflight_.samples_end;
+        ws_.text(inflight_.kind == OutKind::TEXT);
         ws_.async_write(net::buffer(inflight_.data), [self = shared_from_this()](beast::error_code ec, size_t) {
             self->write_on(ec);
         });
@@ -330,8 +419,21 @@ private:
             close_now();
             return;
         }
-        deadline_set(core_.options.idle_timeout);
+        if (!timed_out_) deadline_set(core_.options.idle_timeout);
         write_next();
+    }
+
+    // Our close frame is out; the pending read ends when the client answers with its own.
+    void close_on(beast::error_code ec) {
+        writing_ = false;
+        if (closed_) return;
+        if (ec || core_.stopping.load()) {
+            // Stopping: the I/O threads are about to end, so nobody would wait for the answer.
+            close_now();
+            return;
+        }
+        deadline_set(kCloseAnswerWait);
+        write_next();  // the queue is empty now: releases a terminal hold
     }
 
     void close_now() {
@@ -343,8 +445,10 @@ private:
         socket.shutdown(tcp::socket::shutdown_both, ec);
         socket.close(ec);
         timer_.cancel();
-        for (auto& m : out_) backlog_.fetch_sub(m.data.size());
+        for (auto& m : out_)
+            if (m.kind != OutKind::CLOSE) backlog_.fetch_sub(m.data.size());
         out_.clear();
+        terminal_.release();
     }
 
     ServerCore& core_;
@@ -356,8 +460,10 @@ private:
     std::deque<OutMessage> out_;
     OutMessage inflight_;
     bool writing_ = false;
+    bool close_queued_ = false;  // a close frame is queued or sent: nothing more goes out
     bool closed_ = false;
     std::atomic<bool> closed_flag_{false};  // closed_, readable from the pump thread
+    CounterHold terminal_;  // the ended stream's ServerCore::terminals_pending, until `done` is out
 
     State state_ = State::IDLE;
     std::shared_ptr<Stream> stream_;
@@ -369,6 +475,9 @@ private:
     Clock::time_point text_time_;
     double ttfa_seconds_ = -1.0;
     std::atomic<bool> cancel_requested_{false};
+    bool timed_out_ = false;    // the idle timeout ended the utterance; the connection closes after `done`
+    int64_t samples_sent_ = 0;  // samples_end of the last audio message handed to the socket
+    int64_t samples_kept_ = 0;  // samples_end of the last audio message sent or still queued
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // I/O threads and reads each stream from one pump thread).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,13 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// Thrown by SpeechService::submit while the service is not ready (the model is still loading);
+// the server answers 503.
+class ServiceUnavailableError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
 class SpeechService {
 public:
     virtual ~SpeechService() = default;
@@ -34,6 +42,47 @@ public:
     virtual std::vector<std::string> languages() const = 0;  // accepted `language` names
     virtual std::string model_name() const = 0;
     virtual std::string backend_name() const = 0;
+    // False while the service cannot take requests yet (a model still loading). A ready engine is
+    // warm: the engine warms up inside its start-up, before it is handed to the server.
+    virtual bool ready() const { return true; }
+};
+
+// Stands in for a service that is still being built, so the server can listen (and answer
+// /livez and /readyz) while the model loads: until attach(), ready() is false, submit throws
+// ServiceUnavailableError and the lists are empty; afterwards every call goes to the attached
+// service. attach() once; the attached service must outlive this object's use.
+class DeferredSpeechService : public SpeechService {
+public:
+    explicit DeferredSpeechService(std::string model_name) : model_name_(std::move(model_name)) {}
+
+    void attach(SpeechService& service) { service_.store(&service); }
+
+    std::shared_ptr<Stream> submit(const SpeechRequest& request) override {
+        SpeechService* s = service_.load();
+        if (!s) throw ServiceUnavailableError("the model is still loading");
+        return s->submit(request);
+    }
+    std::vector<std::string> voices() const override {
+        SpeechService* s = service_.load();
+        return s ? s->voices() : std::vector<std::string>{};
+    }
+    std::vector<std::string> languages() const override {
+        SpeechService* s = service_.load();
+        return s ? s->languages() : std::vector<std::string>{};
+    }
+    std::string model_name() const override { return model_name_; }
+    std::string backend_name() const override {
+        SpeechService* s = service_.load();
+        return s ? s->backend_name() : "loading";
+    }
+    bool ready() const override {
+        SpeechService* s = service_.load();
+        return s && s->ready();
+    }
+
+private:
+    std::string model_name_;
+    std::atomic<SpeechService*> service_{nullptr};
 };
 
 // Serves a qtts::Engine. Kept in its own source file (engine_service.cpp) so programs that do not

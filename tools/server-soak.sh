@@ -34,7 +34,7 @@ model_args=()
     --max-audio-seconds 1 --log-level warn >"$WORK/server.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 600); do
-    curl -s "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+    curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break  # 503 while the model loads
     kill -0 "$SERVER" 2>/dev/null || { cat "$WORK/server.log"; exit 1; }
     sleep 0.1
 done

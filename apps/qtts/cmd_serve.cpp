@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "audio_io/http_server.h"
@@ -30,14 +31,17 @@ void print_usage() {
         "  --max-text-bytes N     text per request or utterance (default 8192)\n"
         "  --max-audio-seconds S  cap on one request's audio (default: the engine's frame budget)\n"
         "  --idle-timeout S       seconds without a request or message before closing (default 30)\n"
+        "  --drain-seconds S      on SIGTERM/SIGINT: refuse new streams, let running ones finish for up to\n"
+        "                         S seconds, then cut the rest (default 30; 0 = cut at once)\n"
         "  --io-threads N         network threads (default 2)\n"
         "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
         "  --device N             CUDA device index (default 0)\n"
         "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
-        "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /healthz, GET /metrics,\n"
-        "WebSocket /v1/audio/stream. Stop with Ctrl-C (SIGINT) or SIGTERM.\n");
+        "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"
+        "GET /metrics, WebSocket /v1/audio/stream. The server listens while the model loads (/livez 200,\n"
+        "/readyz 503 until it is ready). Stop with Ctrl-C (SIGINT) or SIGTERM (graceful drain, above).\n");
 }
 
 int int_option(const qtts_cli::Args& args, const char* name, long long fallback, long long lo, long long hi) {
@@ -57,7 +61,7 @@ std::string model_name_of(const std::string& dir) {
 int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
-                         "max-audio-seconds", "idle-timeout", "io-threads", "backend", "device"},
+                         "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "device"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks"});
     if (args.has("help")) {
         print_usage();
@@ -78,6 +82,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     options.idle_timeout = std::chrono::milliseconds(1000LL * int_option(args, "idle-timeout", 30, 1, 86400));
     options.io_threads = int_option(args, "io-threads", 2, 1, 64);
     qtts::server_options_validate(options);
+    const int drain_seconds = int_option(args, "drain-seconds", 30, 0, 86400);
 
     qtts::EngineOptions engine_options;
     engine_options.model_dir = args.get_or("model", "");
@@ -98,19 +103,31 @@ int cmd_serve(const std::vector<std::string>& argv) {
     // A client that vanishes must not kill the server with SIGPIPE (Asio also guards its sends).
     std::signal(SIGPIPE, SIG_IGN);
 
-    qtts::Engine engine(engine_options);
-    qtts::EngineSpeechService service(engine, model_name_of(engine_options.model_dir));
-    qtts::HttpServer server(service, options);
+    // Listen first, so /livez answers while the model loads and /readyz says "loading"; the
+    // engine is attached once it is built (and warm: warm-up is part of the engine's start-up).
+    // Declared in this order so the server stops before the engine goes away.
+    std::unique_ptr<qtts::Engine> engine;
+    std::unique_ptr<qtts::EngineSpeechService> service;
+    qtts::DeferredSpeechService deferred(model_name_of(engine_options.model_dir));
+    qtts::HttpServer server(deferred, options);
     server.start();
-    std::printf("qtts serve: http://%s:%d  (model %s, backend %s)\n", options.host.c_str(), server.port(),
-                service.model_name().c_str(), service.backend_name().c_str());
+    std::printf("qtts serve: http://%s:%d  (model %s, loading)\n", options.host.c_str(), server.port(),
+                deferred.model_name().c_str());
     if (server.tcp_port() >= 0) std::printf("qtts serve: plain TCP on %s:%d\n", options.host.c_str(), server.tcp_port());
+    std::fflush(stdout);
+
+    engine = std::make_unique<qtts::Engine>(engine_options);  // a load failure stops the server on the way out
+    service = std::make_unique<qtts::EngineSpeechService>(*engine, deferred.model_name());
+    deferred.attach(*service);
+    std::printf("qtts serve: ready (backend %s)\n", service->backend_name().c_str());
     std::fflush(stdout);
 
     int signal_number = 0;
     sigwait(&stop_signals, &signal_number);
-    QTTS_LOG_INFO("serve: received signal {}, stopping", signal_number);
-    server.stop();
+    QTTS_LOG_INFO("serve: received signal {}: draining (up to {} s)", signal_number, drain_seconds);
+    const qtts::DrainReport report = server.drain(std::chrono::seconds(drain_seconds));
+    std::printf("qtts serve: stopped: %lld of %lld running streams finished, %lld cut\n", (long long)report.finished,
+                (long long)report.running, (long long)report.cut);
     return 0;
 }
 

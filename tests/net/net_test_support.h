@@ -7,6 +7,7 @@
 //  - Real clients: curl and nc through the shell, a Beast WebSocket client, raw POSIX sockets.
 //  - Decoding: Ogg Opus through libopusfile, raw packets through libopus, s16le.
 //  - Comparison: best normalised cross-correlation over a lag window.
+//  - Protocol readers: SSE bodies, one WebSocket utterance, the samples a client received.
 // Every wait is bounded; every external command runs under `timeout`.
 #pragma once
 
@@ -34,6 +35,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/websocket.hpp>
+#include <nlohmann/json.hpp>
 #include <opus/opus.h>
 #include <opus/opusfile.h>
 
@@ -442,6 +444,19 @@ inline size_t ogg_pages_complete(const std::string& b) {
     return pages;
 }
 
+// True when the last complete Ogg page in b carries the end-of-stream flag (a finished stream).
+inline bool ogg_ends_with_eos(const std::string& b) {
+    size_t pos = 0, last = std::string::npos;
+    for (size_t pages = ogg_pages_complete(b), i = 0; i < pages; ++i) {
+        last = pos;
+        const size_t segments = uint8_t(b[pos + 26]);
+        size_t body = 0;
+        for (size_t k = 0; k < segments; ++k) body += uint8_t(b[pos + 27 + k]);
+        pos += 27 + segments + body;
+    }
+    return last != std::string::npos && (uint8_t(b[last + 5]) & 0x04) != 0;
+}
+
 // Best normalised cross-correlation of a and b over lags in [-max_lag, max_lag].
 inline double correlation_best(const std::vector<float>& a, const std::vector<float>& b, int max_lag, int* best_lag = nullptr) {
     double best = -2.0;
@@ -556,6 +571,9 @@ public:
         return std::nullopt;
     }
 
+    // The close frame the server sent (code 0 when none arrived).
+    boost::beast::websocket::close_reason close_reason() const { return ws_.reason(); }
+
     void close() {
         if (!connected_) return;
         ws_.async_close(boost::beast::websocket::close_code::normal, [this](boost::system::error_code e) { ec_ = e; });
@@ -583,10 +601,19 @@ private:
         }
         return true;
     }
+    // Runs the pending operation for at most the timeout; past it the socket is cancelled, so
+    // the operation ends with an error (the tcp_stream expiry alone does not bound WebSocket
+    // reads once the handshake is done).
     void run() {
         boost::beast::get_lowest_layer(ws_).expires_after(timeout_);
         ioc_.restart();
-        ioc_.run();
+        ioc_.run_for(timeout_);
+        if (!ioc_.stopped()) {
+            boost::system::error_code ignored;
+            boost::beast::get_lowest_layer(ws_).socket().cancel(ignored);
+            ioc_.run_for(timeout_);
+            if (!ec_) ec_ = boost::asio::error::timed_out;
+        }
     }
 
     boost::asio::io_context ioc_;
@@ -675,6 +702,113 @@ inline std::string speech_json(const std::string& input, const std::string& form
     if (stream) j += ",\"stream\":true";
     if (!extra.empty()) j += "," + extra;
     return j + "}";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Protocol readers
+// ---------------------------------------------------------------------------------------------
+// Standard base64, decoded by hand: the tests must not share the server's encoder.
+inline std::string base64_decode(const std::string& b64) {
+    static const std::string abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char c : b64) {
+        if (c == '=') break;
+        acc = (acc << 6) | uint32_t(abc.find(c));
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(char((acc >> bits) & 0xff));
+        }
+    }
+    return out;
+}
+
+// A server-sent-events body: the audio of every speech.audio.delta, and every event in order.
+struct SseResult {
+    std::string audio;
+    std::vector<nlohmann::json> events;
+};
+inline SseResult sse_parse(const std::string& body) {
+    SseResult r;
+    std::istringstream lines(body);
+    std::string line;
+    while (std::getline(lines, line)) {
+        if (line.rfind("data: ", 0) != 0) continue;
+        nlohmann::json ev = nlohmann::json::parse(line.substr(6));
+        if (ev.value("type", "") == "speech.audio.delta") r.audio += base64_decode(ev["audio"].get<std::string>());
+        r.events.push_back(std::move(ev));
+    }
+    return r;
+}
+
+// Everything one WebSocket utterance brought, read up to its `done` (or the connection's end).
+struct WsUtterance {
+    nlohmann::json started;                 // null when none came
+    nlohmann::json done;                    // null when none came
+    std::vector<nlohmann::json> errors;     // `error` events before `done`
+    std::vector<std::string> audio;         // binary messages, in order
+    bool connection_ended = false;          // the connection closed before `done`
+};
+inline WsUtterance ws_utterance_read(WsClient& ws) {
+    WsUtterance u;
+    for (int guard = 0; guard < 100000; ++guard) {
+        auto m = ws.read();
+        if (!m) {
+            u.connection_ended = true;
+            return u;
+        }
+        if (!m->text) {
+            u.audio.push_back(std::move(m->data));
+            continue;
+        }
+        nlohmann::json ev = nlohmann::json::parse(m->data);
+        const std::string type = ev.value("type", "");
+        if (type == "started") u.started = ev;
+        if (type == "error") u.errors.push_back(ev);
+        if (type == "done") {
+            u.done = ev;
+            return u;
+        }
+    }
+    return u;
+}
+
+// The utterance samples a client can decode from the audio messages of one WebSocket utterance
+// in `format`: exact for pcm; from the last granule for ogg (decoded with libopusfile); for raw
+// Opus packets the whole packets less pre_skip, where the last packet may be padding.
+struct SampleRange {
+    int64_t lo = 0, hi = 0;
+    bool contains(int64_t n) const { return n >= lo && n <= hi; }
+};
+inline SampleRange ws_received_samples(const std::string& format, const std::vector<std::string>& audio, int pre_skip,
+                                       bool* decodes = nullptr) {
+    if (decodes) *decodes = true;
+    if (format == "pcm") {
+        int64_t bytes = 0;
+        for (const auto& a : audio) bytes += int64_t(a.size());
+        return {bytes / 2, bytes / 2};
+    }
+    if (format == "ogg") {
+        std::string all;
+        for (const auto& a : audio) all += a;
+        bool ok = false;
+        const int64_t n48 = int64_t(ogg_opus_decode_48k(all, &ok).size());
+        if (decodes) *decodes = ok;
+        return {std::max<int64_t>(0, n48 / 2 - 1), (n48 + 1) / 2};
+    }
+    PacketDecoder dec;
+    std::vector<float> pcm;
+    for (const auto& frame : audio) {
+        if (frame.size() < 12) {
+            if (decodes) *decodes = false;
+            continue;
+        }
+        if (dec.decode(frame.substr(12), pcm) != 480 && decodes) *decodes = false;
+    }
+    const int64_t hi = std::max<int64_t>(0, int64_t(pcm.size()) - pre_skip);
+    return {std::max<int64_t>(0, hi - 479), hi};
 }
 
 }  // namespace net_test

@@ -231,35 +231,11 @@ TEST_CASE("streaming WAV and PCM equal the whole-file bodies; SSE carries the sa
                                                                          "\",\"response_format\":\"pcm\",\"stream_format\":\"sse\"}");
     REQUIRE(sse.status == 200);
     CHECK(sse.headers.find("text/event-stream") != std::string::npos);
-    std::string audio;
-    bool done = false;
-    std::istringstream lines(sse.body);
-    std::string line;
-    while (std::getline(lines, line)) {
-        if (line.rfind("data: ", 0) != 0) continue;
-        const json ev = json::parse(line.substr(6));
-        if (ev["type"] == "speech.audio.delta") {
-            // Decode base64 by hand: the test must not share the server's encoder.
-            const std::string b64 = ev["audio"].get<std::string>();
-            const std::string abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-            uint32_t acc = 0;
-            int bits = 0;
-            for (char c : b64) {
-                if (c == '=') break;
-                acc = (acc << 6) | uint32_t(abc.find(c));
-                bits += 6;
-                if (bits >= 8) {
-                    bits -= 8;
-                    audio.push_back(char((acc >> bits) & 0xff));
-                }
-            }
-        } else if (ev["type"] == "speech.audio.done") {
-            done = true;
-            CHECK(ev["metrics"]["samples"] == int64_t(whole.body.size() / 2));
-        }
-    }
-    CHECK(done);
-    CHECK(audio == whole.body);
+    const SseResult parsed = sse_parse(sse.body);
+    REQUIRE(!parsed.events.empty());
+    CHECK(parsed.events.back()["type"] == "speech.audio.done");
+    CHECK(parsed.events.back()["metrics"]["samples"] == int64_t(whole.body.size() / 2));
+    CHECK(parsed.audio == whole.body);
 }
 
 TEST_CASE("WebSocket: start, append while speaking, end; Opus packets decode to the utterance", "[net]") {
@@ -389,6 +365,81 @@ TEST_CASE("WebSocket: cancel stops the utterance; protocol errors are reported a
     REQUIRE(done2);
     CHECK(json::parse(*done2)["stop_reason"] == "eos");
     ws.close();
+}
+
+TEST_CASE("WebSocket cancel with audio queued: the queue is dropped and done.samples is exactly what was sent", "[net]") {
+    // Issue 15, item 7. A client that has not read for a while has audio queued on the server;
+    // its cancel drops that audio, and `done` must count only what went out.
+    FakeConfig cfg;
+    cfg.seconds_per_byte = 0.2;  // 47 bytes -> 9.4 s of audio, made in ~1.2 s: still running at the cancel
+    cfg.chunk_interval = std::chrono::milliseconds(10);
+    Server s(cfg, [](qtts::ServerOptions& o) {
+        o.socket_send_buffer_bytes = 4096;
+        o.bitrate = 256000;  // enough Opus bytes to fill the sockets, so some wait on the server
+    });
+    for (const std::string format : {"pcm", "opus", "ogg"}) {
+        INFO("format " << format);
+        WsClient ws(s.port(), 10000ms, 4096);
+        REQUIRE(ws.connected());
+        REQUIRE(ws.send_text(json{{"type", "start"}, {"format", format}, {"text", kText}, {"end", true}}.dump()));
+        std::this_thread::sleep_for(400ms);  // not reading: the socket fills, the rest waits on the server
+        REQUIRE(ws.send_text(json{{"type", "cancel"}}.dump()));
+        const WsUtterance u = ws_utterance_read(ws);
+        REQUIRE(!u.done.is_null());
+        INFO(u.done.dump());
+        CHECK(u.done["stop_reason"] == "cancelled");
+        const int64_t samples = u.done["samples"].get<int64_t>();
+        const int64_t made = fake_samples_for(kText.size(), cfg.seconds_per_byte);
+        CHECK(samples > 0);
+        CHECK(samples < made / 2);  // most of it was still queued, and was dropped
+        bool decodes = false;
+        const SampleRange got = ws_received_samples(format, u.audio, u.started.value("pre_skip", 0), &decodes);
+        CHECK(decodes);
+        INFO("received " << got.lo << ".." << got.hi);
+        CHECK(got.contains(samples));
+        if (format == "pcm") CHECK(got.lo == samples);
+        ws.close();
+    }
+}
+
+TEST_CASE("an utterance that ends with no samples is a valid empty Ogg Opus stream on every transport", "[net]") {
+    // Issue 15, item 1: the shared Ogg encoder aborted the process on a stream with no audio.
+    // The scripted engine makes no audio at all here, whatever the text.
+    FakeConfig cfg;
+    cfg.seconds_per_byte = 0.0;
+    Server s(cfg);
+    const auto check_empty_ogg = [](const std::string& bytes) {
+        bool ok = false;
+        CHECK(ogg_opus_decode_48k(bytes, &ok).empty());
+        CHECK(ok);
+        CHECK(ogg_ends_with_eos(bytes));
+    };
+    for (const bool stream : {false, true}) {
+        INFO("HTTP " << (stream ? "streamed" : "whole file"));
+        const HttpResult r = curl_post(s.port(), "/v1/audio/speech", speech_json(kText, "opus", stream));
+        REQUIRE(r.status == 200);
+        CHECK(r.curl_exit == 0);
+        check_empty_ogg(r.body);
+    }
+    const int fd = raw_connect(s.tcp_port());
+    REQUIRE(fd >= 0);
+    REQUIRE(raw_send(fd, kText + "\n"));
+    bool eof = false;
+    const std::string tcp_bytes = raw_recv(fd, 5000ms, 1 << 20, &eof);
+    ::close(fd);
+    CHECK(eof);
+    check_empty_ogg(tcp_bytes);
+    WsClient ws(s.port());
+    REQUIRE(ws.connected());
+    REQUIRE(ws.send_text(json{{"type", "start"}, {"format", "ogg"}, {"text", kText}, {"end", true}}.dump()));
+    const WsUtterance u = ws_utterance_read(ws);
+    REQUIRE(!u.done.is_null());
+    CHECK(u.done["samples"] == 0);
+    std::string ws_bytes;
+    for (const auto& a : u.audio) ws_bytes += a;
+    check_empty_ogg(ws_bytes);
+    ws.close();
+    CHECK(server_healthy(s.port()));
 }
 
 TEST_CASE("plain TCP with nc: one line in, Ogg Opus out", "[net]") {
@@ -624,7 +675,12 @@ TEST_CASE("idle and half-sent requests time out", "[net]") {
     CHECK(raw_wait_closed(idle, 3000ms));
     CHECK(raw_wait_closed(partial, 3000ms));
     CHECK(raw_wait_closed(tcp_idle, 3000ms));
-    CHECK(!ws.read());  // the server closes the idle WebSocket too
+    // The idle WebSocket ends with an error event and a close frame, not a dropped socket.
+    const auto idle_event = ws.read();
+    REQUIRE(idle_event);
+    CHECK(json::parse(idle_event->data)["error"]["code"] == "idle_timeout");
+    CHECK(!ws.read());
+    CHECK(ws.close_reason().code == boost::beast::websocket::close_code::normal);
     ::close(idle);
     ::close(partial);
     ::close(tcp_idle);
@@ -790,4 +846,166 @@ TEST_CASE("soak: 500 mixed requests leave the server's memory flat and nothing i
     const double growth_mb = (double(rss_end) - double(rss_warm)) / 1e6;
     INFO("RSS after warm-up " << rss_warm / 1e6 << " MB, after 500 requests " << rss_end / 1e6 << " MB");
     CHECK(growth_mb < 4.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Readiness and graceful drain (issue 15 item 7, issue 22)
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("while the model loads: /livez 200, /readyz and new work 503 'loading'; ready once attached", "[net]") {
+    FakeSpeechService fake;
+    qtts::DeferredSpeechService deferred("fake-sine");
+    qtts::ServerOptions o;
+    o.port = 0;
+    o.tcp_port = 0;
+    qtts::HttpServer server(deferred, o);
+    server.start();
+    const int port = server.port();
+
+    CHECK(curl_get(port, "/livez").status == 200);
+    const HttpResult ready = curl_get(port, "/readyz");
+    CHECK(ready.status == 503);
+    CHECK(json::parse(ready.body)["reason"] == "loading");
+    const HttpResult health = curl_get(port, "/healthz");
+    CHECK(health.status == 503);
+    CHECK(json::parse(health.body)["status"] == "loading");
+    const HttpResult speech = curl_post(port, "/v1/audio/speech", speech_json("Hi there.", "pcm", false, "\"voice\":\"Alto\""));
+    CHECK(speech.status == 503);
+    require_error_body(speech.body, "unavailable_error");
+    CHECK(json::parse(speech.body)["error"]["code"] == "loading");
+    CHECK(speech.headers.find("Retry-After") != std::string::npos);
+    CHECK(curl_get(port, "/v1/audio/voices").status == 503);
+    const int fd = raw_connect(server.tcp_port());
+    REQUIRE(fd >= 0);
+    REQUIRE(raw_send(fd, "Hi there.\n"));
+    CHECK(raw_recv(fd, 3000ms, 4096).rfind("ERROR: the model is still loading", 0) == 0);
+    ::close(fd);
+    WsClient ws(port);
+    REQUIRE(ws.connected());
+    REQUIRE(ws.send_text(json{{"type", "start"}, {"text", "Hi."}, {"end", true}}.dump()));
+    const auto refused = ws.read();
+    REQUIRE(refused);
+    CHECK(json::parse(refused->data)["error"]["code"] == "loading");
+
+    deferred.attach(fake);
+    CHECK(curl_get(port, "/readyz").status == 200);
+    CHECK(curl_get(port, "/healthz").status == 200);
+    CHECK(curl_post(port, "/v1/audio/speech", speech_json("Hi there.", "pcm", false, "\"voice\":\"Alto\"")).status == 200);
+    // The WebSocket that was refused while loading stays open and now speaks.
+    REQUIRE(ws.send_text(json{{"type", "start"}, {"text", "Hi."}, {"end", true}}.dump()));
+    const WsUtterance u = ws_utterance_read(ws);
+    REQUIRE(!u.done.is_null());
+    CHECK(u.done["stop_reason"] == "eos");
+    ws.close();
+    server.stop();
+}
+
+TEST_CASE("drain: new work is refused, running streams finish until the deadline, the rest are cut with a terminal message",
+          "[net]") {
+    FakeConfig cfg;
+    cfg.chunk_interval = std::chrono::milliseconds(40);  // 80 ms of audio per 40 ms: kText lasts ~0.25 s
+    Server s(cfg);
+    const std::string long_text(2000, 'a');  // 20 s of audio, 10 s to make: outlasts the deadline
+
+    // Six streams running when the drain begins: one that finishes in time, five cut.
+    WsClient ws_short(s.port()), ws_long(s.port());
+    REQUIRE(ws_short.connected());
+    REQUIRE(ws_long.connected());
+    REQUIRE(ws_long.send_text(json{{"type", "start"}, {"format", "pcm"}, {"text", long_text}, {"end", true}}.dump()));
+    REQUIRE(ws_long.read_until_event({"first_audio"}));
+    CommandResult http_stream, http_sse, http_whole;
+    std::thread t1([&] {
+        http_stream = command_run("timeout 20 curl -s -N -o /dev/null --data-binary '" + speech_json(long_text, "pcm", true) +
+                                  "' http://127.0.0.1:" + std::to_string(s.port()) + "/v1/audio/speech; echo \" $?\"");
+    });
+    std::thread t2([&] {
+        http_sse = command_run("timeout 20 curl -s -N --data-binary '" +
+                               speech_json(long_text, "pcm", true, "\"stream_format\":\"sse\"") + "' http://127.0.0.1:" +
+                               std::to_string(s.port()) + "/v1/audio/speech");
+    });
+    std::thread t3([&] {
+        http_whole = command_run("timeout 20 curl -s -w ' %{http_code}' --data-binary '" + speech_json(long_text, "wav", false) +
+                                 "' http://127.0.0.1:" + std::to_string(s.port()) + "/v1/audio/speech");
+    });
+    const int tcp = raw_connect(s.tcp_port());
+    REQUIRE(tcp >= 0);
+    REQUIRE(raw_send(tcp, long_text + "\n"));
+    REQUIRE(wait_until([&] { return s.server->active_streams() == 5; }, 5000ms));
+    REQUIRE(ws_short.send_text(json{{"type", "start"}, {"format", "pcm"}, {"text", kText}, {"end", true}}.dump()));
+    REQUIRE(wait_until([&] { return s.server->active_streams() == 6; }, 5000ms));
+    // The long WebSocket keeps reading (a client that does not read cannot be sent its ending).
+    WsUtterance long_u;
+    bool long_closed = false;
+    std::thread long_reader([&] {
+        long_u = ws_utterance_read(ws_long);
+        long_closed = !ws_long.read();
+    });
+
+    qtts::DrainReport report;
+    const auto t0 = Clock::now();
+    std::thread drainer([&] { report = s.server->drain(1500ms); });
+    REQUIRE(wait_until([&] { return curl_get(s.port(), "/readyz").status == 503; }, 2000ms));
+
+    // While draining: alive, not ready, new work refused with a clear 503 / error.
+    const HttpResult ready = curl_get(s.port(), "/readyz");
+    CHECK(json::parse(ready.body)["reason"] == "draining");
+    CHECK(curl_get(s.port(), "/livez").status == 200);
+    CHECK(curl_get(s.port(), "/healthz").status == 503);
+    const HttpResult refused = curl_post(s.port(), "/v1/audio/speech", speech_json(kText, "pcm", false));
+    CHECK(refused.status == 503);
+    require_error_body(refused.body, "unavailable_error");
+    CHECK(json::parse(refused.body)["error"]["code"] == "draining");
+    WsClient ws_new(s.port());
+    REQUIRE(ws_new.connected());
+    REQUIRE(ws_new.send_text(json{{"type", "start"}, {"text", kText}, {"end", true}}.dump()));
+    const auto ws_refused = ws_new.read();
+    REQUIRE(ws_refused);
+    CHECK(json::parse(ws_refused->data)["error"]["code"] == "draining");
+    CHECK(!ws_new.read());
+    CHECK(ws_new.close_reason().code == boost::beast::websocket::close_code::going_away);
+    const int tcp_new = raw_connect(s.tcp_port());
+    REQUIRE(tcp_new >= 0);
+    REQUIRE(raw_send(tcp_new, "Hello.\n"));
+    CHECK(raw_recv(tcp_new, 3000ms, 4096).rfind("ERROR: the server is shutting down", 0) == 0);
+    ::close(tcp_new);
+
+    // The short stream finishes normally, then the server says goodbye (1001).
+    const WsUtterance short_u = ws_utterance_read(ws_short);
+    REQUIRE(!short_u.done.is_null());
+    CHECK(short_u.done["stop_reason"] == "eos");
+    CHECK(short_u.errors.empty());
+    CHECK(short_u.done["samples"] == fake_samples_for(kText.size(), cfg.seconds_per_byte));
+    CHECK(!ws_short.read());
+    CHECK(ws_short.close_reason().code == boost::beast::websocket::close_code::going_away);
+
+    drainer.join();
+    const double drain_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    CHECK(drain_seconds < 1.5 + 3.0);  // the deadline, then at most the terminal flush
+    CHECK(report.running == 6);
+    CHECK(report.finished == 1);
+    CHECK(report.cut == 5);
+    t1.join();
+    t2.join();
+    t3.join();
+
+    // Cut streams: each gets its terminal message.
+    long_reader.join();
+    REQUIRE(long_u.errors.size() == 1);
+    CHECK(long_u.errors[0]["error"]["code"] == "stopping");
+    REQUIRE(!long_u.done.is_null());
+    CHECK(long_u.done["stop_reason"] == "shutdown");
+    CHECK(long_closed);
+    CHECK(ws_long.close_reason().code == boost::beast::websocket::close_code::going_away);
+    CHECK(http_stream.out.find(" 18") != std::string::npos);  // curl: transfer closed with data outstanding
+    const SseResult sse = sse_parse(http_sse.out);
+    REQUIRE(!sse.events.empty());
+    CHECK(sse.events.back()["type"] == "error");
+    CHECK(http_whole.out.find("\"code\":\"stopping\"") != std::string::npos);
+    CHECK(http_whole.out.find(" 503") != std::string::npos);
+    // TCP: the Ogg stream stops without its end-of-stream page (a truncated stream, as on a failure).
+    bool eof = false;
+    const std::string tcp_bytes = raw_recv(tcp, 3000ms, 1 << 24, &eof);
+    CHECK(eof);
+    ::close(tcp);
+    CHECK(ogg_pages_complete(tcp_bytes) >= 3);
+    CHECK(!ogg_ends_with_eos(tcp_bytes));
 }

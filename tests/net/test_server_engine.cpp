@@ -5,78 +5,31 @@
 
 #include <nlohmann/json.hpp>
 
-#include "audio_io/http_server.h"
 #include "audio_io/opus_encoder.h"
-#include "common/log.h"
-#include "net_test_support.h"
-#include "runtime/engine.h"
+#include "engine_server.h"
 
 using namespace net_test;
 using json = nlohmann::json;
 
 namespace {
 
-struct EngineServer {
-    qtts::Engine engine;
-    qtts::EngineSpeechService service;
-    RecordingService recorder;
-    qtts::HttpServer server;
-
-    static qtts::EngineOptions engine_options() {
-        qtts::EngineOptions o;  // empty model_dir: the embedded default model
-        o.max_streams = 16;
-        return o;
-    }
-    static qtts::ServerOptions server_options() {
-        qtts::ServerOptions o;
-        o.port = 0;
-        o.tcp_port = 0;
-        o.max_streams = 16;
-        // The waveform comparison below needs a near-transparent codec: the default model (random
-        // weights) makes noise-like audio, which a 32 kb/s perceptual coder does not keep sample
-        // for sample (measured: correlation ~0.64 at 32 kb/s, 0.999 at 128 kb/s once the DC
-        // offset is removed). The default bitrate is exercised against the sine in test_server.
-        o.bitrate = 128000;
-        // Random weights rarely say end-of-speech: cap each request at 4 s of audio so the
-        // frame budget (tens of seconds for a sentence) does not set the test's run time.
-        o.max_audio_seconds = 4.0;
-        return o;
-    }
-
-    EngineServer()
-        : engine(engine_options()),
-          service(engine, "default"),
-          recorder(service),
-          server(recorder, server_options()) {
-        server.start();
-    }
-    int port() const { return server.port(); }
-};
-
 EngineServer& shared_server() {
     qtts::log();  // create the logger first, so it outlives the server at exit
-    static EngineServer s;
+    qtts::ServerOptions o = EngineServer::server_options(4.0);
+    // The waveform comparison below needs a near-transparent codec: the default model (random
+    // weights) makes noise-like audio, which a 32 kb/s perceptual coder does not keep sample
+    // for sample (measured: correlation ~0.64 at 32 kb/s, 0.999 at 128 kb/s once the DC
+    // offset is removed). The default bitrate is exercised against the sine in test_server.
+    o.bitrate = 128000;
+    static EngineServer s(o);
     return s;
-}
-
-// A speaker the model has (empty for models without preset voices).
-std::string first_voice(const EngineServer& s) {
-    const auto v = s.service.voices();
-    return v.empty() ? "" : v.front();
-}
-
-std::string body_for(const std::string& text, const std::string& format, bool stream, uint64_t seed, const std::string& voice) {
-    json j = {{"model", "qtts"}, {"input", text}, {"response_format", format}, {"seed", seed}};
-    if (stream) j["stream"] = true;
-    if (!voice.empty()) j["voice"] = voice;
-    return j.dump();
 }
 
 // The recorder entry of the most recent request.
 RecordingService::Entry last_entry(const EngineServer& s) {
-    const auto entries = s.recorder.entries();
-    REQUIRE(!entries.empty());
-    return entries.back();
+    const auto entry = s.last_entry();
+    REQUIRE(entry);
+    return *entry;
 }
 
 }  // namespace
@@ -96,9 +49,9 @@ TEST_CASE("engine: voices and health come from the engine", "[net]") {
 
 TEST_CASE("engine: streamed Ogg Opus decodes close to the PCM of the same request and seed", "[net]") {
     EngineServer& s = shared_server();
-    const std::string voice = first_voice(s);
+    const std::string voice = s.first_voice();
     const std::string text = "Hello from the streaming server.";
-    const HttpResult pcm = curl_post(s.port(), "/v1/audio/speech", body_for(text, "pcm", false, 1234, voice));
+    const HttpResult pcm = curl_post(s.port(), "/v1/audio/speech", speech_body(text, "pcm", false, 1234, voice));
     REQUIRE(pcm.status == 200);
     const auto pcm_entry = last_entry(s);
     const qtts::StreamMetrics pm = pcm_entry.stream->metrics();
@@ -106,7 +59,7 @@ TEST_CASE("engine: streamed Ogg Opus decodes close to the PCM of the same reques
     REQUIRE(!reference.empty());
     CHECK(int64_t(reference.size()) == pm.samples);  // nothing lost or added between engine and client
 
-    const HttpResult opus = curl_post(s.port(), "/v1/audio/speech", body_for(text, "opus", true, 1234, voice));
+    const HttpResult opus = curl_post(s.port(), "/v1/audio/speech", speech_body(text, "opus", true, 1234, voice));
     REQUIRE(opus.status == 200);
     CHECK(opus.headers.find("Transfer-Encoding: chunked") != std::string::npos);
     bool ok = false;
@@ -124,7 +77,7 @@ TEST_CASE("engine: the first audio page arrives before generation ends", "[net]"
     EngineServer& s = shared_server();
     const std::string text = "This sentence is long enough to need several chunks of audio from the engine.";
     const std::string in = temp_path("engine-stream.json");
-    file_write(in, body_for(text, "opus", true, 7, first_voice(s)));
+    file_write(in, speech_body(text, "opus", true, 7, s.first_voice()));
     const std::string cmd = "timeout 60 curl -s -N --max-time 55 --data-binary @" + in + " http://127.0.0.1:" +
                             std::to_string(s.port()) + "/v1/audio/speech";
     FILE* p = popen(cmd.c_str(), "r");
@@ -153,7 +106,7 @@ TEST_CASE("engine: WebSocket text appended while speaking continues the same utt
     WsClient ws(s.port(), 60000ms);
     REQUIRE(ws.connected());
     json start = {{"type", "start"}, {"format", "opus"}, {"seed", 5}, {"text", "Good morning,"}};
-    if (!first_voice(s).empty()) start["voice"] = first_voice(s);
+    if (!s.first_voice().empty()) start["voice"] = s.first_voice();
     REQUIRE(ws.send_text(start.dump()));
     auto started = ws.read_until_event({"started", "error"});
     REQUIRE(started);
@@ -192,7 +145,7 @@ TEST_CASE("engine: plain TCP with nc returns a complete Ogg Opus stream", "[net]
     EngineServer& s = shared_server();
     const std::string in = temp_path("engine-line.txt");
     file_write(in, "Plain sockets work too.\n");
-    const CommandResult r = command_run("timeout 60 nc 127.0.0.1 " + std::to_string(s.server.tcp_port()) + " < " + in);
+    const CommandResult r = command_run("timeout 60 nc 127.0.0.1 " + std::to_string(s.tcp_port()) + " < " + in);
     REQUIRE(r.exit_code == 0);
     bool ok = false;
     const auto decoded = decimate2(ogg_opus_decode_48k(r.out, &ok));
@@ -204,9 +157,9 @@ TEST_CASE("engine: plain TCP with nc returns a complete Ogg Opus stream", "[net]
 TEST_CASE("engine: a client that disconnects mid-stream cancels its engine stream", "[net]") {
     EngineServer& s = shared_server();
     const int64_t cancelled_before = s.engine.stats().cancelled;
-    const std::string body = body_for("A long sentence that the client will not wait to hear the end of, because it leaves "
+    const std::string body = speech_body("A long sentence that the client will not wait to hear the end of, because it leaves "
                                       "right after the first audio arrives.",
-                                      "pcm", true, 3, first_voice(s));
+                                      "pcm", true, 3, s.first_voice());
     const int fd = raw_connect(s.port());
     REQUIRE(fd >= 0);
     REQUIRE(raw_send(fd, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
@@ -226,7 +179,7 @@ TEST_CASE("engine: a client that disconnects mid-stream cancels its engine strea
 TEST_CASE("engine: load: 16 concurrent streaming clients all complete with no errors", "[net]") {
     EngineServer& s = shared_server();
     const std::string in = temp_path("engine-load.json");
-    file_write(in, body_for("Hi there.", "opus", true, 9, first_voice(s)));
+    file_write(in, speech_body("Hi there.", "opus", true, 9, s.first_voice()));
     const std::string dir = temp_path("engine-load");
     const uint64_t busy_before = s.server.metrics().errors("busy");
     CHECK(curl_clients_parallel(s.port(), in, dir, 16, 55) == 16);

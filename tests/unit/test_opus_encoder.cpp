@@ -214,6 +214,64 @@ TEST_CASE("raw Opus packets: 20 ms frames, timeline, padding to cover the delay,
     CHECK(std::abs(lag) <= 1);  // pre_skip lines it up (to the codec's sub-sample phase)
 }
 
+TEST_CASE("an utterance with no samples ends as a valid empty stream in both encoders", "[unit]") {
+    // Issue 15, item 1: a WebSocket `ogg` utterance that produced nothing used to abort the
+    // process inside libopusenc's drain. Each way the server can reach finish() with no audio.
+    for (int headers_first = 0; headers_first < 2; ++headers_first) {
+        INFO("header pages requested first: " << headers_first);
+        qtts::OggOpusStreamEncoder enc;
+        std::string bytes = headers_first ? enc.header_pages() : std::string();
+        bytes += enc.write(nullptr, 0);
+        bytes += enc.finish();
+        CHECK(enc.finished());
+        CHECK(enc.samples_paged() == 0);
+        const auto pages = ogg_parse(bytes);
+        REQUIRE(pages.size() >= 2);
+        REQUIRE(!pages[0].packets.empty());
+        const std::string& opus_head = pages[0].packets[0];
+        REQUIRE(opus_head.compare(0, 8, "OpusHead") == 0);
+        const int pre_skip = uint8_t(opus_head[10]) | (uint8_t(opus_head[11]) << 8);
+        CHECK((pages.back().flags & 0x04) != 0);  // end of stream
+        CHECK(pages.back().granule <= pre_skip);  // nothing to play after the pre-skip
+        CHECK(enc.finish().empty());              // idempotent
+    }
+    qtts::OpusPacketEncoder packets_enc;
+    std::vector<qtts::OpusPacket> packets;
+    packets_enc.finish(packets);
+    REQUIRE(!packets.empty());
+    CHECK(packets.back().last);
+    CHECK(packets_enc.samples_covered(packets.back()) == 0);
+}
+
+TEST_CASE("samples_paged and samples_covered say what a client can decode from what it has", "[unit]") {
+    const auto x = voice_like(24000 + 700, 5);
+    qtts::OggOpusStreamEncoder ogg;
+    ogg.header_pages();
+    int64_t previous = 0;
+    for (size_t pos = 0; pos < x.size(); pos += 1920) {
+        const size_t n = std::min<size_t>(1920, x.size() - pos);
+        const auto pages = ogg_parse(ogg.write(x.data() + pos, n));
+        CHECK(ogg.samples_paged() >= previous);
+        CHECK(ogg.samples_paged() <= ogg.samples_written());
+        // Recomputed from the page itself: (granule - pre-skip) at 48 kHz, halved.
+        if (!pages.empty() && pages.back().granule > 0) CHECK(ogg.samples_paged() > 0);
+        previous = ogg.samples_paged();
+    }
+    CHECK(ogg.samples_paged() < ogg.samples_written());  // the encoder delay holds some back
+    ogg.finish();
+    CHECK(ogg.samples_paged() == int64_t(x.size()));
+
+    qtts::OpusPacketEncoder enc;
+    std::vector<qtts::OpusPacket> packets;
+    enc.write(x.data(), x.size(), packets);
+    REQUIRE(!packets.empty());
+    // Packet k covers the input up to (k + 1) * 480 - pre_skip.
+    CHECK(enc.samples_covered(packets[0]) == 480 - enc.pre_skip());
+    CHECK(enc.samples_covered(packets.back()) == int64_t(packets.size()) * 480 - enc.pre_skip());
+    enc.finish(packets);
+    CHECK(enc.samples_covered(packets.back()) == int64_t(x.size()));
+}
+
 TEST_CASE("the bitrate option changes the size of the stream", "[unit]") {
     const auto x = voice_like(48000, 3);
     size_t bytes[2] = {0, 0};
