@@ -318,6 +318,7 @@ void ServerCore::stream_slot_release() { active_streams.fetch_sub(1); }
 std::string ServerCore::unready_reason() const {
     if (stopping.load()) return "stopping";
     if (draining.load()) return "draining";
+    if (!service.failure().empty()) return "failed";
     if (!service.ready()) return "loading";
     return "";
 }
@@ -326,6 +327,8 @@ RequestError ServerCore::unready_error(const std::string& reason) const {
     std::string message;
     if (reason == "loading") {
         message = "the model is still loading; retry in a few seconds (GET /readyz answers 200 once it is ready)";
+    } else if (reason == "failed") {
+        message = "this server's speech backend failed (" + service.failure() + "); retry on another instance";
     } else if (reason == "draining") {
         message = "the server is shutting down and takes no new streams; retry on another instance";
     } else {

@@ -45,6 +45,9 @@ public:
     // False while the service cannot take requests yet (a model still loading). A ready engine is
     // warm: the engine warms up inside its start-up, before it is handed to the server.
     virtual bool ready() const { return true; }
+    // Why the service can no longer serve (its backend failed for good: a lost GPU); empty while
+    // it can. A failed service is not ready, for good.
+    virtual std::string failure() const { return ""; }
 };
 
 // Stands in for a service that is still being built, so the server can listen (and answer
@@ -79,6 +82,10 @@ public:
         SpeechService* s = service_.load();
         return s && s->ready();
     }
+    std::string failure() const override {
+        SpeechService* s = service_.load();
+        return s ? s->failure() : "";
+    }
 
 private:
     std::string model_name_;
@@ -97,6 +104,8 @@ public:
     std::vector<std::string> languages() const override;
     std::string model_name() const override { return model_name_; }
     std::string backend_name() const override;
+    bool ready() const override { return failure().empty(); }
+    std::string failure() const override;
 
 private:
     Engine& engine_;

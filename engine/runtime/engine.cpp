@@ -369,6 +369,8 @@ std::shared_ptr<Stream> Engine::submit(const SpeechRequest& request) {
                         size_t(std::max(impl_->options.chunk_frames, impl_->options.first_chunk_frames)) * 1920;
     Impl* impl = impl_.get();
     auto stream = std::make_shared<StreamImpl>(impl_->next_id.fetch_add(1), std::move(prepared), ring, [impl] { impl->wake(); });
+    // Incremental text: the request's own text (validated by prepare) is the first piece.
+    if (request.incremental && !request.text.empty()) stream->text_append(request.text);
     {
         std::lock_guard<std::mutex> lock(impl_->stats_mutex);
         ++impl_->stats.requests;

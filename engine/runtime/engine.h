@@ -20,7 +20,8 @@ namespace qtts {
 struct Checkpoint;
 
 struct SpeechRequest {
-    std::string text;                // the sentence(s) to speak; may be empty when `incremental`
+    std::string text;                // the sentence(s) to speak; when `incremental`, the first piece
+                                     // of the text (may be empty: all of it comes by text_append)
     std::string speaker;             // CustomVoice speaker (case-insensitive); empty = model default
     std::string language = "auto";   // a language name or "auto"
     std::string instruct;            // VoiceDesign description / CustomVoice style instruction

@@ -427,7 +427,8 @@ void Utterance::incremental_commit(bool all) {
 }
 
 bool Utterance::incremental_start() {
-    if (committed_ids_.empty()) return false;
+    // Whitespace alone is no text to speak: wait for more (text_close() on blank text fails).
+    if (committed_ids_.empty() || !text_seen_) return false;
     PromptRequest req = prepared_.base;
     const auto role = model_->assistant_ids("");  // role + end template, no text
     // assistant_ids("") = [im_start, assistant, \n, im_end, \n, im_start, assistant, \n]
@@ -450,6 +451,7 @@ void Utterance::text_append(const std::string& text) {
     if (text_closed_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text was already closed");
     if (!utf8_is_valid(text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "appended text is not valid UTF-8");
     pending_text_ += text;
+    text_seen_ = text_seen_ || !text_is_blank(text);
     incremental_commit(false);
     if (generating_ && !committed_ids_.empty()) {
         generator_->text_append(committed_ids_.data(), committed_ids_.size());
@@ -460,6 +462,10 @@ void Utterance::text_append(const std::string& text) {
 void Utterance::text_close() {
     if (!prepared_.incremental || text_closed_) return;
     text_closed_ = true;
+    if (!text_seen_ && frames_ == 0) {
+        done_ = true;
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
+    }
     incremental_commit(true);
     if (generating_) {
         if (!committed_ids_.empty()) generator_->text_append(committed_ids_.data(), committed_ids_.size());

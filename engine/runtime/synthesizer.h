@@ -217,6 +217,7 @@ private:
     std::string pending_text_;            // NFC text not yet tokenized
     std::vector<int32_t> committed_ids_;  // tokenized, not yet handed to the generator
     bool text_closed_ = false;
+    bool text_seen_ = false;              // some appended text was not whitespace
     std::vector<cpu::FrameCodes> frame_buf_;
 };
 

@@ -233,6 +233,15 @@ public:
     std::vector<std::string> languages() const override { return {"auto", "English", "Chinese"}; }
     std::string model_name() const override { return "fake-sine"; }
     std::string backend_name() const override { return "fake"; }
+    std::string failure() const override {
+        std::lock_guard<std::mutex> lock(m_);
+        return failure_;
+    }
+    // As an engine whose backend failed for good (Engine::failure).
+    void failure_set(const std::string& why) {
+        std::lock_guard<std::mutex> lock(m_);
+        failure_ = why;
+    }
 
     std::vector<std::shared_ptr<FakeStream>> streams() const {
         std::lock_guard<std::mutex> lock(m_);
@@ -257,6 +266,7 @@ private:
     mutable std::mutex m_;
     std::vector<std::shared_ptr<FakeStream>> streams_;
     std::vector<qtts::SpeechRequest> requests_;
+    std::string failure_;
 };
 
 // Wraps a service and records what it handed out.

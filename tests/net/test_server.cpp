@@ -851,6 +851,27 @@ TEST_CASE("soak: 500 mixed requests leave the server's memory flat and nothing i
 // ---------------------------------------------------------------------------------------------
 // Readiness and graceful drain (issue 15 item 7, issue 22)
 // ---------------------------------------------------------------------------------------------
+TEST_CASE("a service whose backend failed: /livez 200, /readyz and speech 503 'failed' naming the cause", "[net]") {
+    FakeSpeechService fake;
+    qtts::ServerOptions o;
+    o.port = 0;
+    o.tcp_port = 0;
+    qtts::HttpServer server(fake, o);
+    server.start();
+    const int port = server.port();
+    CHECK(curl_get(port, "/readyz").status == 200);
+    fake.failure_set("the cuda:0 backend failed: an illegal memory access was encountered");
+    CHECK(curl_get(port, "/livez").status == 200);
+    const HttpResult ready = curl_get(port, "/readyz");
+    CHECK(ready.status == 503);
+    CHECK(json::parse(ready.body)["reason"] == "failed");
+    CHECK(json::parse(curl_get(port, "/healthz").body)["status"] == "failed");
+    const HttpResult speech = curl_post(port, "/v1/audio/speech", speech_json("Hi there.", "pcm", false, "\"voice\":\"Alto\""));
+    CHECK(speech.status == 503);
+    CHECK_THAT(speech.body, Catch::Contains("illegal memory access"));
+    CHECK(fake.requests().empty());
+}
+
 TEST_CASE("while the model loads: /livez 200, /readyz and new work 503 'loading'; ready once attached", "[net]") {
     FakeSpeechService fake;
     qtts::DeferredSpeechService deferred("fake-sine");

@@ -127,6 +127,35 @@ TEST_CASE("a fault in one stream's step ends that stream alone; the others finis
     CHECK(read_all(*engine.submit(request("First healthy stream."))) == alone_a);
 }
 
+TEST_CASE("an incremental request's own text is its first piece; blank text is refused, not spoken", "[engine]") {
+    const std::string text = "The quick brown fox jumps over the lazy dog. How are you?";
+    Engine engine(EngineOptions{});
+    SpeechRequest whole = qtts_test::greedy_request(text, 30, kGreedySeed);
+    whole.text_layout = TextLayout::TEXT_LAYOUT_STREAMING;
+    auto a = engine.submit(whole);
+    read_all(*a);
+
+    SpeechRequest opening = qtts_test::greedy_request("The quick brown fox ", 30, kGreedySeed);
+    opening.incremental = true;
+    auto b = engine.submit(opening);
+    b->text_append("jumps over the lazy dog. How are you?");
+    b->text_close();
+    read_all(*b);
+    CHECK(b->error().empty());
+    CHECK(a->codes() == b->codes());
+
+    // Whitespace only, then closed: an error event, no audio, the slot freed.
+    SpeechRequest blank = qtts_test::greedy_request("   ", 30, kGreedySeed);
+    blank.incremental = true;
+    auto c = engine.submit(blank);
+    c->text_append(" \n\t ");
+    c->text_close();
+    CHECK(read_all(*c).empty());
+    CHECK(c->metrics().stop_reason == StopReason::STOP_ERROR);
+    CHECK_THAT(c->error(), Catch::Contains("empty"));
+    CHECK(engine.stats().active_streams == 0);
+}
+
 TEST_CASE("bad requests fail on submit with clear errors", "[engine]") {
     Engine engine(EngineOptions{});
     SpeechRequest r;
