@@ -97,3 +97,22 @@ TEST_CASE("config numbers must fit their fields", "[config]") {
         [] { generation_config_parse(R"({"top_k": 1e300, "max_new_tokens": 18446744073709551615})", "g.json"); },
         ErrorCode::ERROR_FORMAT, "top_k");
 }
+
+// The decoder's upsampling product overflowed an int for rates like [65536, 65536] (undefined
+// behaviour; it could even wrap onto decode_upsample_rate), and a zero rate was accepted.
+TEST_CASE("decoder upsampling rates are checked without overflow", "[config]") {
+    const json base = json::parse(speech_tokenizer_config_to_json(model_preset("tiny-customvoice").speech_config));
+    json j = base;
+    j["decoder_config"]["upsample_rates"] = json::array({65536, 65536, 65536});
+    j["decoder_config"]["upsampling_ratios"] = json::array();
+    qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
+                             "decode_upsample_rate");
+    j = base;
+    j["decoder_config"]["upsample_rates"] = json::array({8, 0, 4, 3});
+    qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
+                             "must be positive");
+    j = base;
+    j["decoder_config"]["upsample_rates"] = json::array({-8, -5, 4, 3});  // the product is right, the rates are not
+    qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
+                             "must be positive");
+}
