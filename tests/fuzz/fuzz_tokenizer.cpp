@@ -1,7 +1,7 @@
 // Fuzz target: the text tokenizer, text -> ids -> text. The vocabulary is the real Qwen2 one of
 // ../shared/reference/models/tiny-customvoice when present, else the embedded demo model's
-// (written to the qtts cache on first use, as `qtts say` does); QTTS_FUZZ_TOKENIZER_DIR names
-// another model folder.
+// (written to the qtts cache on first use, as `qtts say` does). QTTS_FUZZ_TOKENIZER_DIR names
+// another model folder, or `demo` for the demo model's vocabulary even when the reference is there.
 //
 // Properties: every id is in the vocabulary, decode() takes what encode() gives, and text with
 // no '<' (so no added token can match) comes back as its NFC form.
@@ -16,7 +16,10 @@
 namespace {
 
 std::string tokenizer_dir() {
-    if (const char* dir = std::getenv("QTTS_FUZZ_TOKENIZER_DIR"); dir && *dir) return dir;
+    const char* chosen = std::getenv("QTTS_FUZZ_TOKENIZER_DIR");
+    const std::string choice = chosen ? chosen : "";
+    if (choice == "demo") return qtts::default_model_dir();
+    if (!choice.empty()) return choice;
     const std::string reference = QTTS_REFERENCE_DIR "/models/tiny-customvoice";
     if (std::filesystem::exists(reference + "/vocab.json")) return reference;
     return qtts::default_model_dir();
