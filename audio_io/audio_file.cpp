@@ -111,11 +111,13 @@ AudioData audio_read(const std::string& path) {
     audio.sample_rate = info.samplerate;
     audio.source_channels = info.channels;
     audio.format_name = format_name;
-    audio.samples.resize(frames_declared);
 
     // Decode in blocks and mix each block straight into the mono output, so memory stays at one
-    // mono copy of the file whatever its channel count.
+    // mono copy of the file whatever its channel count. The output grows with what decodes: the
+    // header's frame count is only a claim (a 50-byte FLAC header can announce an hour at 768 kHz,
+    // 11 GB of samples, and hold none).
     constexpr size_t k_block_frames = 16384;
+    audio.samples.reserve(std::min(frames_declared, 64 * k_block_frames));
     std::vector<float> block(k_block_frames * channels);  // [k_block_frames, channels]
     const float channel_weight = 1.0f / float(channels);
     size_t frames_read = 0;
@@ -123,6 +125,7 @@ AudioData audio_read(const std::string& path) {
         const size_t want = std::min(k_block_frames, frames_declared - frames_read);
         const sf_count_t got = sf_readf_float(file, block.data(), sf_count_t(want));
         if (got <= 0) break;
+        audio.samples.resize(frames_read + size_t(got));
         for (size_t f = 0; f < size_t(got); ++f) {
             const float* frame = block.data() + f * channels;
             float sum = 0.0f;
@@ -146,7 +149,6 @@ AudioData audio_read(const std::string& path) {
                  "audio file '{}' is truncated or corrupt: {} samples announced, {} could be decoded", path,
                  frames_declared, frames_read);
         QTTS_LOG_DEBUG("{}: {} samples announced, {} decoded", path, frames_declared, frames_read);
-        audio.samples.resize(frames_read);
     }
     return audio;
 }

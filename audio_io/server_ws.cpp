@@ -155,7 +155,7 @@ private:
         json msg;
         try {
             msg = json::parse(data);
-        } catch (const json::parse_error& e) {
+        } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
             core_.metrics.error_count("bad_request");
             error_send("invalid_request_error", "", fmt::format("the message is not valid JSON: {}", e.what()));
             return;
@@ -240,7 +240,7 @@ private:
 
         json started = {{"type", "started"},
                         {"stream_id", stream_->id()},
-                        {"format", msg.value("format", std::string("opus"))},
+                        {"format", params.format_name},
                         {"sample_rate", kSampleRate},
                         {"channels", 1}};
         if (format_ == AudioFormat::AUDIO_FORMAT_OPUS_PACKETS) {
@@ -250,7 +250,7 @@ private:
         event_send(started);
         core_.pumps->job_add(PumpJob{stream_, std::move(formatter), shared_from_this()});
         // `start` may carry "end": true for a one-shot utterance.
-        if (msg.value("end", false)) append_handle(json{{"type", "end"}}, true);
+        if (params.text_complete) append_handle(json{{"type", "end"}}, true);
     }
 
     void append_handle(const json& msg, bool close_text) {

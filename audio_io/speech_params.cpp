@@ -96,8 +96,9 @@ json object_parse(const std::string& text, const char* what) {
     json body;
     try {
         body = json::parse(text);
-    } catch (const json::parse_error& e) {
-        // nlohmann rejects ill-formed UTF-8 inside strings here as well.
+    } catch (const json::exception& e) {
+        // parse_error, and out_of_range for a number past a double's range (1e999). nlohmann
+        // rejects ill-formed UTF-8 inside strings here as well.
         bad_request("", fmt::format("{} is not valid JSON: {}", what, e.what()));
     }
     if (!body.is_object()) bad_request("", fmt::format("{} must be a JSON object, got {}", what, json_type_name(body)));
@@ -261,6 +262,8 @@ SpeechParams speech_params_parse_ws_start(const json& message, const SpeechServi
     } else {
         bad_request("format", fmt::format("format '{}' is not supported; accepted: opus (raw packets), ogg, pcm", format));
     }
+    p.format_name = format;
+    p.text_complete = bool_field(message, "end", false);
     p.stream = true;
     return p;
 }

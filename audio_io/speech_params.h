@@ -56,6 +56,10 @@ struct SpeechParams {
     AudioFormat format = AudioFormat::AUDIO_FORMAT_OGG_OPUS;
     bool stream = false;  // chunked transfer as audio is generated
     bool sse = false;     // stream_format "sse": server-sent events with base64 audio
+    // WebSocket `start` only: the format as the protocol names it ("opus", "ogg", "pcm"), and
+    // "end": true (the text is complete, a one-shot utterance).
+    std::string format_name;
+    bool text_complete = false;
 };
 
 // True when text is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
@@ -68,7 +72,8 @@ bool utf8_valid(const std::string& text);
 SpeechParams speech_params_parse_http(const std::string& body, const SpeechService& service, const SpeechLimits& limits);
 
 // WebSocket `start`: voice, language, format (opus | ogg | pcm; default opus), instructions,
-// seed, and an optional first `text`. The request is incremental: more text comes with `append`.
+// seed, an optional first `text` and `end` (true: no more text follows). The request is
+// incremental: more text comes with `append`.
 SpeechParams speech_params_parse_ws_start(const nlohmann::json& message, const SpeechService& service,
                                           const SpeechLimits& limits);
 

@@ -19,6 +19,7 @@ packages=(
   libboost-dev                # Beast/Asio for the HTTP/WebSocket server
   libconcurrentqueue-dev libreaderwriterqueue-dev        # lock-free queues
   curl netcat-openbsd         # network integration tests
+  clang libclang-rt-14-dev    # libFuzzer + ASan/UBSan for the fuzz smoke run (tools/fuzz.sh)
 )
 
 SUDO=""

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +52,26 @@ json parse_json(const std::string& text, const std::string& source) {
     }
 }
 
+// The value as an int when it is an integer that fits one (an integral float such as 1024.0
+// counts); nullopt for anything else, so 1e300 or 2^40 are refused instead of wrapped.
+std::optional<int> int_fit(const json& v) {
+    constexpr int lo = std::numeric_limits<int>::min();
+    constexpr int hi = std::numeric_limits<int>::max();
+    if (v.is_number_unsigned()) {
+        const uint64_t u = v.get<uint64_t>();
+        return u <= uint64_t(hi) ? std::optional<int>(int(u)) : std::nullopt;
+    }
+    if (v.is_number_integer()) {
+        const int64_t i = v.get<int64_t>();
+        return i >= lo && i <= hi ? std::optional<int>(int(i)) : std::nullopt;
+    }
+    if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (std::isfinite(d) && d == std::floor(d) && d >= lo && d <= hi) return int(d);
+    }
+    return std::nullopt;
+}
+
 // Reads typed values with errors that name the file and the key path.
 struct Reader {
     const json& j;
@@ -61,11 +85,20 @@ struct Reader {
              has(key) ? j[key].dump() : "nothing");
     }
 
+    void num(const char* key, int* out) const {
+        if (!has(key)) return;
+        const std::optional<int> v = int_fit(j[key]);
+        if (!v) bad(key, "an integer of at most 32 bits");
+        *out = *v;
+    }
     template <typename T>
     void num(const char* key, T* out) const {
+        static_assert(std::is_floating_point_v<T>, "integer keys are read as int");
         if (!has(key)) return;
         if (!j[key].is_number()) bad(key, "a number");
-        *out = j[key].get<T>();
+        const double v = j[key].get<double>();
+        if (!(std::fabs(v) <= double(std::numeric_limits<T>::max()))) bad(key, "a finite number");
+        *out = T(v);
     }
     template <typename T>
     void num_required(const char* key, T* out) const {
@@ -87,8 +120,9 @@ struct Reader {
         if (!j[key].is_array()) bad(key, "an array of integers");
         out->clear();
         for (const json& v : j[key]) {
-            if (!v.is_number_integer()) bad(key, "an array of integers");
-            out->push_back(v.get<int>());
+            const std::optional<int> i = int_fit(v);
+            if (!i) bad(key, "an array of integers of at most 32 bits");
+            out->push_back(*i);
         }
     }
     Reader child(const char* key) const {
@@ -137,8 +171,8 @@ void validate_transformer(const TransformerConfig& c, const std::string& source,
 
 // spk_id values: an int or a one-element list of ints.
 int speaker_id_value(const json& v, const std::string& source, const std::string& name) {
-    if (v.is_number_integer()) return v.get<int>();
-    if (v.is_array() && v.size() == 1 && v[0].is_number_integer()) return v[0].get<int>();
+    const std::optional<int> id = int_fit(v.is_array() && v.size() == 1 ? v[0] : v);
+    if (id) return *id;
     fail(ErrorCode::ERROR_FORMAT, "{}: talker_config.spk_id['{}'] should be an int or a one-element list, found {}",
          source, name, v.dump());
 }
@@ -202,9 +236,10 @@ ModelConfig model_config_parse(const std::string& text, const std::string& sourc
     if (tr.has("codec_language_id")) {
         if (!tr.j["codec_language_id"].is_object()) tr.bad("codec_language_id", "an object");
         for (auto it = tr.j["codec_language_id"].begin(); it != tr.j["codec_language_id"].end(); ++it) {
-            if (!it.value().is_number_integer())
+            const std::optional<int> id = int_fit(it.value());
+            if (!id)
                 fail(ErrorCode::ERROR_FORMAT, "{}: talker_config.codec_language_id['{}'] should be an integer", source, it.key());
-            t.language_ids[to_lower(it.key())] = it.value().get<int>();
+            t.language_ids[to_lower(it.key())] = *id;
         }
     }
     validate_transformer(t, source, "talker_config");
@@ -279,9 +314,14 @@ SpeechTokenizerConfig speech_tokenizer_config_parse(const std::string& text, con
     dr.ints("upsample_rates", &d.upsample_rates);
     dr.ints("upsampling_ratios", &d.upsampling_ratios);
 
-    int total = 1;
-    for (int r : d.upsample_rates) total *= r;
-    for (int r : d.upsampling_ratios) total *= r;
+    // Checked as it goes: rates must be positive and the product stays far below int's range.
+    int64_t total = 1;
+    for (const std::vector<int>* rates : {&d.upsample_rates, &d.upsampling_ratios}) {
+        for (int r : *rates) {
+            if (r <= 0) fail(ErrorCode::ERROR_FORMAT, "{}: decoder upsampling rate {} must be positive", source, r);
+            total = std::min<int64_t>(total * r, int64_t(1) << 32);
+        }
+    }
     if (total != c.decode_upsample_rate)
         fail(ErrorCode::ERROR_FORMAT, "{}: decoder upsampling product {} does not equal decode_upsample_rate {}", source, total,
              c.decode_upsample_rate);

@@ -113,7 +113,10 @@ std::string TensorView::shape_str() const {
 
 static void convert_span_to_f32(const TensorView& t, size_t first, size_t count, float* out) {
     switch (t.dtype) {
-        case DType::DTYPE_F32: std::memcpy(out, t.data + first * 4, count * 4); return;
+        case DType::DTYPE_F32:
+            // An empty tensor's `out` may be null (an empty vector's data()), which memcpy must not get.
+            if (count > 0) std::memcpy(out, t.data + first * 4, count * 4);
+            return;
         case DType::DTYPE_BF16: {
             const uint8_t* p = t.data + first * 2;
             for (size_t i = 0; i < count; ++i) {

@@ -364,6 +364,23 @@ TEST_CASE("WebSocket: cancel stops the utterance; protocol errors are reported a
     auto done2 = ws.read_until_event({"done", "error"});
     REQUIRE(done2);
     CHECK(json::parse(*done2)["stop_reason"] == "eos");
+
+    // Found by fuzz_ws_message (tests/fuzz): a number past a double's range and an `end` that is not
+    // a boolean threw out of the message handler (no answer, and the stream already submitted).
+    ws.send_text(R"({"type":"start","seed":1e999})");
+    REQUIRE(ws.read_until_event({"error"}));
+    ws.send_text(R"({"type":"start","format":"pcm","text":"Hi.","end":"yes"})");
+    auto e3 = ws.read_until_event({"error", "started"});
+    REQUIRE(e3);
+    CHECK(json::parse(*e3)["error"]["param"] == "end");
+    // A null `format` is the default, echoed by name.
+    ws.send_text(R"({"type":"start","format":null,"text":"Hi."})");
+    auto started = ws.read_until_event({"started", "error"});
+    REQUIRE(started);
+    CHECK(json::parse(*started)["format"] == "opus");
+    ws.send_text(json{{"type", "end"}}.dump());
+    REQUIRE(ws.read_until_event({"done"}));
+    CHECK(wait_until([&] { return s.server->active_streams() == 0; }));
     ws.close();
 }
 

@@ -184,6 +184,18 @@ TEST_CASE("bad files give clear errors that name the file", "[audio_file]") {
             CHECK(std::string(e.what()).find(path) != std::string::npos);
         }
     }
+    SECTION("a FLAC header announcing an hour at 768 kHz, with no audio") {
+        // Found by fuzz_audio_file (tests/fuzz): the samples were allocated from the header's
+        // claim, 11 GB for these 42 bytes. Memory now grows with what decodes.
+        const uint64_t frames = 3600ull * 768000 - 1;
+        const uint64_t packed = (uint64_t(768000) << 44) | (uint64_t(16 - 1) << 36) | frames;  // mono, 16-bit
+        std::string streaminfo = {0x10, 0x00, 0x10, 0x00, 0, 0, 0, 0, 0, 0};  // block sizes 4096, frame sizes unknown
+        for (int i = 7; i >= 0; --i) streaminfo.push_back(char((packed >> (8 * i)) & 0xFF));
+        streaminfo.append(16, '\0');  // no MD5
+        const std::string path = temp_path("hour-header-only.flac");
+        file_write_bytes(path, std::string("fLaC") + char(0x80) + std::string({0, 0, char(streaminfo.size())}) + streaminfo);
+        require_read_error(path, qtts::ErrorCode::ERROR_FORMAT, "truncated or corrupt");
+    }
     SECTION("a valid WAV with zero samples") {
         const std::string path = temp_path("zero-length.wav");
         qtts::wav_write_file(path, {});

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "model/config.h"
 #include "model/make_model.h"
+#include "test_errors.h"
 
 using namespace qtts;
 using json = nlohmann::json;
@@ -57,4 +58,61 @@ TEST_CASE("bad config files give clear errors", "[config]") {
 
 TEST_CASE("unknown presets are listed", "[config]") {
     CHECK_THROWS_WITH(model_preset("0.6b-voicedesign"), Catch::Contains("1.7b-voicedesign"));
+}
+
+// Found by fuzz_config (tests/fuzz): numbers outside an int were converted anyway (1e300 into
+// an int is undefined behaviour; 2^40 wrapped). They are refused, naming the key.
+TEST_CASE("config numbers must fit their fields", "[config]") {
+    const json base = json::parse(model_config_to_json(model_preset("tiny-customvoice").config));
+    auto with_talker = [&](const char* key, const json& value) {
+        json j = base;
+        j["talker_config"][key] = value;
+        return j.dump();
+    };
+    for (const json& too_big : {json(1e300), json(int64_t(1) << 40), json(-(int64_t(1) << 40)),
+                                json(uint64_t(18446744073709551615ull)), json(2.5)}) {
+        INFO(too_big.dump());
+        qtts_test::require_error([&] { model_config_parse(with_talker("hidden_size", too_big), "c.json"); },
+                                 ErrorCode::ERROR_FORMAT, "talker_config.hidden_size");
+    }
+    // An integral float is an integer.
+    CHECK(model_config_parse(with_talker("vocab_size", 3072.0), "c.json").talker.vocab_size == 3072);
+
+    json j = base;
+    j["talker_config"]["spk_id"]["vivian"] = 1e12;
+    qtts_test::require_error([&] { model_config_parse(j.dump(), "c.json"); }, ErrorCode::ERROR_FORMAT, "spk_id['vivian']");
+    j = base;
+    j["talker_config"]["codec_language_id"]["english"] = json::array({1e12});
+    qtts_test::require_error([&] { model_config_parse(j.dump(), "c.json"); }, ErrorCode::ERROR_FORMAT,
+                             "codec_language_id['english']");
+    j = base;
+    j["talker_config"]["rope_scaling"]["mrope_section"] = json::array({24, 1e300});
+    qtts_test::require_error([&] { model_config_parse(j.dump(), "c.json"); }, ErrorCode::ERROR_FORMAT, "mrope_section");
+    // A float field that does not fit a float.
+    qtts_test::require_error([&] { model_config_parse(with_talker("rms_norm_eps", 1e300), "c.json"); },
+                             ErrorCode::ERROR_FORMAT, "talker_config.rms_norm_eps");
+
+    // The fuzzer's input.
+    qtts_test::require_error(
+        [] { generation_config_parse(R"({"top_k": 1e300, "max_new_tokens": 18446744073709551615})", "g.json"); },
+        ErrorCode::ERROR_FORMAT, "top_k");
+}
+
+// The decoder's upsampling product overflowed an int for rates like [65536, 65536] (undefined
+// behaviour; it could even wrap onto decode_upsample_rate), and a zero rate was accepted.
+TEST_CASE("decoder upsampling rates are checked without overflow", "[config]") {
+    const json base = json::parse(speech_tokenizer_config_to_json(model_preset("tiny-customvoice").speech_config));
+    json j = base;
+    j["decoder_config"]["upsample_rates"] = json::array({65536, 65536, 65536});
+    j["decoder_config"]["upsampling_ratios"] = json::array();
+    qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
+                             "decode_upsample_rate");
+    j = base;
+    j["decoder_config"]["upsample_rates"] = json::array({8, 0, 4, 3});
+    qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
+                             "must be positive");
+    j = base;
+    j["decoder_config"]["upsample_rates"] = json::array({-8, -5, 4, 3});  // the product is right, the rates are not
+    qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
+                             "must be positive");
 }

@@ -85,6 +85,23 @@ TEST_CASE("writer and reader round-trip every dtype", "[safetensors]") {
     CHECK_THROWS_WITH(f->get("nope"), Catch::Contains("missing tensor 'nope'"));
 }
 
+// Found by fuzz_safetensors (tests/fuzz): converting an empty F32 tensor passed the empty output
+// vector's null data() to memcpy (undefined behaviour; a QTTS_SANITIZE_UNDEFINED build reports it).
+TEST_CASE("empty tensors convert to empty vectors", "[safetensors]") {
+    SafetensorsWriter w;
+    w.add_f32("empty.f32", {0, 4}, {});
+    w.add("empty.bf16", DType::DTYPE_BF16, {4, 0}, [](uint8_t*, size_t) {});
+    w.add("empty.i64", DType::DTYPE_I64, {0}, [](uint8_t*, size_t) {});
+    const std::string path = qtts_test::temp_dir() + "/empty.safetensors";
+    w.write(path);
+    auto f = SafetensorsFile::open(path);
+    CHECK(tensor_to_f32(f->get("empty.f32")).empty());
+    CHECK(tensor_to_f32(f->get("empty.bf16")).empty());
+    CHECK(tensor_to_i64(f->get("empty.i64")).empty());
+    tensor_rows_to_f32(f->get("empty.f32"), 0, 0, nullptr);
+    CHECK_THROWS_AS(tensor_to_f32(f->get("empty.i64")), Error);  // still an integer tensor
+}
+
 TEST_CASE("corrupt safetensors files give clear errors", "[safetensors]") {
     SECTION("missing file") { CHECK_THAT(error_of(qtts_test::temp_dir() + "/absent.safetensors"), Catch::Contains("cannot open")); }
     SECTION("shorter than the length prefix") {

@@ -162,6 +162,40 @@ TEST_CASE("WebSocket start and TCP lines", "[unit]") {
     CHECK_THROWS_AS(qtts::speech_params_parse_tcp_line("bad \xff", svc, {}), RequestError);
 }
 
+// Found by fuzz_ws_message (tests/fuzz): the server read `end` (and echoed `format`) from the raw
+// message after the stream had started, so {"end": "yes"} or {"format": null} threw a JSON type
+// error past the parser, with the stream submitted and its slot taken. The parser now reads both.
+// Found by fuzz_ws_message: a number past a double's range is not a parse_error for nlohmann
+// (out_of_range 406), and it went past the 400 answer.
+TEST_CASE("numbers too large for JSON doubles are a 400", "[unit]") {
+    NamesOnlyService svc({"Vivian"});
+    CHECK(rejection(R"({"input":"hi","seed":1e999})", svc).status() == 400);
+    CHECK(rejection(R"({"input":"hi","speed":-1e400})", svc).status() == 400);
+    CHECK_THROWS_AS(qtts::speech_params_parse_tcp_line(R"({"input":"hi","seed":1e999})", svc, {}), RequestError);
+}
+
+TEST_CASE("WebSocket start parses end and the format name up front", "[unit]") {
+    NamesOnlyService svc({"Vivian"});
+    const auto one_shot =
+        qtts::speech_params_parse_ws_start(json{{"type", "start"}, {"format", "OGG"}, {"text", "Hi."}, {"end", true}}, svc, {});
+    CHECK(one_shot.text_complete);
+    CHECK(one_shot.format_name == "ogg");
+    const auto open = qtts::speech_params_parse_ws_start(json{{"type", "start"}, {"format", nullptr}, {"end", nullptr}}, svc, {});
+    CHECK_FALSE(open.text_complete);
+    CHECK(open.format_name == "opus");
+    CHECK(open.format == AudioFormat::AUDIO_FORMAT_OPUS_PACKETS);
+    for (const json& end : {json("yes"), json(1), json::array()}) {
+        INFO(end.dump());
+        try {
+            qtts::speech_params_parse_ws_start(json{{"type", "start"}, {"end", end}}, svc, {});
+            FAIL("accepted end = " << end.dump());
+        } catch (const RequestError& e) {
+            CHECK(e.status() == 400);
+            CHECK(e.param() == "end");
+        }
+    }
+}
+
 TEST_CASE("the error body has the OpenAI shape and survives non-UTF-8 messages", "[unit]") {
     const json e = json::parse(qtts::error_body_json("bad voice", "invalid_request_error", "voice"));
     CHECK(e["error"]["message"] == "bad voice");
