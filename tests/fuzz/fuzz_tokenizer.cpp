@@ -51,6 +51,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (text.find('<') == std::string_view::npos)
             qtts::fuzz::property(back == qtts::utf8_nfc(text), "decode(encode(text)) == NFC(text)");
         tok.pretokenize(text);
+        // Request text as the engine reads it: added-token strings stay text, so the round trip
+        // holds for every input, '<' included.
+        const std::vector<int32_t> plain = tok.encode(text, qtts::AddedTokens::ADDED_TOKENS_AS_TEXT);
+        for (int32_t id : plain) {
+            qtts::fuzz::property(id >= 0 && id < tok.vocab_size(), "id inside the vocabulary");
+            qtts::fuzz::property(!tok.is_special(id), "plain text never yields a control token");
+        }
+        qtts::fuzz::property(tok.decode(plain) == qtts::utf8_nfc(text), "plain text: decode(encode) == NFC(text)");
     } catch (const qtts::Error& e) {
         qtts::fuzz::error_check(e);
     }
