@@ -427,7 +427,8 @@ void Utterance::incremental_commit(bool all) {
 }
 
 bool Utterance::incremental_start() {
-    // Whitespace alone is no text to speak: wait for more (text_close() on blank text fails).
+    // Whitespace alone is no text to speak: wait for more; closed blank text ends the utterance
+    // with no frames (STOP_EOS), like closed empty text.
     if (committed_ids_.empty() || !text_seen_) return false;
     PromptRequest req = prepared_.base;
     const auto role = model_->assistant_ids("");  // role + end template, no text
@@ -462,10 +463,6 @@ void Utterance::text_append(const std::string& text) {
 void Utterance::text_close() {
     if (!prepared_.incremental || text_closed_) return;
     text_closed_ = true;
-    if (!text_seen_ && frames_ == 0) {
-        done_ = true;
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
-    }
     incremental_commit(true);
     if (generating_) {
         if (!committed_ids_.empty()) generator_->text_append(committed_ids_.data(), committed_ids_.size());

@@ -869,13 +869,9 @@ TEST_CASE("soak: 500 mixed requests leave the server's memory flat and nothing i
 // Readiness and graceful drain (issue 15 item 7, issue 22)
 // ---------------------------------------------------------------------------------------------
 TEST_CASE("a service whose backend failed: /livez 200, /readyz and speech 503 'failed' naming the cause", "[net]") {
-    FakeSpeechService fake;
-    qtts::ServerOptions o;
-    o.port = 0;
-    o.tcp_port = 0;
-    qtts::HttpServer server(fake, o);
-    server.start();
-    const int port = server.port();
+    Server s;
+    FakeSpeechService& fake = s.service;
+    const int port = s.port();
     CHECK(curl_get(port, "/readyz").status == 200);
     fake.failure_set("the cuda:0 backend failed: an illegal memory access was encountered");
     CHECK(curl_get(port, "/livez").status == 200);

@@ -120,10 +120,10 @@ TEST_CASE("protocol: empty utterances end cleanly on every transport", "[net]") 
     WsClient ws(s.port(), 30000ms);
     REQUIRE(ws.connected());
     for (const std::string format : {"ogg", "opus", "pcm"}) {
-        // Closed with no text: in `start` itself, or by an `end` with empty text.
+        // Closed with no text to speak: blank text in `start` itself, or an `end` with empty text.
         for (const bool end_in_start : {true, false}) {
-            INFO("format " << format << (end_in_start ? ", start with end" : ", start then end with empty text"));
-            REQUIRE(ws.send_text(ws_start(s, format, g_seed++, "", end_in_start).dump()));
+            INFO("format " << format << (end_in_start ? ", start with blank text and end" : ", start then end with empty text"));
+            REQUIRE(ws.send_text(ws_start(s, format, g_seed++, end_in_start ? " \n  " : "", end_in_start).dump()));
             if (!end_in_start) REQUIRE(ws.send_text(R"({"type":"end","text":""})"));
             const WsUtterance u = ws_utterance_read(ws);
             REQUIRE(!u.done.is_null());
