@@ -862,7 +862,14 @@ TEST_CASE("soak: 500 mixed requests leave the server's memory flat and nothing i
     // (the fake service itself keeps ~400 small stream objects, well under 1 MB).
     const double growth_mb = (double(rss_end) - double(rss_warm)) / 1e6;
     INFO("RSS after warm-up " << rss_warm / 1e6 << " MB, after 500 requests " << rss_end / 1e6 << " MB");
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    // Sanitizer runtimes keep freed memory in quarantine and grow their shadow and history with
+    // every allocation (~20 MB over these 400 requests under TSan): RSS says nothing about leaks
+    // here. LeakSanitizer (the ASan build) is the leak check in these builds.
+    WARN("sanitizer build: the RSS growth check is skipped (" << growth_mb << " MB)");
+#else
     CHECK(growth_mb < 4.0);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
