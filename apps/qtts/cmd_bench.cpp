@@ -384,9 +384,8 @@ nlohmann::json cold_probe(const std::string& model_dir, int device, bool warm_up
         prepare_ms.push_back(ms_between(s0, s1));
         first_chunk_ms.push_back(ms_between(s2, s3));
     }
-    return {{"warm_up", warm_up},         {"load_s", load_s},         {"gap_ms", gap_ms},
-            {"ttfa_ms", ttfa},            {"prepare_ms", prepare_ms}, {"first_chunk_ms", first_chunk_ms},
-            {"first_ttfa_ms", ttfa[0]},   {"second_ttfa_ms", ttfa[1]}};
+    return {{"warm_up", warm_up}, {"load_s", load_s},         {"gap_ms", gap_ms},
+            {"ttfa_ms", ttfa},    {"prepare_ms", prepare_ms}, {"first_chunk_ms", first_chunk_ms}};
 }
 
 struct ColdRuns {
@@ -416,8 +415,8 @@ ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int p
         if (status != 0 || at == std::string::npos)
             qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: cold probe failed (status {}): {}", status, output);
         const auto line = nlohmann::json::parse(output.substr(at + 11));
-        runs.first_ms.push_back(line.at("first_ttfa_ms").get<double>());
-        runs.second_ms.push_back(line.at("second_ttfa_ms").get<double>());
+        runs.first_ms.push_back(line.at("ttfa_ms").at(0).get<double>());
+        runs.second_ms.push_back(line.at("ttfa_ms").at(1).get<double>());
         runs.load_s.push_back(line.at("load_s").get<double>());
         runs.probes.push_back(line);
     }

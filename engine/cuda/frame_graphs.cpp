@@ -49,8 +49,7 @@ GraphExec graph_instantiate(GpuContext& context, const std::string& name, cudaGr
     if (counted != cudaSuccess) cudaGraphDestroy(graph);
     CUDA_CHECK(counted);
 
-    size_t free_before = 0, free_after = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    const size_t free_before = device_free_bytes();
     const auto t1 = std::chrono::steady_clock::now();
     cudaGraphExec_t exec = nullptr;
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
@@ -60,7 +59,7 @@ GraphExec graph_instantiate(GpuContext& context, const std::string& name, cudaGr
     CUDA_CHECK(cudaGraphUpload(exec, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const double instantiate_ms = ms_since(t1);
-    CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+    const size_t free_after = device_free_bytes();
     GraphStats s;
     s.name = name;
     s.nodes = nodes;

@@ -85,6 +85,12 @@ void GpuContext::synchronize() {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+size_t device_free_bytes() {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+}
+
 bool GpuContext::recover() {
     guard_.check("GpuContext::recover");
     DeviceScope scope(device_);

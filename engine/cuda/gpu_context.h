@@ -31,6 +31,9 @@ private:
     bool changed_ = false;
 };
 
+// Free memory of the current device (cudaMemGetInfo), in bytes.
+size_t device_free_bytes();
+
 // True when QTTS_NO_CUDA_GRAPHS is set to anything but "" or "0".
 bool cuda_graphs_disabled_by_env();
 // QTTS_NO_FUSED_CHUNKS=1: LM and decoder chunks replay separately (cuda/fused_chunks.h).

@@ -5,7 +5,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "cuda/cuda_check.h"
 
 namespace qtts::cuda {
 
@@ -67,14 +66,6 @@ std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const
     pool->states_grow(options.states);
     return pool;
 }
-
-namespace {
-size_t device_free_bytes() {
-    size_t free = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return free;
-}
-}  // namespace
 
 void GpuGeneratorPool::states_grow(int total) {
     context_->guard().check("GpuGeneratorPool::states_grow");

@@ -45,7 +45,6 @@ StopReason stop_reason_from(cpu::StopReason r) {
     }
 }
 
-// Replaces `table` by `with` when `with` is given (same size required).
 // CUDA warm-up (SpeechModelOptions::warm_up). Graphs are per generator state, so every state
 // speaks a short sentence, all leased at once (so each is taken, not one again and again): one
 // first chunk and one steady chunk, which replays each chunk graph with its decoder. Kernels and
@@ -84,20 +83,19 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
     // per prefill chunk), and each kernel is loaded on its first launch, so one state sweeps the
     // row counts in steps of 8 (a first chunk each), then the streaming layout once.
     std::string text;
-    std::vector<std::string> sweep;
     for (size_t rows = 8; rows <= 136; rows += 8) {
         while (model->text_ids(text).size() < rows) text += "Every request should find a warm engine. ";
-        sweep.push_back(text);
-    }
-    for (size_t i = 0; i <= sweep.size(); ++i) {
         PreparedSpeech sized = prepared;
-        if (i == sweep.size()) sized.base.layout = TextLayout::TEXT_LAYOUT_STREAMING;
-        sized.segments.push_back(model->assistant_ids(sweep[std::min(i, sweep.size() - 1)]));
+        sized.segments.push_back(model->assistant_ids(text));
         Utterance utterance(model, sized);
-        if (i == sweep.size()) speak(utterance);
-        else if (utterance.chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
+        if (utterance.chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
             frames += utterance.frames();
     }
+    PreparedSpeech streaming = prepared;
+    streaming.base.layout = TextLayout::TEXT_LAYOUT_STREAMING;
+    streaming.segments.push_back(model->assistant_ids(text));
+    Utterance utterance(model, streaming);
+    speak(utterance);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     QTTS_LOG_INFO("warm-up: {} generator state(s), {} frames, {:.0f} ms", states, frames, ms);
 }
