@@ -140,13 +140,13 @@ private:
         rbuf_.consume(rbuf_.size());
         if (close_queued_ || timed_out_) {
             // The connection is ending: messages that cross our close frame are not acted on.
-        } else if (!text) {
-            if (!writing_) deadline_set(core_.options.idle_timeout);
-            error_send("invalid_request_error", "",
-                       "binary messages are not accepted; send JSON text messages: start, append, end, cancel");
         } else {
             if (!writing_) deadline_set(core_.options.idle_timeout);
-            message_handle(data);
+            if (text)
+                message_handle(data);
+            else
+                error_send("invalid_request_error", "",
+                           "binary messages are not accepted; send JSON text messages: start, append, end, cancel");
         }
         read_next();
     }
