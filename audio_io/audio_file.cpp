@@ -12,8 +12,8 @@
 #include <soxr.h>
 #include <unistd.h>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

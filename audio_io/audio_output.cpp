@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "audio_io/jitter_buffer.h"
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

@@ -8,7 +8,7 @@
 #define QTTS_HAVE_MXCSR 1
 #endif
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

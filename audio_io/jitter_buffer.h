@@ -27,7 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "audio_io/spsc_ring.h"
+#include "engine/common/spsc_ring.h"
 
 namespace qtts {
 

@@ -7,7 +7,7 @@
 #include <opus/opus.h>
 #include <opus/opusenc.h>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

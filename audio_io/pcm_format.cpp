@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "audio_io/jitter_buffer.h"
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 
 namespace qtts {
 

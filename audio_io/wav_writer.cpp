@@ -6,8 +6,8 @@
 
 #include <sndfile.h>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

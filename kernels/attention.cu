@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 #include "kernels/rope.cuh"
 
 #include <cuda_pipeline.h>

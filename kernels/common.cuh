@@ -34,7 +34,7 @@ using bf16_t = uint16_t;
 #include <atomic>
 #include <utility>
 
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 
 namespace qtts::kernels {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 
 namespace qtts::kernels {
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 
 namespace qtts::kernels {
 

@@ -1,6 +1,6 @@
 #include "kernels/rmsnorm.cuh"
 
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 
 namespace qtts::kernels {
 

@@ -1,4 +1,4 @@
-#include "bench_common.h"
+#include "apps/qtts/bench_common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/device.h"
-#include "common/error.h"
+#include "engine/common/device.h"
+#include "engine/common/error.h"
 
 namespace qtts_cli {
 

@@ -1,11 +1,11 @@
-#include "cli.h"
+#include "apps/qtts/cli.h"
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "common/error.h"
-#include "common/log.h"
-#include "model/make_model.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/model/make_model.h"
 
 namespace qtts_cli {
 

@@ -29,23 +29,24 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench_common.h"
-#include "cli.h"
-#include "common/device.h"
-#include "common/error.h"
-#include "common/log.h"
-#include "model/make_model.h"
-#include "model/weights.h"
-#include "runtime/sampling.h"
-#include "runtime/synthesizer.h"
-#include "text/prompt.h"
+#include "apps/qtts/bench_common.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/device.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/model/make_model.h"
+#include "engine/model/weights.h"
+#include "engine/generation/sampling.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/utterance.h"
+#include "engine/text/prompt.h"
 
 #ifdef QTTS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/frame_graphs.h"
-#include "cuda/gpu_generator.h"
-#include "cuda/gpu_speech_decoder.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/gpu_generator.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -499,7 +500,7 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
             const auto g0 = Clock::now();
             gen->start(prompt, prepared.params, 500 + uint64_t(r));
             const auto g1 = Clock::now();
-            qtts::cpu::FrameCodes frame{};
+            qtts::FrameCodes frame{};
             gen->next_frame(frame);
             const auto g2 = Clock::now();
             if (r == 0) continue;
@@ -592,8 +593,8 @@ int bench_cuda(const qtts_cli::Args& args) {
         const auto t0 = Clock::now();
         gen.start(prompt, params, 42 + uint64_t(r));
         const auto t1 = Clock::now();
-        qtts::cpu::FrameCodes codes{};
-        if (gen.next_frame(codes) != qtts::cpu::FrameStatus::FRAME_STATUS_FRAME)
+        qtts::FrameCodes codes{};
+        if (gen.next_frame(codes) != qtts::FrameStatus::FRAME_STATUS_FRAME)
             qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first frame was not produced");
         const auto t2 = Clock::now();
         if (r == 0) continue;  // warm-up

@@ -9,11 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench_common.h"
-#include "cli.h"
-#include "common/error.h"
-#include "model/make_model.h"
-#include "runtime/synthesizer.h"
+#include "apps/qtts/bench_common.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
+#include "engine/model/make_model.h"
+#include "engine/runtime/speech_model.h"
 
 namespace {
 
@@ -65,10 +65,10 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     const double prefill_ms = ms(t_prefill, Clock::now());
     std::vector<double> frame_ms;
     std::vector<int32_t> codes;
-    qtts::cpu::FrameCodes f{};
+    qtts::FrameCodes f{};
     for (int i = 0; i < frames; ++i) {
         const auto t0 = Clock::now();
-        if (gen.next_frame(f) != qtts::cpu::FrameStatus::FRAME_STATUS_FRAME) break;
+        if (gen.next_frame(f) != qtts::FrameStatus::FRAME_STATUS_FRAME) break;
         frame_ms.push_back(ms(t0, Clock::now()));
         codes.insert(codes.end(), f.begin(), f.end());
     }

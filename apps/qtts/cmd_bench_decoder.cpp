@@ -21,18 +21,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench_common.h"
-#include "cli.h"
-#include "common/device.h"
-#include "common/error.h"
-#include "common/log.h"
-#include "model/make_model.h"
-#include "model/weights.h"
+#include "apps/qtts/bench_common.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/device.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/model/make_model.h"
+#include "engine/model/weights.h"
 
 #ifdef QTTS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/gpu_speech_decoder.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 #endif
 
 namespace {

@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli.h"
-#include "common/error.h"
-#include "text/tokenizer.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

@@ -2,8 +2,8 @@
 #include <cstdio>
 
 #include "audio_io/audio_output.h"
-#include "cli.h"
-#include "common/error.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
 
 namespace {
 

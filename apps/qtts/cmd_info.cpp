@@ -1,10 +1,10 @@
 // qtts info --model DIR: what a checkpoint is, its dimensions, voices and size.
 #include <cstdio>
 
-#include "cli.h"
-#include "common/error.h"
-#include "model/weights.h"
-#include "text/prompt.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
+#include "engine/model/weights.h"
+#include "engine/text/prompt.h"
 
 namespace {
 

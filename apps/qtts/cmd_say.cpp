@@ -12,16 +12,16 @@
 #include "audio_io/audio_file.h"
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
-#include "audio_io/speech_params.h"
+#include "audio_io/server/request_params.h"
 #include "audio_io/stream_player.h"
 #include "audio_io/wav_writer.h"
-#include "cli.h"
-#include "common/error.h"
-#include "common/log.h"
-#include "model/make_model.h"
-#include "runtime/engine.h"
-#include "runtime/voice.h"
-#include "text/text_split.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/model/make_model.h"
+#include "engine/api/qtts.h"
+#include "engine/runtime/voice.h"
+#include "engine/text/text_split.h"
 
 namespace {
 
@@ -52,11 +52,14 @@ std::string stdin_first_text_line() {
     return "";
 }
 
-// Decodes and checks a reference clip as the engine will (exists, readable, audio, 1-30 s, not
-// silent), so a bad one fails before the seconds a model takes to load.
-void ref_audio_check(const std::string& path) {
+// Decodes a reference clip (any format libsndfile reads, resampled to 24 kHz mono) and checks it
+// as the engine will (1-30 s, not silent), so a bad one fails before the seconds a model takes
+// to load. The engine takes the samples; it never opens audio files.
+std::vector<float> ref_audio_read(const std::string& path) {
     try {
-        qtts::reference_clip_validate(qtts::audio_read_mono_24k(path));
+        std::vector<float> audio = qtts::audio_read_mono_24k(path);
+        qtts::reference_clip_validate(audio);
+        return audio;
     } catch (const qtts::Error& e) {
         fail(e.code(), "--ref-audio: {}", e.what());
     }
@@ -134,12 +137,11 @@ int cmd_say(const std::vector<std::string>& argv) {
     request.language = args.get_or("language", "auto");
     request.instruct = args.get_or("instruct", "");
     request.voice_path = args.get_or("voice", "");
-    request.ref_audio_path = args.get_or("ref-audio", "");
     request.ref_text = args.get_or("ref-text", "");
     request.x_vector_only = args.has("x-vector-only");
     if (args.get("ref-audio") && !request.x_vector_only && request.ref_text.empty())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--ref-audio needs --ref-text TRANSCRIPT (or --x-vector-only)");
-    if (!request.ref_audio_path.empty()) ref_audio_check(request.ref_audio_path);
+    if (auto path = args.get("ref-audio")) request.ref_audio = ref_audio_read(*path);
     if (auto seed = args.get("seed")) request.seed = qtts::seed_parse(*seed);
     request.raw_tokens = args.has("raw-tokens");
     request.greedy = args.has("greedy");

@@ -6,12 +6,12 @@
 #include <memory>
 #include <string>
 
-#include "audio_io/http_server.h"
-#include "audio_io/speech_service.h"
-#include "cli.h"
-#include "common/error.h"
-#include "common/log.h"
-#include "runtime/engine.h"
+#include "audio_io/server/server.h"
+#include "audio_io/server/speech_service.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/api/qtts.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 #include <cstdio>
 
-#include "cli.h"
-#include "common/device.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/device.h"
 
 namespace {
 

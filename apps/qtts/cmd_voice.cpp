@@ -4,11 +4,11 @@
 #include <cstdio>
 
 #include "audio_io/audio_file.h"
-#include "cli.h"
-#include "common/error.h"
-#include "common/log.h"
-#include "runtime/synthesizer.h"
-#include "runtime/voice.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/voice.h"
 
 namespace {
 

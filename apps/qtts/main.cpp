@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "cli.h"
-#include "common/error.h"
+#include "apps/qtts/cli.h"
+#include "engine/common/error.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "common/device.h"
+#include "engine/common/device.h"
 
 #include <filesystem>
 

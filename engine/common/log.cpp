@@ -1,4 +1,4 @@
-#include "common/log.h"
+#include "engine/common/log.h"
 
 #include <cstdlib>
 #include <memory>
@@ -6,7 +6,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

@@ -1,4 +1,4 @@
-#include "cpu/conv_ops.h"
+#include "engine/cpu/conv_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include <cblas.h>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts::cpu {
 

@@ -1,30 +1,11 @@
-#include "cpu/generator.h"
+#include "engine/cpu/generator.h"
 
 #include <algorithm>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cpu {
-
-const char* frame_status_name(FrameStatus status) {
-    switch (status) {
-        case FrameStatus::FRAME_STATUS_FRAME: return "frame";
-        case FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT: return "waiting_for_text";
-        case FrameStatus::FRAME_STATUS_DONE: return "done";
-    }
-    return "?";
-}
-
-const char* stop_reason_name(StopReason reason) {
-    switch (reason) {
-        case StopReason::STOP_REASON_NONE: return "none";
-        case StopReason::STOP_REASON_EOS: return "eos";
-        case StopReason::STOP_REASON_FRAME_BUDGET: return "frame_budget";
-        case StopReason::STOP_REASON_MAX_FRAMES: return "max_frames";
-    }
-    return "?";
-}
 
 Generator::Generator(std::shared_ptr<const LmWeights> weights) : weights_(std::move(weights)) {
     QTTS_ASSERT(weights_);
@@ -64,7 +45,7 @@ void Generator::start(const float* prefill, int L, const float* trailing, int T,
     frames_ = 0;
     step_pending_ = false;
     done_ = false;
-    stop_reason_ = StopReason::STOP_REASON_NONE;
+    stop_reason_ = StopReason::STOP_NONE;
     frame_limit_update();
 
     // Room for a typical utterance up front (≤ 512 frames ≈ 41 s); longer ones grow the cache by
@@ -161,12 +142,12 @@ FrameStatus Generator::next_frame(FrameCodes& codes) {
     history_.add(code0);
     if (code0 == rules_.eos_id) {
         done_ = true;
-        stop_reason_ = StopReason::STOP_REASON_EOS;
+        stop_reason_ = StopReason::STOP_EOS;
         return FrameStatus::FRAME_STATUS_DONE;
     }
     if (frames_ >= frame_limit_) {
         done_ = true;
-        stop_reason_ = limit_is_explicit_ ? StopReason::STOP_REASON_MAX_FRAMES : StopReason::STOP_REASON_FRAME_BUDGET;
+        stop_reason_ = limit_is_explicit_ ? StopReason::STOP_MAX_FRAMES : StopReason::STOP_FRAME_BUDGET;
         if (!limit_is_explicit_)
             QTTS_LOG_WARN("generation stopped by the frame budget after {} frames ({} text tokens): no end-of-speech",
                           frames_, text_tokens_);

@@ -23,28 +23,11 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/lm.h"
-#include "runtime/sampling.h"
+#include "engine/cpu/lm.h"
+#include "engine/generation/frame.h"
+#include "engine/generation/sampling.h"
 
 namespace qtts::cpu {
-
-constexpr int MAX_CODE_GROUPS = 16;
-using FrameCodes = std::array<int32_t, MAX_CODE_GROUPS>;
-
-enum class FrameStatus {
-    FRAME_STATUS_FRAME,             // `codes` holds the next frame
-    FRAME_STATUS_WAITING_FOR_TEXT,  // the text track needs a token that has not been appended yet
-    FRAME_STATUS_DONE,              // finished; see stop_reason()
-};
-
-enum class StopReason {
-    STOP_REASON_NONE,          // still running (or not started)
-    STOP_REASON_EOS,           // the talker sampled the end-of-speech code
-    STOP_REASON_FRAME_BUDGET,  // the runaway guard (budget rule or max_new_tokens) was reached
-    STOP_REASON_MAX_FRAMES,    // the caller's explicit max_frames was reached
-};
-const char* frame_status_name(FrameStatus status);
-const char* stop_reason_name(StopReason reason);
 
 // Observation points for tests and debugging (all optional; pointers valid during the call).
 struct GeneratorHooks {
@@ -116,7 +99,7 @@ private:
     int frames_ = 0;                // frames emitted
     int frame_limit_ = 0;
     bool limit_is_explicit_ = false;
-    StopReason stop_reason_ = StopReason::STOP_REASON_NONE;
+    StopReason stop_reason_ = StopReason::STOP_NONE;
 };
 
 }  // namespace qtts::cpu

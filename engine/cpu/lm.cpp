@@ -1,10 +1,10 @@
-#include "cpu/lm.h"
+#include "engine/cpu/lm.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "common/error.h"
-#include "cpu/ops.h"
+#include "engine/common/error.h"
+#include "engine/cpu/ops.h"
 
 namespace qtts::cpu {
 

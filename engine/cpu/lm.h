@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
-#include "model/weights.h"
-#include "text/prompt.h"
+#include "engine/model/weights.h"
+#include "engine/text/prompt.h"
 
 namespace qtts::cpu {
 

@@ -1,4 +1,4 @@
-#include "cpu/mel.h"
+#include "engine/cpu/mel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <cblas.h>
 #include <fftw3.h>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts::cpu {
 

@@ -1,4 +1,4 @@
-#include "cpu/ops.h"
+#include "engine/cpu/ops.h"
 
 #include <algorithm>
 #include <cmath>

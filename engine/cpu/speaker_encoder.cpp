@@ -1,12 +1,12 @@
-#include "cpu/speaker_encoder.h"
+#include "engine/cpu/speaker_encoder.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "common/error.h"
-#include "cpu/conv_ops.h"
-#include "model/safetensors.h"
+#include "engine/common/error.h"
+#include "engine/cpu/conv_ops.h"
+#include "engine/model/safetensors.h"
 
 namespace qtts::cpu {
 

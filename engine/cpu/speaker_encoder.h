@@ -17,9 +17,9 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/mel.h"
-#include "model/config.h"
-#include "model/weights.h"
+#include "engine/cpu/mel.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
 
 namespace qtts::cpu {
 

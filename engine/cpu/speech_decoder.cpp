@@ -1,14 +1,14 @@
-#include "cpu/speech_decoder.h"
+#include "engine/cpu/speech_decoder.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "common/error.h"
-#include "common/log.h"
-#include "cpu/conv_ops.h"
-#include "cpu/ops.h"
-#include "model/safetensors.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/cpu/conv_ops.h"
+#include "engine/cpu/ops.h"
+#include "engine/model/safetensors.h"
 
 namespace qtts::cpu {
 

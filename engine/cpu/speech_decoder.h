@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config.h"
-#include "model/weights.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
 
 namespace qtts::cpu {
 

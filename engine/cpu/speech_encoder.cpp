@@ -1,4 +1,4 @@
-#include "cpu/speech_encoder.h"
+#include "engine/cpu/speech_encoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,12 +8,12 @@
 
 #include <cblas.h>
 
-#include "common/error.h"
-#include "common/log.h"
-#include "cpu/conv_ops.h"
-#include "cpu/mel.h"
-#include "cpu/ops.h"
-#include "model/safetensors.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/cpu/conv_ops.h"
+#include "engine/cpu/mel.h"
+#include "engine/cpu/ops.h"
+#include "engine/model/safetensors.h"
 
 namespace qtts::cpu {
 

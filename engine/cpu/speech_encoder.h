@@ -19,8 +19,8 @@
 #include <memory>
 #include <vector>
 
-#include "model/config.h"
-#include "model/weights.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
 
 namespace qtts::cpu {
 

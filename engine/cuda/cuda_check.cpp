@@ -1,9 +1,9 @@
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 
 #include <cstdio>
 #include <string>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts::cuda {
 

@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_check.h"
+#include "engine/cuda/cuda_check.h"
 
 namespace qtts::cuda {
 

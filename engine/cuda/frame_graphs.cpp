@@ -1,9 +1,9 @@
-#include "cuda/frame_graphs.h"
+#include "engine/cuda/frame_graphs.h"
 
 #include <chrono>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cuda {
 

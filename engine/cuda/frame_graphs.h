@@ -21,7 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/gpu_lm.h"
+#include "engine/cuda/gpu_lm.h"
 
 namespace qtts::cuda {
 

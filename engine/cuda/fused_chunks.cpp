@@ -1,11 +1,11 @@
-#include "cuda/fused_chunks.h"
+#include "engine/cuda/fused_chunks.h"
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 #include "kernels/chunk.cuh"
 
 namespace qtts::cuda {

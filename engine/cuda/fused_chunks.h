@@ -21,10 +21,10 @@
 #include <map>
 #include <vector>
 
-#include "cuda/device_buffer.h"
-#include "cuda/frame_graphs.h"
-#include "cuda/gpu_lm.h"
-#include "cuda/gpu_speech_decoder.h"
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/gpu_lm.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 
 namespace qtts::cuda {
 

@@ -1,12 +1,12 @@
-#include "cuda/gpu_context.h"
+#include "engine/cuda/gpu_context.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #include <cublas_v2.h>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cuda {
 

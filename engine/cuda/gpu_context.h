@@ -12,8 +12,8 @@
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/device_buffer.h"
-#include "cuda/owner_guard.h"
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/owner_guard.h"
 #include "kernels/common.cuh"
 
 namespace qtts::cuda {

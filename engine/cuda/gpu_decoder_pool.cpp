@@ -1,9 +1,9 @@
-#include "cuda/gpu_decoder_pool.h"
+#include "engine/cuda/gpu_decoder_pool.h"
 
 #include <thread>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cuda {
 

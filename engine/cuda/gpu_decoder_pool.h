@@ -14,9 +14,9 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/gpu_generator_pool.h"
-#include "cuda/gpu_speech_decoder.h"
-#include "runtime/decoder_stream.h"
+#include "engine/cuda/gpu_generator_pool.h"
+#include "engine/cuda/gpu_speech_decoder.h"
+#include "engine/generation/decoder_stream.h"
 
 namespace qtts::cuda {
 

@@ -1,16 +1,14 @@
-#include "cuda/gpu_generator.h"
+#include "engine/cuda/gpu_generator.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cuda {
 
 namespace k = ::qtts::kernels;
-using cpu::FrameStatus;
-using cpu::StopReason;
 
 namespace {
 GpuGenerationSetup setup_from(const GenerationParams& params, uint64_t seed) {
@@ -29,7 +27,7 @@ GpuGenerator::GpuGenerator(std::shared_ptr<const GpuLmWeights> weights, GpuConte
       options_(std::move(options)),
       lm_(std::move(weights), context, options_.lm),
       graphs_(lm_, options_.graphs) {
-    if (lm_.weights().num_code_groups > cpu::MAX_CODE_GROUPS)
+    if (lm_.weights().num_code_groups > MAX_CODE_GROUPS)
         fail(ErrorCode::ERROR_UNSUPPORTED, "num_code_groups {} is not supported", lm_.weights().num_code_groups);
     chunk_frames_set(options_.first_chunk_frames, options_.chunk_frames);
     host_codes_.assign(size_t(lm_.code_capacity()) * k::SAMPLE_MAX_GROUPS, -1);
@@ -62,7 +60,7 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
     frames_ = 0;
     computed_ = 0;
     done_ = false;
-    stop_reason_ = StopReason::STOP_REASON_NONE;
+    stop_reason_ = StopReason::STOP_NONE;
     // The audio of emitted frames stays until taken (the next segment continues the stream).
     // Decoded frames that were never emitted only exist after a restart before DONE (chunks end at
     // the frame limit and only the frames before a stop are decoded): dropped.
@@ -190,19 +188,19 @@ void GpuGenerator::chunk_decode(int first, int frames) {
     decoder_->decode(decode_codes_.data(), valid, &audio_);
 }
 
-FrameStatus GpuGenerator::next_frame(cpu::FrameCodes& codes) {
+FrameStatus GpuGenerator::next_frame(FrameCodes& codes) {
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "next_frame before start()");
     if (done_) return FrameStatus::FRAME_STATUS_DONE;
     const int f = frames_;
     const int32_t* row = host_codes_.data() + size_t(f) * k::SAMPLE_MAX_GROUPS;
     if (row[0] == eos_id_) {
         done_ = true;
-        stop_reason_ = StopReason::STOP_REASON_EOS;
+        stop_reason_ = StopReason::STOP_EOS;
         return FrameStatus::FRAME_STATUS_DONE;
     }
     if (f >= frame_limit_) {
         done_ = true;
-        stop_reason_ = limit_is_explicit_ ? StopReason::STOP_REASON_MAX_FRAMES : StopReason::STOP_REASON_FRAME_BUDGET;
+        stop_reason_ = limit_is_explicit_ ? StopReason::STOP_MAX_FRAMES : StopReason::STOP_FRAME_BUDGET;
         if (!limit_is_explicit_)
             QTTS_LOG_WARN("generation stopped by the frame budget after {} frames ({} text tokens): no end-of-speech",
                           f, text_tokens_);

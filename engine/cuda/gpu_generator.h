@@ -24,11 +24,11 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/generator.h"
-#include "cuda/frame_graphs.h"
-#include "cuda/fused_chunks.h"
-#include "cuda/gpu_lm.h"
-#include "cuda/gpu_speech_decoder.h"
+#include "engine/cpu/generator.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/fused_chunks.h"
+#include "engine/cuda/gpu_lm.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 
 namespace qtts::cuda {
 
@@ -52,13 +52,13 @@ public:
                uint64_t seed, int text_tokens, bool text_closed = true);
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed);
 
-    cpu::FrameStatus next_frame(cpu::FrameCodes& codes);
+    FrameStatus next_frame(FrameCodes& codes);
 
     void text_append(const int32_t* ids, size_t n);
     void text_close();
     bool text_closed() const { return text_closed_; }
 
-    cpu::StopReason stop_reason() const { return stop_reason_; }
+    StopReason stop_reason() const { return stop_reason_; }
     int frames_emitted() const { return frames_; }
     int frame_limit() const { return frame_limit_; }
     int context_length() const { return prompt_length_ + frames_; }
@@ -102,7 +102,7 @@ private:
     int computed_ = 0;  // frames whose 16 codes are on the host (codebook 0 of frame computed_ too)
     int frame_limit_ = 0;
     bool limit_is_explicit_ = false;
-    cpu::StopReason stop_reason_ = cpu::StopReason::STOP_REASON_NONE;
+    StopReason stop_reason_ = StopReason::STOP_NONE;
     std::vector<int32_t> host_codes_;  // [code_capacity, 16]
     PinnedArray<int32_t> chunk_codes_; // [max chunk + 1, 16]
 

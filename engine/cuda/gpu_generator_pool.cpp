@@ -1,10 +1,10 @@
-#include "cuda/gpu_generator_pool.h"
+#include "engine/cuda/gpu_generator_pool.h"
 
 #include <algorithm>
 #include <thread>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cuda {
 
@@ -21,10 +21,10 @@ public:
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
         state_->start(prompt, params, seed);
     }
-    cpu::FrameStatus next_frame(cpu::FrameCodes& codes) override { return state_->next_frame(codes); }
+    FrameStatus next_frame(FrameCodes& codes) override { return state_->next_frame(codes); }
     void text_append(const int32_t* ids, size_t n) override { state_->text_append(ids, n); }
     void text_close() override { state_->text_close(); }
-    cpu::StopReason stop_reason() const override { return state_->stop_reason(); }
+    StopReason stop_reason() const override { return state_->stop_reason(); }
     int frames_emitted() const override { return state_->frames_emitted(); }
     DecoderStream* decoder() override { return state_->decoder() ? &decoder_view_ : nullptr; }
     void audio_take(std::vector<float>* pcm) override { state_->audio_take(pcm); }

@@ -17,8 +17,8 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/gpu_generator.h"
-#include "runtime/frame_generator.h"
+#include "engine/cuda/gpu_generator.h"
+#include "engine/generation/frame_generator.h"
 
 namespace qtts::cuda {
 

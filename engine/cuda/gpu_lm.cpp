@@ -1,4 +1,4 @@
-#include "cuda/gpu_lm.h"
+#include "engine/cuda/gpu_lm.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,9 +7,9 @@
 
 #include <cublas_v2.h>
 
-#include "common/error.h"
-#include "common/log.h"
-#include "cpu/ops.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/cpu/ops.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"

@@ -24,12 +24,12 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/device_buffer.h"
-#include "cuda/gpu_context.h"
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/gpu_context.h"
 #include "kernels/sampling.cuh"
-#include "model/weights.h"
-#include "runtime/sampling.h"
-#include "text/prompt.h"
+#include "engine/model/weights.h"
+#include "engine/generation/sampling.h"
+#include "engine/text/prompt.h"
 
 namespace qtts::cuda {
 

@@ -1,4 +1,4 @@
-#include "cuda/gpu_speech_decoder.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,11 +7,11 @@
 
 #include <cublas_v2.h>
 
-#include "common/error.h"
-#include "common/log.h"
-#include "cpu/ops.h"
-#include "cpu/speech_decoder.h"
-#include "model/safetensors.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/cpu/ops.h"
+#include "engine/cpu/speech_decoder.h"
+#include "engine/model/safetensors.h"
 
 namespace qtts::cuda {
 

@@ -43,12 +43,12 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/device_buffer.h"
-#include "cuda/frame_graphs.h"
-#include "cuda/gpu_context.h"
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/gpu_context.h"
 #include "kernels/decoder.cuh"
-#include "model/config.h"
-#include "model/weights.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
 
 namespace qtts::cuda {
 

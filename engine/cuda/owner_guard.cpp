@@ -1,10 +1,10 @@
-#include "cuda/owner_guard.h"
+#include "engine/cuda/owner_guard.h"
 
 #include <cstdlib>
 #include <sstream>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::cuda {
 

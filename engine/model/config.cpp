@@ -1,4 +1,4 @@
-#include "model/config.h"
+#include "engine/model/config.h"
 
 #include <algorithm>
 #include <cctype>
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

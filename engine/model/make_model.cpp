@@ -1,4 +1,4 @@
-#include "model/make_model.h"
+#include "engine/model/make_model.h"
 
 #include <chrono>
 #include <cmath>
@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "common/error.h"
-#include "common/log.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 
 namespace qtts {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "engine/model/config.h"
 
 namespace qtts {
 

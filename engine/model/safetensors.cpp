@@ -1,4 +1,4 @@
-#include "model/safetensors.h"
+#include "engine/model/safetensors.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

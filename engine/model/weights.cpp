@@ -1,10 +1,10 @@
-#include "model/weights.h"
+#include "engine/model/weights.h"
 
 #include <filesystem>
 #include <set>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

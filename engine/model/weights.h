@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
-#include "model/safetensors.h"
+#include "engine/model/config.h"
+#include "engine/model/safetensors.h"
 
 namespace qtts {
 

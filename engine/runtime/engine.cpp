@@ -1,4 +1,4 @@
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -10,11 +10,12 @@
 #include <concurrentqueue.h>
 #include <readerwriterqueue.h>
 
-#include "audio_io/spsc_ring.h"
-#include "common/error.h"
-#include "common/log.h"
-#include "model/make_model.h"
-#include "runtime/synthesizer.h"
+#include "engine/common/spsc_ring.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/model/make_model.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/utterance.h"
 
 namespace qtts {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 
 namespace qtts {
 

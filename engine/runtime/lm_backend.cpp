@@ -1,8 +1,8 @@
-#include "runtime/lm_backend.h"
+#include "engine/runtime/lm_backend.h"
 
-#include "common/device.h"
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/device.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

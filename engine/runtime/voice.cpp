@@ -1,4 +1,4 @@
-#include "runtime/voice.h"
+#include "engine/runtime/voice.h"
 
 #include <algorithm>
 #include <cctype>
@@ -6,14 +6,14 @@
 
 #include <fmt/format.h>
 
-#include "common/error.h"
-#include "common/fnv1a.h"
-#include "common/log.h"
-#include "cpu/speaker_encoder.h"
-#include "cpu/speech_encoder.h"
-#include "runtime/synthesizer.h"
-#include "text/prompt.h"
-#include "text/tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/common/fnv1a.h"
+#include "engine/common/log.h"
+#include "engine/cpu/speaker_encoder.h"
+#include "engine/cpu/speech_encoder.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/text/prompt.h"
+#include "engine/text/tokenizer.h"
 
 namespace qtts {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "model/weights.h"
+#include "engine/model/weights.h"
 
 namespace qtts {
 

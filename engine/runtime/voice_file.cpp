@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "common/fnv1a.h"
-#include "runtime/voice.h"
+#include "engine/common/error.h"
+#include "engine/common/fnv1a.h"
+#include "engine/runtime/voice.h"
 
 namespace qtts {
 

@@ -1,16 +1,12 @@
-#include "text/prompt.h"
+#include "engine/text/prompt.h"
 
 #include <algorithm>
 #include <cctype>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
-
-const char* text_layout_name(TextLayout layout) {
-    return layout == TextLayout::TEXT_LAYOUT_STREAMING ? "streaming" : "non-streaming";
-}
 
 namespace {
 

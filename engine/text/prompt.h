@@ -9,17 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
-#include "text/tokenizer.h"
+#include "engine/api/qtts.h"
+#include "engine/model/config.h"
+#include "engine/text/tokenizer.h"
 
 namespace qtts {
-
-// How the target text is laid out (model doc §6.3/§6.4; the reference's non_streaming_mode).
-enum class TextLayout {
-    TEXT_LAYOUT_STREAMING,      // one text token per generated frame (the dual-track layout)
-    TEXT_LAYOUT_NON_STREAMING,  // the whole text inside the prefill; every step adds <tts_pad>
-};
-const char* text_layout_name(TextLayout layout);
 
 struct PromptRequest {
     // Ids of "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n", tokenized as one

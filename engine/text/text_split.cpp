@@ -1,4 +1,4 @@
-#include "text/text_split.h"
+#include "engine/text/text_split.h"
 
 #include <utf8proc.h>
 
@@ -7,8 +7,8 @@
 #include <cctype>
 #include <string>
 
-#include "common/error.h"
-#include "text/tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/text/tokenizer.h"
 
 namespace qtts {
 

@@ -1,6 +1,6 @@
 // Qwen2 byte-level BPE. See tokenizer.h for the pipeline and docs/text-frontend.md for the
 // behaviour on edge cases (invalid UTF-8, added tokens, long input).
-#include "text/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -21,8 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "common/log.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "fuzz_support.h"
-#include "model/config.h"
+#include "engine/model/config.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_support.h"
-#include "model/safetensors.h"
+#include "engine/model/safetensors.h"
 
 namespace {
 

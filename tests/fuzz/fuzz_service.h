@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
-#include "audio_io/speech_params.h"
+#include "audio_io/server/request_params.h"
 #include "fuzz_support.h"
-#include "model/make_model.h"
+#include "engine/model/make_model.h"
 
 namespace qtts::fuzz {
 

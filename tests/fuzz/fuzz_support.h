@@ -15,7 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts::fuzz {
 

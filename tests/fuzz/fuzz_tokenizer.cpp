@@ -10,8 +10,8 @@
 #include <optional>
 
 #include "fuzz_support.h"
-#include "model/make_model.h"
-#include "text/tokenizer.h"
+#include "engine/model/make_model.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

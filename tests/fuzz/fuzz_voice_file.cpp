@@ -2,9 +2,9 @@
 // The file ends with an FNV-1a checksum of the bytes before it, which a mutation almost never
 // keeps right; when the input's first byte is odd the target rewrites the last 8 bytes with
 // the right checksum, so the fuzzer also reaches the metadata and payload checks behind it.
-#include "common/fnv1a.h"
+#include "engine/common/fnv1a.h"
 #include "fuzz_support.h"
-#include "runtime/voice.h"
+#include "engine/runtime/voice.h"
 
 #include <cstring>
 #include <vector>

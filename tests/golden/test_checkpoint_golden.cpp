@@ -1,8 +1,8 @@
 // Every reference checkpoint loads, with the dimensions of its README, and the real configs parse.
 #include <catch2/catch.hpp>
 
-#include "model/config.h"
-#include "model/weights.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
 
 using namespace qtts;

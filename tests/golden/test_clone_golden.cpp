@@ -13,12 +13,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.h"
-#include "cpu/mel.h"
-#include "cpu/speaker_encoder.h"
-#include "cpu/speech_encoder.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/common/error.h"
+#include "engine/cpu/mel.h"
+#include "engine/cpu/speaker_encoder.h"
+#include "engine/cpu/speech_encoder.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 #include "test_errors.h"
 #include "test_support.h"
 

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/speech_decoder.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/cpu/speech_decoder.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
 
 namespace {

@@ -15,21 +15,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "cpu/generator.h"
-#include "cpu/lm.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/common/error.h"
+#include "engine/cpu/generator.h"
+#include "engine/cpu/lm.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
-#include "text/prompt.h"
+#include "engine/text/prompt.h"
 
 namespace {
 
-using qtts::cpu::FrameCodes;
-using qtts::cpu::FrameStatus;
+using qtts::FrameCodes;
+using qtts::FrameStatus;
 using qtts::cpu::Generator;
 using qtts::cpu::LmWeights;
-using qtts::cpu::StopReason;
+using qtts::StopReason;
 
 constexpr double TOLERANCE = 1e-4;
 
@@ -157,7 +157,7 @@ void scenario_run(const Scenario& sc) {
     FrameStatus status;
     while ((status = gen.next_frame(codes)) == FrameStatus::FRAME_STATUS_FRAME) frames.push_back(codes);
     CHECK(status == FrameStatus::FRAME_STATUS_DONE);
-    CHECK(gen.stop_reason() == StopReason::STOP_REASON_MAX_FRAMES);
+    CHECK(gen.stop_reason() == StopReason::STOP_MAX_FRAMES);
 
     rows_check("talker_logits", cap.logits, qtts::tensor_to_f32(golden_logits), N, size_t(w->codec_vocab()), label);
     rows_check("talker_hidden", cap.hidden, qtts::tensor_to_f32(golden->get("talker_hidden")), N, size_t(H), label);
@@ -255,7 +255,7 @@ TEST_CASE("streaming text fed piecewise gives exactly the golden frames", "[lm][
         }
     }
     CHECK(waits >= 6);
-    CHECK(gen.stop_reason() == StopReason::STOP_REASON_MAX_FRAMES);
+    CHECK(gen.stop_reason() == StopReason::STOP_MAX_FRAMES);
     CHECK_THROWS_AS(gen.text_append(text.data(), 1), qtts::Error);
 
     const std::vector<int64_t> golden_codes = qtts::tensor_to_i64(golden->get("codes"));
@@ -286,9 +286,9 @@ TEST_CASE("frame budget and explicit max_frames end a stream with their stop rea
     int frames = 0;
     while (gen.next_frame(codes) == FrameStatus::FRAME_STATUS_FRAME) ++frames;
     // Random tiny weights never choose EOS within 6 frames (EOS is masked for 2, then rare).
-    if (gen.stop_reason() != StopReason::STOP_REASON_EOS) {
+    if (gen.stop_reason() != StopReason::STOP_EOS) {
         CHECK(frames == 6);
-        CHECK(gen.stop_reason() == StopReason::STOP_REASON_FRAME_BUDGET);
+        CHECK(gen.stop_reason() == StopReason::STOP_FRAME_BUDGET);
     }
     CHECK(gen.next_frame(codes) == FrameStatus::FRAME_STATUS_DONE);  // stays done
 
@@ -297,7 +297,7 @@ TEST_CASE("frame budget and explicit max_frames end a stream with their stop rea
     frames = 0;
     while (gen.next_frame(codes) == FrameStatus::FRAME_STATUS_FRAME) ++frames;
     CHECK(frames == 2);
-    CHECK(gen.stop_reason() == StopReason::STOP_REASON_MAX_FRAMES);
+    CHECK(gen.stop_reason() == StopReason::STOP_MAX_FRAMES);
 }
 
 TEST_CASE("seeded sampling through the generator is reproducible", "[lm][golden]") {

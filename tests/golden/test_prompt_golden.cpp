@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "cpu/lm.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/common/error.h"
+#include "engine/cpu/lm.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
-#include "text/prompt.h"
+#include "engine/text/prompt.h"
 
 namespace {
 

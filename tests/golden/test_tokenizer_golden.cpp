@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.h"
-#include "text/prompt.h"
-#include "text/tokenizer.h"
+#include "engine/text/prompt.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

@@ -16,12 +16,13 @@
 
 #include "audio_io/audio_file.h"
 #include "audio_io/wav_writer.h"
-#include "common/error.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
-#include "runtime/synthesizer.h"
-#include "runtime/voice.h"
-#include "cpu/speech_decoder.h"
+#include "engine/common/error.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/utterance.h"
+#include "engine/runtime/voice.h"
+#include "engine/cpu/speech_decoder.h"
 #include "test_errors.h"
 #include "test_support.h"
 
@@ -126,7 +127,7 @@ TEST_CASE("a voice made from the reference clip carries the golden x-vector and 
     // A request with reference audio fills the prompt the same way a saved voice does.
     qtts::SpeechRequest req;
     req.text = "Hello world.";
-    req.ref_audio_path = wav;
+    req.ref_audio = audio;  // the clip as the CLI and server hand it over: decoded samples
     req.ref_text = ref_text;
     const qtts::PreparedSpeech prep = model->prepare(req);
     CHECK(prep.base.x_vector == voice.x_vector);
@@ -226,31 +227,39 @@ TEST_CASE("voice errors: missing voice, bad audio, foreign voice, missing transc
 
     require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "need a voice");
 
-    req.ref_audio_path = dir + "/no-such.wav";
+    // Reference clips reach the engine as samples: the caller (CLI, server) decodes the file, so
+    // file errors come from the decoder and content errors from prepare().
+    std::string clip;
+    const auto prepare_clip = [&] {
+        req.ref_audio = qtts::audio_read_mono_24k(clip);
+        return model->prepare(req);
+    };
+
+    clip = dir + "/no-such.wav";
     req.x_vector_only = true;
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_NOT_FOUND, "no-such.wav");
+    require_error([&] { prepare_clip(); }, ErrorCode::ERROR_NOT_FOUND, "no-such.wav");
     {
         std::ofstream f(dir + "/not-audio.wav");
         f << "this is plain text, not audio\n";
     }
-    req.ref_audio_path = dir + "/not-audio.wav";
-    CHECK_THROWS_AS(model->prepare(req), qtts::Error);
+    clip = dir + "/not-audio.wav";
+    CHECK_THROWS_AS(prepare_clip(), qtts::Error);
     {
         // 10 ms of audio: too short for the speaker encoder.
         qtts::WavWriter wav(dir + "/short.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
         wav.write(qtts_test::random_floats(240, 3, -0.5f, 0.5f));
         wav.close();
     }
-    req.ref_audio_path = dir + "/short.wav";
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "accepts 1 to 30 s");
+    clip = dir + "/short.wav";
+    require_error([&] { prepare_clip(); }, ErrorCode::ERROR_INVALID_ARGUMENT, "accepts 1 to 30 s");
     {
         // 31 s: longer than the in-context prompt allows.
         qtts::WavWriter wav(dir + "/long.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
         wav.write(qtts_test::random_floats(24000 * 31, 4, -0.5f, 0.5f));
         wav.close();
     }
-    req.ref_audio_path = dir + "/long.wav";
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "31.00 s long");
+    clip = dir + "/long.wav";
+    require_error([&] { prepare_clip(); }, ErrorCode::ERROR_INVALID_ARGUMENT, "31.00 s long");
     {
         // 2 s of digital silence, and 2 s of near-silence (-90 dBFS noise).
         qtts::WavWriter wav(dir + "/silent.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
@@ -260,24 +269,24 @@ TEST_CASE("voice errors: missing voice, bad audio, foreign voice, missing transc
         quiet.write(qtts_test::random_floats(48000, 6, -5e-5f, 5e-5f));
         quiet.close();
     }
-    req.ref_audio_path = dir + "/silent.wav";
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "silent");
-    req.ref_audio_path = dir + "/quiet.wav";
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "silent");
+    clip = dir + "/silent.wav";
+    require_error([&] { prepare_clip(); }, ErrorCode::ERROR_INVALID_ARGUMENT, "silent");
+    clip = dir + "/quiet.wav";
+    require_error([&] { prepare_clip(); }, ErrorCode::ERROR_INVALID_ARGUMENT, "silent");
     {
         // A WAV header with no samples.
         qtts::WavWriter wav(dir + "/empty.wav", 24000, 1, qtts::WavFormat::WAV_FORMAT_F32);
         wav.close();
     }
-    req.ref_audio_path = dir + "/empty.wav";
-    CHECK_THROWS_AS(model->prepare(req), qtts::Error);
+    clip = dir + "/empty.wav";
+    CHECK_THROWS_AS(prepare_clip(), qtts::Error);
 
     // ICL without a transcript.
     const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path("tiny-base", "base-icl-stream"));
-    req.ref_audio_path = reference_wav(*golden);
+    clip = reference_wav(*golden);
     req.x_vector_only = false;
     req.ref_text = "  ";
-    require_error([&] { model->prepare(req); }, ErrorCode::ERROR_INVALID_ARGUMENT, "transcript");
+    require_error([&] { prepare_clip(); }, ErrorCode::ERROR_INVALID_ARGUMENT, "transcript");
 
     // A voice made for another model (other weights, other size) is refused.
     qtts::Voice voice = golden_voice(*golden, scenario_spec("base-icl-stream"));

@@ -21,14 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
-#include "cpu/conv_ops.h"
-#include "cpu/ops.h"
-#include "cpu/speech_decoder.h"
-#include "cuda/gpu_speech_decoder.h"
+#include "engine/common/error.h"
+#include "engine/cpu/conv_ops.h"
+#include "engine/cpu/ops.h"
+#include "engine/cpu/speech_decoder.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 #include "kernels/decoder.cuh"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
 
 namespace qc = qtts::cuda;

@@ -15,18 +15,18 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.h"
-#include "cuda/frame_graphs.h"
-#include "cuda/gpu_generator.h"
-#include "model/make_model.h"
-#include "model/weights.h"
-#include "runtime/sampling.h"
+#include "engine/common/error.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/gpu_generator.h"
+#include "engine/model/make_model.h"
+#include "engine/model/weights.h"
+#include "engine/generation/sampling.h"
 #include "test_support.h"
-#include "text/prompt.h"
+#include "engine/text/prompt.h"
 
 namespace qc = qtts::cuda;
-using qtts::cpu::FrameCodes;
-using qtts::cpu::FrameStatus;
+using qtts::FrameCodes;
+using qtts::FrameStatus;
 
 namespace {
 

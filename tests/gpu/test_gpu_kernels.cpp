@@ -13,8 +13,8 @@
 
 #include <cublas_v2.h>
 
-#include "cpu/ops.h"
-#include "cuda/gpu_context.h"
+#include "engine/cpu/ops.h"
+#include "engine/cuda/gpu_context.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -23,8 +23,8 @@
 #include "kernels/rope.cuh"
 #include "kernels/sampling.cuh"
 #include "kernels/swiglu.cuh"
-#include "model/safetensors.h"
-#include "runtime/sampling.h"
+#include "engine/model/safetensors.h"
+#include "engine/generation/sampling.h"
 #include "test_support.h"
 
 namespace k = qtts::kernels;

@@ -12,18 +12,18 @@
 #include <string>
 #include <vector>
 
-#include "cpu/generator.h"
-#include "cpu/lm.h"
-#include "cuda/gpu_generator.h"
-#include "model/make_model.h"
-#include "model/weights.h"
-#include "runtime/sampling.h"
+#include "engine/cpu/generator.h"
+#include "engine/cpu/lm.h"
+#include "engine/cuda/gpu_generator.h"
+#include "engine/model/make_model.h"
+#include "engine/model/weights.h"
+#include "engine/generation/sampling.h"
 #include "test_support.h"
-#include "text/prompt.h"
+#include "engine/text/prompt.h"
 
 namespace qc = qtts::cuda;
-using qtts::cpu::FrameCodes;
-using qtts::cpu::FrameStatus;
+using qtts::FrameCodes;
+using qtts::FrameStatus;
 
 namespace {
 
@@ -179,10 +179,10 @@ TEST_CASE("GPU greedy generation gives the CPU's codes, graphs on and off", "[gp
                 INFO("graphs " << graphs << " layout " << qtts::text_layout_name(layout));
                 CHECK(matching_prefix(codes, ref.codes) == 24);
                 CHECK(gen.frames_emitted() == 24);
-                CHECK(gen.stop_reason() == qtts::cpu::StopReason::STOP_REASON_NONE);
+                CHECK(gen.stop_reason() == qtts::StopReason::STOP_NONE);
                 FrameCodes extra{};
                 CHECK(gen.next_frame(extra) == FrameStatus::FRAME_STATUS_DONE);
-                CHECK(gen.stop_reason() == qtts::cpu::StopReason::STOP_REASON_MAX_FRAMES);
+                CHECK(gen.stop_reason() == qtts::StopReason::STOP_MAX_FRAMES);
 
                 // The same from host-side embeddings (the CPU front end's vectors).
                 const int H = cpu_weights->hidden_size();

@@ -30,18 +30,19 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.h"
-#include "cpu/generator.h"
-#include "cpu/lm.h"
-#include "cuda/gpu_lm.h"
-#include "cuda/owner_guard.h"
-#include "model/weights.h"
-#include "model/make_model.h"
-#include "model/safetensors.h"
-#include "runtime/engine.h"
-#include "runtime/engine_testing.h"
-#include "runtime/synthesizer.h"
-#include "runtime/voice.h"
+#include "engine/common/error.h"
+#include "engine/cpu/generator.h"
+#include "engine/cpu/lm.h"
+#include "engine/cuda/gpu_lm.h"
+#include "engine/cuda/owner_guard.h"
+#include "engine/model/weights.h"
+#include "engine/model/make_model.h"
+#include "engine/model/safetensors.h"
+#include "engine/api/qtts.h"
+#include "engine/runtime/engine_testing.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/utterance.h"
+#include "engine/runtime/voice.h"
 #include "test_streams.h"
 #include "test_support.h"
 
@@ -565,7 +566,7 @@ TEST_CASE("full-size 1.7B: the first 4 frames' talker logits, GPU vs CPU, within
     gen.start(prompt, params, 1);
     FrameCodes c{};
     int frames = 0;
-    while (frames < FRAMES && gen.next_frame(c) == cpu::FrameStatus::FRAME_STATUS_FRAME) ++frames;
+    while (frames < FRAMES && gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME) ++frames;
     const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     REQUIRE(frames == FRAMES);
     REQUIRE(cpu_logits.size() >= size_t(FRAMES));

@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "audio_io/http_server.h"
-#include "common/log.h"
+#include "audio_io/server/server.h"
+#include "engine/common/log.h"
 #include "net_test_support.h"
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 
 namespace net_test {
 

@@ -39,8 +39,8 @@
 #include <opus/opus.h>
 #include <opus/opusfile.h>
 
-#include "audio_io/speech_service.h"
-#include "common/error.h"
+#include "audio_io/server/speech_service.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 namespace net_test {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "audio_io/http_server.h"
+#include "audio_io/server/server.h"
 #include "audio_io/opus_encoder.h"
 #include "net_test_support.h"
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/speech_decoder.h"
-#include "model/weights.h"
+#include "engine/cpu/speech_decoder.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
 
 namespace {

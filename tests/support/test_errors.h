@@ -5,7 +5,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts_test {
 

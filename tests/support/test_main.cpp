@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/device.h"
+#include "engine/common/device.h"
 #include "test_support.h"
 
 int main(int argc, char* argv[]) {

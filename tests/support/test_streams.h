@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 
 namespace qtts_test {
 

@@ -7,7 +7,7 @@
 
 #include <unistd.h>
 
-#include "model/make_model.h"
+#include "engine/model/make_model.h"
 
 namespace qtts_test {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
-#include "model/weights.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
 
 namespace qtts_test {
 

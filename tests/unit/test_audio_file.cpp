@@ -13,7 +13,7 @@
 
 #include "audio_io/audio_file.h"
 #include "audio_io/wav_writer.h"
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 namespace {

@@ -20,7 +20,7 @@
 
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 // ---------------------------------------------------------------------------------------------

@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
-#include "model/make_model.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "engine/common/error.h"
+#include "engine/model/make_model.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
 
 using namespace qtts;

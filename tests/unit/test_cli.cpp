@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/device.h"
+#include "engine/common/device.h"
 #include "test_support.h"
 
 namespace {

@@ -3,9 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "model/config.h"
-#include "model/make_model.h"
+#include "engine/common/error.h"
+#include "engine/model/config.h"
+#include "engine/model/make_model.h"
 #include "test_errors.h"
 
 using namespace qtts;

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "common/error.h"
-#include "cpu/conv_ops.h"
+#include "engine/common/error.h"
+#include "engine/cpu/conv_ops.h"
 #include "test_support.h"
 
 namespace {

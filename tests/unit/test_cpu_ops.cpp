@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/ops.h"
+#include "engine/cpu/ops.h"
 #include "test_support.h"
 
 namespace {

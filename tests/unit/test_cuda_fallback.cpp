@@ -7,13 +7,13 @@
 #include <string>
 #include <thread>
 
-#include "common/device.h"
-#include "common/error.h"
-#include "runtime/lm_backend.h"
+#include "engine/common/device.h"
+#include "engine/common/error.h"
+#include "engine/runtime/lm_backend.h"
 
 #ifdef QTTS_HAVE_CUDA
-#include "cuda/gpu_context.h"
-#include "cuda/owner_guard.h"
+#include "engine/cuda/gpu_context.h"
+#include "engine/cuda/owner_guard.h"
 #endif
 
 TEST_CASE("backend selection without a usable GPU falls back to the CPU", "[cuda][fallback]") {

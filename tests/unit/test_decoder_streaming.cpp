@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
-#include "cpu/speech_decoder.h"
-#include "model/weights.h"
+#include "engine/common/error.h"
+#include "engine/cpu/speech_decoder.h"
+#include "engine/model/weights.h"
 #include "test_support.h"
 
 namespace {

@@ -6,11 +6,12 @@
 #include <type_traits>
 #include <thread>
 
-#include "common/error.h"
-#include "runtime/engine.h"
-#include "runtime/engine_testing.h"
-#include "runtime/synthesizer.h"
-#include "model/make_model.h"
+#include "engine/common/error.h"
+#include "engine/api/qtts.h"
+#include "engine/runtime/engine_testing.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/utterance.h"
+#include "engine/model/make_model.h"
 #include "test_streams.h"
 
 using namespace qtts;

@@ -15,7 +15,7 @@
 #endif
 
 #include "audio_io/jitter_buffer.h"
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 using qtts::JitterBuffer;

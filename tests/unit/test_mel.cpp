@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/error.h"
-#include "cpu/mel.h"
+#include "engine/common/error.h"
+#include "engine/cpu/mel.h"
 #include "test_errors.h"
 #include "test_support.h"
 

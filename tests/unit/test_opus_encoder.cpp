@@ -10,7 +10,7 @@
 #include <opus/opus.h>
 
 #include "audio_io/opus_encoder.h"
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 namespace {

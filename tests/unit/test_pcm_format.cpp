@@ -6,7 +6,7 @@
 #include <string>
 
 #include "audio_io/pcm_format.h"
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 namespace {

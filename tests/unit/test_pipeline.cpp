@@ -12,7 +12,7 @@
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
 #include "audio_io/stream_player.h"
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 #include "test_streams.h"
 
 using namespace qtts;

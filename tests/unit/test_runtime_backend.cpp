@@ -11,12 +11,13 @@
 #include <sstream>
 #include <string>
 
-#include "common/device.h"
-#include "common/error.h"
-#include "cpu/generator.h"
-#include "model/make_model.h"
-#include "runtime/engine.h"
-#include "runtime/synthesizer.h"
+#include "engine/common/device.h"
+#include "engine/common/error.h"
+#include "engine/cpu/generator.h"
+#include "engine/model/make_model.h"
+#include "engine/api/qtts.h"
+#include "engine/runtime/speech_model.h"
+#include "engine/runtime/utterance.h"
 #include "test_support.h"
 
 using namespace qtts;
@@ -116,7 +117,7 @@ TEST_CASE("the CPU backend's utterance gives exactly cpu::Generator's codes", "[
         gen.start(prompt, params, prep.seed);
         std::vector<FrameCodes> direct;
         FrameCodes c{};
-        while (gen.next_frame(c) == cpu::FrameStatus::FRAME_STATUS_FRAME) direct.push_back(c);
+        while (gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME) direct.push_back(c);
         CHECK(direct == codes);
     }
 }

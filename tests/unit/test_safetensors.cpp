@@ -4,8 +4,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "common/error.h"
-#include "model/safetensors.h"
+#include "engine/common/error.h"
+#include "engine/model/safetensors.h"
 #include "test_support.h"
 
 using namespace qtts;

@@ -7,8 +7,8 @@
 #include <map>
 #include <vector>
 
-#include "common/error.h"
-#include "runtime/sampling.h"
+#include "engine/common/error.h"
+#include "engine/generation/sampling.h"
 #include "test_support.h"
 
 namespace {

@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "audio_io/http_server.h"
-#include "audio_io/speech_params.h"
-#include "audio_io/speech_service.h"
-#include "common/error.h"
-#include "model/make_model.h"
-#include "runtime/synthesizer.h"
+#include "audio_io/server/server.h"
+#include "audio_io/server/request_params.h"
+#include "audio_io/server/speech_service.h"
+#include "engine/common/error.h"
+#include "engine/model/make_model.h"
+#include "engine/runtime/speech_model.h"
 
 using json = nlohmann::json;
 using qtts::AudioFormat;

@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "audio_io/spsc_ring.h"
-#include "common/error.h"
+#include "engine/common/spsc_ring.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 using qtts::SpscRing;

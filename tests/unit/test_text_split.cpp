@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
-#include "text/text_split.h"
-#include "text/tokenizer.h"
+#include "engine/common/error.h"
+#include "engine/text/text_split.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

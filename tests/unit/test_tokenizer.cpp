@@ -16,9 +16,9 @@
 #include <random>
 #include <utf8proc.h>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
-#include "text/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

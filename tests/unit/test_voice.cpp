@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <vector>
 
-#include "common/error.h"
-#include "model/weights.h"
-#include "runtime/voice.h"
+#include "engine/common/error.h"
+#include "engine/model/weights.h"
+#include "engine/runtime/voice.h"
 #include "test_errors.h"
 #include "test_support.h"
 

@@ -9,7 +9,7 @@
 #include <sndfile.h>
 
 #include "audio_io/wav_writer.h"
-#include "common/error.h"
+#include "engine/common/error.h"
 #include "test_support.h"
 
 using qtts::WavFormat;

@@ -1,4 +1,4 @@
-#include "audio_io/speech_params.h"
+#include "audio_io/server/request_params.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "text/text_split.h"
+#include "engine/text/text_split.h"
 
 namespace qtts {
 

@@ -1,4 +1,4 @@
-#include "audio_io/server_metrics.h"
+#include "audio_io/server/metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,9 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "audio_io/server_internal.h"
-#include "common/error.h"
-#include "common/log.h"
+#include "audio_io/server/core.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts::server {
 

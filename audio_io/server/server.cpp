@@ -1,5 +1,5 @@
 // The server object: listeners for the HTTP and TCP ports, the I/O threads and the pumps.
-#include "audio_io/http_server.h"
+#include "audio_io/server/server.h"
 
 #include <array>
 #include <optional>
@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "audio_io/server_internal.h"
-#include "common/error.h"
-#include "common/log.h"
+#include "audio_io/server/core.h"
+#include "engine/common/error.h"
+#include "engine/common/log.h"
 
 namespace qtts {
 

@@ -1,8 +1,8 @@
-#include "audio_io/speech_service.h"
+#include "audio_io/server/speech_service.h"
 
 #include <utility>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

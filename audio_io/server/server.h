@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "audio_io/server_metrics.h"
-#include "audio_io/speech_service.h"
+#include "audio_io/server/metrics.h"
+#include "audio_io/server/speech_service.h"
 
 namespace qtts {
 

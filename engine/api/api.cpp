@@ -1,4 +1,5 @@
-#include "common/error.h"
+// The few functions the public API declares (names for enums).
+#include "engine/api/qtts.h"
 
 namespace qtts {
 
@@ -16,6 +17,23 @@ const char* error_code_name(ErrorCode code) {
         case ErrorCode::ERROR_INTERNAL: return "internal error";
     }
     return "error";
+}
+
+
+const char* stop_reason_name(StopReason reason) {
+    switch (reason) {
+        case StopReason::STOP_NONE: return "none";
+        case StopReason::STOP_EOS: return "eos";
+        case StopReason::STOP_FRAME_BUDGET: return "frame_budget";
+        case StopReason::STOP_MAX_FRAMES: return "max_frames";
+        case StopReason::STOP_CANCELLED: return "cancelled";
+        case StopReason::STOP_ERROR: return "error";
+    }
+    return "?";
+}
+
+const char* text_layout_name(TextLayout layout) {
+    return layout == TextLayout::TEXT_LAYOUT_STREAMING ? "streaming" : "non-streaming";
 }
 
 }  // namespace qtts

@@ -1,11 +1,11 @@
-#include "runtime/sampling.h"
+#include "engine/generation/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "common/error.h"
-#include "model/config.h"
+#include "engine/common/error.h"
+#include "engine/model/config.h"
 
 namespace qtts {
 

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "audio_io/server_internal.h"
-#include "common/log.h"
+#include "audio_io/server/core.h"
+#include "engine/common/log.h"
 
 namespace qtts::server {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine.h"
+#include "engine/api/qtts.h"
 
 namespace qtts {
 

@@ -6,7 +6,7 @@
 //   gen->start(prompt, params, seed);
 //   while (gen->next_frame(codes) == FrameStatus::FRAME_STATUS_FRAME) decode(codes);
 //
-// The contract is cpu::Generator's (cpu/generator.h): same statuses, stop reasons and streaming
+// The contract is cpu::Generator's (engine/cpu/generator.h): same statuses, stop reasons and streaming
 // text calls. One difference is allowed: the CUDA generator may report WAITING_FOR_TEXT one frame
 // earlier, because it prepares the next frame's talker input ahead of time.
 // Not thread-safe: the thread that created it (the engine thread) drives and destroys it.
@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/generator.h"
-#include "runtime/decoder_stream.h"
-#include "runtime/sampling.h"
-#include "text/prompt.h"
+#include "engine/generation/frame.h"
+#include "engine/generation/decoder_stream.h"
+#include "engine/generation/sampling.h"
+#include "engine/text/prompt.h"
 
 namespace qtts {
 
@@ -30,10 +30,10 @@ public:
 
     // Embeds a built prompt and runs the talker prefill (restarts any previous utterance).
     virtual void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) = 0;
-    virtual cpu::FrameStatus next_frame(cpu::FrameCodes& codes) = 0;
+    virtual FrameStatus next_frame(FrameCodes& codes) = 0;
     virtual void text_append(const int32_t* ids, size_t n) = 0;
     virtual void text_close() = 0;
-    virtual cpu::StopReason stop_reason() const = 0;
+    virtual StopReason stop_reason() const = 0;
     virtual int frames_emitted() const = 0;
 
     // Generators that decode their own frames (CUDA backend, fused chunks: cuda/gpu_generator.h)
@@ -43,27 +43,6 @@ public:
     virtual DecoderStream* decoder() { return nullptr; }
     // Appends the samples of the frames next_frame() returned since the last call.
     virtual void audio_take(std::vector<float>* pcm) { (void)pcm; }
-};
-
-// The CPU reference backend: a thin forwarder to cpu::Generator (no behaviour of its own, so the
-// CPU path gives exactly the codes cpu::Generator gives).
-class CpuFrameGenerator final : public FrameGenerator {
-public:
-    explicit CpuFrameGenerator(std::shared_ptr<const cpu::LmWeights> weights) : generator_(std::move(weights)) {}
-
-    void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
-        generator_.start(prompt, params, seed);
-    }
-    cpu::FrameStatus next_frame(cpu::FrameCodes& codes) override { return generator_.next_frame(codes); }
-    void text_append(const int32_t* ids, size_t n) override { generator_.text_append(ids, n); }
-    void text_close() override { generator_.text_close(); }
-    cpu::StopReason stop_reason() const override { return generator_.stop_reason(); }
-    int frames_emitted() const override { return generator_.frames_emitted(); }
-
-    cpu::Generator& generator() { return generator_; }
-
-private:
-    cpu::Generator generator_;
 };
 
 }  // namespace qtts

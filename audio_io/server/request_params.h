@@ -12,7 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "audio_io/speech_service.h"
+#include "audio_io/server/speech_service.h"
 
 namespace qtts {
 

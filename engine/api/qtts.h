@@ -13,11 +13,24 @@
 #include <string>
 #include <vector>
 
-#include "text/prompt.h"
+#include "engine/api/errors.h"
 
 namespace qtts {
 
 struct Checkpoint;
+
+// The audio every stream carries: 24 kHz mono float PCM, made in 80 ms codec frames of
+// MAX_CODE_GROUPS codes each (the 12 Hz models use all 16).
+constexpr int SAMPLE_RATE = 24000;
+constexpr int SAMPLES_PER_FRAME = 1920;
+constexpr int MAX_CODE_GROUPS = 16;
+
+// How the target text is laid out (model doc §6.3/§6.4; the reference's non_streaming_mode).
+enum class TextLayout {
+    TEXT_LAYOUT_STREAMING,      // one text token per generated frame (the dual-track layout)
+    TEXT_LAYOUT_NON_STREAMING,  // the whole text inside the prefill; every step adds <tts_pad>
+};
+const char* text_layout_name(TextLayout layout);
 
 struct SpeechRequest {
     std::string text;                // the sentence(s) to speak; when `incremental`, the first piece
@@ -31,8 +44,10 @@ struct SpeechRequest {
     std::optional<TextLayout> text_layout;  // unset = the variant's default (streaming for Base)
     bool incremental = false;        // text arrives later through Stream::text_append, ends with text_close
     std::string voice_path;          // saved voice file (.qv) for Base models
-    std::string ref_audio_path;      // Base models without voice_path: reference clip to clone from
-    std::string ref_text;            // transcript of ref_audio_path (in-context cloning)
+    std::vector<float> ref_audio;    // Base models without voice_path: the reference clip to clone
+                                     // from, SAMPLE_RATE mono samples (the caller decodes files:
+                                     // audio_io/audio_file.h audio_read_mono_24k)
+    std::string ref_text;            // transcript of ref_audio (in-context cloning)
     bool x_vector_only = false;      // Base models: use only the speaker x-vector (no reference codes/text)
     std::vector<int32_t> input_ids;     // debugging: assistant-template ids, skips the tokenizer
     std::vector<int32_t> instruct_ids;  // debugging: instruct-template ids
@@ -75,7 +90,7 @@ class Stream {
 public:
     virtual ~Stream() = default;
     virtual uint64_t id() const = 0;
-    static constexpr int kSampleRate = 24000;
+    static constexpr int kSampleRate = SAMPLE_RATE;
 
     // Copies up to n samples of 24 kHz mono float PCM; never blocks; returns the count copied.
     virtual size_t read(float* out, size_t n) = 0;

@@ -27,7 +27,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "common/error.h"
+#include "engine/common/error.h"
 
 namespace qtts {
 

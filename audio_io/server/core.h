@@ -29,12 +29,12 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json_fwd.hpp>
 
-#include "audio_io/http_server.h"
+#include "audio_io/server/server.h"
 #include "audio_io/opus_encoder.h"
 #include "audio_io/pcm_format.h"
-#include "audio_io/server_metrics.h"
-#include "audio_io/speech_params.h"
-#include "audio_io/speech_service.h"
+#include "audio_io/server/metrics.h"
+#include "audio_io/server/request_params.h"
+#include "audio_io/server/speech_service.h"
 
 namespace qtts::server {
 
