@@ -8,12 +8,12 @@
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/strings.h"
 
 namespace qtts {
 
 WavFormat wav_format_parse(const std::string& name) {
-    std::string lower = name;
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    const std::string lower = ascii_lower(name);
     if (lower == "s16" || lower == "pcm16" || lower == "int16") return WavFormat::WAV_FORMAT_S16;
     if (lower == "f32" || lower == "float" || lower == "float32") return WavFormat::WAV_FORMAT_F32;
     fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown WAV sample format '{}' (accepted: s16, f32)", name);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs the packages (tools/setup.sh), builds, and runs every test except
+# The test command: installs the packages (tools/setup.sh), checks the layers
+# (tools/check-layers.sh), builds, and runs every test except
 # those labelled `gpu` (pass -L gpu through QTTS_CTEST_ARGS on a GPU machine). Golden tests read
 # ../shared/reference and are reported as skipped when it is absent. Then a bounded fuzz smoke
 # run (tools/fuzz.sh --smoke: every libFuzzer target a few seconds from its seed corpus; skipped,
@@ -7,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
+# Includes point down the layers (docs/architecture.md); seconds, so it fails before the build.
+bash tools/check-layers.sh
 bash tools/build.sh
 BUILD_DIR="${QTTS_BUILD_DIR:-build}"
 # The embedded default model is cached per run so tests never touch the user's cache.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/common/error.h"
+#include "engine/common/strings.h"
 
 namespace qtts {
 
@@ -36,11 +37,6 @@ std::string file_read_text(const std::string& path) {
 }
 
 namespace {
-
-std::string to_lower(std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    return s;
-}
 
 json parse_json(const std::string& text, const std::string& source) {
     try {
@@ -219,18 +215,18 @@ ModelConfig model_config_parse(const std::string& text, const std::string& sourc
     if (tr.has("spk_id")) {
         if (!tr.j["spk_id"].is_object()) tr.bad("spk_id", "an object");
         for (auto it = tr.j["spk_id"].begin(); it != tr.j["spk_id"].end(); ++it)
-            t.speaker_ids[to_lower(it.key())] = speaker_id_value(it.value(), source, it.key());
+            t.speaker_ids[ascii_lower(it.key())] = speaker_id_value(it.value(), source, it.key());
     }
     if (tr.has("spk_is_dialect")) {
         if (!tr.j["spk_is_dialect"].is_object()) tr.bad("spk_is_dialect", "an object");
         for (auto it = tr.j["spk_is_dialect"].begin(); it != tr.j["spk_is_dialect"].end(); ++it) {
             const json& v = it.value();
             std::string dialect;
-            if (v.is_string()) dialect = to_lower(v.get<std::string>());
+            if (v.is_string()) dialect = ascii_lower(v.get<std::string>());
             else if (!(v.is_boolean() && !v.get<bool>()) && !v.is_null())
                 fail(ErrorCode::ERROR_FORMAT, "{}: talker_config.spk_is_dialect['{}'] should be false or a dialect name, found {}",
                      source, it.key(), v.dump());
-            t.speaker_dialect[to_lower(it.key())] = dialect;
+            t.speaker_dialect[ascii_lower(it.key())] = dialect;
         }
     }
     if (tr.has("codec_language_id")) {
@@ -239,7 +235,7 @@ ModelConfig model_config_parse(const std::string& text, const std::string& sourc
             const std::optional<int> id = int_fit(it.value());
             if (!id)
                 fail(ErrorCode::ERROR_FORMAT, "{}: talker_config.codec_language_id['{}'] should be an integer", source, it.key());
-            t.language_ids[to_lower(it.key())] = *id;
+            t.language_ids[ascii_lower(it.key())] = *id;
         }
     }
     validate_transformer(t, source, "talker_config");
