@@ -10,6 +10,10 @@
 #                             0.6B / 1.7B checkpoints with `qtts make-model` and benchmark them.
 #                             Logs and JSON go to $OUT (or /tmp/qtts-out); a summary is printed last.
 #
+# Same-call comparison with an earlier build: QTTS_BASELINE_QTTS=/path/to/old/qtts at `build` time
+# stages that binary as bin/qtts-baseline; `device` then benchmarks it right before the new one,
+# on the same checkpoint, with the same arguments (bench-<preset>-baseline.json).
+#
 # The device call (carry build-gpu/dist):
 #   run(command="bash tools/gpu-run.sh device", carry=["build-gpu/dist"])
 # Nothing run there may touch PortAudio: the binaries used here never open an audio device.
@@ -31,6 +35,7 @@ build() {
     rm -rf "$stage"
     mkdir -p "$stage/bin" "$stage/lib" "$stage/ref/models" "$stage/ref/golden" "$DIST"
     cp "$BUILD/qtts" "$stage/bin/"
+    if [ -n "${QTTS_BASELINE_QTTS:-}" ]; then cp "$QTTS_BASELINE_QTTS" "$stage/bin/qtts-baseline"; fi
     for t in $STAGE_TESTS; do cp "$BUILD/tests/$t" "$stage/bin/"; done
     strip --strip-unneeded "$stage"/bin/* || true
     # Shared libraries that are not part of glibc, the C++ runtime or CUDA (the GPU machine has
@@ -139,6 +144,14 @@ device() {
                 grep -E '^\s+(frame, graphs  |  talker step|  predictor 15|sample|talker att|predictor att)' \
                     "$q/bench-$p-$v.log" | sed "s/^/  [$p $v] /" | tee -a "$summary" || true
             done
+        fi
+        if [ -x "$q/bin/qtts-baseline" ]; then
+            t=$SECONDS
+            timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts-baseline" bench --model "$dir" --frames "$frames" ${QTTS_BENCH_ARGS:-} \
+                --json "$out/bench-$p-baseline.json" >"$q/bench-$p-baseline.log" 2>&1 || note "baseline bench $p FAILED"
+            { echo "===== baseline"; cat "$q/bench-$p-baseline.log"; } >>"$out/bench.log"
+            note "baseline bench $p: $((SECONDS - t)) s"
+            grep -E '^\s+(time to first|end to end|frame,|real-time)' "$q/bench-$p-baseline.log" | sed "s/^/  [$p baseline] /" | tee -a "$summary" || true
         fi
         t=$SECONDS
         timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels ${QTTS_BENCH_ARGS:-} \
