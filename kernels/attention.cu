@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 #include "kernels/rope.cuh"
 
 #include <cuda_pipeline.h>
@@ -397,7 +397,7 @@ void attention_validate(const AttentionArgs& a) {
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
                     (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T;
     if (!ok)
-        cuda::check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
+        check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
                          __func__, __FILE__, __LINE__);
 }
 
@@ -419,12 +419,12 @@ void attention(const AttentionArgs& a, const Launch& l) {
         const size_t smem = attention_cached_smem(a);
         static std::atomic<uint64_t> raised{0};
         smem_limit_raise(attention_cached_kernel, smem, raised);
-        CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel, a));
+        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel, a));
         return;
     }
     // Decode: the kernel appends the new keys itself.
     if (a.T > ATTN_TILE)
-        cuda::check_fail("attention", "append needs T <= ATTN_TILE (use kv_append for longer prefills)", __func__,
+        check_fail("attention", "append needs T <= ATTN_TILE (use kv_append for longer prefills)", __func__,
                          __FILE__, __LINE__);
     const int group = a.n_heads / a.n_kv;
     const int nq_cap = std::min(a.T, ATTN_TILE) * group;
@@ -434,12 +434,12 @@ void attention(const AttentionArgs& a, const Launch& l) {
                         sizeof(float);
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(attention_kernel, smem, raised);
-    CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
 }
 
 void kv_append(const AttentionArgs& a, const Launch& l) {
     attention_validate(a);
-    CUDA_CHECK(launch_kernel(l, dim3(a.T, a.n_kv), dim3(32), 0, kv_append_kernel, a));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(a.T, a.n_kv), dim3(32), 0, kv_append_kernel, a));
 }
 
 }  // namespace qtts::kernels

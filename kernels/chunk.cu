@@ -1,6 +1,6 @@
 #include "kernels/chunk.cuh"
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -37,9 +37,9 @@ __global__ void __launch_bounds__(BRIDGE_THREADS) chunk_bridge_kernel(const Chun
 void chunk_bridge(const ChunkBridgeArgs& a, cudaStream_t stream) {
     if (!a.state || !a.lm_codes || !a.staged || !a.decoder_codes || a.frames < 1 || a.frames > CHUNK_MAX_FRAMES ||
         a.groups < 1 || a.groups > SAMPLE_MAX_GROUPS || a.codebook_size < 1 || a.code_capacity < 1)
-        cuda::check_fail("chunk_bridge", "invalid arguments", __func__, __FILE__, __LINE__);
+        check_fail("chunk_bridge", "invalid arguments", __func__, __FILE__, __LINE__);
     chunk_bridge_kernel<<<1, BRIDGE_THREADS, 0, stream>>>(a);
-    CUDA_CHECK(cudaGetLastError());
+    KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace qtts::kernels

@@ -34,7 +34,7 @@ using bf16_t = uint16_t;
 #include <atomic>
 #include <utility>
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -61,10 +61,10 @@ template <typename Kernel>
 void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised) {
     if (smem <= 48 * 1024) return;
     int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
+    KERNEL_CUDA_CHECK(cudaGetDevice(&device));
     const uint64_t bit = uint64_t(1) << (device & 63);
     if (raised.load() & bit) return;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    KERNEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     raised.fetch_or(bit);
 }
 

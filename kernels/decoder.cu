@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -19,7 +19,7 @@ int grid_for(long long count) {
 }
 
 [[noreturn]] void bad_args(const char* what, const char* function) {
-    cuda::check_fail(what, "invalid arguments", function, __FILE__, __LINE__);
+    check_fail(what, "invalid arguments", function, __FILE__, __LINE__);
 }
 
 __device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta) {
@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(SMALL_LINEAR_WARPS * 32)
 void rvq_gather(const int32_t* codes, int n, int nq, const float* codebooks, int size, int half, float* g,
                 const Launch& l) {
     if (n <= 0 || nq < 1 || half <= 0 || !codes || !codebooks || !g) bad_args("rvq_gather", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(n), dim3(std::min(THREADS, ((half + 31) / 32) * 32)), 0, rvq_gather_kernel, codes,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n), dim3(std::min(THREADS, ((half + 31) / 32) * 32)), 0, rvq_gather_kernel, codes,
                              nq, codebooks, size, half, g));
 }
 
@@ -612,7 +612,7 @@ void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, 
         col_rows < C * K + 1)
         bad_args("conv_im2col", __func__);
     const long long total = (long long)col_rows * T;
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_kernel, tail, L, x, C, T, K,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_kernel, tail, L, x, C, T, K,
                              dilation, snake, col, col_rows));
 }
 
@@ -620,12 +620,12 @@ void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakePar
     if (L == 0) return;
     if (L < 0 || L > MAX_TAIL || T <= 0 || C <= 0 || !tail || !x) bad_args("conv_tail_update", __func__);
     const int threads = ((L + 31) / 32) * 32;
-    CUDA_CHECK(launch_kernel(l, dim3(C), dim3(threads), 0, conv_tail_update_kernel, tail, L, x, T, snake));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(C), dim3(threads), 0, conv_tail_update_kernel, tail, L, x, T, snake));
 }
 
 void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, const Launch& l) {
     if (C <= 0 || T <= 0 || !x || !y || !snake.alpha || !snake.inv_beta) bad_args("snake_apply", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, snake_kernel, x, C, T, snake, y));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, snake_kernel, x, C, T, snake, y));
 }
 
 void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int T, const float* bias, float* overlap,
@@ -633,7 +633,7 @@ void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int 
     if (Cout <= 0 || T <= 0 || stride <= 0 || K < stride || K - stride > T * stride || !cols || !bias || !y ||
         (K > stride && !overlap))
         bad_args("trans_conv_overlap_add", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T * stride)), dim3(THREADS), 0,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T * stride)), dim3(THREADS), 0,
                              trans_conv_overlap_add_kernel, cols, Cout, K, stride, T, bias, overlap, y));
 }
 
@@ -641,7 +641,7 @@ void depthwise_conv(const float* tail, int L, const float* x, int C, int T, int 
                     const float* b, float* y, const Launch& l) {
     if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !x || !w || !y || (L > 0 && !tail))
         bad_args("depthwise_conv", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, depthwise_conv_kernel, tail, L, x,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, depthwise_conv_kernel, tail, L, x,
                              C, T, K, dilation, w, b, y));
 }
 
@@ -649,31 +649,31 @@ void layer_norm_channels(const float* x, int C, int T, const float* w, const flo
                          const Launch& l, int rows) {
     if (rows == 0) rows = C + 1;
     if (C <= 0 || T <= 0 || !x || !w || !b || !y || rows < C + 1) bad_args("layer_norm_channels", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(T), dim3(THREADS), 0, layer_norm_channels_kernel, x, C, T, w, b, eps, y, rows));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(T), dim3(THREADS), 0, layer_norm_channels_kernel, x, C, T, w, b, eps, y, rows));
 }
 
 void gelu_ones(float* h, int R, int T, const Launch& l, int rows) {
     if (rows == 0) rows = R + 1;
     if (R <= 0 || T <= 0 || !h || rows < R + 1) bad_args("gelu_ones", __func__);
-    CUDA_CHECK(
+    KERNEL_CUDA_CHECK(
         launch_kernel(l, dim3(grid_for((long long)rows * T)), dim3(THREADS), 0, gelu_ones_kernel, h, R, T, rows));
 }
 
 void scaled_add_channels(float* x, const float* y, const float* gamma, int C, int T, const Launch& l) {
     if (C <= 0 || T <= 0 || !x || !y || !gamma) bad_args("scaled_add_channels", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, scaled_add_channels_kernel, x, y,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, scaled_add_channels_kernel, x, y,
                              gamma, C, T));
 }
 
 void bias_add(float* y, int rows, int cols, const float* bias, bool per_row, const Launch& l) {
     if (rows <= 0 || cols <= 0 || !y || !bias) bad_args("bias_add", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)rows * cols)), dim3(THREADS), 0, bias_add_kernel, y, rows,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)rows * cols)), dim3(THREADS), 0, bias_add_kernel, y, rows,
                              cols, bias, per_row));
 }
 
 void rms_norm_rows(const float* x, int T, int C, const float* w, float eps, float* y, const Launch& l) {
     if (T <= 0 || C <= 0 || !x || !w || !y) bad_args("rms_norm_rows", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(T), dim3(THREADS), 0, rms_norm_rows_kernel, x, C, w, eps, y));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(T), dim3(THREADS), 0, rms_norm_rows_kernel, x, C, w, eps, y));
 }
 
 void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
@@ -681,7 +681,7 @@ void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, con
     if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq || !pos0 ||
         !k_ring || !v_ring)
         bad_args("rope_kv_store", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(n), dim3(128), 0, rope_kv_store_kernel, qkv, heads, kv_heads, head_dim, inv_freq,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n), dim3(128), 0, rope_kv_store_kernel, qkv, heads, kv_heads, head_dim, inv_freq,
                              pos0, k_ring, v_ring, ring));
 }
 
@@ -692,35 +692,35 @@ void window_attention(const float* qkv, int n, int heads, int kv_heads, int head
         bad_args("window_attention", __func__);
     const int staged = staged_attention_floats(window, head_dim);
     if (staged <= STAGED_ATTENTION_SMEM_FLOATS) {
-        CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), size_t(staged) * sizeof(float),
+        KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), size_t(staged) * sizeof(float),
                                  window_attention_staged_kernel, qkv, heads, kv_heads, head_dim, k_ring, v_ring, ring,
                                  window, pos0, out));
         return;
     }
-    CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), 0, window_attention_kernel, qkv, heads, kv_heads, head_dim,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), 0, window_attention_kernel, qkv, heads, kv_heads, head_dim,
                              k_ring, v_ring, ring, window, pos0, out));
 }
 
 void scaled_residual_rows(float* h, const float* y, const float* scale, int n, int D, const Launch& l) {
     if (n <= 0 || D <= 0 || !h || !y || !scale) bad_args("scaled_residual_rows", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)n * D)), dim3(THREADS), 0, scaled_residual_rows_kernel, h, y,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)n * D)), dim3(THREADS), 0, scaled_residual_rows_kernel, h, y,
                              scale, n, D));
 }
 
 void swiglu_rows(const float* gu, int n, int I, float* out, const Launch& l) {
     if (n <= 0 || I <= 0 || !gu || !out) bad_args("swiglu_rows", __func__);
-    CUDA_CHECK(
+    KERNEL_CUDA_CHECK(
         launch_kernel(l, dim3(grid_for((long long)n * I)), dim3(THREADS), 0, swiglu_rows_kernel, gu, n, I, out));
 }
 
 void clamp_unit(float* y, int count, const Launch& l) {
     if (count <= 0 || !y) bad_args("clamp_unit", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for(count)), dim3(THREADS), 0, clamp_unit_kernel, y, count));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(count)), dim3(THREADS), 0, clamp_unit_kernel, y, count));
 }
 
 void position_advance(int64_t* pos, int n, int64_t* chunk, const Launch& l) {
     if (!pos) bad_args("position_advance", __func__);
-    CUDA_CHECK(launch_kernel(l, dim3(1), dim3(32), 0, position_advance_kernel, pos, n, chunk));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(32), 0, position_advance_kernel, pos, n, chunk));
 }
 
 void conv_im2col_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
@@ -730,7 +730,7 @@ void conv_im2col_carry(float* tails, int L, const int64_t* chunk, const float* x
         col_rows < C * K + 1)
         bad_args("conv_im2col_carry", __func__);
     const long long total = (long long)col_rows * T + (long long)C * L;
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_carry_kernel, tails, L, chunk, x,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_carry_kernel, tails, L, chunk, x,
                              C, T, K, dilation, snake, col, col_rows));
 }
 
@@ -739,7 +739,7 @@ void depthwise_conv_carry(float* tails, int L, const int64_t* chunk, const float
     if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !x || !w || !y || !chunk || (L > 0 && !tails))
         bad_args("depthwise_conv_carry", __func__);
     const long long total = (long long)C * T + (long long)C * L;
-    CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, depthwise_conv_carry_kernel, tails, L, chunk,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, depthwise_conv_carry_kernel, tails, L, chunk,
                              x, C, T, K, dilation, w, b, y));
 }
 
@@ -752,7 +752,7 @@ void conv_out_carry(float* tails, int L, const int64_t* chunk, const float* x, i
         bad_args("conv_out_carry", __func__);
     const int blocks = (T + CONV_OUT_TILE - 1) / CONV_OUT_TILE;
     const size_t smem = size_t(C) * (CONV_OUT_TILE + L) * sizeof(float);
-    CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(CONV_OUT_TILE * CONV_OUT_SPLIT), smem, conv_out_carry_kernel, tails,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(CONV_OUT_TILE * CONV_OUT_SPLIT), smem, conv_out_carry_kernel, tails,
                              L, chunk, x, C, T, K, dilation, snake, w, y));
 }
 
@@ -769,7 +769,7 @@ void small_linear(const float* x, int n, int in, bool x_channel_major, const flo
         bad_args("small_linear", __func__);
     const int blocks = (out + SMALL_LINEAR_WARPS - 1) / SMALL_LINEAR_WARPS;
     const size_t smem = size_t(n) * in * sizeof(float);
-    CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(SMALL_LINEAR_WARPS * 32), smem, small_linear_kernel, x, n, in,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(SMALL_LINEAR_WARPS * 32), smem, small_linear_kernel, x, n, in,
                              x_channel_major, norm_w, eps, W, out, bias, epilogue, scale, y, y_channel_major));
 }
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -71,8 +71,8 @@ int embed_blocks(int dim) { return std::min((dim + EMBED_THREADS - 1) / EMBED_TH
 void embedding_gather(const bf16_t* table, int dim, const int32_t* ids, int n, float* out, int ldo, bool accumulate,
                       const Launch& l) {
     if (!table || !ids || !out || dim <= 0 || n <= 0)
-        cuda::check_fail("embedding_gather", "invalid arguments", __func__, __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim), n), dim3(EMBED_THREADS), 0, gather_kernel, table, dim, ids,
+        check_fail("embedding_gather", "invalid arguments", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim), n), dim3(EMBED_THREADS), 0, gather_kernel, table, dim, ids,
                              out, ldo, accumulate));
 }
 
@@ -80,15 +80,15 @@ void frame_embed(const FrameEmbedArgs& a, const Launch& l) {
     bool ok = a.groups >= 1 && a.groups <= EMBED_MAX_TABLES && a.dim > 0 && a.codes && a.rows >= 1 && a.out;
     for (int g = 0; g < a.groups && ok; ++g) ok = a.tables[g] != nullptr;
     if (a.pad) ok = ok && a.rows == 1 && a.text_index && (!a.trailing || a.trailing_rows);
-    if (!ok) cuda::check_fail("frame_embed", "invalid arguments", __func__, __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(a.dim), a.rows), dim3(EMBED_THREADS), 0, frame_embed_kernel, a));
+    if (!ok) check_fail("frame_embed", "invalid arguments", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(a.dim), a.rows), dim3(EMBED_THREADS), 0, frame_embed_kernel, a));
 }
 
 void predictor_input(const float* hidden, const bf16_t* table, const int32_t* code0, int dim, float* out,
                      const Launch& l) {
     if (!hidden || !table || !code0 || !out || dim <= 0)
-        cuda::check_fail("predictor_input", "invalid arguments", __func__, __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim)), dim3(EMBED_THREADS), 0, predictor_input_kernel, hidden, table,
+        check_fail("predictor_input", "invalid arguments", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim)), dim3(EMBED_THREADS), 0, predictor_input_kernel, hidden, table,
                              code0, dim, out));
 }
 
@@ -96,8 +96,8 @@ void rows_add(const float* src, int ld_src, const int32_t* src_rows, int n, int 
               float* dst, int ldd, const Launch& l) {
     if (n <= 0) return;
     if (!src || !dst_rows || !dst || dim <= 0)
-        cuda::check_fail("rows_add", "invalid arguments", __func__, __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim), n), dim3(EMBED_THREADS), 0, rows_add_kernel, src, ld_src,
+        check_fail("rows_add", "invalid arguments", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim), n), dim3(EMBED_THREADS), 0, rows_add_kernel, src, ld_src,
                              src_rows, dim, dst_rows, dst, ldd));
 }
 

@@ -44,7 +44,7 @@ struct GemvArgs {
     int ldy = 0;
 };
 
-// Throws qtts::Error (ERROR_CUDA / ERROR_INTERNAL) on a bad launch or bad arguments.
+// Throws kernels::KernelError (kernels/check.cuh) on a bad launch or bad arguments.
 void gemv(const GemvArgs& args, const Launch& launch);
 
 }  // namespace qtts::kernels

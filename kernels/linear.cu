@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -35,9 +35,9 @@ __global__ void split_combine_kernel(const float* y2, int ld_y2, int T, int n, c
 void linear_split_combine(const float* y2, int ld_y2, int T, int n, const float* bias, LinearEpilogue epilogue,
                           float* y, int ldy, const Launch& l) {
     if (T <= 0 || n <= 0 || !y2 || !y)
-        cuda::check_fail("linear_split_combine", "invalid arguments", __func__, __FILE__, __LINE__);
+        check_fail("linear_split_combine", "invalid arguments", __func__, __FILE__, __LINE__);
     const int blocks = std::min((n + 255) / 256, 64);
-    CUDA_CHECK(launch_kernel(l, dim3(blocks, T), dim3(256), 0, split_combine_kernel, y2, ld_y2, T, n, bias, epilogue,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks, T), dim3(256), 0, split_combine_kernel, y2, ld_y2, T, n, bias, epilogue,
                              y, ldy));
 }
 

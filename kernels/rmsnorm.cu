@@ -1,6 +1,6 @@
 #include "kernels/rmsnorm.cuh"
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -52,16 +52,16 @@ __global__ void __launch_bounds__(NORM_THREADS)
 
 void rmsnorm(const float* x, int T, int C, int ldx, const float* w, float eps, float* y, int ldy, const Launch& l) {
     if (T <= 0 || C <= 0 || !x || !y || !w)
-        cuda::check_fail("rmsnorm", "invalid arguments", __func__, __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(T), dim3(NORM_THREADS), 0, rmsnorm_kernel, x, T, C, ldx, w, eps, y, ldy,
+        check_fail("rmsnorm", "invalid arguments", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(T), dim3(NORM_THREADS), 0, rmsnorm_kernel, x, T, C, ldx, w, eps, y, ldy,
                              static_cast<bf16_t*>(nullptr)));
 }
 
 void rmsnorm_split_bf16(const float* x, int T, int C, int ldx, const float* w, float eps, bf16_t* out,
                         const Launch& l) {
     if (T <= 0 || C <= 0 || !x || !out)
-        cuda::check_fail("rmsnorm_split_bf16", "invalid arguments", __func__, __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(T), dim3(NORM_THREADS), 0, rmsnorm_kernel, x, T, C, ldx, w, eps,
+        check_fail("rmsnorm_split_bf16", "invalid arguments", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(T), dim3(NORM_THREADS), 0, rmsnorm_kernel, x, T, C, ldx, w, eps,
                              static_cast<float*>(nullptr), 0, out));
 }
 

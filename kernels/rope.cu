@@ -1,6 +1,6 @@
 #include "kernels/rope.cuh"
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -28,10 +28,10 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
 void head_norm_rope(float* x, int T, int n_heads, int head_dim, const float* norm_w, float eps,
                     const float* inv_freq, const int32_t* pos_dev, int pos_host, const Launch& l) {
     if (T <= 0 || n_heads <= 0 || head_dim <= 0 || head_dim > 128 || head_dim % 2 != 0)
-        cuda::check_fail("head_norm_rope", "invalid arguments (head_dim even and <= 128)", __func__, __FILE__,
+        check_fail("head_norm_rope", "invalid arguments (head_dim even and <= 128)", __func__, __FILE__,
                          __LINE__);
     const dim3 grid(T, (n_heads + ROPE_WARPS - 1) / ROPE_WARPS);
-    CUDA_CHECK(launch_kernel(l, grid, dim3(ROPE_WARPS * 32), 0, head_norm_rope_kernel, x, n_heads, head_dim, norm_w,
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ROPE_WARPS * 32), 0, head_norm_rope_kernel, x, n_heads, head_dim, norm_w,
                              eps, inv_freq, pos_dev, pos_host));
 }
 

@@ -1,6 +1,6 @@
 #include "kernels/sampling.cuh"
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -383,9 +383,9 @@ float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index) { retu
 void sample(const SampleArgs& a, const Launch& l) {
     if (!a.logits || a.n <= 0 || a.n > SAMPLE_MAX_VOCAB || !a.state || !a.codes || a.group < 0 ||
         a.group >= SAMPLE_MAX_GROUPS || (a.group == 0 && !a.seen))
-        cuda::check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen set)", __func__,
+        check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen set)", __func__,
                          __FILE__, __LINE__);
-    CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
 }
 
 }  // namespace qtts::kernels

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/cuda/cuda_check.h"
+#include "kernels/check.cuh"
 
 namespace qtts::kernels {
 
@@ -22,9 +22,9 @@ __global__ void swiglu_kernel(const float* gate, int ld_gate, const float* up, i
 void swiglu(const float* gate, int ld_gate, const float* up, int ld_up, int T, int n, float* out, int ld_out,
             const Launch& l) {
     if (T <= 0 || n <= 0 || !gate || !up || !out)
-        cuda::check_fail("swiglu", "invalid arguments", __func__, __FILE__, __LINE__);
+        check_fail("swiglu", "invalid arguments", __func__, __FILE__, __LINE__);
     const int blocks = std::min((n + 255) / 256, 64);
-    CUDA_CHECK(launch_kernel(l, dim3(blocks, T), dim3(256), 0, swiglu_kernel, gate, ld_gate, up, ld_up, n, out,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks, T), dim3(256), 0, swiglu_kernel, gate, ld_gate, up, ld_up, n, out,
                              ld_out));
 }
 

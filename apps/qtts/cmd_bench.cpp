@@ -47,11 +47,6 @@
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_generator.h"
 #include "engine/cuda/gpu_speech_decoder.h"
-#include "kernels/attention.cuh"
-#include "kernels/embedding.cuh"
-#include "kernels/gemv.cuh"
-#include "kernels/rmsnorm.cuh"
-#include "kernels/sampling.cuh"
 #endif
 
 namespace {
@@ -72,7 +67,6 @@ void usage() {
         "  --repeats R        repetitions of the prefill / first-frame measurement (default 5)\n"
         "  --device N         CUDA device (default 0)\n"
         "  --no-cuda-graphs   skip the graph measurements (eager only)\n"
-        "  --kernels          also time each kernel of the frame alone (graphs of 64 launches)\n"
         "  --e2e-requests N   end-to-end requests (time to first audio, frame time with decode; default 20)\n"
         "  --no-e2e           skip the end-to-end runtime measurement\n"
         "  --e2e-chunks LIST  steady chunk sizes of the end-to-end runs (default 4; the first chunk is 1 frame)\n"
@@ -89,7 +83,6 @@ void usage() {
 #ifdef QTTS_HAVE_CUDA
 
 using Clock = std::chrono::steady_clock;
-using bf16_t_ptr = const qtts::kernels::bf16_t*;
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -126,156 +119,6 @@ double time_on_stream(cudaStream_t stream, int count, F body) {
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     return double(ms) / count;
-}
-
-struct KernelTime {
-    std::string name;
-    double us = 0.0;
-    double bytes = 0.0;  // weight bytes one launch reads
-};
-
-// Each kernel of the frame on its own: a graph of 64 back-to-back launches (PDL as configured),
-// replayed 5 times; microseconds per launch. Inputs are non-zero (zeros can run faster).
-std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cuda::GpuLmWeights& w) {
-    namespace qc = qtts::cuda;
-    namespace k = qtts::kernels;
-    const qc::GpuStack& T = w.talker;
-    const qc::GpuStack& P = w.predictor;
-    const int ctx_len = 4096, pos = 300;
-    const size_t act = size_t(std::max({T.qkv_dim(), 2 * T.intermediate, w.codec_vocab, 4 * T.hidden})) * 2;
-    const size_t kv = size_t(T.n_kv) * ctx_len * T.head_dim;
-    std::vector<float> host(std::max(act, kv));
-    for (size_t i = 0; i < host.size(); ++i) host[i] = 0.01f * float(int(i * 2654435761u % 2001) - 1000) / 100.0f;
-    auto make = [&](size_t n) {
-        qc::DeviceArray<float> d(n);
-        CUDA_CHECK(cudaMemcpy(d.get(), host.data(), n * 4, cudaMemcpyHostToDevice));
-        return d;
-    };
-    auto x = make(act), y = make(act), y2 = make(act), kc = make(kv), vc = make(kv);
-    qc::DeviceArray<float> partial(k::attention_partial_floats(T.n_heads, 1, k::attention_splits(ctx_len), T.head_dim));
-    qc::DeviceArray<uint32_t> counters(k::attention_counter_count(T.n_kv, 2));
-    CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
-    std::vector<int32_t> ints(64, 5);
-    ints[0] = pos;
-    qc::DeviceArray<int32_t> d_ints(64), seen(size_t(w.codec_vocab)), codes(size_t(64) * 16);
-    CUDA_CHECK(cudaMemcpy(d_ints.get(), ints.data(), 64 * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(seen.get(), 0, seen.bytes()));
-    qc::DeviceArray<k::GenerationDeviceState> state(1);
-    k::GenerationDeviceState st;
-    st.seed = 1;
-    st.frame = 3;
-    st.position = pos;
-    st.history_count = 5;
-    st.code_capacity = 64;
-    st.talker = {0, 0.9f, 50, 1.0f, 1.05f};
-    st.predictor = {0, 0.9f, 50, 1.0f, 1.0f};
-    CUDA_CHECK(cudaMemcpy(state.get(), &st, sizeof(st), cudaMemcpyHostToDevice));
-
-    std::vector<KernelTime> out;
-    auto time = [&](const std::string& name, double bytes, const std::function<void()>& launch) {
-        const qc::GraphExec g = qc::graph_capture(ctx, "kernel " + name, [&] {
-            for (int i = 0; i < 64; ++i) launch();
-        }, nullptr);
-        qc::graph_replay(ctx, g);
-        const double ms = time_on_stream(ctx.stream(), 5, [&] { qc::graph_replay(ctx, g); });
-        out.push_back({name, ms * 1e3 / 64, bytes});
-    };
-    auto gemv = [&](const char* name, const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in, int rows,
-                    k::GemvInput input, const float* norm, k::GemvOutput output) {
-        k::GemvArgs a;
-        a.w = wt;
-        a.w2 = wt2;
-        a.out = out_rows;
-        a.in = in;
-        a.rows = rows;
-        a.input = input;
-        a.x = x.get();
-        a.ldx = in;
-        a.norm_w = norm;
-        a.table = w.codec_embedding;
-        a.index = d_ints.get() + 1;
-        a.output = output;
-        a.y = y.get();
-        a.ldy = out_rows;
-        const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);
-        time(name, bytes, [&, a] { k::gemv(a, ctx.launch()); });
-    };
-    using GI = k::GemvInput;
-    using GO = k::GemvOutput;
-    for (int s = 0; s < 2; ++s) {
-        const qc::GpuStack& S = s == 0 ? T : P;
-        const std::string who = s == 0 ? "talker " : "predictor ";
-        const auto& L = S.layers[0];
-        gemv((who + "qkv gemv (norm)").c_str(), L.qkv, nullptr, S.qkv_dim(), S.hidden, 1, GI::GEMV_INPUT_RMSNORM,
-             L.input_norm, GO::GEMV_OUTPUT_STORE);
-        gemv((who + "o gemv (+res)").c_str(), L.o, nullptr, S.hidden, S.q_dim(), 1, GI::GEMV_INPUT_PLAIN, nullptr,
-             GO::GEMV_OUTPUT_ADD);
-        gemv((who + "gate/up gemv (swiglu)").c_str(), L.gate_up, L.gate_up + size_t(S.intermediate) * S.hidden,
-             S.intermediate, S.hidden, 1, GI::GEMV_INPUT_RMSNORM, L.post_norm, GO::GEMV_OUTPUT_SWIGLU);
-        gemv((who + "down gemv (+res)").c_str(), L.down, nullptr, S.hidden, S.intermediate, 1, GI::GEMV_INPUT_PLAIN,
-             nullptr, GO::GEMV_OUTPUT_ADD);
-        k::AttentionArgs a;
-        a.qkv = x.get();
-        a.ld_qkv = S.qkv_dim();
-        a.T = 1;
-        a.n_heads = S.n_heads;
-        a.n_kv = S.n_kv;
-        a.head_dim = S.head_dim;
-        a.q_norm = L.q_norm;
-        a.k_norm = L.k_norm;
-        a.inv_freq = S.inv_freq;
-        a.k_cache = kc.get();
-        a.v_cache = vc.get();
-        a.max_ctx = s == 0 ? ctx_len : 16;
-        a.pos_dev = s == 0 ? d_ints.get() : nullptr;
-        a.pos_host = 8;
-        a.out = y2.get();
-        a.ld_out = S.q_dim();
-        a.splits = s == 0 ? k::attention_splits(ctx_len) : 1;
-        a.partial = partial.get();
-        a.counters = counters.get();
-        time(who + (s == 0 ? "attention (ctx 300, split-K)" : "attention (pos 8)"),
-             s == 0 ? double(pos) * S.kv_dim() * 8 : 0.0, [&, a] { k::attention(a, ctx.launch()); });
-    }
-    gemv("codec head gemv", w.codec_head, nullptr, w.codec_vocab, T.hidden, 1, GI::GEMV_INPUT_PLAIN, nullptr,
-         GO::GEMV_OUTPUT_STORE);
-    gemv("predictor lm_head gemv (norm)", w.predictor_head[0], nullptr, w.predictor_vocab, P.hidden, 1,
-         GI::GEMV_INPUT_RMSNORM, P.norm, GO::GEMV_OUTPUT_STORE);
-    gemv("predictor pass-1 qkv gemv (2 rows)", P.layers[0].qkv, nullptr, P.qkv_dim(), P.hidden, 2,
-         GI::GEMV_INPUT_RMSNORM, P.layers[0].input_norm, GO::GEMV_OUTPUT_STORE);
-    if (w.predictor_proj_w) {
-        gemv("predictor input projection (gather)", w.predictor_proj_w, nullptr, P.hidden, T.hidden, 1,
-             GI::GEMV_INPUT_GATHER, nullptr, GO::GEMV_OUTPUT_STORE);
-    }
-    time("rmsnorm (1 row)", 0.0, [&] { k::rmsnorm(x.get(), 1, T.hidden, T.hidden, T.norm, 1e-6f, y2.get(), T.hidden, ctx.launch()); });
-    {
-        k::FrameEmbedArgs f;
-        f.tables[0] = w.codec_embedding;
-        for (int g = 1; g < w.num_code_groups; ++g) f.tables[g] = w.predictor_codec_embedding[size_t(g - 1)];
-        f.groups = w.num_code_groups;
-        f.dim = T.hidden;
-        f.codes = d_ints.get() + 1;
-        f.code_stride = 16;
-        f.trailing_rows = d_ints.get() + 1;
-        f.text_index = d_ints.get() + 1;
-        f.pad = x.get();
-        f.out = y2.get();
-        f.ldo = T.hidden;
-        time("frame embed (16 codebooks + text)", 0.0, [&, f] { k::frame_embed(f, ctx.launch()); });
-    }
-    for (const int group : {0, 5}) {
-        k::SampleArgs a;
-        a.logits = x.get();
-        a.n = group == 0 ? w.codec_vocab : w.predictor_vocab;
-        a.state = state.get();
-        a.group = group;
-        a.seen = seen.get();
-        a.codes = codes.get();
-        a.suppress_begin = w.codec_vocab - 1024;
-        time(group == 0 ? "sample codebook 0 (top-k 50)" : "sample predictor (top-k 50)", 0.0,
-             [&, a] { k::sample(a, ctx.launch()); });
-    }
-    return out;
 }
 
 // Can the decoder hide behind the LM? One LM chunk graph (the generator's context) and one
@@ -668,9 +511,6 @@ int bench_cuda(const qtts_cli::Args& args) {
     if (gen.graphs_enabled() && args.has("overlap"))
         overlap = overlap_probe(*checkpoint, device, context, gen, [&] { gen.start(prompt, params, 11); }, chunk);
 
-    std::vector<KernelTime> kernels;
-    if (args.has("kernels")) kernels = kernel_times(context, *weights);
-
     // End to end: fused chunks at each steady chunk size, and (--e2e-compare) separate replays.
     std::vector<EndToEnd> e2e_runs;
     for (const int k : e2e_chunks) {
@@ -827,15 +667,6 @@ int bench_cuda(const qtts_cli::Args& args) {
         row("  time to first audio, second request (p50)", qtts_cli::bench_median(c.second_ms), "ms");
         row("  model load incl. warm-up (p50)", qtts_cli::bench_median(c.load_s), "s");
     }
-    if (!kernels.empty()) {
-        std::printf("\n  %-40s %9s %9s\n", "kernel (alone, 64 launches in a graph)", "us", "GB/s");
-        nlohmann::json kj = nlohmann::json::array();
-        for (const KernelTime& t : kernels) {
-            std::printf("  %-40s %9.2f %9.0f\n", t.name.c_str(), t.us, t.bytes > 0 ? t.bytes / (t.us * 1e3) : 0.0);
-            kj.push_back({{"name", t.name}, {"us", t.us}, {"bytes", t.bytes}});
-        }
-        out["kernels"] = kj;
-    }
     if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, out);
     return 0;
 }
@@ -847,6 +678,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                          "prefill-chunk", "cold", "cold-gap-ms"},
                         {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
                          "cold-probe", "no-warm-up"});
+    if (args.has("kernels"))  // accepted so that existing scripts (tools/gpu-run.sh) keep running
+        std::fprintf(stderr, "qtts bench: --kernels moved to qtts-kernel-lab frame --model DIR (docs/cuda.md)\n");
     if (args.has("help")) {
         usage();
         return 0;

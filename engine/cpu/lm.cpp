@@ -5,6 +5,7 @@
 
 #include "engine/common/error.h"
 #include "engine/cpu/ops.h"
+#include "engine/model/weight_prep.h"
 
 namespace qtts::cpu {
 

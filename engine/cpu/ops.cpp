@@ -6,6 +6,8 @@
 
 #include <cblas.h>
 
+#include "engine/model/weight_prep.h"
+
 namespace qtts::cpu {
 
 void linear(const float* x, int T, int in, const float* W, const float* b, int out, float* y) {
@@ -46,15 +48,6 @@ void layer_norm(const float* x, int T, int C, const float* w, const float* b, fl
         const float inv = 1.0f / std::sqrt(float(var) + eps);
         for (int c = 0; c < C; ++c) yr[c] = float(xr[c] - mean) * inv * w[c] + (b ? b[c] : 0.0f);
     }
-}
-
-std::vector<float> rope_inv_freq(int head_dim, double theta) {
-    std::vector<float> inv_freq(size_t(head_dim / 2));
-    for (int i = 0; i < head_dim / 2; ++i) {
-        const float exponent = float(2 * i) / float(head_dim);
-        inv_freq[size_t(i)] = 1.0f / std::pow(float(theta), exponent);
-    }
-    return inv_freq;
 }
 
 void rope_apply_table(float* x, int T, int n_heads, int head_dim, const int64_t* positions, const float* inv_freq) {

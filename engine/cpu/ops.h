@@ -22,9 +22,6 @@ void layer_norm(const float* x, int T, int C, const float* w, const float* b, fl
 // x [T, n_heads * head_dim]; row t has position positions[t].
 void rope_apply(float* x, int T, int n_heads, int head_dim, const int64_t* positions, double theta);
 
-// The default RoPE frequency table [head_dim / 2]: inv_freq[i] = 1 / theta^(2i / head_dim), in fp32
-// as the reference computes it.
-std::vector<float> rope_inv_freq(int head_dim, double theta);
 // Same rotation with an explicit frequency table inv_freq [head_dim / 2]: the angle of pair i at
 // position p is p · inv_freq[i] (fp32), cos/sin in fp32.
 void rope_apply_table(float* x, int T, int n_heads, int head_dim, const int64_t* positions, const float* inv_freq);

@@ -77,24 +77,6 @@ struct CpuSpeechDecoderOptions {
     int max_chunk_frames = 25;
 };
 
-// Weight preparation shared by the CPU decoder and the GPU upload (cuda/gpu_speech_decoder.cpp):
-// an fp32 copy of a checkpoint tensor, checked present and of `numel` values (numel < 0: any
-// size), throwing ERROR_SHAPE naming `what` otherwise;
-std::vector<float> speech_weight_f32(Tensor t, int64_t numel, const char* what);
-// one RVQ codebook as the reference uses it: embedding_sum / max(cluster_usage, 1e-5),
-// [codebook_size, dim].
-std::vector<float> rvq_codebook_normalised(Tensor embedding_sum, Tensor cluster_usage, int codebook_size, int dim);
-
-// Throws ERROR_INVALID_ARGUMENT naming `who`, the frame and the codebook when a code of
-// codes [n, num_quantizers] is outside 0..codebook_size-1 (shared by the CPU and GPU decoders,
-// which both check before touching their state).
-void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who);
-
-// Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout both
-// decoders implement (one semantic quantizer, even codebook_dim, grouped heads, even head_dim)
-// and the weights hold as many layers, blocks and codebooks as the config says.
-void speech_decoder_layout_check(const DecoderConfig& config, const SpeechDecoderWeights& weights, const char* who);
-
 class CpuSpeechDecoder {
 public:
     explicit CpuSpeechDecoder(const Checkpoint& checkpoint, CpuSpeechDecoderOptions options = {});

@@ -13,6 +13,7 @@
 #include "engine/cpu/conv_ops.h"
 #include "engine/cpu/mel.h"
 #include "engine/cpu/ops.h"
+#include "engine/model/weight_prep.h"
 #include "engine/model/safetensors.h"
 
 namespace qtts::cpu {

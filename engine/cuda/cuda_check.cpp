@@ -1,6 +1,5 @@
 #include "engine/cuda/cuda_check.h"
 
-#include <cstdio>
 #include <string>
 
 #include "engine/common/error.h"
@@ -9,13 +8,6 @@ namespace qtts::cuda {
 
 void check_fail(const char* statement, const char* what, const char* function, const char* file, int line) {
     fail(ErrorCode::ERROR_CUDA, "{} failed: {} (in {} at {}:{})", statement, what, function, file, line);
-}
-
-const char* cuda_error_text(cudaError_t status) {
-    // One static buffer per thread: the text is consumed immediately by check_fail().
-    thread_local char text[256];
-    std::snprintf(text, sizeof(text), "%s: %s", cudaGetErrorName(status), cudaGetErrorString(status));
-    return text;
 }
 
 const char* cublas_error_text(cublasStatus_t status) {

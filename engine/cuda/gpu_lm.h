@@ -26,6 +26,7 @@
 
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/gpu_context.h"
+#include "kernels/linear.cuh"
 #include "kernels/sampling.cuh"
 #include "engine/model/weights.h"
 #include "engine/generation/sampling.h"
@@ -194,6 +195,8 @@ private:
     void stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host);
     void stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0);
     void gemm_split(const bf16_t* w, int out, int in, int T);  // y2_ = [W xb_hi; W xb_lo]
+    void linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out, int n,
+                        const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy);
     void talker_head(int row);
     void predictor_pass(int group);
     void sample_enqueue(int group, int frame_offset, bool advance);

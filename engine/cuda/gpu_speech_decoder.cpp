@@ -9,8 +9,8 @@
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
-#include "engine/cpu/ops.h"
-#include "engine/cpu/speech_decoder.h"
+#include "engine/cuda/cuda_check.h"
+#include "engine/model/weight_prep.h"
 #include "engine/model/safetensors.h"
 
 namespace qtts::cuda {
@@ -20,8 +20,6 @@ namespace {
 constexpr float kConvNeXtNormEps = 1e-6f;
 constexpr int kResidualDilations[3] = {1, 3, 9};
 constexpr int kMaxWindow = 1024;  // kernels/decoder.cu MAX_WINDOW
-
-using cpu::speech_weight_f32;
 
 void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
 
@@ -64,7 +62,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     g.config_ = d;
     g.device_ = device;
 
-    cpu::speech_decoder_layout_check(d, w, "GPU speech decoder");
+    speech_decoder_layout_check(d, w, "GPU speech decoder");
     if (d.sliding_window < 1 || d.sliding_window > kMaxWindow)
         fail(ErrorCode::ERROR_UNSUPPORTED, "GPU speech decoder: sliding window {} not supported (1..{})",
              d.sliding_window, kMaxWindow);
@@ -76,7 +74,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     // RVQ: codebooks divided by their usage, as the CPU does.
     std::vector<float> books;
     auto book_add = [&](Tensor sum_t, Tensor usage_t) {
-        append(books, cpu::rvq_codebook_normalised(sum_t, usage_t, cs, half));
+        append(books, rvq_codebook_normalised(sum_t, usage_t, cs, half));
     };
     book_add(w.rvq_first_embedding_sum, w.rvq_first_cluster_usage);
     for (int k = 0; k < d.num_quantizers - 1; ++k)
@@ -175,7 +173,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     g.tr_output_b = g.store(speech_weight_f32(w.tr_output_proj_b, latent, "pre_transformer.output_proj.bias"));
 
     // RoPE frequencies from the config, computed by the CPU reference's function.
-    g.inv_freq = g.store(cpu::rope_inv_freq(d.head_dim, d.rope_theta));
+    g.inv_freq = g.store(rope_inv_freq(d.head_dim, d.rope_theta));
 
     g.samples_per_frame_ = 1;
     for (size_t i = 0; i < d.upsampling_ratios.size(); ++i) {
@@ -401,7 +399,7 @@ void GpuSpeechDecoder::decode(const int32_t* codes, int n, std::vector<float>* p
     if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: pcm_out is null");
     if (n == 0) return;
     if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: codes is null for {} frames", n);
-    cpu::speech_codes_validate(config(), codes, n, "GPU speech decoder");
+    speech_codes_validate(config(), codes, n, "GPU speech decoder");
     DeviceScope scope(context_.device());
     const int nq = config().num_quantizers, spf = samples_per_frame();
     for (int done = 0; done < n;) {
@@ -479,9 +477,9 @@ void GpuSpeechDecoder::conv_enqueue(const GpuSpeechDecoderWeights::Conv& conv, f
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row;
     if (L > 0)
-        kernels::conv_im2col_carry(tail, L, chunk_, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows);
+        CUDA_CHECK_KERNEL(kernels::conv_im2col_carry(tail, L, chunk_, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows));
     else
-        kernels::conv_im2col(nullptr, 0, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows);
+        CUDA_CHECK_KERNEL(kernels::conv_im2col(nullptr, 0, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows));
     gemm(false, false, conv.cout, T, rows, conv.w, rows, col_.get(), T, beta, y, T);
 }
 
@@ -490,7 +488,7 @@ void GpuSpeechDecoder::trans_conv_enqueue(const GpuSpeechDecoderWeights::TransCo
                                           int T, float* y) {
     const int cols = tc.cout * tc.k;
     gemm(true, false, cols, T, tc.cin, tc.w, cols, x, T, 0.0f, aux_.get(), T);
-    kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, overlap, y, context_.launch());
+    CUDA_CHECK_KERNEL(kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, overlap, y, context_.launch()));
 }
 
 // x [C, T] += gamma ⊙ pw2(gelu(pw1(LayerNorm(dwconv(x))))), channel-major throughout.
@@ -498,12 +496,12 @@ void GpuSpeechDecoder::convnext_enqueue(const GpuSpeechDecoderWeights::ConvNeXt&
     const kernels::Launch l = context_.launch();
     const int C = cx.channels, C4 = 4 * C;
     float* dw = y_.get() == x ? x_.get() : y_.get();  // the other signal buffer
-    kernels::depthwise_conv_carry(tail, cx.k - 1, chunk_, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l);
-    kernels::layer_norm_channels(dw, C, T, cx.norm_w, cx.norm_b, kConvNeXtNormEps, col_.get(), l, cx.pw1_row);
+    CUDA_CHECK_KERNEL(kernels::depthwise_conv_carry(tail, cx.k - 1, chunk_, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l));
+    CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, T, cx.norm_w, cx.norm_b, kConvNeXtNormEps, col_.get(), l, cx.pw1_row));
     gemm(false, false, C4, T, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), T, 0.0f, aux_.get(), T);  // [4C, T]
-    kernels::gelu_ones(aux_.get(), C4, T, l, cx.pw2_row);  // [pw2_row, T]: gelu rows, ones, zeros
+    CUDA_CHECK_KERNEL(kernels::gelu_ones(aux_.get(), C4, T, l, cx.pw2_row));  // [pw2_row, T]: gelu rows, ones, zeros
     gemm(false, false, C, T, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), T, 0.0f, dw, T);          // [C, T]
-    kernels::scaled_add_channels(x, dw, cx.gamma, C, T, l);
+    CUDA_CHECK_KERNEL(kernels::scaled_add_channels(x, dw, cx.gamma, C, T, l));
 }
 
 // x [latent, n] -> x [latent, n] through the time-major transformer.
@@ -519,48 +517,48 @@ void GpuSpeechDecoder::transformer_enqueue(int n, float* x) {
         qd % 4 == 0 && I % 4 == 0) {
         // Few rows: one fused launch per product (RMSNorm prologue, residual/SwiGLU epilogue).
         using E = kernels::SmallLinearEpilogue;
-        kernels::small_linear(x, n, latent, true, nullptr, 0.0f, w.tr_input_w, D, w.tr_input_b,
-                              E::SMALL_LINEAR_STORE, nullptr, h, false, l);
+        CUDA_CHECK_KERNEL(kernels::small_linear(x, n, latent, true, nullptr, 0.0f, w.tr_input_w, D, w.tr_input_b,
+                                                E::SMALL_LINEAR_STORE, nullptr, h, false, l));
         for (size_t li = 0; li < w.layers.size(); ++li) {
             const GpuSpeechDecoderWeights::Layer& L = w.layers[li];
-            kernels::small_linear(h, n, D, false, L.input_norm, d.rms_norm_eps, L.qkv, qkvd, nullptr,
-                                  E::SMALL_LINEAR_STORE, nullptr, qkv_.get(), false, l);
-            kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
-                                   k_ring_[li], v_ring_[li], ring_rows_, l);
-            kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li],
-                                      v_ring_[li], ring_rows_, d.sliding_window, position_, att_.get(), l);
-            kernels::small_linear(att_.get(), n, qd, false, nullptr, 0.0f, L.o, D, nullptr, E::SMALL_LINEAR_SCALED_ADD,
-                                  L.attn_scale, h, false, l);
-            kernels::small_linear(h, n, D, false, L.post_norm, d.rms_norm_eps, L.gate_up, I, nullptr,
-                                  E::SMALL_LINEAR_SWIGLU, nullptr, act_.get(), false, l);
-            kernels::small_linear(act_.get(), n, I, false, nullptr, 0.0f, L.down, D, nullptr,
-                                  E::SMALL_LINEAR_SCALED_ADD, L.mlp_scale, h, false, l);
+            CUDA_CHECK_KERNEL(kernels::small_linear(h, n, D, false, L.input_norm, d.rms_norm_eps, L.qkv, qkvd, nullptr,
+                                                    E::SMALL_LINEAR_STORE, nullptr, qkv_.get(), false, l));
+            CUDA_CHECK_KERNEL(kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
+                                                     k_ring_[li], v_ring_[li], ring_rows_, l));
+            CUDA_CHECK_KERNEL(kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li],
+                                                        v_ring_[li], ring_rows_, d.sliding_window, position_, att_.get(), l));
+            CUDA_CHECK_KERNEL(kernels::small_linear(att_.get(), n, qd, false, nullptr, 0.0f, L.o, D, nullptr, E::SMALL_LINEAR_SCALED_ADD,
+                                                    L.attn_scale, h, false, l));
+            CUDA_CHECK_KERNEL(kernels::small_linear(h, n, D, false, L.post_norm, d.rms_norm_eps, L.gate_up, I, nullptr,
+                                                    E::SMALL_LINEAR_SWIGLU, nullptr, act_.get(), false, l));
+            CUDA_CHECK_KERNEL(kernels::small_linear(act_.get(), n, I, false, nullptr, 0.0f, L.down, D, nullptr,
+                                                    E::SMALL_LINEAR_SCALED_ADD, L.mlp_scale, h, false, l));
         }
-        kernels::small_linear(h, n, D, false, w.tr_norm, d.rms_norm_eps, w.tr_output_w, latent, w.tr_output_b,
-                              E::SMALL_LINEAR_STORE, nullptr, x, true, l);
+        CUDA_CHECK_KERNEL(kernels::small_linear(h, n, D, false, w.tr_norm, d.rms_norm_eps, w.tr_output_w, latent, w.tr_output_b,
+                                                E::SMALL_LINEAR_STORE, nullptr, x, true, l));
         return;
     }
     gemm(true, true, n, D, latent, x, n, w.tr_input_w, latent, 0.0f, h, D);  // [n, D]
-    kernels::bias_add(h, n, D, w.tr_input_b, false, l);
+    CUDA_CHECK_KERNEL(kernels::bias_add(h, n, D, w.tr_input_b, false, l));
     for (size_t li = 0; li < w.layers.size(); ++li) {
         const GpuSpeechDecoderWeights::Layer& L = w.layers[li];
-        kernels::rms_norm_rows(h, n, D, L.input_norm, d.rms_norm_eps, xn_.get(), l);
+        CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, n, D, L.input_norm, d.rms_norm_eps, xn_.get(), l));
         gemm(false, true, n, qkvd, D, xn_.get(), D, L.qkv, D, 0.0f, qkv_.get(), qkvd);
-        kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
-                               k_ring_[li], v_ring_[li], ring_rows_, l);
-        kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li], v_ring_[li],
-                                  ring_rows_, d.sliding_window, position_, att_.get(), l);
+        CUDA_CHECK_KERNEL(kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
+                                                 k_ring_[li], v_ring_[li], ring_rows_, l));
+        CUDA_CHECK_KERNEL(kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li], v_ring_[li],
+                                                    ring_rows_, d.sliding_window, position_, att_.get(), l));
         gemm(false, true, n, D, qd, att_.get(), qd, L.o, qd, 0.0f, tmp_.get(), D);
-        kernels::scaled_residual_rows(h, tmp_.get(), L.attn_scale, n, D, l);
-        kernels::rms_norm_rows(h, n, D, L.post_norm, d.rms_norm_eps, xn_.get(), l);
+        CUDA_CHECK_KERNEL(kernels::scaled_residual_rows(h, tmp_.get(), L.attn_scale, n, D, l));
+        CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, n, D, L.post_norm, d.rms_norm_eps, xn_.get(), l));
         gemm(false, true, n, 2 * I, D, xn_.get(), D, L.gate_up, D, 0.0f, gu_.get(), 2 * I);
-        kernels::swiglu_rows(gu_.get(), n, I, act_.get(), l);
+        CUDA_CHECK_KERNEL(kernels::swiglu_rows(gu_.get(), n, I, act_.get(), l));
         gemm(false, true, n, D, I, act_.get(), I, L.down, I, 0.0f, tmp_.get(), D);
-        kernels::scaled_residual_rows(h, tmp_.get(), L.mlp_scale, n, D, l);
+        CUDA_CHECK_KERNEL(kernels::scaled_residual_rows(h, tmp_.get(), L.mlp_scale, n, D, l));
     }
-    kernels::rms_norm_rows(h, n, D, w.tr_norm, d.rms_norm_eps, xn_.get(), l);
+    CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, n, D, w.tr_norm, d.rms_norm_eps, xn_.get(), l));
     gemm(false, true, latent, n, D, w.tr_output_w, D, xn_.get(), D, 0.0f, x, n);  // [latent, n]
-    kernels::bias_add(x, latent, n, w.tr_output_b, true, l);
+    CUDA_CHECK_KERNEL(kernels::bias_add(x, latent, n, w.tr_output_b, true, l));
 }
 
 void GpuSpeechDecoder::mark(const char* stage) {
@@ -608,7 +606,7 @@ void GpuSpeechDecoder::chunk_enqueue(int n) {
     float* other = y_.get();
 
     // 1. RVQ dequantize: z [cd, n] = [W_first | W_rest] · [q_sem | q_acoustic]ᵀ
-    kernels::rvq_gather(codes_dev_.get(), n, d.num_quantizers, w.codebooks, d.codebook_size, half, aux_.get(), l);
+    CUDA_CHECK_KERNEL(kernels::rvq_gather(codes_dev_.get(), n, d.num_quantizers, w.codebooks, d.codebook_size, half, aux_.get(), l));
     gemm(false, true, cd, n, cd, w.rvq_proj, cd, aux_.get(), cd, 0.0f, other, n);
 
     // 2. pre_conv (causal k3) -> [latent, n]
@@ -637,7 +635,7 @@ void GpuSpeechDecoder::chunk_enqueue(int n) {
     // 6. blocks: SnakeBeta -> transposed conv ×r -> 3 residual units
     for (size_t b = 0; b < w.blocks.size(); ++b) {
         const GpuSpeechDecoderWeights::Block& blk = w.blocks[b];
-        kernels::snake_apply(cur, blk.upsample.cin, T, blk.snake, other, l);
+        CUDA_CHECK_KERNEL(kernels::snake_apply(cur, blk.upsample.cin, T, blk.snake, other, l));
         trans_conv_enqueue(blk.upsample, block_overlap_[b], other, T, cur);
         T *= blk.upsample.stride;
         for (size_t u = 0; u < blk.units.size(); ++u) {
@@ -654,13 +652,13 @@ void GpuSpeechDecoder::chunk_enqueue(int n) {
     // 7. SnakeBeta -> conv k7 -> 1 channel -> clamp
     const GpuSpeechDecoderWeights::Conv& co = w.conv_out;
     if (kernels::conv_out_direct_fits(co.cin, co.tail())) {
-        kernels::conv_out_carry(conv_out_tail_, co.tail(), chunk_, cur, co.cin, T, co.k, co.dilation, w.snake_out,
-                                co.w, pcm_dev_.get(), l);
+        CUDA_CHECK_KERNEL(kernels::conv_out_carry(conv_out_tail_, co.tail(), chunk_, cur, co.cin, T, co.k, co.dilation, w.snake_out,
+                                                  co.w, pcm_dev_.get(), l));
     } else {
         conv_enqueue(co, conv_out_tail_, cur, T, w.snake_out, pcm_dev_.get(), 0.0f);
-        kernels::clamp_unit(pcm_dev_.get(), T, l);
+        CUDA_CHECK_KERNEL(kernels::clamp_unit(pcm_dev_.get(), T, l));
     }
-    kernels::position_advance(position_, n, chunk_, l);
+    CUDA_CHECK_KERNEL(kernels::position_advance(position_, n, chunk_, l));
     mark("output conv");
 }
 

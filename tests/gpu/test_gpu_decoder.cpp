@@ -24,6 +24,7 @@
 #include "engine/common/error.h"
 #include "engine/cpu/conv_ops.h"
 #include "engine/cpu/ops.h"
+#include "engine/model/weight_prep.h"
 #include "engine/cpu/speech_decoder.h"
 #include "engine/cuda/gpu_speech_decoder.h"
 #include "kernels/decoder.cuh"
@@ -381,7 +382,7 @@ TEST_CASE("gpu decoder kernels: RoPE + sliding-window attention over the K/V rin
     auto qkv = qtts_test::random_floats(size_t(n) * stride, 31);
     auto past_k = qtts_test::random_floats(size_t(past) * kvd, 32);  // already rotated
     auto past_v = qtts_test::random_floats(size_t(past) * kvd, 33);
-    const auto inv_freq = qtts::cpu::rope_inv_freq(hd, 10000.0);
+    const auto inv_freq = qtts::rope_inv_freq(hd, 10000.0);
 
     // CPU: rotate q and k of the new rows, attend over [past | new].
     std::vector<float> q(size_t(n) * qd), k(size_t(n) * kvd), v(size_t(n) * kvd);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/cpu/ops.h"
+#include "engine/model/weight_prep.h"
 #include "test_support.h"
 
 namespace {
@@ -98,7 +99,7 @@ TEST_CASE("rope_apply: rotate-half pairs (i, i + d/2), per-row positions, norm p
 }
 
 TEST_CASE("rope_inv_freq is the textbook table; rope_apply_table with it equals rope_apply", "[ops]") {
-    const std::vector<float> inv = qtts::cpu::rope_inv_freq(24, 1e6);
+    const std::vector<float> inv = qtts::rope_inv_freq(24, 1e6);
     REQUIRE(inv.size() == 12);
     for (size_t i = 0; i < inv.size(); ++i) CHECK(inv[i] == Approx(std::pow(1e6, -2.0 * double(i) / 24)).epsilon(1e-6));
     const auto x = random_floats(2 * 3 * 24, 15);

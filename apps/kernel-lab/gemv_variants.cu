@@ -1,0 +1,182 @@
+// The gemv variants kept for measurement, beside the shipped kernel (kernels/gemv.cu, "vec1"):
+//   vec  the shipped kernel with double-buffered weight chunks (80 registers; 1.6% slower per
+//        1.7B frame on the H200, docs/performance.md 2026-11-29);
+//   smem the default before vec1: the block stages (and normalises) the input rows in shared
+//        memory first, then each warp streams its weight row (10% slower).
+#include "apps/kernel-lab/gemv_variants.h"
+
+#include <atomic>
+
+#include "kernels/check.cuh"
+#include "kernels/gemv_device.cuh"
+
+namespace qtts::kernel_lab {
+
+namespace {
+
+using namespace ::qtts::kernels;
+
+// "smem": the block stages (and normalises) the input rows in
+// shared memory, then each warp streams its weight row (weights prefetched into L2 before
+// griddepcontrol.wait).
+template <int NB, int NMAT>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_smem_kernel(const GemvArgs a) {
+    extern __shared__ float4 gemv_smem_buf[];
+    float* xs = reinterpret_cast<float*>(gemv_smem_buf);  // [NB, in]
+    __shared__ float partial[GEMV_WARPS][NB];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    const int in = a.in, in8 = a.in >> 3;
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(row) * in8;
+    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(row) * in8 : nullptr;
+    // The weights do not depend on the previous kernel: start pulling them into L2 now.
+    if (lane == 0 && row < a.out) {
+        prefetch_l2(w0, uint32_t(in) * 2u);
+        if (NMAT == 2) prefetch_l2(w1, uint32_t(in) * 2u);
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    // Stage the input rows in shared memory (normalised or gathered as requested).
+    const int rows = a.rows;
+    float sumsq[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) sumsq[nb] = 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        float4* dst = reinterpret_cast<float4*>(xs + size_t(nb) * in);
+        if (nb >= rows) {
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            continue;
+        }
+        if (a.input == GemvInput::GEMV_INPUT_GATHER) {
+            const int32_t id = a.index[nb * a.index_stride];
+            const uint4* src = reinterpret_cast<const uint4*>(a.table) + size_t(id) * in8;
+            for (int i = threadIdx.x; i < in8; i += GEMV_THREADS) {
+                const uint4 w = src[i];
+                dst[2 * i] = make_float4(bf16_lo(w.x), bf16_hi(w.x), bf16_lo(w.y), bf16_hi(w.y));
+                dst[2 * i + 1] = make_float4(bf16_lo(w.z), bf16_hi(w.z), bf16_lo(w.w), bf16_hi(w.w));
+            }
+        } else {
+            const float4* src = reinterpret_cast<const float4*>(a.x + size_t(nb) * a.ldx);
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) {
+                const float4 v = src[i];
+                dst[i] = v;
+                sumsq[nb] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        }
+    }
+    if (a.input == GemvInput::GEMV_INPUT_RMSNORM) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            const float s = warp_sum(sumsq[nb]);
+            if (lane == 0) partial[warp][nb] = s;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            if (nb >= rows) continue;
+            float total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; ++w) total += partial[w][nb];
+            const float inv = 1.0f / sqrtf(total / float(in) + a.eps);
+            float* xr = xs + size_t(nb) * in;
+            for (int i = threadIdx.x; i < in; i += GEMV_THREADS) xr[i] = (xr[i] * inv) * a.norm_w[i];
+        }
+    }
+    __syncthreads();
+    if (row >= a.out) return;  // no block-wide barrier below
+
+    float acc[NMAT][NB];
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb] = 0.0f;
+
+    constexpr int U = 8 / NMAT;
+    for (int base = 0; base < in8; base += 32 * U) {
+        uint4 wv[NMAT][U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = base + u * 32 + lane;
+            if (k < in8) {
+                wv[0][u] = __ldg(w0 + k);
+                if (NMAT == 2) wv[NMAT - 1][u] = __ldg(w1 + k);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = base + u * 32 + lane;
+            if (k < in8) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    const float4* xv = reinterpret_cast<const float4*>(xs + size_t(nb) * in) + 2 * k;
+                    const float4 x0 = xv[0], x1 = xv[1];
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) acc[m][nb] += dot8(wv[m][u], x0, x1);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb] = warp_sum(acc[m][nb]);
+
+    if (lane == 0) gemv_row_store<NB, NMAT>(a, row, acc);
+}
+
+template <int NB, int NMAT>
+void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
+    const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
+    const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
+    switch (variant) {
+        case GemvVariant::GEMV_VARIANT_SMEM: {
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(gemv_smem_kernel<NB, NMAT>, smem, raised);
+            KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_smem_kernel<NB, NMAT>, a));
+            return;
+        }
+        case GemvVariant::GEMV_VARIANT_VEC: {
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(gemv_vec_kernel<NB, NMAT, true>, smem, raised);
+            KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, true>, a));
+            return;
+        }
+        case GemvVariant::GEMV_VARIANT_VEC1: gemv(a, l); return;
+    }
+}
+
+template <int NMAT>
+void variant_dispatch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
+    if (a.rows <= 1)
+        variant_launch<1, NMAT>(variant, a, l);
+    else if (a.rows <= 2)
+        variant_launch<2, NMAT>(variant, a, l);
+    else if (a.rows <= 4)
+        variant_launch<4, NMAT>(variant, a, l);
+    else
+        variant_launch<8, NMAT>(variant, a, l);
+}
+
+}  // namespace
+
+void gemv_variant(GemvVariant variant, const GemvArgs& a, const Launch& l) {
+    if (variant == GemvVariant::GEMV_VARIANT_VEC1) return gemv(a, l);  // the shipped launcher checks the arguments
+    if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
+        variant_dispatch<2>(variant, a, l);
+    else
+        variant_dispatch<1>(variant, a, l);
+}
+
+const char* gemv_variant_name(GemvVariant variant) {
+    switch (variant) {
+        case GemvVariant::GEMV_VARIANT_VEC1: return "vec1 (shipped)";
+        case GemvVariant::GEMV_VARIANT_VEC: return "vec";
+        case GemvVariant::GEMV_VARIANT_SMEM: return "smem";
+    }
+    return "?";
+}
+
+}  // namespace qtts::kernel_lab

@@ -1,0 +1,18 @@
+// Gemv variants of the kernel lab (apps/kernel-lab/gemv_variants.cu): the shipped kernel and the
+// ones kept for measurement, behind one launcher.
+#pragma once
+
+#include "kernels/gemv.cuh"
+
+namespace qtts::kernel_lab {
+
+enum class GemvVariant { GEMV_VARIANT_VEC1, GEMV_VARIANT_VEC, GEMV_VARIANT_SMEM };
+
+constexpr GemvVariant GEMV_VARIANTS[] = {GemvVariant::GEMV_VARIANT_VEC1, GemvVariant::GEMV_VARIANT_VEC,
+                                         GemvVariant::GEMV_VARIANT_SMEM};
+
+// Same arguments and results as kernels::gemv; throws kernels::KernelError.
+void gemv_variant(GemvVariant variant, const kernels::GemvArgs& args, const kernels::Launch& launch);
+const char* gemv_variant_name(GemvVariant variant);
+
+}  // namespace qtts::kernel_lab

@@ -1,0 +1,289 @@
+// GpuLm's forward passes: the decoder stacks (decode: gemv kernels; prefill: split-bf16 cuBLAS
+// GEMMs), the talker head, the predictor passes, on-device sampling, and the frame step built from
+// them (graph-capturable), plus the step-by-step calls that mirror cpu/lm.h.
+#include "engine/cuda/gpu_lm.h"
+
+#include <algorithm>
+
+#include <cublas_v2.h>
+
+#include "engine/common/error.h"
+#include "engine/cuda/gpu_lm_launch.h"
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/linear.cuh"
+#include "kernels/rmsnorm.cuh"
+
+namespace qtts::cuda {
+
+namespace k = ::qtts::kernels;
+
+// ---- building blocks ------------------------------------------------------------------------
+
+void GpuLm::gemm_split(const bf16_t* w, int out, int in, int T) {
+    // Row-major y2 [2T, out] = xb [2T, in] · W[out, in]^T, i.e. column-major y2^T = W^T(op T) · xb^T.
+    // cuBLAS picks a kernel per problem shape, and the first product of a shape in a process costs
+    // milliseconds (measured: +4..14 ms on the first request of each new prompt length, 1.7B), so
+    // the row count is rounded up to a multiple of 32 within the scratch's 2C rows: the rows past
+    // 2T read stale scratch and their results are never read. Prefill then meets at most 2C/32
+    // shapes, all of which the load-time warm-up runs.
+    const int rows = std::min((2 * T + 31) / 32 * 32, 2 * options_.prefill_chunk);
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(context_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, CUDA_R_16BF, in,
+                              xb_, CUDA_R_16BF, in, &beta, y2_, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+// y[T, n] (epilogue) = W[out, in] · rmsnorm(x[T, in]) (norm_w null: x as given), through split
+// bf16 activations (hi + lo) and one cuBLAS GEMM: fp32-level accuracy at prefill sizes.
+void GpuLm::linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out,
+                           int n, const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy) {
+    const k::Launch l = launch();
+    CUDA_CHECK_KERNEL(k::rmsnorm_split_bf16(x, T, in, in, norm_w, eps, xb_, l));
+    gemm_split(w, out, in, T);
+    CUDA_CHECK_KERNEL(k::linear_split_combine(y2_, out, T, n, bias, epilogue, y, ldy, l));
+}
+
+namespace {
+k::AttentionArgs attention_args(const GpuStack& s, int layer, float* qkv, float* attn, float* k_cache, float* v_cache,
+                                int max_ctx, int splits, float* partial, uint32_t* counters, int T,
+                                const int32_t* pos_dev, int pos_host) {
+    const GpuStack::Layer& L = s.layers[size_t(layer)];
+    const size_t layer_stride = size_t(s.n_kv) * size_t(max_ctx) * size_t(s.head_dim);
+    k::AttentionArgs a;
+    a.qkv = qkv;
+    a.ld_qkv = s.qkv_dim();
+    a.T = T;
+    a.n_heads = s.n_heads;
+    a.n_kv = s.n_kv;
+    a.head_dim = s.head_dim;
+    a.q_norm = L.q_norm;
+    a.k_norm = L.k_norm;
+    a.eps = s.eps;
+    a.inv_freq = s.inv_freq;
+    a.k_cache = k_cache + layer_stride * size_t(layer);
+    a.v_cache = v_cache + layer_stride * size_t(layer);
+    a.max_ctx = max_ctx;
+    a.pos_dev = pos_dev;
+    a.pos_host = pos_host;
+    a.append = true;
+    a.out = attn;
+    a.ld_out = s.q_dim();
+    a.splits = splits;
+    a.partial = partial;
+    a.counters = counters;
+    return a;
+}
+}  // namespace
+
+void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host) {
+    const k::Launch l = launch();
+    const int H = s.hidden, I = s.intermediate;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const GpuStack::Layer& L = s.layers[i];
+        // attention block: qkv = W_qkv · rmsnorm(x); q/k norms, RoPE, cache append, attention;
+        // x += W_o · attn
+        gemv_launch(gemv_normed(gemv_product(L.qkv, s.qkv_dim(), H, T, b.x, b.qkv), L.input_norm, s.eps), l);
+        CUDA_CHECK_KERNEL(k::attention(attention_args(s, int(i), b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx,
+                                                      b.splits, partial_, counters_, T, pos_dev, pos_host),
+                                       l));
+        gemv_launch(gemv_residual(gemv_product(L.o, H, s.q_dim(), T, b.attn, b.x)), l);
+        // MLP block: mlp = silu(W_gate · rmsnorm(x)) * (W_up · rmsnorm(x)); x += W_down · mlp
+        gemv_launch(gemv_swiglu(gemv_normed(gemv_product(L.gate_up, I, H, T, b.x, b.mlp), L.post_norm, s.eps),
+                                L.gate_up + size_t(I) * H),
+                    l);
+        gemv_launch(gemv_residual(gemv_product(L.down, H, I, T, b.mlp, b.x)), l);
+    }
+}
+
+void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0) {
+    const k::Launch l = launch();
+    const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
+    using E = k::LinearEpilogue;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const GpuStack::Layer& L = s.layers[i];
+        linear_prefill(b.x, T, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr, E::LINEAR_EPILOGUE_STORE, b.qkv, QKV);
+
+        k::AttentionArgs a = attention_args(s, int(i), b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
+                                            partial_, counters_, T, nullptr, pos0);
+        a.append = false;
+        a.splits = k::attention_splits(pos0 + T);
+        CUDA_CHECK_KERNEL(k::kv_append(a, l));
+        CUDA_CHECK_KERNEL(k::attention(a, l));
+
+        linear_prefill(b.attn, T, QD, nullptr, 0.0f, L.o, H, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H);
+        linear_prefill(b.x, T, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr, E::LINEAR_EPILOGUE_SWIGLU, b.mlp, I);
+        linear_prefill(b.mlp, T, I, nullptr, 0.0f, L.down, H, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H);
+    }
+}
+
+void GpuLm::talker_head(int row) {
+    const k::Launch l = launch();
+    const GpuStack& s = weights_->talker;
+    const int H = s.hidden;
+    CUDA_CHECK_KERNEL(k::rmsnorm(talker_buf_.x + size_t(row) * H, 1, H, H, s.norm, s.eps, hidden_, H, l));
+    gemv_launch(gemv_product(weights_->codec_head, weights_->codec_vocab, H, 1, hidden_, talker_logits_), l);
+}
+
+void GpuLm::predictor_pass(int group) {
+    const k::Launch l = launch();
+    const GpuLmWeights& w = *weights_;
+    const GpuStack& P = w.predictor;
+    const int H = w.talker.hidden, Hc = P.hidden;
+    const bool project = w.predictor_proj_w != nullptr;
+    int T = 1, pos = group, row = 0;
+    if (group == 1) {
+        T = 2;
+        pos = 0;
+        row = 1;
+        CUDA_CHECK_KERNEL(k::predictor_input(hidden_, w.codec_embedding, &state_->current[0], H,
+                                             project ? predictor_in_ : predictor_buf_.x, l));
+        if (project) {
+            k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, 2, predictor_in_, predictor_buf_.x);
+            proj.bias = w.predictor_proj_b;
+            gemv_launch(proj, l);
+        }
+    } else {
+        const bf16_t* table = w.predictor_codec_embedding[size_t(group - 2)];
+        if (project) {
+            k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, 1, nullptr, predictor_buf_.x);
+            proj.bias = w.predictor_proj_b;
+            proj.input = k::GemvInput::GEMV_INPUT_GATHER;
+            proj.table = table;
+            proj.index = &state_->current[group - 1];
+            gemv_launch(proj, l);
+        } else {
+            CUDA_CHECK_KERNEL(k::embedding_gather(table, H, &state_->current[group - 1], 1, predictor_buf_.x, H, false, l));
+        }
+    }
+    stack_decode(P, predictor_buf_, T, nullptr, pos);
+    gemv_launch(gemv_normed(gemv_product(w.predictor_head[size_t(group - 1)], w.predictor_vocab, Hc, 1,
+                                         predictor_buf_.x + size_t(row) * Hc, predictor_logits_),
+                            P.norm, P.eps),
+                l);
+}
+
+void GpuLm::sample_enqueue(int group, int frame_offset, bool advance) {
+    const GpuLmWeights& w = *weights_;
+    k::SampleArgs a;
+    a.logits = group == 0 ? talker_logits_ : predictor_logits_;
+    a.n = group == 0 ? w.codec_vocab : w.predictor_vocab;
+    a.state = state_;
+    a.group = group;
+    a.frame_offset = frame_offset;
+    a.advance = advance;
+    a.eos_id = w.config().talker.codec_eos_id;
+    a.suppress_begin = w.codec_vocab - 1024;  // the reference masks the top 1024 control ids
+    a.seen = seen_;
+    a.codes = codes_;
+    CUDA_CHECK_KERNEL(k::sample(a, launch()));
+}
+
+void GpuLm::prefill_device(const float* embeds_dev, int L) {
+    if (L < 1 || L >= options_.max_context)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "prompt of {} positions does not fit the GPU context of {} (1..{})", L,
+             options_.max_context, options_.max_context - 1);
+    const int H = weights_->talker.hidden, C = options_.prefill_chunk;
+    int last = 0;
+    for (int c0 = 0; c0 < L; c0 += C) {
+        const int T = std::min(C, L - c0);
+        CUDA_CHECK(cudaMemcpyAsync(talker_buf_.x, embeds_dev + size_t(c0) * H, size_t(T) * H * 4,
+                                   cudaMemcpyDeviceToDevice, context_.stream()));
+        stack_prefill(weights_->talker, talker_buf_, T, c0);
+        last = T - 1;
+    }
+    talker_head(last);
+    talker_length_ = L;
+}
+
+// ---- step by step ---------------------------------------------------------------------------
+
+void GpuLm::talker_prefill(const float* embeds, int L) {
+    check("GpuLm::talker_prefill");
+    DeviceScope scope(context_.device());
+    if (L < 1 || L >= options_.max_context)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "prompt of {} positions does not fit the GPU context of {} (1..{})", L,
+             options_.max_context, options_.max_context - 1);
+    CUDA_CHECK(cudaMemcpyAsync(embeds_, embeds, size_t(L) * weights_->talker.hidden * 4, cudaMemcpyHostToDevice,
+                               context_.stream()));
+    prefill_device(embeds_, L);
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+void GpuLm::prefill_enqueue(int L) {
+    check("GpuLm::prefill_enqueue");
+    DeviceScope scope(context_.device());
+    prefill_device(embeds_, L);
+}
+
+void GpuLm::talker_step(const float* input) {
+    check("GpuLm::talker_step");
+    DeviceScope scope(context_.device());
+    if (talker_length_ < 1 || talker_length_ >= options_.max_context)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "talker_step at position {}: prefill first; the context holds {}",
+             talker_length_, options_.max_context);
+    CUDA_CHECK(cudaMemcpyAsync(talker_buf_.x, input, size_t(weights_->talker.hidden) * 4, cudaMemcpyHostToDevice,
+                               context_.stream()));
+    stack_decode(weights_->talker, talker_buf_, 1, nullptr, talker_length_);
+    talker_head(0);
+    ++talker_length_;
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+void GpuLm::predictor_prefill(int32_t code0) {
+    check("GpuLm::predictor_prefill");
+    DeviceScope scope(context_.device());
+    if (code0 < 0 || code0 >= weights_->codec_vocab)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codebook-0 code {} is outside [0, {})", code0, weights_->codec_vocab);
+    upload_ints(&code0, 1, &state_->current[0]);
+    predictor_pass(1);
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+void GpuLm::predictor_step(int group, int32_t previous_code) {
+    check("GpuLm::predictor_step");
+    DeviceScope scope(context_.device());
+    if (group < 2 || group >= weights_->num_code_groups)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "predictor_step group {} is outside [2, {})", group,
+             weights_->num_code_groups);
+    if (previous_code < 0 || previous_code >= weights_->predictor_vocab)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "code {} is outside [0, {})", previous_code, weights_->predictor_vocab);
+    upload_ints(&previous_code, 1, &state_->current[group - 1]);
+    predictor_pass(group);
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+void GpuLm::predictor_frame_enqueue() {
+    for (int g = 1; g < weights_->num_code_groups; ++g) {
+        predictor_pass(g);
+        sample_enqueue(g, 0, false);
+    }
+}
+
+void GpuLm::talker_frame_enqueue() {
+    const GpuLmWeights& w = *weights_;
+    k::FrameEmbedArgs f = frame_embed_tables(w);
+    f.codes = state_->current;
+    f.code_stride = k::SAMPLE_MAX_GROUPS;
+    f.rows = 1;
+    f.trailing = trailing_;
+    f.trailing_rows = &state_->trailing_rows;
+    f.text_index = &state_->frame;
+    f.pad = pad_;
+    f.out = talker_buf_.x;
+    f.ldo = w.talker.hidden;
+    CUDA_CHECK_KERNEL(k::frame_embed(f, launch()));
+    stack_decode(w.talker, talker_buf_, 1, &state_->position, 0);
+    talker_head(0);
+    sample_enqueue(0, 1, true);
+}
+
+void GpuLm::frame_step_enqueue() {
+    check("GpuLm::frame_step_enqueue");
+    DeviceScope scope(context_.device());
+    predictor_frame_enqueue();
+    talker_frame_enqueue();
+}
+
+}  // namespace qtts::cuda

@@ -1,0 +1,66 @@
+// Helpers shared by the gpu_lm_*.cpp files (internal to GpuLm): arena alignment and short
+// builders for the kernel arguments the layers repeat, so that each layer reads top-down as the
+// model (norm -> product -> attention -> residual ...). Every launcher call goes through
+// CUDA_CHECK_KERNEL: a kernels::KernelError reaches the engine as qtts::Error(ERROR_CUDA).
+#pragma once
+
+#include <cstddef>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/gpu_lm.h"
+#include "kernels/embedding.cuh"
+#include "kernels/gemv.cuh"
+
+namespace qtts::cuda {
+
+constexpr size_t LM_ALIGN = 256;  // every arena / state segment starts on this boundary
+inline size_t align_up(size_t v) { return (v + LM_ALIGN - 1) / LM_ALIGN * LM_ALIGN; }
+
+// y[rows, out] = W[out, in] · x[rows, in]  (x and y dense: ldx = in, ldy = out; x null for GATHER).
+inline kernels::GemvArgs gemv_product(const bf16_t* w, int out, int in, int rows, const float* x, float* y) {
+    kernels::GemvArgs a;
+    a.w = w;
+    a.out = out;
+    a.in = in;
+    a.rows = rows;
+    a.x = x;
+    a.ldx = x ? in : 0;
+    a.y = y;
+    a.ldy = out;
+    return a;
+}
+
+// ... of rms_norm(x) * norm_w (the norm before a projection, fused into the product).
+inline kernels::GemvArgs gemv_normed(kernels::GemvArgs a, const float* norm_w, float eps) {
+    a.input = kernels::GemvInput::GEMV_INPUT_RMSNORM;
+    a.norm_w = norm_w;
+    a.eps = eps;
+    return a;
+}
+
+// ... added to y (the residual stream).
+inline kernels::GemvArgs gemv_residual(kernels::GemvArgs a) {
+    a.output = kernels::GemvOutput::GEMV_OUTPUT_ADD;
+    return a;
+}
+
+// y = silu(W_gate x) * (W_up x): W is the gate, `up` the second matrix.
+inline kernels::GemvArgs gemv_swiglu(kernels::GemvArgs a, const bf16_t* up) {
+    a.w2 = up;
+    a.output = kernels::GemvOutput::GEMV_OUTPUT_SWIGLU;
+    return a;
+}
+
+inline void gemv_launch(const kernels::GemvArgs& a, const kernels::Launch& l) { CUDA_CHECK_KERNEL(kernels::gemv(a, l)); }
+
+// The 16 codebook tables of a frame (talker codec embedding, then the predictor's 15) at width H.
+inline kernels::FrameEmbedArgs frame_embed_tables(const GpuLmWeights& w) {
+    kernels::FrameEmbedArgs f;
+    f.tables[0] = w.codec_embedding;
+    for (int g = 1; g < w.num_code_groups; ++g) f.tables[g] = w.predictor_codec_embedding[size_t(g - 1)];
+    f.groups = w.num_code_groups;
+    f.dim = w.talker.hidden;
+    return f;
+}
+
+}  // namespace qtts::cuda

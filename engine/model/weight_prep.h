@@ -1,0 +1,36 @@
+// Weight preparation shared by the two backends: what engine/cpu builds its fp32 tables from
+// and engine/cuda uploads (RoPE frequencies, fp32 copies of decoder tensors, the normalised RVQ
+// codebooks) and the layout checks both speech decoders make before using a checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
+
+namespace qtts {
+
+// The default RoPE frequency table [head_dim / 2]: inv_freq[i] = 1 / theta^(2i / head_dim), in fp32
+// as the reference computes it.
+std::vector<float> rope_inv_freq(int head_dim, double theta);
+
+// An fp32 copy of a speech-decoder tensor, checked present and of `numel` values (numel < 0: any
+// size); throws ERROR_SHAPE naming `what` otherwise.
+std::vector<float> speech_weight_f32(Tensor t, int64_t numel, const char* what);
+
+// One RVQ codebook as the reference uses it: embedding_sum / max(cluster_usage, 1e-5),
+// [codebook_size, dim].
+std::vector<float> rvq_codebook_normalised(Tensor embedding_sum, Tensor cluster_usage, int codebook_size, int dim);
+
+// Throws ERROR_INVALID_ARGUMENT naming `who`, the frame and the codebook when a code of
+// codes [n, num_quantizers] is outside 0..codebook_size-1 (both decoders check before touching
+// their state).
+void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who);
+
+// Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout both
+// decoders implement (one semantic quantizer, even codebook_dim, grouped heads, even head_dim)
+// and the weights hold as many layers, blocks and codebooks as the config says.
+void speech_decoder_layout_check(const DecoderConfig& config, const SpeechDecoderWeights& weights, const char* who);
+
+}  // namespace qtts

@@ -1,0 +1,191 @@
+// The device side of kernels/gemv.cu, shared with the kernel lab (apps/kernel-lab), which
+// measures the kernel's other instantiation (double-buffered weight chunks) and retired variants
+// against it. Include from .cu files only.
+#pragma once
+
+#ifdef __CUDACC__
+
+#include "kernels/gemv.cuh"
+
+// An anonymous namespace: each including .cu file gets its own instantiations (whole-program
+// CUDA compilation registers kernels per file).
+namespace qtts::kernels {
+namespace {
+
+constexpr int GEMV_WARPS = 8;
+constexpr int GEMV_THREADS = GEMV_WARPS * 32;
+
+// NB: rows of x handled together (weights are read once for all of them).
+// NMAT: weight matrices per output row (2 for SwiGLU: gate and up).
+
+// Lane 0 of a row's warp writes the finished dot products acc[m][nb] (m: matrix, nb: input row):
+// SwiGLU of the two matrices, or the product (+ bias), stored or added to y.
+template <int NB, int NMAT>
+__device__ __forceinline__ void gemv_row_store(const GemvArgs& a, int row, const float (&acc)[NMAT][NB]) {
+    const float b = a.bias ? a.bias[row] : 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        if (nb >= a.rows) break;
+        float* y = a.y + size_t(nb) * a.ldy + row;
+        if (NMAT == 2) {
+            *y = silu_ref(acc[0][nb]) * acc[NMAT - 1][nb];
+        } else if (a.output == GemvOutput::GEMV_OUTPUT_ADD) {
+            *y += acc[0][nb] + b;
+        } else {
+            *y = acc[0][nb] + b;
+        }
+    }
+}
+
+// The decode gemv: the input staged once in shared memory, without serial round trips.
+// Before griddepcontrol.wait each warp already issues the first chunk of its weight row into
+// registers (weights never depend on the previous kernel) and prefetches the rest into L2; after
+// the wait the block stages the input rows once (times norm_w for RMSNORM, sum of squares kept
+// aside) behind a single barrier, so the weight loads are in flight while the input arrives.
+// The 1/rms factor scales the finished dot product. DB: double-buffer the weight chunks (the
+// next chunk's loads are issued before the current one is used; more registers, so fewer
+// blocks per SM: 3 for one-row launches, 4 without it). The product launches DB = false ("vec1");
+// DB = true ("vec") is measured in the kernel lab (apps/kernel-lab).
+template <int NB, int NMAT, bool DB>
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs a) {
+    extern __shared__ float4 gemv_vec_buf[];
+    float* xs = reinterpret_cast<float*>(gemv_vec_buf);  // [NB, in]
+    __shared__ float partial[GEMV_WARPS][NB];
+    constexpr int U = 8 / NMAT;     // 16-byte loads per lane per matrix per chunk
+    constexpr int STEP = 32 * U;    // 16-byte columns per chunk
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    const int in = a.in, in8 = a.in >> 3;
+    const bool active = row < a.out;
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(active ? row : 0) * in8;
+    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(active ? row : 0) * in8 : w0;
+
+    uint4 cur[NMAT][U];
+    if (active) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = u * 32 + lane;
+            if (k < in8) {
+                cur[0][u] = __ldg(w0 + k);
+                if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+            }
+        }
+        if (lane == 0 && in8 > STEP) {
+            prefetch_l2(w0 + STEP, uint32_t(in8 - STEP) * 16u);
+            if (NMAT == 2) prefetch_l2(w1 + STEP, uint32_t(in8 - STEP) * 16u);
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    const int rows = a.rows;
+    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    float sumsq[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        sumsq[nb] = 0.0f;
+        float4* dst = reinterpret_cast<float4*>(xs + size_t(nb) * in);
+        if (nb >= rows) {
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) dst[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        } else if (a.input == GemvInput::GEMV_INPUT_GATHER) {
+            const int32_t id = a.index[nb * a.index_stride];
+            const uint4* src = reinterpret_cast<const uint4*>(a.table) + size_t(id) * in8;
+            for (int i = threadIdx.x; i < in8; i += GEMV_THREADS) {
+                const uint4 t = src[i];
+                dst[2 * i] = make_float4(bf16_lo(t.x), bf16_hi(t.x), bf16_lo(t.y), bf16_hi(t.y));
+                dst[2 * i + 1] = make_float4(bf16_lo(t.z), bf16_hi(t.z), bf16_lo(t.w), bf16_hi(t.w));
+            }
+        } else {
+            const float4* src = reinterpret_cast<const float4*>(a.x + size_t(nb) * a.ldx);
+            const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) {
+                float4 v = src[i];
+                if (norm) {
+                    sumsq[nb] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    const float4 n = nw[i];
+                    v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
+                }
+                dst[i] = v;
+            }
+        }
+    }
+    if (norm) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            const float s = warp_sum(sumsq[nb]);
+            if (lane == 0) partial[warp][nb] = s;
+        }
+    }
+    __syncthreads();
+    if (!active) return;  // no block-wide barrier below
+
+    float acc[NMAT][NB];
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) acc[m][nb] = 0.0f;
+
+    for (int base = 0; base < in8; base += STEP) {
+        const bool more = base + STEP < in8;
+        uint4 nxt[NMAT][U];
+        if (DB && more) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int k = base + STEP + u * 32 + lane;
+                if (k < in8) {
+                    nxt[0][u] = __ldg(w0 + k);
+                    if (NMAT == 2) nxt[NMAT - 1][u] = __ldg(w1 + k);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = base + u * 32 + lane;
+            if (k < in8) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+                    const float4* xv = reinterpret_cast<const float4*>(xs + size_t(nb) * in) + 2 * k;
+                    const float4 x0 = xv[0], x1 = xv[1];
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) acc[m][nb] += dot8(cur[m][u], x0, x1);
+                }
+            }
+        }
+        if (more) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (DB) {
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) cur[m][u] = nxt[m][u];
+                } else {
+                    const int k = base + STEP + u * 32 + lane;
+                    if (k < in8) {
+                        cur[0][u] = __ldg(w0 + k);
+                        if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) acc[m][nb] = warp_sum(acc[m][nb]);
+        if (norm) {
+            float total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; ++w) total += partial[w][nb];
+            const float inv = 1.0f / sqrtf(total / float(in) + a.eps);
+#pragma unroll
+            for (int m = 0; m < NMAT; ++m) acc[m][nb] *= inv;
+        }
+    }
+
+    if (lane == 0) gemv_row_store<NB, NMAT>(a, row, acc);
+}
+
+}  // namespace
+}  // namespace qtts::kernels
+
+#endif  // __CUDACC__
