@@ -29,12 +29,12 @@ STAGE_TESTS=${QTTS_STAGE_TESTS:-"$GPU_TESTS $UNIT_TESTS"}
 build() {
     cmake -S "$ROOT" -B "$BUILD" -DQTTS_CUDA=ON -DQTTS_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release -DQTTS_WERROR=ON >/dev/null
     # shellcheck disable=SC2086
-    cmake --build "$BUILD" --target qtts_cli $STAGE_TESTS -j2
+    cmake --build "$BUILD" --target qtts_cli qtts_kernel_lab $STAGE_TESTS -j2
     rm -rf "$DIST"
     local stage=$BUILD/dist-stage
     rm -rf "$stage"
     mkdir -p "$stage/bin" "$stage/lib" "$stage/ref/models" "$stage/ref/golden" "$DIST"
-    cp "$BUILD/qtts" "$stage/bin/"
+    cp "$BUILD/qtts" "$BUILD/apps/kernel-lab/qtts-kernel-lab" "$stage/bin/"
     if [ -n "${QTTS_BASELINE_QTTS:-}" ]; then cp "$QTTS_BASELINE_QTTS" "$stage/bin/qtts-baseline"; fi
     for t in $STAGE_TESTS; do cp "$BUILD/tests/$t" "$stage/bin/"; done
     strip --strip-unneeded "$stage"/bin/* || true
@@ -121,7 +121,6 @@ device() {
     [ -x "$q/bin/test_gpu_decoder" ] && run_test test_gpu_decoder gpu QTTS_TEST_DECODER_FRAMES=100
 
     local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
-    export QTTS_BENCH_VARIANTS=${QTTS_BENCH_VARIANTS-""}
     local frames=${QTTS_BENCH_FRAMES:-256}
     for p in $presets; do
         local dir=/tmp/qtts-models/$p t=$SECONDS
@@ -133,17 +132,13 @@ device() {
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_runtime" ]; then
             run_test test_gpu_runtime gpu QTTS_TEST_MODEL_DIR="$dir"
         fi
-        # Variants (env settings) compared on the 1.7B model, e.g. QTTS_BENCH_VARIANTS="QTTS_GEMV=smem".
-        if [ "$p" = "1.7b-customvoice" ]; then
-            for v in ${QTTS_BENCH_VARIANTS:-}; do
-                t=$SECONDS
-                timeout 120 env "$v" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels ${QTTS_BENCH_ARGS:-} \
-                    >"$q/bench-$p-$v.log" 2>&1 || note "bench $p $v FAILED"
-                { echo "===== variant $v"; cat "$q/bench-$p-$v.log"; } >>"$out/bench.log"
-                note "bench $p with $v: $((SECONDS - t)) s"
-                grep -E '^\s+(frame, graphs  |  talker step|  predictor 15|sample|talker att|predictor att)' \
-                    "$q/bench-$p-$v.log" | sed "s/^/  [$p $v] /" | tee -a "$summary" || true
-            done
+        # The kernel lab (apps/kernel-lab): GEMV variants checked and timed, per-kernel frame timing.
+        if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/qtts-kernel-lab" ] && [ "${QTTS_KERNEL_LAB:-1}" = "1" ]; then
+            t=$SECONDS
+            { echo "===== kernel lab"; timeout 120 "$q/bin/qtts-kernel-lab" gemv 2>&1;
+              timeout 120 "$q/bin/qtts-kernel-lab" frame --model "$dir" 2>&1; } >"$q/lab.log" || note "kernel lab FAILED"
+            cat "$q/lab.log" >>"$out/bench.log"
+            note "kernel lab: $((SECONDS - t)) s"
         fi
         if [ -x "$q/bin/qtts-baseline" ]; then
             t=$SECONDS
@@ -154,7 +149,7 @@ device() {
             grep -E '^\s+(time to first|end to end|frame,|real-time)' "$q/bench-$p-baseline.log" | sed "s/^/  [$p baseline] /" | tee -a "$summary" || true
         fi
         t=$SECONDS
-        timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" --kernels ${QTTS_BENCH_ARGS:-} \
+        timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --frames "$frames" ${QTTS_BENCH_ARGS:-} \
             --json "$out/bench-$p.json" >"$q/bench-$p.log" 2>&1 || { note "bench $p FAILED"; failed=1; }
         cat "$q/bench-$p.log" >>"$out/bench.log"
         note "bench $p: $((SECONDS - t)) s"

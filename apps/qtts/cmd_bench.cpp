@@ -676,10 +676,8 @@ int bench_cuda(const qtts_cli::Args& args) {
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
                          "prefill-chunk", "cold", "cold-gap-ms"},
-                        {"help", "no-cuda-graphs", "kernels", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
+                        {"help", "no-cuda-graphs", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
                          "cold-probe", "no-warm-up"});
-    if (args.has("kernels"))  // accepted so that existing scripts (tools/gpu-run.sh) keep running
-        std::fprintf(stderr, "qtts bench: --kernels moved to qtts-kernel-lab frame --model DIR (docs/cuda.md)\n");
     if (args.has("help")) {
         usage();
         return 0;
