@@ -22,6 +22,7 @@
 
 #include "apps/kernel-lab/gemv_variants.h"
 #include "engine/common/error.h"
+#include "engine/cuda/event_timer.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/frame_graphs.h"
@@ -40,22 +41,7 @@ namespace k = qtts::kernels;
 namespace lab = qtts::kernel_lab;
 using bf16_t_ptr = const k::bf16_t*;
 
-// Times `count` launches of `body` with CUDA events on the stream; returns ms per launch.
-template <typename F>
-double time_on_stream(cudaStream_t stream, int count, F body) {
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < count; ++i) body();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return double(ms) / count;
-}
+using qtts::cuda::time_on_stream;
 
 float bf16_to_f32(uint16_t b) {
     const uint32_t u = uint32_t(b) << 16;

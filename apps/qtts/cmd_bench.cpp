@@ -44,6 +44,7 @@
 #ifdef QTTS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "engine/cuda/event_timer.h"
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_generator.h"
 #include "engine/cuda/gpu_speech_decoder.h"
@@ -104,22 +105,7 @@ qtts::Prompt bench_prompt(const qtts::ModelConfig& config) {
     return qtts::prompt_build(config, request);
 }
 
-// Times `count` launches of `body` with CUDA events on the stream; returns ms per launch.
-template <typename F>
-double time_on_stream(cudaStream_t stream, int count, F body) {
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < count; ++i) body();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return double(ms) / count;
-}
+using qtts::cuda::time_on_stream;
 
 // Can the decoder hide behind the LM? One LM chunk graph (the generator's context) and one
 // decoder chunk graph (a second context: its own stream and cuBLAS handle) timed alone, one
