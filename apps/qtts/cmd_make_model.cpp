@@ -1,10 +1,10 @@
 // qtts make-model --preset P --out DIR [--seed N]: a random-weight checkpoint at real size.
 #include <cstdio>
 
-#include "audio_io/server/request_params.h"
 #include "apps/qtts/cli.h"
 #include "engine/common/error.h"
 #include "engine/model/make_model.h"
+#include "engine/text/request_check.h"
 
 namespace {
 

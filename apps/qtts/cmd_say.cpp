@@ -12,7 +12,6 @@
 #include "audio_io/audio_file.h"
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
-#include "audio_io/server/request_params.h"
 #include "audio_io/stream_player.h"
 #include "audio_io/wav_writer.h"
 #include "apps/qtts/cli.h"
@@ -20,7 +19,9 @@
 #include "engine/common/log.h"
 #include "engine/model/make_model.h"
 #include "engine/api/qtts.h"
+#include "engine/runtime/engine_debug.h"
 #include "engine/runtime/voice.h"
+#include "engine/text/request_check.h"
 #include "engine/text/text_split.h"
 
 namespace {
@@ -129,9 +130,11 @@ int cmd_say(const std::vector<std::string>& argv) {
         request.text.clear();
         request.incremental = true;  // lines are appended to one stream as they arrive
     }
-    if (args.get("input-ids")) request.input_ids = parse_ids(*args.get("input-ids"), "input-ids");
-    if (args.get("instruct-ids")) request.instruct_ids = parse_ids(*args.get("instruct-ids"), "instruct-ids");
-    if (qtts::text_is_blank(request.text) && request.input_ids.empty() && !from_stdin)
+    // The debugging inputs go through the engine's debug entry (engine/runtime/engine_debug.h).
+    qtts::SpeechRequestDebug debug;
+    if (args.get("input-ids")) debug.input_ids = parse_ids(*args.get("input-ids"), "input-ids");
+    if (args.get("instruct-ids")) debug.instruct_ids = parse_ids(*args.get("instruct-ids"), "instruct-ids");
+    if (qtts::text_is_blank(request.text) && debug.input_ids.empty() && !from_stdin)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "no text given (empty or only whitespace): qtts say \"text\" -o out.wav");
     request.speaker = args.get_or("speaker", "");
     request.language = args.get_or("language", "auto");
@@ -143,7 +146,7 @@ int cmd_say(const std::vector<std::string>& argv) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--ref-audio needs --ref-text TRANSCRIPT (or --x-vector-only)");
     if (auto path = args.get("ref-audio")) request.ref_audio = ref_audio_read(*path);
     if (auto seed = args.get("seed")) request.seed = qtts::seed_parse(*seed);
-    request.raw_tokens = args.has("raw-tokens");
+    debug.raw_tokens = args.has("raw-tokens");
     request.greedy = args.has("greedy");
     const long long max_frames = args.get_int("max-frames", 0);
     if (max_frames < 0 || max_frames > INT32_MAX)
@@ -189,7 +192,8 @@ int cmd_say(const std::vector<std::string>& argv) {
     qtts::Engine engine(options);
     QTTS_LOG_INFO("say: generating on the {} backend", engine.backend_name());
     const double play_t0 = sink ? sink->time_now() : 0.0;
-    auto stream = engine.submit(request);  // validates the request (speaker, language, text, voice)
+    // Validates the request (speaker, language, text, voice, ids).
+    auto stream = qtts::engine_submit_debug(engine, request, debug);
     // Standard input: wait for the first line with text before any file is written, so empty or
     // blank input fails like `say ""` and leaves nothing behind.
     std::string first_line;
@@ -204,7 +208,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     // The WAV file only once the request is accepted, so a refused one leaves no file behind.
     std::unique_ptr<qtts::WavWriter> wav;
     if (auto out = args.get("out")) {
-        wav = std::make_unique<qtts::WavWriter>(*out, 24000, 1,
+        wav = std::make_unique<qtts::WavWriter>(*out, qtts::SAMPLE_RATE, 1,
                                                 format_name == "f32" ? qtts::WavFormat::WAV_FORMAT_F32 : qtts::WavFormat::WAV_FORMAT_S16);
     }
 
@@ -239,7 +243,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     if (!error.empty()) fail(ErrorCode::ERROR_INTERNAL, "generation failed: {}", error);
 
     const qtts::StreamMetrics m = stream->metrics();
-    const double audio_s = double(m.samples) / 24000.0;
+    const double audio_s = double(m.samples) / qtts::SAMPLE_RATE;
     if (auto path = args.get("codes-out")) {
         nlohmann::json j;
         j["codes"] = stream->codes();

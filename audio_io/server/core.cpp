@@ -86,7 +86,7 @@ class PcmFormatter : public AudioFormatter {
 public:
     explicit PcmFormatter(bool wav_header) : wav_header_(wav_header) {}
     void start(std::vector<AudioPiece>& out) override {
-        if (wav_header_) out.push_back(AudioPiece{wav_header_s16_streaming(kSampleRate, 1), 0});
+        if (wav_header_) out.push_back(AudioPiece{wav_header_s16_streaming(SAMPLE_RATE, 1), 0});
     }
     void write(const float* pcm, size_t n, std::vector<AudioPiece>& out) override {
         std::string bytes;
@@ -115,7 +115,7 @@ std::unique_ptr<AudioFormatter> audio_formatter_create(AudioFormat format, const
 
 void wav_header_patch(std::string& body) {
     QTTS_ASSERT(body.size() >= kWavHeaderBytes);
-    const std::string header = wav_header_s16(kSampleRate, 1, uint32_t(body.size() - kWavHeaderBytes));
+    const std::string header = wav_header_s16(SAMPLE_RATE, 1, uint32_t(body.size() - kWavHeaderBytes));
     body.replace(0, kWavHeaderBytes, header);
 }
 
@@ -191,7 +191,7 @@ void PumpPool::job_run(PumpJob& job) {
     StreamOutcome outcome;
     std::vector<AudioPiece> pieces;
     // One second per read: more than an engine chunk, so one read takes everything that is ready.
-    std::vector<float> pcm(static_cast<size_t>(kSampleRate));
+    std::vector<float> pcm(static_cast<size_t>(SAMPLE_RATE));
     // Real-time tracking for the stall count: a listener who starts playing at the first audio.
     bool playing = false;
     bool in_stall = false;
@@ -242,7 +242,7 @@ void PumpPool::job_run(PumpJob& job) {
                 break;
             }
             if (playing && !stream.generation_done()) {
-                const bool behind = seconds_since(play_start) > double(outcome.samples) / kSampleRate;
+                const bool behind = seconds_since(play_start) > double(outcome.samples) / SAMPLE_RATE;
                 if (behind && !in_stall) ++outcome.stalls;
                 in_stall = behind;
             }
@@ -267,7 +267,7 @@ void PumpPool::job_run(PumpJob& job) {
     if (outcome.error.empty()) outcome.error = stream.error();
 
     StreamReport report;
-    report.audio_seconds = double(outcome.samples) / kSampleRate;
+    report.audio_seconds = double(outcome.samples) / SAMPLE_RATE;
     report.rtf = outcome.metrics.rtf;
     report.stalls = outcome.stalls;
     report.cancelled = outcome.cancelled || outcome.slow_client;
@@ -292,7 +292,7 @@ void PumpPool::job_run(PumpJob& job) {
 ServerCore::ServerCore(SpeechService& service_, const ServerOptions& options_)
     : service(service_), options(options_), ioc(std::max(1, options_.io_threads)) {
     limits.max_text_bytes = options.max_text_bytes;
-    opus.sample_rate = kSampleRate;
+    opus.sample_rate = SAMPLE_RATE;
     opus.bitrate = options.bitrate;
     opus.complexity = options.opus_complexity;
 }
@@ -334,7 +334,7 @@ RequestError ServerCore::unready_error(const std::string& reason) const {
     } else {
         message = "the server is stopping; retry on another instance";
     }
-    return RequestError(503, "unavailable_error", "", message);
+    return RequestError(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE, "", message);
 }
 
 MetricGauges ServerCore::gauges() const {
@@ -350,7 +350,7 @@ nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
     nlohmann::json j;
     j["stop_reason"] = o.slow_client ? "slow_client" : o.cancelled ? "cancelled" : stop_reason_name(m.stop_reason);
     j["samples"] = o.samples;
-    j["audio_seconds"] = double(o.samples) / kSampleRate;
+    j["audio_seconds"] = double(o.samples) / SAMPLE_RATE;
     j["frames"] = m.frames;
     j["ttfa_ms"] = ttfa_seconds >= 0 ? nlohmann::json(ttfa_seconds * 1000.0) : nlohmann::json(nullptr);
     j["ttfa_gen_ms"] = m.ttfa_gen_ms;
@@ -362,27 +362,28 @@ nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
 
 RequestError submit_error_map(const std::exception& e) {
     if (dynamic_cast<const ServiceBusyError*>(&e))
-        return RequestError(429, "rate_limit_error", "", std::string("the engine is at its stream limit: ") + e.what());
+        return RequestError(RequestErrorKind::REQUEST_ERROR_BUSY, "",
+                            std::string("the engine is at its stream limit: ") + e.what());
     if (dynamic_cast<const ServiceUnavailableError*>(&e))
-        return RequestError(503, "unavailable_error", "", std::string(e.what()) + "; retry in a few seconds");
+        return RequestError(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE, "", std::string(e.what()) + "; retry in a few seconds");
     if (const auto* err = dynamic_cast<const Error*>(&e)) {
-        switch (err->code()) {
-            case ErrorCode::ERROR_INVALID_ARGUMENT:
-            case ErrorCode::ERROR_NOT_FOUND:
-            case ErrorCode::ERROR_FORMAT:
-            case ErrorCode::ERROR_UNSUPPORTED: return RequestError(400, "invalid_request_error", "", err->what());
-            case ErrorCode::ERROR_BUSY: return RequestError(429, "rate_limit_error", "", err->what());
-            case ErrorCode::ERROR_CANCELLED: return RequestError(503, "unavailable_error", "", err->what());
-            default: break;
-        }
+        const RequestErrorKind kind = request_error_kind(err->code());
+        if (kind != RequestErrorKind::REQUEST_ERROR_INTERNAL) return RequestError(kind, "", err->what());
     }
-    return RequestError(500, "server_error", "", std::string("the request failed inside the server: ") + e.what());
+    return RequestError(RequestErrorKind::REQUEST_ERROR_INTERNAL, "",
+                        std::string("the request failed inside the server: ") + e.what());
 }
 
 const char* request_error_metric(const RequestError& e) {
-    if (e.status() == 429) return "busy";
-    if (e.status() == 503) return "unavailable";
-    return e.status() >= 500 ? "internal" : "bad_request";
+    switch (e.kind()) {
+        case RequestErrorKind::REQUEST_ERROR_BUSY: return "busy";
+        case RequestErrorKind::REQUEST_ERROR_UNAVAILABLE: return "unavailable";
+        case RequestErrorKind::REQUEST_ERROR_INTERNAL: return "internal";
+        case RequestErrorKind::REQUEST_ERROR_TOO_LARGE:
+        case RequestErrorKind::REQUEST_ERROR_HEADER_TOO_LARGE: return "too_large";
+        case RequestErrorKind::REQUEST_ERROR_TIMEOUT: return "timeout";
+        default: return "bad_request";
+    }
 }
 
 }  // namespace qtts::server

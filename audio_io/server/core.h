@@ -45,7 +45,6 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using Request = http::request<http::string_body>;
 
-constexpr int kSampleRate = Stream::kSampleRate;
 extern const char* const kServerName;  // "qtts/<version>" for Server headers
 
 double seconds_since(Clock::time_point t);
@@ -235,9 +234,10 @@ public:
 
 // The `done` metrics shared by WebSocket events and SSE.
 nlohmann::json outcome_json(const StreamOutcome& outcome, double ttfa_seconds);
-// Maps a submit() failure to a RequestError (status, type, message).
+// Maps a submit() (or Stream call) failure to a RequestError: its kind from request_error_kind,
+// or from the service's busy/unavailable errors.
 RequestError submit_error_map(const std::exception& e);
-// The qtts_errors_total type of a refused request: busy, unavailable, internal or bad_request.
+// The qtts_errors_total type of a refused request: busy, unavailable, internal, too_large or bad_request.
 const char* request_error_metric(const RequestError& e);
 
 // Session entry points (each in its own source file).

@@ -119,8 +119,9 @@ private:
         const auto length = parser_->content_length();
         if (length && *length > core_.options.max_body_bytes) {
             core_.metrics.error_count("too_large");
-            error_respond(413, "request_too_large", "",
-                          fmt::format("the request body is {} bytes; the limit is {} bytes", *length, core_.options.max_body_bytes),
+            error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_TOO_LARGE, "",
+                                       fmt::format("the request body is {} bytes; the limit is {} bytes", *length,
+                                                   core_.options.max_body_bytes)),
                           "other", true);
             return;
         }
@@ -154,20 +155,22 @@ private:
         }
         if (ec == http::error::body_limit) {
             core_.metrics.error_count("too_large");
-            error_respond(413, "request_too_large", "",
-                          fmt::format("the request body is larger than the limit of {} bytes", core_.options.max_body_bytes),
+            error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_TOO_LARGE, "",
+                                       fmt::format("the request body is larger than the limit of {} bytes",
+                                                   core_.options.max_body_bytes)),
                           "other", true);
             return;
         }
         if (ec == http::error::header_limit) {
             core_.metrics.error_count("too_large");
-            error_respond(431, "request_too_large", "",
-                          fmt::format("the request header is larger than the limit of {} bytes", core_.options.max_header_bytes),
+            error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_HEADER_TOO_LARGE, "",
+                                       fmt::format("the request header is larger than the limit of {} bytes",
+                                                   core_.options.max_header_bytes)),
                           "other", true);
             return;
         }
         core_.metrics.error_count("bad_request");
-        error_respond(400, "invalid_request_error", "", fmt::format("malformed HTTP request: {}", ec.message()), "other", true);
+        error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "", fmt::format("malformed HTTP request: {}", ec.message())), "other", true);
     }
 
     void request_on(beast::error_code ec) {
@@ -195,8 +198,8 @@ private:
                 upgrade(req);
                 return;
             }
-            error_respond(400, "invalid_request_error", "",
-                          "this path is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)",
+            error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "",
+                                       "this path is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)"),
                           "websocket", false);
             return;
         }
@@ -222,22 +225,21 @@ private:
                 json_respond(200, json{{"status", "alive"}}.dump(), endpoint);
             } else if (path == "/readyz") {
                 json body = unready.empty() ? json{{"status", "ready"}} : json{{"status", "not_ready"}, {"reason", unready}};
-                json_respond(unready.empty() ? 200 : 503, body.dump(), endpoint);
+                json_respond(unready.empty() ? 200 : request_error_http(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE).status, body.dump(), endpoint);
             } else if (path == "/healthz") {
                 json body = {{"status", unready.empty() ? "ok" : unready},
                              {"model", core_.service.model_name()},
                              {"backend", core_.service.backend_name()},
                              {"active_streams", core_.active_streams.load()},
                              {"max_streams", core_.options.max_streams}};
-                json_respond(unready.empty() ? 200 : 503, body.dump(), endpoint);
+                json_respond(unready.empty() ? 200 : request_error_http(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE).status, body.dump(), endpoint);
             } else if (path == "/metrics") {
                 http::response<http::string_body> res{http::status::ok, req.version()};
                 res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
                 res.body() = core_.metrics.prometheus_text(core_.gauges());
                 respond(std::move(res), endpoint, false);
             } else if (unready == "loading") {
-                const RequestError e = core_.unready_error(unready);
-                error_respond(e.status(), e.type(), e.param(), e.what(), endpoint, false, unready);
+                error_respond(core_.unready_error(unready), endpoint, false, unready);
             } else {
                 json body = {{"model", core_.service.model_name()},
                              {"voices", core_.service.voices()},
@@ -246,18 +248,19 @@ private:
             }
             return;
         }
-        error_respond(404, "not_found_error", "",
-                      fmt::format("no endpoint at {}; available: POST {}, GET /v1/audio/voices, GET /livez, GET /readyz, "
-                                  "GET /healthz, GET /metrics, WebSocket {}",
-                                  path, kSpeechPath, kStreamPath),
+        error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_NOT_FOUND, "",
+                                   fmt::format("no endpoint at {}; available: POST {}, GET /v1/audio/voices, GET /livez, "
+                                               "GET /readyz, GET /healthz, GET /metrics, WebSocket {}",
+                                               path, kSpeechPath, kStreamPath)),
                       "other", false);
     }
 
     void method_not_allowed(const char* allow, const std::string& endpoint) {
-        http::response<http::string_body> res{http::status::method_not_allowed, 11};
+        const RequestError e(RequestErrorKind::REQUEST_ERROR_METHOD, "", fmt::format("this endpoint accepts {} only", allow));
+        http::response<http::string_body> res{http::status(e.status()), 11};
         res.set(http::field::allow, allow);
         res.set(http::field::content_type, "application/json");
-        res.body() = error_body_json(fmt::format("this endpoint accepts {} only", allow), "invalid_request_error");
+        res.body() = error_body_json(e.what(), e.type());
         respond(std::move(res), endpoint, false);
     }
 
@@ -278,12 +281,13 @@ private:
         respond(std::move(res), endpoint, false);
     }
 
-    void error_respond(int status, const std::string& type, const std::string& param, const std::string& message,
-                       const std::string& endpoint, bool close_after, const std::string& code = "") {
-        http::response<http::string_body> res{http::status(status), 11};
+    // The JSON error body of a refusal, with the status and type of its kind (request_error_http);
+    // busy and unavailable answers tell the client when to retry.
+    void error_respond(const RequestError& e, const std::string& endpoint, bool close_after, const std::string& code = "") {
+        http::response<http::string_body> res{http::status(e.status()), 11};
         res.set(http::field::content_type, "application/json");
-        if (status == 429 || status == 503) res.set(http::field::retry_after, "1");
-        res.body() = error_body_json(message, type, param, code);
+        if (e.kind() == RequestErrorKind::REQUEST_ERROR_BUSY || e.kind() == RequestErrorKind::REQUEST_ERROR_UNAVAILABLE) res.set(http::field::retry_after, "1");
+        res.body() = error_body_json(e.what(), e.type(), e.param(), code);
         respond(std::move(res), endpoint, close_after);
     }
 
@@ -328,8 +332,7 @@ private:
     void speech_start(Request& req) {
         if (const std::string unready = core_.unready_reason(); !unready.empty()) {
             core_.metrics.error_count("unavailable");
-            const RequestError e = core_.unready_error(unready);
-            error_respond(e.status(), e.type(), e.param(), e.what(), "speech", false, unready);
+            error_respond(core_.unready_error(unready), "speech", false, unready);
             return;
         }
         SpeechParams params;
@@ -337,14 +340,14 @@ private:
             params = speech_params_parse_http(req.body(), core_.service, core_.limits);
         } catch (const RequestError& e) {
             core_.metrics.error_count("bad_request");
-            error_respond(e.status(), e.type(), e.param(), e.what(), "speech", false);
+            error_respond(e, "speech", false);
             return;
         }
         if (!core_.stream_slot_acquire()) {
             core_.metrics.error_count("busy");
-            error_respond(429, "rate_limit_error", "",
-                          fmt::format("too many concurrent streams ({} active, limit {}); retry later",
-                                      core_.active_streams.load(), core_.options.max_streams),
+            error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_BUSY, "",
+                                       fmt::format("too many concurrent streams ({} active, limit {}); retry later",
+                                                   core_.active_streams.load(), core_.options.max_streams)),
                           "speech", false, "max_streams");
             return;
         }
@@ -358,8 +361,7 @@ private:
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
             core_.metrics.error_count(request_error_metric(mapped));
-            error_respond(mapped.status(), mapped.type(), mapped.param(), mapped.what(), "speech", false,
-                          mapped.status() == 429 ? "max_streams" : "");
+            error_respond(mapped, "speech", false, mapped.kind() == RequestErrorKind::REQUEST_ERROR_BUSY ? "max_streams" : "");
             return;
         }
         core_.metrics.stream_started();
@@ -470,11 +472,11 @@ private:
         if (!params_.stream) {
             phase_ = Phase::RESPONDING;
             if (outcome.server_stop) {
-                error_respond(503, "unavailable_error", "", outcome.error, "speech", true, "stopping");
+                error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE, "", outcome.error), "speech", true, "stopping");
                 return;
             }
             if (failed) {
-                error_respond(500, "server_error", "", "speech generation failed: " + outcome.error, "speech", false);
+                error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_INTERNAL, "", "speech generation failed: " + outcome.error), "speech", false);
                 return;
             }
             if (params_.format == AudioFormat::AUDIO_FORMAT_WAV) wav_header_patch(body_);
@@ -487,7 +489,9 @@ private:
             return;
         }
         if (params_.sse) {
-            const char* error_type = outcome.server_stop ? "unavailable_error" : "server_error";
+            const char* error_type = request_error_http(outcome.server_stop ? RequestErrorKind::REQUEST_ERROR_UNAVAILABLE
+                                                                            : RequestErrorKind::REQUEST_ERROR_INTERNAL)
+                                         .type;
             json event = failed ? json{{"type", "error"}, {"error", {{"message", outcome.error}, {"type", error_type}}}}
                                 : json{{"type", "speech.audio.done"}, {"metrics", outcome_json(outcome, ttfa_seconds_)}};
             std::string out = chunk_frame(sse_event(event));

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "engine/text/request_check.h"
 #include "engine/text/text_split.h"
 
 namespace qtts {
@@ -17,10 +18,8 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* const kInvalid = "invalid_request_error";
-
 [[noreturn]] void bad_request(const std::string& param, const std::string& message) {
-    throw RequestError(400, kInvalid, param, message);
+    throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, param, message);
 }
 
 std::string lower(std::string s) {
@@ -51,10 +50,7 @@ bool bool_field(const json& obj, const char* name, bool fallback) {
     return it->get<bool>();
 }
 
-[[noreturn]] void seed_refuse(const std::string& got) {
-    bad_request("seed", fmt::format("`seed` must be an integer from 0 to {} (2^64-1), got {}",
-                                    std::numeric_limits<uint64_t>::max(), got));
-}
+[[noreturn]] void seed_refuse(const std::string& got) { bad_request("seed", seed_range_message(got)); }
 
 std::optional<uint64_t> seed_field(const json& obj) {
     auto it = obj.find("seed");
@@ -88,7 +84,7 @@ void common_fields_parse(const json& obj, const SpeechService& service, const Sp
     const auto languages = service.languages();
     r.language = languages.empty() ? language : name_match(language, languages, "language", "language");
     r.instruct = string_field(obj, "instructions");
-    text_check(r.instruct, "instructions", limits.max_text_bytes);
+    field_text_check(r.instruct, "instructions", limits.max_text_bytes);
     r.seed = seed_field(obj);
 }
 
@@ -136,60 +132,43 @@ std::string error_body_json(const std::string& message, const std::string& type,
     return json{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-bool utf8_valid(const std::string& text) {
-    const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-    const size_t n = text.size();
-    size_t i = 0;
-    while (i < n) {
-        const unsigned c = s[i];
-        if (c < 0x80) {
-            ++i;
-            continue;
-        }
-        size_t len = 0;
-        uint32_t cp = 0;
-        if (c >= 0xC2 && c <= 0xDF) {
-            len = 2;
-            cp = c & 0x1F;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            cp = c & 0x0F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            cp = c & 0x07;
-        } else {
-            return false;  // continuation byte first, 0xC0/0xC1 (overlong) or 0xF5.. (past U+10FFFF)
-        }
-        if (i + len > n) return false;
-        for (size_t k = 1; k < len; ++k) {
-            if ((s[i + k] & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) return false;  // overlong
-        if (cp >= 0xD800 && cp <= 0xDFFF) return false;                            // surrogate
-        if (cp > 0x10FFFF) return false;
-        i += len;
+HttpError request_error_http(RequestErrorKind kind) {
+    switch (kind) {
+        case RequestErrorKind::REQUEST_ERROR_INVALID: return {400, "invalid_request_error"};
+        case RequestErrorKind::REQUEST_ERROR_NOT_FOUND: return {404, "not_found_error"};
+        case RequestErrorKind::REQUEST_ERROR_METHOD: return {405, "invalid_request_error"};
+        case RequestErrorKind::REQUEST_ERROR_TIMEOUT: return {408, "timeout_error"};
+        case RequestErrorKind::REQUEST_ERROR_TOO_LARGE: return {413, "request_too_large"};
+        case RequestErrorKind::REQUEST_ERROR_HEADER_TOO_LARGE: return {431, "request_too_large"};
+        case RequestErrorKind::REQUEST_ERROR_BUSY: return {429, "rate_limit_error"};
+        case RequestErrorKind::REQUEST_ERROR_INTERNAL: return {500, "server_error"};
+        case RequestErrorKind::REQUEST_ERROR_UNAVAILABLE: return {503, "unavailable_error"};
     }
-    return true;
+    return {500, "server_error"};
 }
 
-uint64_t seed_parse(const std::string& text) {
-    const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
-    if (!digits) seed_refuse("'" + text + "'");
-    uint64_t value = 0;
-    for (const char c : text) {
-        const uint64_t digit = uint64_t(c - '0');
-        if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) seed_refuse("'" + text + "'");
-        value = value * 10 + digit;
+RequestErrorKind request_error_kind(ErrorCode code) {
+    switch (code) {
+        case ErrorCode::ERROR_INVALID_ARGUMENT:
+        case ErrorCode::ERROR_NOT_FOUND:
+        case ErrorCode::ERROR_FORMAT:
+        case ErrorCode::ERROR_UNSUPPORTED: return RequestErrorKind::REQUEST_ERROR_INVALID;
+        case ErrorCode::ERROR_BUSY: return RequestErrorKind::REQUEST_ERROR_BUSY;
+        case ErrorCode::ERROR_CANCELLED: return RequestErrorKind::REQUEST_ERROR_UNAVAILABLE;
+        case ErrorCode::ERROR_IO:
+        case ErrorCode::ERROR_SHAPE:
+        case ErrorCode::ERROR_CUDA:
+        case ErrorCode::ERROR_INTERNAL: return RequestErrorKind::REQUEST_ERROR_INTERNAL;
     }
-    return value;
+    return RequestErrorKind::REQUEST_ERROR_INTERNAL;
 }
 
-void text_check(const std::string& text, const std::string& field, size_t max_bytes) {
-    if (!utf8_valid(text)) bad_request(field, fmt::format("`{}` is not valid UTF-8", field));
-    if (text.size() > max_bytes)
-        throw RequestError(400, kInvalid, field,
-                           fmt::format("`{}` is {} bytes long; the limit is {} bytes (UTF-8)", field, text.size(), max_bytes));
+void field_text_check(const std::string& text, const std::string& field, size_t max_bytes, size_t bytes_before) {
+    try {
+        text_check(text, field, max_bytes, bytes_before);
+    } catch (const Error& e) {
+        bad_request(field, e.what());
+    }
 }
 
 SpeechParams speech_params_parse_http(const std::string& body_text, const SpeechService& service,
@@ -203,7 +182,7 @@ SpeechParams speech_params_parse_http(const std::string& body_text, const Speech
     if (input == body.end() || input->is_null()) bad_request("input", "`input` is required: the text to speak");
     if (!input->is_string()) bad_request("input", fmt::format("`input` must be a string, got {}", json_type_name(*input)));
     r.text = input->get<std::string>();
-    text_check(r.text, "input", limits.max_text_bytes);
+    field_text_check(r.text, "input", limits.max_text_bytes);
     if (text_is_blank(r.text)) bad_request("input", "`input` is empty; give the text to speak");
 
     common_fields_parse(body, service, limits, r);
@@ -250,7 +229,7 @@ SpeechParams speech_params_parse_ws_start(const json& message, const SpeechServi
     SpeechRequest& r = p.request;
     r.incremental = true;
     r.text = string_field(message, "text");
-    text_check(r.text, "text", limits.max_text_bytes);
+    field_text_check(r.text, "text", limits.max_text_bytes);
     common_fields_parse(message, service, limits, r);
     const std::string format = lower(string_field(message, "format", "opus"));
     if (format == "opus") {
@@ -284,7 +263,7 @@ SpeechParams speech_params_parse_tcp_line(const std::string& line, const SpeechS
     } else {
         p.request.text = line;
     }
-    text_check(p.request.text, "input", limits.max_text_bytes);
+    field_text_check(p.request.text, "input", limits.max_text_bytes);
     if (text_is_blank(p.request.text)) bad_request("input", "the line is empty; send the text to speak followed by a newline");
     return p;
 }

@@ -26,20 +26,45 @@ enum class AudioFormat {
 const char* audio_format_name(AudioFormat format);
 std::string audio_format_content_type(AudioFormat format);
 
-// A request refused before it reached the engine: an HTTP status, an error type for the JSON
-// body ("invalid_request_error", ...), the offending field (empty when none) and a message that
-// says what was wrong and what is accepted.
+// Every way the server refuses a request or fails one. request_error_http is the one place that
+// maps a kind to its HTTP status and the error type of the JSON body; WebSocket `error` events and
+// the TCP `ERROR:` line use the same kinds (and the statuses in the request metrics).
+enum class RequestErrorKind {
+    REQUEST_ERROR_INVALID,           // 400 invalid_request_error: malformed or refused input
+    REQUEST_ERROR_NOT_FOUND,         // 404 not_found_error: no endpoint at that path
+    REQUEST_ERROR_METHOD,            // 405 invalid_request_error: the endpoint takes another method
+    REQUEST_ERROR_TIMEOUT,           // 408 timeout_error: an idle WebSocket connection is closed
+    REQUEST_ERROR_TOO_LARGE,         // 413 request_too_large: the body is over max_body_bytes
+    REQUEST_ERROR_HEADER_TOO_LARGE,  // 431 request_too_large: the header is over max_header_bytes
+    REQUEST_ERROR_BUSY,              // 429 rate_limit_error: every stream slot is taken (Retry-After)
+    REQUEST_ERROR_INTERNAL,          // 500 server_error: generation or the server failed
+    REQUEST_ERROR_UNAVAILABLE,       // 503 unavailable_error: loading, failed, draining, stopping (Retry-After)
+};
+
+struct HttpError {
+    int status;        // HTTP status
+    const char* type;  // the JSON body's error.type
+};
+HttpError request_error_http(RequestErrorKind kind);
+
+// The kind of a library error (qtts::ErrorCode): bad input (invalid, not found, format,
+// unsupported) is 400, ERROR_BUSY 429, ERROR_CANCELLED 503, the rest (I/O, shape, CUDA,
+// internal: the server's side) 500.
+RequestErrorKind request_error_kind(ErrorCode code);
+
+// A request refused (or failed) by the server: its kind (hence status and type), the offending
+// field (empty when none) and a message that says what was wrong and what is accepted.
 class RequestError : public std::runtime_error {
 public:
-    RequestError(int status, std::string type, std::string param, const std::string& message)
-        : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)) {}
-    int status() const { return status_; }
-    const std::string& type() const { return type_; }
+    RequestError(RequestErrorKind kind, std::string param, const std::string& message)
+        : std::runtime_error(message), kind_(kind), param_(std::move(param)) {}
+    RequestErrorKind kind() const { return kind_; }
+    int status() const { return request_error_http(kind_).status; }
+    std::string type() const { return request_error_http(kind_).type; }
     const std::string& param() const { return param_; }
 
 private:
-    int status_;
-    std::string type_;
+    RequestErrorKind kind_;
     std::string param_;
 };
 
@@ -47,6 +72,8 @@ private:
 std::string error_body_json(const std::string& message, const std::string& type, const std::string& param = "",
                             const std::string& code = "");
 
+// The server's own per-request limits, checked with the library's rule (field_text_check). They
+// may be smaller than the library's (REQUEST_MAX_TEXT_BYTES), never larger.
 struct SpeechLimits {
     size_t max_text_bytes = 8 * 1024;
 };
@@ -61,9 +88,6 @@ struct SpeechParams {
     std::string format_name;
     bool text_complete = false;
 };
-
-// True when text is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-bool utf8_valid(const std::string& text);
 
 // POST /v1/audio/speech. Fields: model (string, ignored), input (required), voice, instructions,
 // response_format (opus | wav | pcm; default opus), speed (only 1.0), language, seed, stream,
@@ -83,13 +107,9 @@ SpeechParams speech_params_parse_ws_start(const nlohmann::json& message, const S
 SpeechParams speech_params_parse_tcp_line(const std::string& line, const SpeechService& service,
                                           const SpeechLimits& limits);
 
-// The one seed range of every entry point (qtts say --seed and the server's `seed` field): an
-// integer from 0 to 2^64-1, the engine's whole seed space. Reads decimal text (digits only, as the
-// command line gives it); throws RequestError (400, param "seed") for anything else, negative
-// numbers included, with a message that states the range.
-uint64_t seed_parse(const std::string& text);
-
-// Checks one piece of text (UTF-8, size) for the named field; throws RequestError (400).
-void text_check(const std::string& text, const std::string& field, size_t max_bytes);
+// Checks one piece of text for the named field with the library's text rule (text_check,
+// engine/text/request_check.h: UTF-8, at most max_bytes with bytes_before already accepted);
+// throws RequestError (400, param `field`) with the library's message.
+void field_text_check(const std::string& text, const std::string& field, size_t max_bytes, size_t bytes_before = 0);
 
 }  // namespace qtts

@@ -32,7 +32,10 @@ void server_options_validate(const ServerOptions& o) {
     opus_encoder_options_validate(opus);
     check(o.max_body_bytes >= 256, "max body bytes must be at least 256");
     check(o.max_header_bytes >= 1024, "max header bytes must be at least 1024");
-    check(o.max_text_bytes >= 16, "max text bytes must be at least 16");
+    // The server's text limit is its own per-request rule within the library's (text_check is
+    // called with it); a larger one would only move the refusal from the server to the engine.
+    check(o.max_text_bytes >= 16 && o.max_text_bytes <= REQUEST_MAX_TEXT_BYTES,
+          fmt::format("max text bytes must be in 16..{}, got {}", REQUEST_MAX_TEXT_BYTES, o.max_text_bytes));
     check(o.max_ws_message_bytes >= 256, "max WebSocket message bytes must be at least 256");
     check(o.max_backlog_bytes >= 4096, "max backlog bytes must be at least 4096");
     check(o.idle_timeout.count() > 0 && o.send_timeout.count() > 0, "timeouts must be positive");
@@ -124,12 +127,15 @@ private:
         core_.metrics.error_count("connection_limit");
         std::string text;
         if (kind_ == ListenerKind::LISTENER_HTTP) {
+            // Written by hand (the socket gets no session): the status and type still come from
+            // the one mapping.
+            const HttpError http = request_error_http(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE);
             const std::string body = error_body_json(
                 fmt::format("too many open connections (limit {}); retry later", core_.options.max_connections),
-                "unavailable_error", "", "max_connections");
-            text = fmt::format("HTTP/1.1 503 Service Unavailable\r\nServer: {}\r\nContent-Type: application/json\r\n"
+                http.type, "", "max_connections");
+            text = fmt::format("HTTP/1.1 {} Service Unavailable\r\nServer: {}\r\nContent-Type: application/json\r\n"
                                "Retry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
-                               kServerName, body.size(), body);
+                               http.status, kServerName, body.size(), body);
         } else {
             text = "ERROR: too many open connections; retry later\n";
         }

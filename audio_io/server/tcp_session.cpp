@@ -66,8 +66,8 @@ private:
             line_buf_.consume(line_buf_.size());
             client_eof_ = true;
         } else if (ec == net::error::not_found) {
-            core_.metrics.error_count("too_large");
-            error_finish(fmt::format("the line is longer than the limit of {} bytes", line_limit(core_.options)), 400);
+            error_finish(RequestError(RequestErrorKind::REQUEST_ERROR_TOO_LARGE, "",
+                                      fmt::format("the line is longer than the limit of {} bytes", line_limit(core_.options))));
             return;
         } else {
             close_now();
@@ -80,21 +80,19 @@ private:
 
     void speech_start(const std::string& line) {
         if (const std::string unready = core_.unready_reason(); !unready.empty()) {
-            core_.metrics.error_count("unavailable");
-            error_finish(core_.unready_error(unready).what(), 503);
+            error_finish(core_.unready_error(unready));
             return;
         }
         SpeechParams params;
         try {
             params = speech_params_parse_tcp_line(line, core_.service, core_.limits);
         } catch (const RequestError& e) {
-            core_.metrics.error_count("bad_request");
-            error_finish(e.what(), e.status());
+            error_finish(e);
             return;
         }
         if (!core_.stream_slot_acquire()) {
-            core_.metrics.error_count("busy");
-            error_finish(fmt::format("too many concurrent streams (limit {}); retry later", core_.options.max_streams), 429);
+            error_finish(RequestError(RequestErrorKind::REQUEST_ERROR_BUSY, "",
+                                      fmt::format("too many concurrent streams (limit {}); retry later", core_.options.max_streams)));
             return;
         }
         std::shared_ptr<Stream> stream;
@@ -105,9 +103,7 @@ private:
             stream = core_.service.submit(params.request);
         } catch (const std::exception& e) {
             core_.stream_slot_release();
-            const RequestError mapped = submit_error_map(e);
-            core_.metrics.error_count(request_error_metric(mapped));
-            error_finish(mapped.what(), mapped.status());
+            error_finish(submit_error_map(e));
             return;
         }
         core_.metrics.stream_started();
@@ -173,9 +169,12 @@ private:
         write_next();
     }
 
-    void error_finish(const std::string& message, int status) {
-        core_.metrics.request_count("tcp", status);
-        std::string line = "ERROR: " + message + "\n";
+    // The refusal as one "ERROR: <message>" line, then the connection ends. The metrics count it
+    // with the status and type its kind has over HTTP (request_error_http).
+    void error_finish(const RequestError& e) {
+        core_.metrics.error_count(request_error_metric(e));
+        core_.metrics.request_count("tcp", e.status());
+        std::string line = "ERROR: " + std::string(e.what()) + "\n";
         backlog_.fetch_add(line.size());
         out_ += line;
         finish_after_flush_ = true;

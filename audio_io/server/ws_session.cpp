@@ -62,7 +62,7 @@ private:
     void accept_on(beast::error_code ec) {
         if (closed_) return;
         if (ec) {
-            core_.metrics.request_count("websocket", 400);
+            core_.metrics.request_count("websocket", request_error_http(RequestErrorKind::REQUEST_ERROR_INVALID).status);
             core_.metrics.error_count("bad_request");
             close_now();
             return;
@@ -104,7 +104,7 @@ private:
             return;
         }
         if (state_ == State::IDLE) {
-            error_send("timeout_error", "", message, "idle_timeout");
+            error_send(RequestError(RequestErrorKind::REQUEST_ERROR_TIMEOUT, "", message), "idle_timeout");
             close_send(websocket::close_code::normal, "idle timeout");
             return;
         }
@@ -145,8 +145,8 @@ private:
             if (text)
                 message_handle(data);
             else
-                error_send("invalid_request_error", "",
-                           "binary messages are not accepted; send JSON text messages: start, append, end, cancel");
+                error_send(RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "",
+                                        "binary messages are not accepted; send JSON text messages: start, append, end, cancel"));
         }
         read_next();
     }
@@ -157,13 +157,13 @@ private:
             msg = json::parse(data);
         } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
             core_.metrics.error_count("bad_request");
-            error_send("invalid_request_error", "", fmt::format("the message is not valid JSON: {}", e.what()));
+            error_send(RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "", fmt::format("the message is not valid JSON: {}", e.what())));
             return;
         }
         if (!msg.is_object() || !msg.contains("type") || !msg["type"].is_string()) {
             core_.metrics.error_count("bad_request");
-            error_send("invalid_request_error", "type",
-                       "a message must be a JSON object with a string `type`: start, append, end or cancel");
+            error_send(RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "type",
+                                    "a message must be a JSON object with a string `type`: start, append, end or cancel"));
             return;
         }
         const std::string type = msg["type"].get<std::string>();
@@ -177,28 +177,28 @@ private:
             } else if (type == "cancel") {
                 cancel_handle();
             } else {
-                throw RequestError(400, "invalid_request_error", "type",
+                throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "type",
                                    fmt::format("unknown message type '{}'; accepted: start, append, end, cancel", type));
             }
         } catch (const RequestError& e) {
-            core_.metrics.error_count("bad_request");
-            error_send(e.type(), e.param(), e.what());
+            core_.metrics.error_count(request_error_metric(e));
+            error_send(e);
         } catch (const std::exception& e) {
             // The stream refused the call (e.g. text_append after the engine ended the utterance).
             const RequestError mapped = submit_error_map(e);
-            core_.metrics.error_count(mapped.status() >= 500 ? "internal" : "bad_request");
-            error_send(mapped.type(), mapped.param(), mapped.what());
+            core_.metrics.error_count(request_error_metric(mapped));
+            error_send(mapped);
         }
     }
 
     void start_handle(const json& msg) {
         if (state_ != State::IDLE)
-            throw RequestError(400, "invalid_request_error", "",
+            throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "",
                                "an utterance is already in progress; send `end` and wait for `done`, or send `cancel`");
         if (const std::string unready = core_.unready_reason(); !unready.empty()) {
             core_.metrics.error_count("unavailable");
             const RequestError e = core_.unready_error(unready);
-            error_send(e.type(), e.param(), e.what(), unready);
+            error_send(e, unready);
             // Shutting down: tell the client to go elsewhere. Loading: it may retry here.
             if (unready != "loading") close_send(websocket::close_code::going_away, "server shutting down");
             return;
@@ -206,10 +206,10 @@ private:
         SpeechParams params = speech_params_parse_ws_start(msg, core_.service, core_.limits);
         if (!core_.stream_slot_acquire()) {
             core_.metrics.error_count("busy");
-            error_send("rate_limit_error", "",
-                       fmt::format("too many concurrent streams ({} active, limit {}); retry later",
-                                   core_.active_streams.load(), core_.options.max_streams),
-                       "max_streams");
+            const RequestError busy(RequestErrorKind::REQUEST_ERROR_BUSY, "",
+                                    fmt::format("too many concurrent streams ({} active, limit {}); retry later",
+                                                core_.active_streams.load(), core_.options.max_streams));
+            error_send(busy, "max_streams");
             return;
         }
         std::unique_ptr<AudioFormatter> formatter;
@@ -221,7 +221,7 @@ private:
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
             core_.metrics.error_count(request_error_metric(mapped));
-            error_send(mapped.type(), mapped.param(), mapped.what(), mapped.status() == 429 ? "max_streams" : "");
+            error_send(mapped, mapped.kind() == RequestErrorKind::REQUEST_ERROR_BUSY ? "max_streams" : "");
             return;
         }
         core_.metrics.stream_started();
@@ -241,10 +241,10 @@ private:
         json started = {{"type", "started"},
                         {"stream_id", stream_->id()},
                         {"format", params.format_name},
-                        {"sample_rate", kSampleRate},
+                        {"sample_rate", SAMPLE_RATE},
                         {"channels", 1}};
         if (format_ == AudioFormat::AUDIO_FORMAT_OPUS_PACKETS) {
-            started["frame_samples"] = kSampleRate / 50;
+            started["frame_samples"] = SAMPLE_RATE / 50;
             started["pre_skip"] = formatter->pre_skip();
         }
         event_send(started);
@@ -255,24 +255,21 @@ private:
 
     void append_handle(const json& msg, bool close_text) {
         if (state_ != State::SPEAKING || !stream_)
-            throw RequestError(400, "invalid_request_error", "",
+            throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "",
                                fmt::format("`{}` needs an utterance in progress; send `start` first", close_text ? "end" : "append"));
         if (text_closed_)
-            throw RequestError(400, "invalid_request_error", "",
+            throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "",
                                "the utterance's text is already closed by `end`; wait for `done`, then `start` again");
         std::string text;
         auto it = msg.find("text");
         if (it != msg.end() && !it->is_null()) {
-            if (!it->is_string()) throw RequestError(400, "invalid_request_error", "text", "`text` must be a string");
+            if (!it->is_string()) throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "text", "`text` must be a string");
             text = it->get<std::string>();
         } else if (!close_text) {
-            throw RequestError(400, "invalid_request_error", "text", "`append` needs `text`: the text to add");
+            throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, "text", "`append` needs `text`: the text to add");
         }
-        text_check(text, "text", core_.limits.max_text_bytes);
-        if (text_bytes_ + text.size() > core_.limits.max_text_bytes)
-            throw RequestError(400, "invalid_request_error", "text",
-                               fmt::format("the utterance would reach {} bytes of text; the limit is {} bytes",
-                                           text_bytes_ + text.size(), core_.limits.max_text_bytes));
+        // The server's limit counts the whole utterance, as the engine's does (Stream::text_append).
+        field_text_check(text, "text", core_.limits.max_text_bytes, text_bytes_);
         if (!text.empty()) {
             text_bytes_ += text.size();
             if (!text_time_set_) {
@@ -337,9 +334,11 @@ private:
         }
         const uint64_t id = stream_ ? stream_->id() : 0;
         if (outcome.server_stop) {
-            error_send("unavailable_error", "", "the server shut down before the utterance was complete", "stopping");
+            error_send(RequestError(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE, "",
+                                    "the server shut down before the utterance was complete"),
+                       "stopping");
         } else if (!outcome.error.empty()) {
-            error_send("server_error", "", "speech generation failed: " + outcome.error);
+            error_send(RequestError(RequestErrorKind::REQUEST_ERROR_INTERNAL, "", "speech generation failed: " + outcome.error));
         }
         // Report what the client got: after a cancel the audio still queued was dropped.
         outcome.samples = samples_kept_;
@@ -359,9 +358,9 @@ private:
         }
     }
 
-    void error_send(const std::string& type, const std::string& param, const std::string& message,
-                    const std::string& code = "") {
-        json body = json::parse(error_body_json(message, type, param, code));
+    // An `error` event: the HTTP error body of the same refusal (its type from request_error_http).
+    void error_send(const RequestError& e, const std::string& code = "") {
+        json body = json::parse(error_body_json(e.what(), e.type(), e.param(), code));
         body["type"] = "error";
         event_send(body);
     }

@@ -17,13 +17,20 @@
 
 namespace qtts {
 
-struct Checkpoint;
+struct EngineDebug;  // test and debug seams (engine/runtime/engine_debug.h), not part of this API
 
 // The audio every stream carries: 24 kHz mono float PCM, made in 80 ms codec frames of
 // MAX_CODE_GROUPS codes each (the 12 Hz models use all 16).
 constexpr int SAMPLE_RATE = 24000;
 constexpr int SAMPLES_PER_FRAME = 1920;
 constexpr int MAX_CODE_GROUPS = 16;
+
+// The library's limits on one request, checked once by Engine::submit (and Stream::text_append for
+// appended text) with the same rule at every edge: valid UTF-8 of at most this many bytes. A
+// server may take a smaller per-request limit as its own option; it checks it with the same
+// function (engine/text/request_check.h).
+constexpr size_t REQUEST_MAX_TEXT_BYTES = 1 << 20;  // 1 MiB: `text` plus everything appended
+constexpr size_t REQUEST_MAX_INSTRUCT_BYTES = 4096;
 
 // How the target text is laid out (model doc §6.3/§6.4; the reference's non_streaming_mode).
 enum class TextLayout {
@@ -49,12 +56,9 @@ struct SpeechRequest {
                                      // audio_io/audio_file.h audio_read_mono_24k)
     std::string ref_text;            // transcript of ref_audio (in-context cloning)
     bool x_vector_only = false;      // Base models: use only the speaker x-vector (no reference codes/text)
-    std::vector<int32_t> input_ids;     // debugging: assistant-template ids, skips the tokenizer
-    std::vector<int32_t> instruct_ids;  // debugging: instruct-template ids
-    // Debugging (qtts say --raw-tokens): special-token strings in text and instruct ("<|im_end|>",
-    // "<tts_pad>", ...) become control tokens. Off: they are read as plain text, so request text
-    // can never inject prompt structure (servers never set it).
-    bool raw_tokens = false;
+    // Special-token strings in text and instruct ("<|im_end|>", ...) are always read as plain
+    // text, so request text can never inject prompt structure. Token ids and raw token syntax are
+    // debugging inputs: engine/runtime/engine_debug.h (SpeechRequestDebug).
 };
 
 enum class StopReason { STOP_NONE, STOP_EOS, STOP_FRAME_BUDGET, STOP_MAX_FRAMES, STOP_CANCELLED, STOP_ERROR };
@@ -90,9 +94,8 @@ class Stream {
 public:
     virtual ~Stream() = default;
     virtual uint64_t id() const = 0;
-    static constexpr int kSampleRate = SAMPLE_RATE;
 
-    // Copies up to n samples of 24 kHz mono float PCM; never blocks; returns the count copied.
+    // Copies up to n samples of SAMPLE_RATE mono float PCM; never blocks; returns the count copied.
     virtual size_t read(float* out, size_t n) = 0;
     // Blocks until audio is readable, the stream ended, or the timeout passed. True when
     // something changed (audio available or the stream ended).
@@ -102,7 +105,10 @@ public:
     // True once generation ended (audio may remain unread).
     virtual bool generation_done() const = 0;
 
-    // Incremental text (requests made with `incremental = true`).
+    // Incremental text (requests made with `incremental = true`). Each piece must be valid UTF-8
+    // and the request's text in all stays within REQUEST_MAX_TEXT_BYTES: a bad piece throws
+    // qtts::Error (ERROR_INVALID_ARGUMENT, the message submit gives for the same text) and is
+    // dropped; the stream goes on.
     virtual void text_append(const std::string& text) = 0;
     virtual void text_close() = 0;
     // Stops generation within one chunk; the engine frees the stream's slot.
@@ -141,6 +147,18 @@ struct EngineOptions {
     double ring_seconds = 30.0;     // PCM buffered per stream before the engine waits for the reader
 };
 
+// What an application may want to know about the loaded model (qtts info, the server's
+// /v1/audio/voices), without the checkpoint's internals.
+struct ModelInfo {
+    std::string dir;                     // the model directory
+    std::string type;                    // "custom_voice", "voice_design" or "base"
+    std::string size;                    // size tag: "0b6", "1b7"
+    std::vector<std::string> speakers;   // CustomVoice speaker names (empty otherwise)
+    std::vector<std::string> languages;  // "auto" and the model's languages
+    int sample_rate = SAMPLE_RATE;
+    int code_groups = MAX_CODE_GROUPS;   // codes per frame (Stream::codes)
+};
+
 struct EngineStats {
     int64_t requests = 0;
     int64_t active_streams = 0;
@@ -162,7 +180,7 @@ public:
     std::shared_ptr<Stream> submit(const SpeechRequest& request);
 
     EngineStats stats() const;
-    const Checkpoint& checkpoint() const;
+    ModelInfo model_info() const;
     std::vector<std::string> speakers() const;   // CustomVoice speaker names
     std::vector<std::string> languages() const;  // "auto" and the model's languages
     std::string backend_name() const;            // "cpu" or "cuda:N"
@@ -173,7 +191,7 @@ public:
     std::string failure() const;
 
 private:
-    friend void engine_fault_inject(Engine& engine, uint64_t stream_id);  // runtime/engine_testing.h
+    friend struct EngineDebug;
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -14,8 +14,10 @@
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/model/make_model.h"
+#include "engine/runtime/engine_debug.h"
 #include "engine/runtime/speech_model.h"
 #include "engine/runtime/utterance.h"
+#include "engine/text/request_check.h"
 
 namespace qtts {
 
@@ -55,12 +57,24 @@ public:
     bool finished() const override { return gen_done_.load(std::memory_order_acquire) && ring_.available_read() == 0; }
     bool generation_done() const override { return gen_done_.load(std::memory_order_acquire); }
 
+    // An edge of the library: appended text is checked here, once, with the rule submit applies
+    // to `text` (request_check.h), counting the request's text so far; the engine thread trusts it.
     void text_append(const std::string& text) override {
         if (!prepared_.incremental) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "this stream was not opened for incremental text");
         if (text_closed_.load()) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text was already closed");
-        if (!utf8_is_valid(text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "appended text is not valid UTF-8");
+        {
+            std::lock_guard<std::mutex> lock(text_mutex_);
+            text_check(text, "text", REQUEST_MAX_TEXT_BYTES, text_bytes_);
+            text_bytes_ += text.size();
+        }
         text_queue_.enqueue(text);
         wake_engine_();
+    }
+    // The request's own text, already checked by SpeechModel::prepare: the first piece. Submitting
+    // thread, before the stream is queued.
+    void text_first(const std::string& text) {
+        text_bytes_ = text.size();
+        if (!text.empty()) text_queue_.enqueue(text);
     }
     void text_close() override {
         text_closed_.store(true);
@@ -137,6 +151,8 @@ public:
     std::atomic<bool> text_closed_{false};
     bool text_close_applied_ = false;  // engine thread only
     moodycamel::ConcurrentQueue<std::string> text_queue_;
+    std::mutex text_mutex_;  // appending threads: orders the size check with text_bytes_
+    size_t text_bytes_ = 0;  // text accepted so far (the request's and appended), under text_mutex_
     std::unique_ptr<Utterance> utterance_;  // engine thread only
     bool waiting_for_text_ = false;        // engine thread only
     size_t text_seen_ = 0;                 // engine thread only
@@ -167,7 +183,7 @@ struct Engine::Impl {
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> next_id{1};
     std::atomic<int64_t> admitted{0};  // queued + active streams (the concurrency limit)
-    std::atomic<uint64_t> fault_stream{0};  // test seam: this stream's next chunk fails (engine_testing.h)
+    std::atomic<uint64_t> fault_stream{0};  // test seam: this stream's next chunk fails (engine_debug.h)
     std::atomic<bool> failed{false};        // the backend failed for good (see Engine::healthy)
     std::string failure;                    // why; written once before `failed` is set
 
@@ -260,6 +276,31 @@ struct Engine::Impl {
             if (!s->generation_done()) finish(*s, StopReason::STOP_ERROR, failure);
         std::shared_ptr<StreamImpl> left;
         while (intake.try_dequeue(left)) finish(*left, StopReason::STOP_ERROR, failure);
+    }
+
+    // Engine::submit and engine_submit_debug, on the caller's thread: prepare() is the one
+    // validation point; what it accepted is queued for the engine thread as it is.
+    std::shared_ptr<Stream> submit(const SpeechRequest& request, const SpeechRequestDebug& debug) {
+        if (failed.load()) fail(ErrorCode::ERROR_CUDA, "{}", failure);
+        PreparedSpeech prepared = model->prepare(request, debug);  // throws on a bad request
+        if (admitted.fetch_add(1) >= options.max_streams) {
+            admitted.fetch_sub(1);
+            fail(ErrorCode::ERROR_BUSY, "the engine is at its limit of {} concurrent streams; retry later",
+                 options.max_streams);
+        }
+        const size_t ring = size_t(std::max(1.0, options.ring_seconds) * SAMPLE_RATE) +
+                            size_t(std::max(options.chunk_frames, options.first_chunk_frames)) * SAMPLES_PER_FRAME;
+        auto stream = std::make_shared<StreamImpl>(next_id.fetch_add(1), std::move(prepared), ring, [this] { wake(); });
+        // Incremental text: the request's own text (checked by prepare) is the first piece.
+        if (request.incremental) stream->text_first(request.text);
+        {
+            std::lock_guard<std::mutex> lock(stats_mutex);
+            ++stats.requests;
+            stats.active_streams = admitted.load();
+        }
+        intake.enqueue(stream);
+        wake();
+        return stream;
     }
 
     void run() {
@@ -358,29 +399,7 @@ Engine::~Engine() {
     if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-std::shared_ptr<Stream> Engine::submit(const SpeechRequest& request) {
-    if (impl_->failed.load()) fail(ErrorCode::ERROR_CUDA, "{}", impl_->failure);
-    PreparedSpeech prepared = impl_->model->prepare(request);  // throws on a bad request
-    if (impl_->admitted.fetch_add(1) >= impl_->options.max_streams) {
-        impl_->admitted.fetch_sub(1);
-        fail(ErrorCode::ERROR_BUSY, "the engine is at its limit of {} concurrent streams; retry later",
-             impl_->options.max_streams);
-    }
-    const size_t ring = size_t(std::max(1.0, impl_->options.ring_seconds) * 24000.0) +
-                        size_t(std::max(impl_->options.chunk_frames, impl_->options.first_chunk_frames)) * 1920;
-    Impl* impl = impl_.get();
-    auto stream = std::make_shared<StreamImpl>(impl_->next_id.fetch_add(1), std::move(prepared), ring, [impl] { impl->wake(); });
-    // Incremental text: the request's own text (validated by prepare) is the first piece.
-    if (request.incremental && !request.text.empty()) stream->text_append(request.text);
-    {
-        std::lock_guard<std::mutex> lock(impl_->stats_mutex);
-        ++impl_->stats.requests;
-        impl_->stats.active_streams = impl_->admitted.load();
-    }
-    impl_->intake.enqueue(stream);
-    impl_->wake();
-    return stream;
-}
+std::shared_ptr<Stream> Engine::submit(const SpeechRequest& request) { return impl_->submit(request, {}); }
 
 EngineStats Engine::stats() const {
     std::lock_guard<std::mutex> lock(impl_->stats_mutex);
@@ -389,16 +408,38 @@ EngineStats Engine::stats() const {
     return s;
 }
 
-const Checkpoint& Engine::checkpoint() const { return impl_->model->checkpoint(); }
+ModelInfo Engine::model_info() const {
+    const SpeechModel& model = *impl_->model;
+    const ModelConfig& config = model.checkpoint().config;
+    ModelInfo info;
+    info.dir = model.checkpoint().dir;
+    info.type = model_type_name(config.type);
+    info.size = config.size_tag;
+    info.speakers = model.speakers();
+    info.languages = model.languages();
+    info.code_groups = config.talker.num_code_groups;
+    return info;
+}
+
 std::vector<std::string> Engine::speakers() const { return impl_->model->speakers(); }
 std::vector<std::string> Engine::languages() const { return impl_->model->languages(); }
 std::string Engine::backend_name() const { return impl_->model->backend_name(); }
 bool Engine::healthy() const { return !impl_->failed.load(); }
 std::string Engine::failure() const { return impl_->failed.load() ? impl_->failure : std::string(); }
 
+// The friend of Engine (engine/api/qtts.h) through which the seams of engine_debug.h reach it.
+struct EngineDebug {
+    static Engine::Impl& impl(Engine& engine) { return *engine.impl_; }
+};
+
+std::shared_ptr<Stream> engine_submit_debug(Engine& engine, const SpeechRequest& request, const SpeechRequestDebug& debug) {
+    return EngineDebug::impl(engine).submit(request, debug);
+}
+
 void engine_fault_inject(Engine& engine, uint64_t stream_id) {
-    engine.impl_->fault_stream.store(stream_id);
-    engine.impl_->wake();
+    auto& impl = EngineDebug::impl(engine);
+    impl.fault_stream.store(stream_id);
+    impl.wake();
 }
 
 }  // namespace qtts

@@ -9,6 +9,7 @@
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/runtime/voice.h"
+#include "engine/text/request_check.h"
 #include "engine/text/text_split.h"
 
 #ifdef QTTS_HAVE_CUDA
@@ -269,23 +270,17 @@ std::vector<int32_t> SpeechModel::instruct_ids(const std::string& instruct, Adde
     return instruct_template_ids(tokenizer_, instruct, text_tokens);
 }
 
-PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
+PreparedSpeech SpeechModel::prepare(const SpeechRequest& request, const SpeechRequestDebug& debug) const {
     const ModelConfig& config = checkpoint_->config;
     PreparedSpeech prep;
     PromptRequest& base = prep.base;
 
-    // Text: complete text must be non-empty valid UTF-8 within the size limit.
-    if (request.text.size() > REQUEST_MAX_TEXT_BYTES)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is {} bytes; at most {} bytes are accepted per request",
-             request.text.size(), REQUEST_MAX_TEXT_BYTES);
-    if (!utf8_is_valid(request.text)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is not valid UTF-8");
-    if (!utf8_is_valid(request.instruct)) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "instruct is not valid UTF-8");
-    if (request.instruct.size() > REQUEST_MAX_INSTRUCT_BYTES)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "instruct is {} bytes; at most {} are accepted", request.instruct.size(),
-             REQUEST_MAX_INSTRUCT_BYTES);
+    // Text: complete text must be non-empty valid UTF-8 within the size limit (the one text rule).
+    text_check(request.text, "text", REQUEST_MAX_TEXT_BYTES);
+    text_check(request.instruct, "instruct", REQUEST_MAX_INSTRUCT_BYTES);
     prep.incremental = request.incremental;
-    prep.text_tokens = request.raw_tokens ? AddedTokens::ADDED_TOKENS_MATCH : AddedTokens::ADDED_TOKENS_AS_TEXT;
-    if (request.input_ids.empty() && !request.incremental && text_is_blank(request.text))
+    prep.text_tokens = debug.raw_tokens ? AddedTokens::ADDED_TOKENS_MATCH : AddedTokens::ADDED_TOKENS_AS_TEXT;
+    if (debug.input_ids.empty() && !request.incremental && text_is_blank(request.text))
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
 
     base.layout = request.text_layout ? *request.text_layout : default_layout();
@@ -297,7 +292,7 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
     base.language = request.language.empty() ? "auto" : lower(request.language);
     base.speaker = lower(request.speaker);
     if (config.type == ModelType::MODEL_TYPE_CUSTOM_VOICE && base.speaker.empty()) base.speaker = default_speaker();
-    if (!request.instruct_ids.empty()) base.instruct_ids = request.instruct_ids;
+    if (!debug.instruct_ids.empty()) base.instruct_ids = debug.instruct_ids;
     else if (!request.instruct.empty()) base.instruct_ids = instruct_ids(request.instruct, prep.text_tokens);
     if (config.type == ModelType::MODEL_TYPE_BASE) {
         Voice voice;
@@ -328,18 +323,20 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request) const {
     }
 
     // Segments: debugging ids as given, else the text split at sentence boundaries.
-    if (!request.input_ids.empty()) {
-        prep.segments.push_back(request.input_ids);
+    if (!debug.input_ids.empty()) {
+        prep.segments.push_back(debug.input_ids);
     } else if (!request.incremental) {
         for (const std::string& seg : text_split_sentences(request.text)) prep.segments.push_back(assistant_ids(seg, prep.text_tokens));
         if (prep.segments.empty()) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text is empty: give some text to speak");
     }
     // Validate speaker/language/ids now, on the caller's thread, with the first segment (or a
-    // placeholder for incremental text), so a bad request fails before it is queued.
+    // placeholder for incremental text), so a bad request fails before it is queued. Only the
+    // checks run: the Utterance builds each segment's prompt once, on the engine thread. The
+    // other segments come from the tokenizer, so they hold well-formed ids.
     {
         PromptRequest probe = base;
         probe.input_ids = prep.segments.empty() ? assistant_ids("a") : prep.segments.front();
-        prompt_build(config, probe);
+        prompt_request_check(config, probe);
     }
 
     prep.params = request.greedy ? generation_params_greedy(checkpoint_->generation)

@@ -33,6 +33,7 @@
 #include "engine/generation/decoder_stream.h"
 #include "engine/api/qtts.h"
 #include "engine/generation/frame_generator.h"
+#include "engine/runtime/engine_debug.h"
 #include "engine/runtime/lm_backend.h"
 #include "engine/generation/sampling.h"
 #include "engine/text/prompt.h"
@@ -45,9 +46,8 @@ class GpuGeneratorPool;
 class GpuDecoderPool;
 }
 
-// Limits on one request (documented in docs/generation.md).
-constexpr size_t REQUEST_MAX_TEXT_BYTES = 1 << 20;  // 1 MiB of UTF-8 per request
-constexpr size_t REQUEST_MAX_INSTRUCT_BYTES = 4096;
+// The limits on one request (REQUEST_MAX_TEXT_BYTES, REQUEST_MAX_INSTRUCT_BYTES) are public:
+// engine/api/qtts.h, documented in docs/generation.md.
 
 struct SpeechModelOptions {
     std::string backend = "auto";  // cpu, cuda, auto (CUDA when usable, else CPU with a logged reason)
@@ -129,9 +129,11 @@ public:
     // Chunk sizes that run as one fused graph replay (LM frames + audio); empty when none.
     std::vector<int> gpu_fused_chunk_sizes() const;
 
-    // Validates and lays out a request; throws qtts::Error for empty/huge/invalid text,
-    // unknown speaker or language, missing voice for Base models, bad ids.
-    PreparedSpeech prepare(const SpeechRequest& request) const;
+    // The library's one validation point for a request (Engine::submit calls it on the caller's
+    // thread): validates and lays out a request; throws qtts::Error for empty/huge/invalid text,
+    // unknown speaker or language, missing voice for Base models, bad debugging ids. What it
+    // accepted is trusted downstream (the Utterance asserts, it does not check again).
+    PreparedSpeech prepare(const SpeechRequest& request, const SpeechRequestDebug& debug = {}) const;
 
     // "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n" as ids (text/prompt.h:
     // added-token strings in the text stay text unless text_tokens says to match them).

@@ -169,17 +169,16 @@ std::vector<int32_t> reference_template_ids(const Tokenizer& tokenizer, std::str
         std::vector<TextPart>{{"<|im_start|>assistant\n", kTemplate}, {text, text_tokens}, {"<|im_end|>\n", kTemplate}});
 }
 
-Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
+PromptChecked prompt_request_check(const ModelConfig& config, const PromptRequest& request) {
     const TalkerConfig& t = config.talker;
     const int groups = t.num_code_groups;
     const int cb_size = t.code_predictor.vocab_size > 0 ? t.code_predictor.vocab_size : 2048;
+    PromptChecked checked;
 
     template_check(config, request.input_ids, TEXT_SUFFIX_TOKENS, "input_ids");
     ids_check_range(request.input_ids, t.text_vocab_size, "input_ids");
     ids_check_range(request.instruct_ids, t.text_vocab_size, "instruct_ids");
-    const std::vector<int32_t> text(request.input_ids.begin() + ROLE_TOKENS,
-                                    request.input_ids.end() - TEXT_SUFFIX_TOKENS);
-    if (text.empty())
+    if (request.input_ids.size() == size_t(ROLE_TOKENS + TEXT_SUFFIX_TOKENS))
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "input_ids hold no text between the role tokens and <|im_end|>");
 
     const bool streaming = request.layout == TextLayout::TEXT_LAYOUT_STREAMING;
@@ -188,8 +187,8 @@ Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
              "the non-streaming text layout needs the whole text up front; use the streaming layout to append text");
 
     std::string speaker_key;
-    const int32_t speaker_id = speaker_resolve(config, request, &speaker_key);
-    const int32_t language_id = language_resolve(config, request.language, speaker_key);
+    checked.speaker_id = speaker_resolve(config, request, &speaker_key);
+    checked.language_id = language_resolve(config, request.language, speaker_key);
 
     const bool is_base = config.type == ModelType::MODEL_TYPE_BASE;
     if (is_base && request.x_vector.empty())
@@ -202,8 +201,8 @@ Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
         fail(ErrorCode::ERROR_SHAPE, "x-vector has {} values; the talker hidden size is {}", request.x_vector.size(),
              t.hidden_size);
 
-    const bool icl = !request.ref_ids.empty() || request.ref_frames > 0 || !request.ref_codes.empty();
-    if (icl) {
+    checked.icl = !request.ref_ids.empty() || request.ref_frames > 0 || !request.ref_codes.empty();
+    if (checked.icl) {
         if (!is_base)
             fail(ErrorCode::ERROR_INVALID_ARGUMENT, "in-context cloning (reference text + codes) needs a Base model");
         if (request.ref_ids.empty() || request.ref_frames <= 0)
@@ -220,6 +219,18 @@ Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
                 fail(ErrorCode::ERROR_INVALID_ARGUMENT, "ref_codes[{}][{}] = {} is outside [0, {})", i / size_t(groups),
                      i % size_t(groups), request.ref_codes[i], cb_size);
     }
+    return checked;
+}
+
+Prompt prompt_build(const ModelConfig& config, const PromptRequest& request) {
+    const PromptChecked checked = prompt_request_check(config, request);
+    const TalkerConfig& t = config.talker;
+    const int32_t speaker_id = checked.speaker_id, language_id = checked.language_id;
+    const bool icl = checked.icl;
+    const bool is_base = config.type == ModelType::MODEL_TYPE_BASE;
+    const bool streaming = request.layout == TextLayout::TEXT_LAYOUT_STREAMING;
+    const std::vector<int32_t> text(request.input_ids.begin() + ROLE_TOKENS,
+                                    request.input_ids.end() - TEXT_SUFFIX_TOKENS);
 
     Prompt p;
     p.layout = request.layout;

@@ -85,7 +85,20 @@ std::vector<int32_t> assistant_template_ids(const Tokenizer& tokenizer, std::str
 std::vector<int32_t> instruct_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens);
 std::vector<int32_t> reference_template_ids(const Tokenizer& tokenizer, std::string_view text, AddedTokens text_tokens);
 
-// Validates the request against the model and lays out the prompt. Throws qtts::Error for an
+// What prompt_request_check resolved, for prompt_build to lay out.
+struct PromptChecked {
+    int32_t speaker_id = -1;   // CustomVoice speaker's codec id; -1 = none
+    int32_t language_id = -1;  // language (or dialect) codec id; -1 = "auto" (nothink)
+    bool icl = false;          // Base in-context cloning (reference ids + codes)
+};
+
+// The checks of prompt_build without the layout (prompt_build runs them first): speaker,
+// language, template and range of the ids, x-vector, ICL inputs. SpeechModel::prepare calls it to
+// refuse a bad request on the caller's thread without building a prompt it would throw away.
+// Throws the errors prompt_build documents, with the same messages.
+PromptChecked prompt_request_check(const ModelConfig& config, const PromptRequest& request);
+
+// Validates the request against the model (prompt_request_check) and lays out the prompt. Throws qtts::Error for an
 // unknown speaker or language (listing the supported ones), a missing CustomVoice speaker, a
 // speaker given to VoiceDesign/Base, a Base request without x-vector, ICL inputs on a non-Base
 // model, malformed template ids or out-of-range ids/codes.

@@ -110,7 +110,8 @@ private:
 };
 
 // UTF-8 helpers used by the text front end.
-// True when text is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
+// True when text is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF): the
+// library's one UTF-8 validator (request text goes through text_check, engine/text/request_check.h).
 bool utf8_is_valid(std::string_view text);
 // Replaces every maximal ill-formed subsequence with U+FFFD (Unicode §3.9 "substitution of
 // maximal subparts", which is what Python's bytes.decode(errors="replace") does).

@@ -8,6 +8,7 @@
 #include "audio_io/server/request_params.h"
 #include "fuzz_support.h"
 #include "engine/model/make_model.h"
+#include "engine/text/tokenizer.h"
 
 namespace qtts::fuzz {
 
@@ -40,8 +41,8 @@ inline void request_error_check(const RequestError& e) {
 
 // What every accepted request must hold.
 inline void accepted_check(const SpeechParams& p, const SpeechLimits& limits) {
-    property(utf8_valid(p.request.text) && p.request.text.size() <= limits.max_text_bytes, "text checked");
-    property(utf8_valid(p.request.instruct) && p.request.instruct.size() <= limits.max_text_bytes,
+    property(utf8_is_valid(p.request.text) && p.request.text.size() <= limits.max_text_bytes, "text checked");
+    property(utf8_is_valid(p.request.instruct) && p.request.instruct.size() <= limits.max_text_bytes,
              "instructions checked");
 }
 

@@ -1,6 +1,6 @@
 // Fuzz target: a WebSocket client text message on /v1/audio/stream, through the parsing the
 // server applies to it: the JSON text, the `type`, then speech_params_parse_ws_start for
-// `start` and text_check for the `text` of `append` / `end`.
+// `start` and field_text_check for the `text` of `append` / `end`.
 //
 // Not reached: the session's state machine (WsSession::message_handle in server_ws.cpp, which
 // needs a live socket and stream); tests/net drives that end to end.
@@ -26,7 +26,7 @@ void message_parse(const std::string& data, const qtts::SpeechService& service, 
         qtts::fuzz::property(!p.format_name.empty(), "the `started` event has a format to echo");
     } else if (type == "append" || type == "end") {
         auto it = msg.find("text");
-        if (it != msg.end() && it->is_string()) qtts::text_check(it->get<std::string>(), "text", limits.max_text_bytes);
+        if (it != msg.end() && it->is_string()) qtts::field_text_check(it->get<std::string>(), "text", limits.max_text_bytes);
     }
 }
 

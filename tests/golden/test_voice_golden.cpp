@@ -153,14 +153,15 @@ TEST_CASE("greedy runs through saved voices give the golden codes and audio", "[
 
         qtts::SpeechRequest req;
         req.voice_path = path;
-        req.input_ids = spec.at("input_ids").get<std::vector<int32_t>>();
+        qtts::SpeechRequestDebug ids;  // the scenario's own ids, not re-tokenized text
+        ids.input_ids = spec.at("input_ids").get<std::vector<int32_t>>();
         req.language = spec.at("language").get<std::string>();
         req.text_layout = spec.at("non_streaming").get<bool>() ? qtts::TextLayout::TEXT_LAYOUT_NON_STREAMING
                                                                : qtts::TextLayout::TEXT_LAYOUT_STREAMING;
         req.greedy = true;
         const int N = spec.at("max_frames").get<int>();
         req.max_frames = N - 1;  // the last sampled codebook-0 token is never expanded
-        qtts::Utterance utt(model, model->prepare(req));
+        qtts::Utterance utt(model, model->prepare(req, ids));
 
         std::vector<float> pcm;
         std::vector<qtts::FrameCodes> frames;

@@ -39,7 +39,7 @@
 #include "engine/model/make_model.h"
 #include "engine/model/safetensors.h"
 #include "engine/api/qtts.h"
-#include "engine/runtime/engine_testing.h"
+#include "engine/runtime/engine_debug.h"
 #include "engine/runtime/speech_model.h"
 #include "engine/runtime/utterance.h"
 #include "engine/runtime/voice.h"

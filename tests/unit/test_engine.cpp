@@ -8,9 +8,10 @@
 
 #include "engine/common/error.h"
 #include "engine/api/qtts.h"
-#include "engine/runtime/engine_testing.h"
+#include "engine/runtime/engine_debug.h"
 #include "engine/runtime/speech_model.h"
 #include "engine/runtime/utterance.h"
+#include "engine/text/request_check.h"
 #include "engine/model/make_model.h"
 #include "test_streams.h"
 
@@ -179,8 +180,74 @@ TEST_CASE("bad requests fail on submit with clear errors", "[engine]") {
     CHECK_THROWS_WITH(engine.submit(r), Catch::Contains("klingon"));
     r.language = "auto";
     r.text = std::string(REQUEST_MAX_TEXT_BYTES + 1, 'a');
-    CHECK_THROWS_WITH(engine.submit(r), Catch::Contains("at most"));
+    CHECK_THROWS_WITH(engine.submit(r), Catch::Contains("the limit is"));
     CHECK(engine.stats().requests == 0);
+}
+
+namespace {
+
+// The message of the qtts::Error(ERROR_INVALID_ARGUMENT) `call` throws (fails when it returns).
+template <typename F>
+std::string refusal(F&& call) {
+    try {
+        call();
+    } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::ERROR_INVALID_ARGUMENT);
+        return e.what();
+    }
+    FAIL("accepted");
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("one text rule: submit and Stream::text_append refuse the same text with the same error", "[engine]") {
+    Engine engine(EngineOptions{});
+    const std::string huge(REQUEST_MAX_TEXT_BYTES + 1, 'a');
+    const std::string bad("caf\xC3", 4);
+    const auto rule = [](const std::string& text, size_t before = 0) {
+        return refusal([&] { text_check(text, "text", REQUEST_MAX_TEXT_BYTES, before); });
+    };
+    SpeechRequest r;
+    for (const std::string& text : {huge, bad}) {
+        r.text = text;
+        CHECK(refusal([&] { engine.submit(r); }) == rule(text));
+    }
+    CHECK(engine.stats().requests == 0);
+
+    // Appended text: the same check and message; a refused piece is dropped and the stream goes on.
+    SpeechRequest inc = qtts_test::greedy_request("", 2, kGreedySeed);
+    inc.incremental = true;
+    auto stream = engine.submit(inc);
+    for (const std::string& text : {huge, bad}) CHECK(refusal([&] { stream->text_append(text); }) == rule(text));
+    stream->text_append("Hello.");
+    stream->text_close();
+    read_all(*stream);
+    CHECK(stream->metrics().frames == 2);
+    CHECK(stream->error().empty());
+
+    // The limit counts the request's whole text: its own `text` and every piece appended.
+    SpeechRequest nearly_full = inc;
+    nearly_full.text = std::string(REQUEST_MAX_TEXT_BYTES - 4, ' ');
+    auto full = engine.submit(nearly_full);
+    CHECK(refusal([&] { full->text_append("Hello"); }) == rule("Hello", REQUEST_MAX_TEXT_BYTES - 4));
+    CHECK_NOTHROW(full->text_append("Hi."));
+    full->cancel();
+    read_all(*full);
+}
+
+TEST_CASE("the debug entry speaks token ids and checks them like submit checks text", "[engine]") {
+    Engine engine(EngineOptions{});
+    SpeechRequest r = qtts_test::greedy_request("", 2, kGreedySeed);
+    SpeechRequestDebug debug;
+    // "<|im_start|>assistant\nHello world,<|im_end|>\n<|im_start|>assistant\n"
+    debug.input_ids = {151644, 77091, 198, 9707, 1879, 11, 151645, 198, 151644, 77091, 198};
+    auto stream = engine_submit_debug(engine, r, debug);
+    read_all(*stream);
+    CHECK(stream->metrics().frames == 2);
+    debug.input_ids.erase(debug.input_ids.begin());  // no <|im_start|>
+    CHECK_THROWS_WITH(engine_submit_debug(engine, r, debug), Catch::Contains("<|im_start|>assistant"));
+    CHECK_THROWS_WITH(engine.submit(r), Catch::Contains("empty"));  // the public entry has no ids
 }
 
 TEST_CASE("text appended in pieces gives the same codes as the whole text", "[engine]") {
