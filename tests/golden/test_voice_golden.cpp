@@ -35,8 +35,8 @@ using qtts::ErrorCode;
 // tiny-base on the CPU backend, as a user loads it.
 std::shared_ptr<const qtts::SpeechModel> tiny_base() {
     static auto model = [] {
-        qtts::SpeechModelOptions options;
-        options.backend = "cpu";
+        qtts::BackendOptions options;
+        options.name = "cpu";
         return qtts::SpeechModel::load(qtts_test::reference_model_dir("tiny-base"), options);
     }();
     return model;
