@@ -184,8 +184,8 @@ struct EndToEnd {
 // without the load-time warm-up, `gap_ms` of idle time before each request (a server between
 // users). Run by `--cold` in fresh processes (`bench --cold-probe`), one line of JSON on stdout.
 nlohmann::json cold_probe(const std::string& model_dir, int device, bool warm_up, int gap_ms) {
-    qtts::SpeechModelOptions options;
-    options.backend = "cuda";
+    qtts::BackendOptions options;
+    options.name = "cuda";
     options.device = device;
     options.warm_up = warm_up;
     const auto t0 = Clock::now();
@@ -257,13 +257,12 @@ ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int p
 EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests, bool fused, int chunk) {
     EndToEnd e;
     e.chunk = chunk;
-    qtts::SpeechModelOptions options;
-    options.backend = "cuda";
+    qtts::BackendOptions options;
+    options.name = "cuda";
     options.device = device;
     options.cuda_graphs = graphs;
     options.fused_chunks = fused;
-    options.first_chunk_frames = 1;
-    options.chunk_frames = chunk;
+    options.chunk_sizes = {1, chunk};
     const auto t0 = Clock::now();
     const auto model = qtts::SpeechModel::load(model_dir, options);
     e.load_s = ms_between(t0, Clock::now()) / 1e3;
@@ -329,8 +328,9 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
             const auto g0 = Clock::now();
             gen->start(prompt, prepared.params, 500 + uint64_t(r));
             const auto g1 = Clock::now();
-            qtts::FrameCodes frame{};
-            gen->next_frame(frame);
+            std::vector<qtts::FrameCodes> frame;
+            std::vector<float> audio;
+            gen->chunk(1, &frame, &audio);
             const auto g2 = Clock::now();
             if (r == 0) continue;
             e.start_ms.push_back(ms_between(g0, g1));
@@ -397,15 +397,12 @@ int bench_cuda(const qtts_cli::Args& args) {
     const qtts::Prompt prompt = bench_prompt(checkpoint->config);
     const int L = int(prompt.positions.size());
 
-    qc::GpuGeneratorOptions options;
-    options.graphs = graphs;
-    options.first_chunk_frames = 1;
-    options.chunk_frames = chunk;
-    options.graph_frames = {1, chunk};
-    options.lm.max_context = std::max(4096, L + frames * 4 + 64);
-    options.lm.prefill_chunk = int(args.get_int("prefill-chunk", options.lm.prefill_chunk));
-    if (options.lm.prefill_chunk < 1 || options.lm.prefill_chunk > 1024)
-        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--prefill-chunk must be 1..1024");
+    qtts::BackendOptions options;
+    options.cuda_graphs = graphs;
+    options.chunk_sizes = {1, chunk};
+    options.max_context = std::max(4096, L + frames * 4 + 64);
+    options.prefill_chunk = int(args.get_int("prefill-chunk", 0));
+    qtts::backend_options_validate(options);
     const auto t_setup = Clock::now();
     qc::GpuGenerator gen(weights, context, options);
     const double setup_ms = ms_between(t_setup, Clock::now());
@@ -422,8 +419,8 @@ int bench_cuda(const qtts_cli::Args& args) {
         const auto t0 = Clock::now();
         gen.start(prompt, params, 42 + uint64_t(r));
         const auto t1 = Clock::now();
-        qtts::FrameCodes codes{};
-        if (gen.next_frame(codes) != qtts::FrameStatus::FRAME_STATUS_FRAME)
+        std::vector<qtts::FrameCodes> codes;
+        if (gen.chunk(1, &codes, nullptr) != qtts::ChunkStatus::CHUNK_STATUS_FULL)
             qtts::fail(qtts::ErrorCode::ERROR_INTERNAL, "bench: the first frame was not produced");
         const auto t2 = Clock::now();
         if (r == 0) continue;  // warm-up

@@ -41,8 +41,8 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     if (frames < 1 || chunk < 1) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--frames and --chunk must be >= 1");
 
     const auto t_load0 = Clock::now();
-    qtts::SpeechModelOptions model_options;
-    model_options.backend = "cpu";  // this benchmark measures the CPU reference
+    qtts::BackendOptions model_options;
+    model_options.name = "cpu";  // this benchmark measures the CPU reference
     auto model = qtts::SpeechModel::load(dir, model_options);
     const double load_ms = ms(t_load0, Clock::now());
 

@@ -163,16 +163,16 @@ int cmd_say(const std::vector<std::string>& argv) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--sample-format expects s16 or f32, got '{}'", format_name);
 
     qtts::EngineOptions options;
-    options.chunk_frames = int(args.get_int("chunk-frames", 4));
+    options.chunk_frames = int(args.get_int("chunk-frames", qtts::CHUNK_FRAMES_DEFAULT));
     if (options.chunk_frames < 1 || options.chunk_frames > 1000)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--chunk-frames must be 1..1000");
-    options.backend = args.get_or("backend", "auto");
-    options.device = int(args.get_int("device", 0));
-    if (options.device < 0 || options.device > 64) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--device must be 0..64");
-    options.cuda_graphs = !args.has("no-cuda-graphs");
-    options.gpu_decoder = !args.has("cpu-decoder");
-    options.fused_chunks = !args.has("no-fused-chunks");
-    options.warm_up = !args.has("no-warm-up");
+    options.backend.name = args.get_or("backend", "auto");
+    options.backend.device = int(args.get_int("device", 0));
+    if (options.backend.device < 0 || options.backend.device > 64) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--device must be 0..64");
+    options.backend.cuda_graphs = !args.has("no-cuda-graphs");
+    options.backend.gpu_decoder = !args.has("cpu-decoder");
+    options.backend.fused_chunks = !args.has("no-fused-chunks");
+    options.backend.warm_up = !args.has("no-warm-up");
     options.max_streams = 1;
     options.model_dir = qtts_cli::model_dir_or_default(args);
 

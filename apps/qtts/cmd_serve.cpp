@@ -86,11 +86,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
     qtts::EngineOptions engine_options;
     engine_options.model_dir = args.get_or("model", "");
-    engine_options.backend = args.get_or("backend", "auto");
-    engine_options.device = int_option(args, "device", 0, 0, 64);
-    engine_options.cuda_graphs = !args.has("no-cuda-graphs");
-    engine_options.gpu_decoder = !args.has("cpu-decoder");
-    engine_options.fused_chunks = !args.has("no-fused-chunks");
+    engine_options.backend.name = args.get_or("backend", "auto");
+    engine_options.backend.device = int_option(args, "device", 0, 0, 64);
+    engine_options.backend.cuda_graphs = !args.has("no-cuda-graphs");
+    engine_options.backend.gpu_decoder = !args.has("cpu-decoder");
+    engine_options.backend.fused_chunks = !args.has("no-fused-chunks");
     engine_options.max_streams = options.max_streams;
 
     // Block the stop signals before any thread starts (threads inherit the mask), then wait for

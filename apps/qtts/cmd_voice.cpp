@@ -39,8 +39,8 @@ int voice_create_command(const qtts_cli::Args& args) {
     const std::vector<float> audio = qtts::audio_read_mono_24k(*args.get("audio"));
     qtts::reference_clip_validate(audio);
     // Only the tokenizer and the cloning encoders are needed: no LM conversion, no GPU upload.
-    qtts::SpeechModelOptions options;
-    options.backend = "cpu";
+    qtts::BackendOptions options;
+    options.name = "cpu";
     options.lm_eager = false;
     auto model = qtts::SpeechModel::load(*args.get("model"), options);
     const qtts::Voice voice = qtts::voice_create(*model, audio, text, x_vector_only);

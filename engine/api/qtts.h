@@ -130,20 +130,51 @@ public:
     virtual uint64_t events_dropped() const { return 0; }
 };
 
+// The engine's chunk sizes unless the caller picks others (EngineOptions): the one place these
+// defaults live. The first chunk is short (time to first audio), later ones amortise the launches.
+constexpr int FIRST_CHUNK_FRAMES_DEFAULT = 1;
+constexpr int CHUNK_FRAMES_DEFAULT = 4;
+
+// Where and how the talker + code predictor and the speech decoder run: the one configuration
+// struct that travels from the caller down to the backend (SpeechModel::load, then the CUDA
+// generator and decoder pools by const reference). Checked once where it enters
+// (backend_options_validate, engine/runtime/speech_model.h); code below asserts.
+struct BackendOptions {
+    std::string name = "auto";   // cpu, cuda, auto (CUDA when usable, else CPU with a logged reason)
+    int device = 0;              // CUDA device index
+    bool cuda_graphs = true;     // false (or QTTS_NO_CUDA_GRAPHS=1): eager GPU execution, same codes
+    bool gpu_decoder = true;     // CUDA: false = the CPU speech decoder (same audio to ~1e-6)
+    // CUDA + GPU decoder: each generator state owns a decoder and a chunk of a captured size is
+    // one graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false (or
+    // QTTS_NO_FUSED_CHUNKS=1): separate LM and decoder replays. Same samples either way.
+    bool fused_chunks = true;
+    // CUDA: before load returns, every generator state speaks a short greedy utterance (each
+    // captured chunk size and the decoder replay once; library handles, pinned buffers and lazy
+    // module loads are touched), so the first request takes the warm path. false: a cold first
+    // request (benchmarks of the cold path). Nothing to warm on the CPU.
+    bool warm_up = true;
+    // CPU backend: convert the LM weights to fp32 at load (true) or when first needed (false:
+    // tools that only use the tokenizer or the cloning encoders, e.g. `qtts voice`).
+    bool lm_eager = true;
+    int states = 1;              // CUDA: per-stream generator states made at load (the engine: max_streams)
+    int max_context = 4096;      // CUDA: talker positions (prompt + frames) per utterance
+    int prefill_chunk = 0;       // CUDA: prompt rows per prefill pass, 1..1024; 0 = the LM's own (benchmarks)
+    // The chunk sizes the caller will ask for (ChunkGenerator::chunk): CUDA captures one graph
+    // (fused with the decoder where it can) per size. The engine sets {first_chunk_frames,
+    // chunk_frames}; other sizes still work, as eager steps.
+    std::vector<int> chunk_sizes = {FIRST_CHUNK_FRAMES_DEFAULT, CHUNK_FRAMES_DEFAULT};
+};
+
 struct EngineOptions {
     std::string model_dir;          // empty = the embedded default model
-    std::string backend = "auto";   // cpu, cuda or auto
-    int device = 0;                 // CUDA device index
-    bool cuda_graphs = true;        // false = eager GPU execution (same results)
-    bool gpu_decoder = true;        // CUDA: false = the CPU speech decoder (same audio to ~1e-6)
-    bool fused_chunks = true;       // CUDA + GPU decoder: a chunk = one graph replay (LM + audio)
-    bool warm_up = true;            // CUDA: warm every graph and prefill shape before the constructor
-                                    // returns (SpeechModelOptions::warm_up); false: faster start,
-                                    // a cold first request
+    // The backend; the engine sets its `states` (max_streams) and `chunk_sizes` (the two below).
+    BackendOptions backend;
     int max_streams = 16;           // concurrent streams; more are refused with ERROR_BUSY. CUDA: one
                                     // GPU generator state (KV caches) per stream, all made at start-up
-    int first_chunk_frames = 1;     // frames in a stream's first chunk (time to first audio)
-    int chunk_frames = 4;           // frames per chunk afterwards
+    // The engine alone picks each chunk's size: a stream's first chunk (time to first audio),
+    // then every later one, across sentence boundaries (docs/engine.md, "Chunks").
+    int first_chunk_frames = FIRST_CHUNK_FRAMES_DEFAULT;
+    int chunk_frames = CHUNK_FRAMES_DEFAULT;
     double ring_seconds = 30.0;     // PCM buffered per stream before the engine waits for the reader
 };
 

@@ -1,5 +1,6 @@
 #include "engine/cuda/gpu_decoder_pool.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "engine/common/error.h"
@@ -24,8 +25,21 @@ private:
     std::unique_ptr<GpuSpeechDecoder> state_;
 };
 
-GpuDecoderPool::GpuDecoderPool(std::shared_ptr<GpuGeneratorPool> backend, const GpuDecoderPoolOptions& options)
-    : backend_(std::move(backend)), options_(options) {}
+GpuDecoderPool::GpuDecoderPool(std::shared_ptr<GpuGeneratorPool> backend, const BackendOptions& options)
+    : backend_(std::move(backend)), states_(options.fused_chunks ? 1 : options.states) {
+    decoder_options_.cuda_graphs = options.cuda_graphs;
+    // Scratch for 8 frames (~66 MB at release size, vs ~205 MB for 25) per stream: the engine's
+    // chunks fit it and replay their graphs; longer calls (ICL reference codes, bigger chunks)
+    // are split into chunks of max_chunk_frames.
+    decoder_options_.max_chunk_frames = 8;
+    decoder_options_.graph_chunk_sizes.clear();
+    for (const int n : options.chunk_sizes) {
+        decoder_options_.max_chunk_frames = std::max(decoder_options_.max_chunk_frames, n);
+        if (std::find(decoder_options_.graph_chunk_sizes.begin(), decoder_options_.graph_chunk_sizes.end(), n) ==
+            decoder_options_.graph_chunk_sizes.end())
+            decoder_options_.graph_chunk_sizes.push_back(n);
+    }
+}
 
 GpuDecoderPool::~GpuDecoderPool() {
     // Decoders go before the weights; the context (held by backend_) goes last.
@@ -34,15 +48,12 @@ GpuDecoderPool::~GpuDecoderPool() {
 
 std::shared_ptr<GpuDecoderPool> GpuDecoderPool::create(std::shared_ptr<GpuGeneratorPool> backend,
                                                        const Checkpoint& checkpoint,
-                                                       const GpuDecoderPoolOptions& options) {
-    if (!backend) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuDecoderPool: no CUDA backend");
-    if (options.states < 1)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the GPU speech decoder needs at least one state (got {})",
-             options.states);
+                                                       const BackendOptions& options) {
+    QTTS_ASSERT(backend);
     backend->context().guard().check("GpuDecoderPool::create");
     std::shared_ptr<GpuDecoderPool> pool(new GpuDecoderPool(std::move(backend), options));
-    pool->weights_ = GpuSpeechDecoderWeights::upload(checkpoint, pool->backend_->device(), options.weights);
-    for (int i = 0; i < options.states; ++i) pool->idle_.push_back(pool->state_new());
+    pool->weights_ = GpuSpeechDecoderWeights::upload(checkpoint, pool->backend_->device(), {});
+    for (int i = 0; i < pool->states_; ++i) pool->idle_.push_back(pool->state_new());
     QTTS_LOG_INFO("GPU speech decoder on device {}: weights {:.1f} MB, {} stream state(s), graphs {}",
                   pool->backend_->device(), pool->weights_->device_bytes() / 1e6, pool->created_,
                   pool->graphs_enabled_ ? "on" : "off");
@@ -50,7 +61,7 @@ std::shared_ptr<GpuDecoderPool> GpuDecoderPool::create(std::shared_ptr<GpuGenera
 }
 
 std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_new() {
-    auto state = std::make_unique<GpuSpeechDecoder>(weights_, backend_->context(), options_.decoder);
+    auto state = std::make_unique<GpuSpeechDecoder>(weights_, backend_->context(), decoder_options_);
     graphs_enabled_ = state->graphs_enabled();
     ++created_;
     return state;
@@ -60,7 +71,7 @@ std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_take() {
     backend_->context().guard().check("GpuDecoderPool::state_take");
     if (idle_.empty()) {
         auto state = state_new();
-        if (created_ > options_.states)
+        if (created_ > states_)
             QTTS_LOG_DEBUG("GPU speech decoder: all {} states busy, created one more", created_ - 1);
         return state;
     }

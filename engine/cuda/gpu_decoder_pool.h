@@ -2,9 +2,9 @@
 // backend's device, and a pool of per-stream GpuSpeechDecoder states on the backend's context
 // (same stream, cuBLAS handle and owner thread as the generator pool it is built on).
 //
-// Like the generator pool, `states` decoders are created up front (the engine asks for
-// max_streams), each with its CUDA graphs captured for the engine's chunk sizes, so starting a
-// stream allocates and captures nothing; a stream takes one for its whole utterance and the
+// Like the generator pool, BackendOptions::states decoders are created up front (the engine asks
+// for max_streams), each with its CUDA graphs captured for BackendOptions::chunk_sizes, so
+// starting a stream allocates and captures nothing; a stream takes one for its whole utterance and the
 // lease resets it (one memset) and gives it back when the utterance is destroyed. More streams
 // at once than states make a new one on demand, which is kept.
 //
@@ -20,18 +20,15 @@
 
 namespace qtts::cuda {
 
-struct GpuDecoderPoolOptions {
-    int states = 1;                        // decoders created up front (>= 1)
-    GpuSpeechDecoderWeightOptions weights;  // RoPE table override (golden reproduction)
-    GpuSpeechDecoderOptions decoder;       // chunk limit, graph sizes, graphs on/off
-};
-
 class GpuDecoderPool : public std::enable_shared_from_this<GpuDecoderPool> {
 public:
-    // Uploads the decoder weights to the backend's device and creates options.states decoders,
-    // on the calling thread (which must own the backend's context).
+    // Uploads the decoder weights to the backend's device and creates the decoders up front, on
+    // the calling thread (which must own the backend's context): options.states of them, or one
+    // with fused chunks (each generator state then takes its own from state_take() as it is
+    // made, so the generator pool's free-memory check sees both). Graphs (options.cuda_graphs)
+    // for each of options.chunk_sizes. `options` was validated where it entered.
     static std::shared_ptr<GpuDecoderPool> create(std::shared_ptr<GpuGeneratorPool> backend, const Checkpoint& checkpoint,
-                                                  const GpuDecoderPoolOptions& options);
+                                                  const BackendOptions& options);
     ~GpuDecoderPool();
     GpuDecoderPool(const GpuDecoderPool&) = delete;
     GpuDecoderPool& operator=(const GpuDecoderPool&) = delete;
@@ -49,12 +46,13 @@ public:
 
 private:
     friend class GpuDecoderLease;
-    GpuDecoderPool(std::shared_ptr<GpuGeneratorPool> backend, const GpuDecoderPoolOptions& options);
+    GpuDecoderPool(std::shared_ptr<GpuGeneratorPool> backend, const BackendOptions& options);
     std::unique_ptr<GpuSpeechDecoder> state_new();
     void state_release(std::unique_ptr<GpuSpeechDecoder> state);  // from a finished utterance
 
     std::shared_ptr<GpuGeneratorPool> backend_;  // first member: its context outlives the decoders
-    GpuDecoderPoolOptions options_;
+    GpuSpeechDecoderOptions decoder_options_;  // from the BackendOptions, for every state
+    int states_ = 1;                          // made up front
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     std::vector<std::unique_ptr<GpuSpeechDecoder>> idle_;
     int created_ = 0;

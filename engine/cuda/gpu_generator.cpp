@@ -19,18 +19,29 @@ GpuGenerationSetup setup_from(const GenerationParams& params, uint64_t seed) {
     s.min_new_tokens = params.min_new_tokens;
     return s;
 }
+
+GpuLmOptions lm_options(const BackendOptions& options) {
+    GpuLmOptions lm;
+    lm.max_context = options.max_context;
+    if (options.prefill_chunk > 0) lm.prefill_chunk = options.prefill_chunk;
+    return lm;
+}
 }  // namespace
 
 GpuGenerator::GpuGenerator(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context,
-                           GpuGeneratorOptions options)
+                           const BackendOptions& options)
     : context_(context),
-      options_(std::move(options)),
-      lm_(std::move(weights), context, options_.lm),
-      graphs_(lm_, options_.graphs) {
+      chunk_sizes_(options.chunk_sizes),
+      fused_chunks_(options.fused_chunks),
+      lm_(std::move(weights), context, lm_options(options)),
+      graphs_(lm_, options.cuda_graphs) {
+    QTTS_ASSERT(!chunk_sizes_.empty());
     if (lm_.weights().num_code_groups > MAX_CODE_GROUPS)
         fail(ErrorCode::ERROR_UNSUPPORTED, "num_code_groups {} is not supported", lm_.weights().num_code_groups);
-    chunk_frames_set(options_.first_chunk_frames, options_.chunk_frames);
     host_codes_.assign(size_t(lm_.code_capacity()) * k::SAMPLE_MAX_GROUPS, -1);
+    // Pinned room for the largest configured chunk (+ the row after it); a larger one grows it.
+    const int largest = *std::max_element(chunk_sizes_.begin(), chunk_sizes_.end());
+    chunk_codes_ = PinnedArray<int32_t>(size_t(largest + 1) * k::SAMPLE_MAX_GROUPS);
     eos_id_ = lm_.weights().config().talker.codec_eos_id;
     // One eager step first: it warms up every kernel (and any lazy set-up) outside a capture;
     // the device state it leaves behind is reset by start().
@@ -39,17 +50,7 @@ GpuGenerator::GpuGenerator(std::shared_ptr<const GpuLmWeights> weights, GpuConte
         lm_.frame_step_enqueue();
     }
     context_.synchronize();
-    graphs_.capture(options_.graph_frames);
-}
-
-void GpuGenerator::chunk_frames_set(int first, int steady) {
-    if (first < 1 || steady < 1)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk sizes must be >= 1 frame (got {} and {})", first, steady);
-    options_.first_chunk_frames = first;
-    options_.chunk_frames = steady;
-    const size_t largest = size_t(std::max(first, steady)) + 1;
-    if (chunk_codes_.size() < largest * k::SAMPLE_MAX_GROUPS)
-        chunk_codes_ = PinnedArray<int32_t>(largest * k::SAMPLE_MAX_GROUPS);
+    graphs_.capture(chunk_sizes_);
 }
 
 void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens, bool text_closed) {
@@ -61,10 +62,6 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
     computed_ = 0;
     done_ = false;
     stop_reason_ = StopReason::STOP_NONE;
-    // The audio of emitted frames stays until taken (the next segment continues the stream).
-    // Decoded frames that were never emitted only exist after a restart before DONE (chunks end at
-    // the frame limit and only the frames before a stop are decoded): dropped.
-    audio_.resize(audio_emitted_);
     frame_limit_update();
     started_ = true;
 }
@@ -117,23 +114,17 @@ void GpuGenerator::text_close() {
 
 void GpuGenerator::decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder) {
     context_.guard().check("GpuGenerator::decoder_attach");
-    if (!decoder) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "decoder_attach: no decoder");
-    if (&decoder->context() != &context_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "decoder_attach: the decoder belongs to another GPU context");
+    QTTS_ASSERT(decoder && &decoder->context() == &context_);
     fused_.reset();
     decoder_ = std::move(decoder);
-    audio_.clear();
-    audio_emitted_ = 0;
-    if (options_.fused_chunks && graphs_.enabled() && !fused_chunks_disabled_by_env())
-        fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, options_.graph_frames);
-    else if (options_.fused_chunks && graphs_.enabled())
+    if (fused_chunks_ && graphs_.enabled() && !fused_chunks_disabled_by_env())
+        fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, chunk_sizes_);
+    else if (fused_chunks_ && graphs_.enabled())
         QTTS_LOG_INFO("fused chunks disabled by QTTS_NO_FUSED_CHUNKS: LM and decoder replay separately");
 }
 
 void GpuGenerator::decoder_reset() {
     if (decoder_) decoder_->reset();
-    audio_.clear();
-    audio_emitted_ = 0;
 }
 
 std::vector<int> GpuGenerator::fused_sizes() const {
@@ -143,14 +134,7 @@ std::vector<int> GpuGenerator::fused_sizes() const {
     return sizes;
 }
 
-void GpuGenerator::audio_take(std::vector<float>* pcm) {
-    if (!pcm) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "audio_take: pcm is null");
-    pcm->insert(pcm->end(), audio_.begin(), audio_.begin() + long(audio_emitted_));
-    audio_.erase(audio_.begin(), audio_.begin() + long(audio_emitted_));
-    audio_emitted_ = 0;
-}
-
-void GpuGenerator::chunk_run(int frames) {
+bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     const int first = computed_;
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
     int32_t* dst = host_codes_.data() + size_t(first) * k::SAMPLE_MAX_GROUPS;
@@ -160,43 +144,36 @@ void GpuGenerator::chunk_run(int frames) {
         std::memcpy(dst, fused_->codes(), rows * sizeof(int32_t));
         computed_ += frames;
         if (decoded)
-            audio_.insert(audio_.end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
-        else
-            chunk_decode(first, frames);
-        return;
+            pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
+        return decoded;
     }
     graphs_.run(frames);
-    // One copy per chunk: the chunk's frames and codebook 0 of the frame after it.
+    // One copy per chunk: the chunk's frames and codebook 0 of the frame after it. A size larger
+    // than any configured one (a caller off the engine's sizes) grows the pinned buffer once.
+    if (chunk_codes_.size() < rows) chunk_codes_ = PinnedArray<int32_t>(rows);
     lm_.codes_read_async(first, frames + 1, chunk_codes_.get());
     context_.synchronize();
     std::memcpy(dst, chunk_codes_.get(), rows * sizeof(int32_t));
     computed_ += frames;
-    if (decoder_) chunk_decode(first, frames);
+    return false;
 }
 
-void GpuGenerator::chunk_decode(int first, int frames) {
-    // Only the frames next_frame() will emit: those before an end-of-speech row. (A frame past
-    // the frame limit is never computed: chunks stop at the limit.)
+void GpuGenerator::frames_decode(int first, int frames, std::vector<float>* pcm) {
+    if (frames == 0) return;
     const int nq = decoder_->config().num_quantizers;
-    int valid = 0;
-    while (valid < frames && host_codes_[size_t(first + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
-    if (valid == 0) return;
-    decode_codes_.resize(size_t(valid) * nq);
-    for (int f = 0; f < valid; ++f)
+    decode_codes_.resize(size_t(frames) * nq);
+    for (int f = 0; f < frames; ++f)
         std::copy_n(host_codes_.data() + size_t(first + f) * k::SAMPLE_MAX_GROUPS, nq,
                     decode_codes_.begin() + long(f) * nq);
-    decoder_->decode(decode_codes_.data(), valid, &audio_);
+    decoder_->decode(decode_codes_.data(), frames, pcm);
 }
 
-FrameStatus GpuGenerator::next_frame(FrameCodes& codes) {
-    if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "next_frame before start()");
-    if (done_) return FrameStatus::FRAME_STATUS_DONE;
+bool GpuGenerator::stop_check() {
     const int f = frames_;
-    const int32_t* row = host_codes_.data() + size_t(f) * k::SAMPLE_MAX_GROUPS;
-    if (row[0] == eos_id_) {
+    if (host_codes_[size_t(f) * k::SAMPLE_MAX_GROUPS] == eos_id_) {
         done_ = true;
         stop_reason_ = StopReason::STOP_EOS;
-        return FrameStatus::FRAME_STATUS_DONE;
+        return true;
     }
     if (f >= frame_limit_) {
         done_ = true;
@@ -204,23 +181,47 @@ FrameStatus GpuGenerator::next_frame(FrameCodes& codes) {
         if (!limit_is_explicit_)
             QTTS_LOG_WARN("generation stopped by the frame budget after {} frames ({} text tokens): no end-of-speech",
                           f, text_tokens_);
-        return FrameStatus::FRAME_STATUS_DONE;
+        return true;
     }
-    if (f >= computed_) {
-        int chunk = computed_ == 0 ? options_.first_chunk_frames : options_.chunk_frames;
-        chunk = std::min(chunk, frame_limit_ - computed_);
-        if (!text_closed_) {
-            chunk = std::min(chunk, lm_.trailing_rows() - computed_);
-            if (chunk <= 0) return FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT;
-        }
-        chunk_run(chunk);
+    return false;
+}
+
+ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) {
+    if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk before start()");
+    QTTS_ASSERT(frames >= 1 && codes && (pcm || !decoder_));
+    if (done_) return ChunkStatus::CHUNK_STATUS_DONE;
+    // Nothing is computed past a chunk: every computed frame was emitted.
+    QTTS_ASSERT(frames_ == computed_);
+    if (stop_check()) return ChunkStatus::CHUNK_STATUS_DONE;
+    // Exactly the frames asked for, unless the frame limit or the text track ends sooner.
+    int n = std::min(frames, frame_limit_ - computed_);
+    if (!text_closed_) {
+        n = std::min(n, lm_.trailing_rows() - computed_);
+        if (n <= 0) return ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT;
     }
+    const int first = computed_;
+    const bool decoded = chunk_compute(n, pcm);
+    // The frames before an end-of-speech row are emitted; any computed after it are dropped.
+    int valid = 0;
+    while (valid < n && host_codes_[size_t(first + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
+    QTTS_ASSERT(!decoded || valid == n);  // the fused replay only decodes a chunk without a stop
     const int groups = lm_.weights().num_code_groups;
-    codes.fill(0);
-    for (int g = 0; g < groups; ++g) codes[size_t(g)] = row[g];
-    ++frames_;
-    if (decoder_) audio_emitted_ += size_t(decoder_->samples_per_frame());
-    return FrameStatus::FRAME_STATUS_FRAME;
+    for (int f = 0; f < valid; ++f) {
+        const int32_t* row = host_codes_.data() + size_t(first + f) * k::SAMPLE_MAX_GROUPS;
+        FrameCodes c{};
+        for (int g = 0; g < groups; ++g) c[size_t(g)] = row[g];
+        codes->push_back(c);
+    }
+    if (decoder_ && !decoded) frames_decode(first, valid, pcm);
+    frames_ += valid;
+    if (valid < n) {
+        done_ = true;
+        stop_reason_ = StopReason::STOP_EOS;
+        return ChunkStatus::CHUNK_STATUS_DONE;
+    }
+    // A stop right after the chunk is known now (codebook 0 of the next frame came with it).
+    if (stop_check()) return ChunkStatus::CHUNK_STATUS_DONE;
+    return n < frames ? ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT : ChunkStatus::CHUNK_STATUS_FULL;
 }
 
 }  // namespace qtts::cuda

@@ -1,58 +1,55 @@
-// The frame-by-frame generation loop on the CUDA backend: the same interface and the same codes
-// as cpu::Generator (cpu/generator.h), so the two backends are interchangeable.
+// The generation loop on the CUDA backend: the same stop rules and the same codes as
+// cpu::Generator (cpu/generator.h), one chunk per call (engine/generation/chunk_generator.h).
 //
-// Frames are produced on the device in chunks: the first chunk is short (time to first audio),
-// later ones longer. A chunk is one replay of a frame graph (or eager steps when no graph has
-// that size), then ONE device-to-host copy of the chunk's codes and one sync; next_frame() then
-// hands the frames out one by one, applying the same stop rules as the CPU generator (EOS, frame
-// budget, max_frames). Frames computed past a stop are discarded.
+// chunk(K) computes exactly K frames (fewer only at the frame limit or where incremental text
+// runs dry): one replay of the K-frame graph when K is one of BackendOptions::chunk_sizes (eager
+// steps otherwise), then ONE device-to-host copy of the chunk's codes and one sync. There is no
+// chunk count of its own: the caller (the engine) picks every K, and nothing is computed past
+// the chunk, except frames after an end-of-speech token inside it, which are dropped.
 //
-// Audio (issue 7, "one chunk, one launch"): with a speech decoder attached (decoder_attach), the
-// generator also produces every emitted frame's samples, taken with audio_take(). A chunk whose
-// size has a fused graph (cuda/fused_chunks.h) is ONE replay: frame steps, the device-side
-// hand-off of the codes, the decoder under a graph condition, the copies; one sync. A chunk
-// that holds the end-of-speech token skips the decoder inside that replay, and only the frames
-// before the stop are then decoded (ordinary decoder call); chunk sizes without a fused graph
-// decode right after their codes arrive. Either way the decoder sees exactly the emitted frames,
-// in order, and continues across start() calls (the segments of one utterance).
+// Audio (issue 7, "one chunk, one launch"): with a speech decoder attached (decoder_attach),
+// chunk() also appends every emitted frame's samples. A chunk whose size has a fused graph
+// (cuda/fused_chunks.h) is ONE replay: frame steps, the device-side hand-off of the codes, the
+// decoder under a graph condition, the copies; one sync. A chunk that holds the end-of-speech
+// token skips the decoder inside that replay, and only the frames before the stop are then
+// decoded (ordinary decoder call); chunk sizes without a fused graph decode right after their
+// codes arrive. Either way the decoder sees exactly the emitted frames, in order, and continues
+// across start() calls (the segments of one utterance). Without a decoder, chunk() gives codes
+// only and the caller decodes (cuda/gpu_generator_pool.cpp).
 //
 // Streaming text: the talker step of frame k needs text-track row k while the text is open, so
-// next_frame() returns FRAME_STATUS_WAITING_FOR_TEXT one frame earlier than the CPU generator
-// does (the codes are the same).
+// chunk() reports WAITING_FOR_TEXT one frame earlier than the CPU generator does (the codes are
+// the same).
+// Threading: the owner thread of the context.
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "engine/cpu/generator.h"
+#include "engine/api/qtts.h"
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/fused_chunks.h"
 #include "engine/cuda/gpu_lm.h"
 #include "engine/cuda/gpu_speech_decoder.h"
+#include "engine/generation/chunk_generator.h"
+#include "engine/generation/frame.h"
 
 namespace qtts::cuda {
 
-struct GpuGeneratorOptions {
-    GpuLmOptions lm;
-    int first_chunk_frames = 1;   // frames of the first chunk (time to first audio)
-    int chunk_frames = 4;         // frames per chunk afterwards
-    bool graphs = true;           // CUDA graphs (also off when QTTS_NO_CUDA_GRAPHS is set)
-    std::vector<int> graph_frames = {1, 4};  // frame counts that get a captured graph
-    // With a decoder attached: one fused graph per graph_frames size (graphs on, and
-    // QTTS_NO_FUSED_CHUNKS unset); false keeps separate LM and decoder replays.
-    bool fused_chunks = true;
-};
-
 class GpuGenerator {
 public:
-    // Allocates the GPU state and captures the frame graphs (start-up cost, logged).
-    GpuGenerator(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, GpuGeneratorOptions options = {});
+    // Allocates the GPU state and captures one frame graph per options.chunk_sizes (when
+    // options.cuda_graphs; start-up cost, logged). Reads max_context, prefill_chunk,
+    // cuda_graphs, fused_chunks and chunk_sizes; `options` was validated where it entered (backend_options_validate).
+    GpuGenerator(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, const BackendOptions& options);
 
     void start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
                uint64_t seed, int text_tokens, bool text_closed = true);
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed);
 
-    FrameStatus next_frame(FrameCodes& codes);
+    // Up to `frames` (>= 1) frames: codes appended to *codes and, with a decoder attached, their
+    // samples to *pcm (untouched without one; may then be null). See ChunkGenerator::chunk.
+    ChunkStatus chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm);
 
     void text_append(const int32_t* ids, size_t n);
     void text_close();
@@ -63,18 +60,13 @@ public:
     int frame_limit() const { return frame_limit_; }
     int context_length() const { return prompt_length_ + frames_; }
 
-    void chunk_frames_set(int first, int steady);
-
     // ---- audio ---------------------------------------------------------------------------
     // Gives the generator its speech decoder (same GPU context; its graph sizes should include
-    // graph_frames) and captures the fused chunk graphs.
+    // the chunk sizes) and captures the fused chunk graphs.
     void decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder);
     GpuSpeechDecoder* decoder() { return decoder_.get(); }
-    // A new audio stream: the decoder back to position 0, held audio dropped (between utterances).
+    // A new audio stream: the decoder back to position 0 (between utterances).
     void decoder_reset();
-    // Appends the samples of every frame next_frame() returned since the last call (decoder
-    // attached; nothing otherwise).
-    void audio_take(std::vector<float>* pcm);
     // Chunk sizes replayed as one fused graph (empty without a decoder or with fusion off).
     std::vector<int> fused_sizes() const;
     bool graphs_enabled() const { return graphs_.enabled(); }
@@ -84,11 +76,13 @@ public:
 private:
     void begin(const GenerationParams& params, int L, int text_tokens, bool text_closed);
     void frame_limit_update();
-    void chunk_run(int frames);
-    void chunk_decode(int first, int frames);  // host codes -> audio_, frames before a stop only
+    bool stop_check();                                    // at frames_: end-of-speech or frame limit
+    bool chunk_compute(int frames, std::vector<float>* pcm);  // true: the fused replay decoded them
+    void frames_decode(int first, int frames, std::vector<float>* pcm);  // host codes -> decoder
 
     GpuContext& context_;
-    GpuGeneratorOptions options_;
+    const std::vector<int> chunk_sizes_;  // sizes with captured graphs (BackendOptions::chunk_sizes)
+    const bool fused_chunks_;             // BackendOptions::fused_chunks
     GpuLm lm_;
     FrameGraphs graphs_;
     GenerationParams params_;
@@ -98,18 +92,16 @@ private:
     bool text_closed_ = true;
     bool started_ = false;
     bool done_ = false;
-    int frames_ = 0;    // frames emitted
+    int frames_ = 0;    // frames emitted (== frames computed, but for those dropped after an end-of-speech)
     int computed_ = 0;  // frames whose 16 codes are on the host (codebook 0 of frame computed_ too)
     int frame_limit_ = 0;
     bool limit_is_explicit_ = false;
     StopReason stop_reason_ = StopReason::STOP_NONE;
     std::vector<int32_t> host_codes_;  // [code_capacity, 16]
-    PinnedArray<int32_t> chunk_codes_; // [max chunk + 1, 16]
+    PinnedArray<int32_t> chunk_codes_; // [largest chunk so far + 1, 16]
 
     std::unique_ptr<GpuSpeechDecoder> decoder_;  // before fused_, which refers to it
     std::unique_ptr<FusedChunkGraphs> fused_;
-    std::vector<float> audio_;     // decoded samples not yet taken, in frame order
-    size_t audio_emitted_ = 0;     // leading samples of audio_ that belong to emitted frames
     std::vector<int32_t> decode_codes_;  // [frames, nq] packed for the decoder
 };
 

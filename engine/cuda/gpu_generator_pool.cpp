@@ -8,46 +8,49 @@
 
 namespace qtts::cuda {
 
-// One utterance's lease on a pooled state: forwards to the GpuGenerator and gives the state back
-// to the pool when the utterance is destroyed.
-class GpuFrameGenerator final : public FrameGenerator {
+// One utterance's lease on a pooled state: drives the GpuGenerator, decodes its chunks when the
+// state has no decoder of its own, and gives the state back to the pool when the utterance is
+// destroyed (the decoder lease, if any, goes back to its own pool right after).
+class GpuChunkGenerator final : public ChunkGenerator {
 public:
-    GpuFrameGenerator(std::shared_ptr<GpuGeneratorPool> pool, std::unique_ptr<GpuGenerator> state)
-        : pool_(std::move(pool)), state_(std::move(state)) {}
-    ~GpuFrameGenerator() override { pool_->state_release(std::move(state_)); }
-    GpuFrameGenerator(const GpuFrameGenerator&) = delete;
-    GpuFrameGenerator& operator=(const GpuFrameGenerator&) = delete;
+    GpuChunkGenerator(std::shared_ptr<GpuGeneratorPool> pool, std::unique_ptr<GpuGenerator> state,
+                      std::unique_ptr<DecoderStream> decoder)
+        : pool_(std::move(pool)), state_(std::move(state)), decoder_(std::move(decoder)) {
+        // Exactly one decoder: the state's own (fused chunks) or the one handed over.
+        QTTS_ASSERT((state_->decoder() != nullptr) != (decoder_ != nullptr));
+    }
+    ~GpuChunkGenerator() override { pool_->state_release(std::move(state_)); }
+    GpuChunkGenerator(const GpuChunkGenerator&) = delete;
+    GpuChunkGenerator& operator=(const GpuChunkGenerator&) = delete;
 
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
         state_->start(prompt, params, seed);
     }
-    FrameStatus next_frame(FrameCodes& codes) override { return state_->next_frame(codes); }
+    ChunkStatus chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) override {
+        QTTS_ASSERT(codes && pcm);
+        const size_t before = codes->size();
+        const ChunkStatus status = state_->chunk(frames, codes, pcm);
+        if (decoder_) decoder_->frames_decode(codes->data() + before, int(codes->size() - before), pcm);
+        return status;
+    }
     void text_append(const int32_t* ids, size_t n) override { state_->text_append(ids, n); }
     void text_close() override { state_->text_close(); }
     StopReason stop_reason() const override { return state_->stop_reason(); }
     int frames_emitted() const override { return state_->frames_emitted(); }
-    DecoderStream* decoder() override { return state_->decoder() ? &decoder_view_ : nullptr; }
-    void audio_take(std::vector<float>* pcm) override { state_->audio_take(pcm); }
+    void reference_decode(const int32_t* codes, int frames) override {
+        std::vector<float> discarded;
+        discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);
+        if (decoder_) decoder_->decode(codes, frames, &discarded);
+        else state_->decoder()->decode(codes, frames, &discarded);
+    }
 
 private:
-    // The state's own decoder as a DecoderStream (the cloning warm-up decodes through it).
-    class DecoderView final : public DecoderStream {
-    public:
-        explicit DecoderView(GpuGenerator& state) : state_(state) {}
-        void decode(const int32_t* codes, int n, std::vector<float>* pcm) override {
-            state_.decoder()->decode(codes, n, pcm);
-        }
-
-    private:
-        GpuGenerator& state_;
-    };
-
     std::shared_ptr<GpuGeneratorPool> pool_;  // keeps the context alive while the state exists
     std::unique_ptr<GpuGenerator> state_;
-    DecoderView decoder_view_{*state_};
+    std::unique_ptr<DecoderStream> decoder_;  // null when the state decodes its own frames
 };
 
-GpuGeneratorPool::GpuGeneratorPool(const GpuRuntimeOptions& options) : options_(options) {}
+GpuGeneratorPool::GpuGeneratorPool(const BackendOptions& options) : options_(options) {}
 
 GpuGeneratorPool::~GpuGeneratorPool() {
     // Idle states go before the weights and the context (member order), on whatever thread drops
@@ -56,14 +59,11 @@ GpuGeneratorPool::~GpuGeneratorPool() {
 }
 
 std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const Checkpoint> checkpoint,
-                                                           const GpuRuntimeOptions& options) {
-    if (options.states < 1)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the CUDA backend needs at least one generator state (got {})",
-             options.states);
+                                                           const BackendOptions& options) {
     std::shared_ptr<GpuGeneratorPool> pool(new GpuGeneratorPool(options));
     pool->context_ = std::make_unique<GpuContext>(options.device);
     pool->weights_ = GpuLmWeights::upload(std::move(checkpoint), options.device);
-    pool->states_grow(options.states);
+    pool->states_grow(1);
     return pool;
 }
 
@@ -78,14 +78,14 @@ void GpuGeneratorPool::states_grow(int total) {
             fail(ErrorCode::ERROR_CUDA,
                  "GPU {} has room for {} concurrent stream(s) ({:.0f} MB each with a {}-position context, {:.0f} MB "
                  "free), not {}: lower the stream count (--max-streams {}) or the context",
-                 options_.device, created_, per_state / 1e6, options_.generator.lm.max_context, free_before / 1e6, total,
+                 options_.device, created_, per_state / 1e6, options_.max_context, free_before / 1e6, total,
                  created_);
         idle_.push_back(state_new());
         const size_t free_after = device_free_bytes();
         per_state = free_before > free_after ? free_before - free_after : state_bytes_;
     }
     QTTS_LOG_INFO("CUDA backend on device {}: {} generator state(s) of {:.1f} MB (context {} positions), graphs {}",
-                  options_.device, created_, per_state / 1e6, options_.generator.lm.max_context,
+                  options_.device, created_, per_state / 1e6, options_.max_context,
                   graphs_enabled_ ? "on" : "off");
 }
 
@@ -98,7 +98,7 @@ void GpuGeneratorPool::decoders_attach(const DecoderFactory& make) {
 }
 
 std::unique_ptr<GpuGenerator> GpuGeneratorPool::state_new() {
-    auto state = std::make_unique<GpuGenerator>(weights_, *context_, options_.generator);
+    auto state = std::make_unique<GpuGenerator>(weights_, *context_, options_);
     if (decoder_factory_) state->decoder_attach(decoder_factory_());
     graphs_enabled_ = state->graphs_enabled();
     state_bytes_ = state->lm().state_bytes();
@@ -106,7 +106,7 @@ std::unique_ptr<GpuGenerator> GpuGeneratorPool::state_new() {
     return state;
 }
 
-std::unique_ptr<FrameGenerator> GpuGeneratorPool::acquire() {
+std::unique_ptr<ChunkGenerator> GpuGeneratorPool::acquire(std::unique_ptr<DecoderStream> decoder) {
     context_->guard().check("GpuGeneratorPool::acquire");
     std::unique_ptr<GpuGenerator> state;
     if (!idle_.empty()) {
@@ -117,7 +117,7 @@ std::unique_ptr<FrameGenerator> GpuGeneratorPool::acquire() {
         state = state_new();
         QTTS_LOG_INFO("CUDA backend: all {} generator states busy, created one more", created_ - 1);
     }
-    return std::make_unique<GpuFrameGenerator>(shared_from_this(), std::move(state));
+    return std::make_unique<GpuChunkGenerator>(shared_from_this(), std::move(state), std::move(decoder));
 }
 
 void GpuGeneratorPool::state_release(std::unique_ptr<GpuGenerator> state) {

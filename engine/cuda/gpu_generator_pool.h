@@ -5,9 +5,14 @@
 // graphs (~1 GB for the 1.7B talker at a 4096-position context, mostly the fp32 KV cache). A
 // stream takes a state for its whole utterance and gives it back when the utterance is destroyed;
 // the next stream reuses it (GpuGenerator::start resets everything an utterance depends on).
-// `states` of them are created up front (the engine asks for max_streams, so starting a stream
-// never allocates or captures graphs on the engine thread while other streams are speaking);
-// when more are in use at once than were created, a new one is made on demand and kept.
+// BackendOptions::states of them are created up front (the engine asks for max_streams, so
+// starting a stream never allocates or captures graphs on the engine thread while other streams
+// are speaking); when more are in use at once than were created, a new one is made on demand
+// and kept.
+//
+// acquire() hands out a ChunkGenerator (engine/generation/chunk_generator.h) that owns its
+// decoder: the state's own GPU decoder (fused chunks, decoders_attach), else the DecoderStream
+// the caller passes (a GPU decoder lease, or the CPU decoder with gpu_decoder = false).
 //
 // Threading: the pool and every state belong to the thread that created the pool (the engine
 // thread); acquire() and the generators check the context's owner guard.
@@ -17,24 +22,22 @@
 #include <memory>
 #include <vector>
 
+#include "engine/api/qtts.h"
 #include "engine/cuda/gpu_generator.h"
-#include "engine/generation/frame_generator.h"
+#include "engine/generation/chunk_generator.h"
+#include "engine/generation/decoder_stream.h"
 
 namespace qtts::cuda {
 
-struct GpuRuntimeOptions {
-    int device = 0;
-    int states = 1;               // generator states created up front (>= 1)
-    GpuGeneratorOptions generator;
-};
-
 class GpuGeneratorPool : public std::enable_shared_from_this<GpuGeneratorPool> {
 public:
-    // Opens the device on the calling thread (which becomes the owner), uploads the weights and
-    // creates options.states generator states. Throws qtts::Error (ERROR_CUDA, out of memory, ...)
-    // with the device's message.
+    // Opens options.device on the calling thread (which becomes the owner), uploads the weights
+    // and creates ONE generator state (states_grow makes the rest, once decoders are attached, so
+    // each is measured whole). Keeps its own copy of `options` (validated by the caller,
+    // backend_options_validate) and hands it to every state by const reference. Throws
+    // qtts::Error (ERROR_CUDA, out of memory, ...) with the device's message.
     static std::shared_ptr<GpuGeneratorPool> create(std::shared_ptr<const Checkpoint> checkpoint,
-                                                    const GpuRuntimeOptions& options);
+                                                    const BackendOptions& options);
     ~GpuGeneratorPool();
     GpuGeneratorPool(const GpuGeneratorPool&) = delete;
     GpuGeneratorPool& operator=(const GpuGeneratorPool&) = delete;
@@ -44,8 +47,10 @@ public:
     // plus a margin for graph and library growth); when it has not, it throws ERROR_CUDA naming
     // how many concurrent streams fit, instead of failing in the middle of an allocation.
     void states_grow(int total);
-    // A generator for one utterance (owner thread only): an idle state, else a new one.
-    std::unique_ptr<FrameGenerator> acquire();
+    // A generator for one utterance (owner thread only): an idle state, else a new one. `decoder`
+    // decodes its chunks when the states have no decoder of their own (decoders_attached()
+    // false; it must then be given) and is dropped with the generator.
+    std::unique_ptr<ChunkGenerator> acquire(std::unique_ptr<DecoderStream> decoder);
 
     GpuContext& context() { return *context_; }
     const GpuLmWeights& weights() const { return *weights_; }
@@ -68,12 +73,12 @@ public:
     void owner_adopt();
 
 private:
-    friend class GpuFrameGenerator;
-    explicit GpuGeneratorPool(const GpuRuntimeOptions& options);
+    friend class GpuChunkGenerator;
+    explicit GpuGeneratorPool(const BackendOptions& options);
     std::unique_ptr<GpuGenerator> state_new();
     void state_release(std::unique_ptr<GpuGenerator> state);  // from a finished utterance
 
-    GpuRuntimeOptions options_;
+    const BackendOptions options_;
     std::unique_ptr<GpuContext> context_;  // first member: destroyed after everything built on it
     std::shared_ptr<const GpuLmWeights> weights_;
     std::vector<std::unique_ptr<GpuGenerator>> idle_;

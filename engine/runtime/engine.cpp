@@ -355,21 +355,15 @@ struct Engine::Impl {
 Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     impl_->options = options;
     if (options.max_streams < 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_streams must be >= 1");
-    if (options.first_chunk_frames < 1 || options.chunk_frames < 1)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk sizes must be >= 1 frame");
     const std::string dir = options.model_dir.empty() ? default_model_dir() : options.model_dir;
-    SpeechModelOptions mo;
-    mo.backend = options.backend;
-    mo.device = options.device;
-    mo.cuda_graphs = options.cuda_graphs;
-    mo.gpu_decoder = options.gpu_decoder;
-    mo.fused_chunks = options.fused_chunks;
-    mo.warm_up = options.warm_up;
+    BackendOptions mo = options.backend;
     // CUDA: one generator state (KV caches, graphs) per admitted stream, all made at load, so a
     // new stream never allocates or captures on the engine thread while others are speaking.
-    mo.gpu_states = options.max_streams;
-    mo.first_chunk_frames = options.first_chunk_frames;
-    mo.chunk_frames = options.chunk_frames;
+    mo.states = options.max_streams;
+    // The engine alone picks chunk sizes (service()); the backend captures a graph for each.
+    mo.chunk_sizes = {options.first_chunk_frames};
+    if (options.chunk_frames != options.first_chunk_frames) mo.chunk_sizes.push_back(options.chunk_frames);
+    backend_options_validate(mo);  // here, on the caller's thread, before the engine thread starts
     // The engine thread loads (and so owns) the model: GPU buffers and graphs are created there.
     std::promise<void> loaded;
     auto loaded_future = loaded.get_future();

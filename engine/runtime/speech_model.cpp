@@ -1,5 +1,5 @@
 #include "engine/runtime/speech_model.h"
-#include "engine/cpu/cpu_frame_generator.h"
+#include "engine/cpu/cpu_chunk_generator.h"
 #include "engine/runtime/utterance.h"
 
 #include <algorithm>
@@ -26,14 +26,17 @@ std::string lower(std::string s) {
     return s;
 }
 
-// CUDA warm-up (SpeechModelOptions::warm_up). Graphs are per generator state, so every state
+// CUDA warm-up (BackendOptions::warm_up). Graphs are per generator state, so every state
 // speaks a short sentence, all leased at once (so each is taken, not one again and again): one
-// first chunk and one steady chunk, which replays each chunk graph with its decoder. Kernels and
-// library code are loaded per process on first launch, and which ones run depends on the prompt
-// length (prefill GEMM shapes) and the text layout, so one state also sweeps prompt lengths and
-// speaks in the streaming layout. Sampled, as requests are (a fixed seed).
-void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, int first_chunk, int chunk) {
+// chunk of each configured size in order (the engine's first chunk, then a steady one), which
+// replays each chunk graph with its decoder. Kernels and library code are loaded per process on
+// first launch, and which ones run depends on the prompt length (prefill GEMM shapes) and the
+// text layout, so one state also sweeps prompt lengths and speaks in the streaming layout.
+// Sampled, as requests are (a fixed seed).
+void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model) {
     const auto t0 = std::chrono::steady_clock::now();
+    const BackendOptions& options = model->backend_options();
+    const std::vector<int>& sizes = options.chunk_sizes;
     const ModelConfig& config = model->checkpoint().config;
     PreparedSpeech prepared;
     prepared.base.language = "auto";
@@ -43,20 +46,21 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
         prepared.base.x_vector.assign(size_t(config.talker.hidden_size), 0.0f);
     prepared.params = generation_params_from_config(model->checkpoint().generation);
     prepared.seed = 1;
-    prepared.max_frames = first_chunk + chunk;
+    prepared.max_frames = 0;
+    for (const int n : sizes) prepared.max_frames += n;
     std::vector<float> pcm;
     std::vector<FrameCodes> codes;
     int64_t frames = 0;
     const auto speak = [&](Utterance& utterance) {
-        if (utterance.chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
-            utterance.chunk(chunk, &pcm, &codes);
+        for (const int n : sizes)
+            if (utterance.chunk(n, &pcm, &codes) != UtteranceStatus::UTTERANCE_CHUNK) break;
         frames += utterance.frames();
     };
 
     PreparedSpeech short_text = prepared;
     short_text.segments.push_back(model->assistant_ids("Warming up."));
     std::vector<std::unique_ptr<Utterance>> leased;
-    for (int i = 0; i < states; ++i) leased.push_back(std::make_unique<Utterance>(model, short_text));
+    for (int i = 0; i < options.states; ++i) leased.push_back(std::make_unique<Utterance>(model, short_text));
     for (auto& utterance : leased) speak(*utterance);
     leased.clear();  // the states go back to the pool
 
@@ -69,7 +73,7 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
         PreparedSpeech sized = prepared;
         sized.segments.push_back(model->assistant_ids(text));
         Utterance utterance(model, sized);
-        if (utterance.chunk(first_chunk, &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
+        if (utterance.chunk(sizes.front(), &pcm, &codes) == UtteranceStatus::UTTERANCE_CHUNK)
             frames += utterance.frames();
     }
     PreparedSpeech streaming = prepared;
@@ -78,10 +82,24 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
     Utterance utterance(model, streaming);
     speak(utterance);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    QTTS_LOG_INFO("warm-up: {} generator state(s), {} frames, {:.0f} ms", states, frames, ms);
+    QTTS_LOG_INFO("warm-up: {} generator state(s), {} frames, {:.0f} ms", options.states, frames, ms);
 }
 
 }  // namespace
+
+void backend_options_validate(const BackendOptions& options) {
+    // The name (and device) are checked by lm_backend_choose, which knows what this build can run.
+    if (options.states < 1)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the backend needs at least one stream state (got {})", options.states);
+    if (options.max_context < 1)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_context must be >= 1 position (got {})", options.max_context);
+    if (options.prefill_chunk < 0 || options.prefill_chunk > 1024)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "prefill_chunk must be 1..1024 rows, or 0 (got {})", options.prefill_chunk);
+    if (options.chunk_sizes.empty())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk_sizes must name at least one chunk size");
+    for (const int n : options.chunk_sizes)
+        if (n < 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk sizes must be >= 1 frame (got {})", n);
+}
 
 // ---------------------------------------------------------------------------------------------
 // SpeechModel
@@ -90,43 +108,23 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model, int states, in
 SpeechModel::SpeechModel(std::shared_ptr<const Checkpoint> ckpt, Tokenizer tok)
     : checkpoint_(std::move(ckpt)), tokenizer_(std::move(tok)) {}
 
-std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_dir, const SpeechModelOptions& options) {
+std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_dir, const BackendOptions& options) {
+    backend_options_validate(options);
     // The backend first: a bad name or `cuda` without a usable GPU fails before any loading.
-    const LmBackendChoice choice = lm_backend_choose(options.backend, options.device);
+    const LmBackendChoice choice = lm_backend_choose(options.name, options.device);
     auto ckpt = checkpoint_load(model_dir);
     Tokenizer tok = Tokenizer::load(model_dir);
     std::shared_ptr<SpeechModel> model(new SpeechModel(ckpt, std::move(tok)));
     model->backend_ = choice;
+    model->options_ = options;
+    const BackendOptions& opts = model->options_;
     if (choice.backend == LmBackend::LM_BACKEND_CUDA) {
 #ifdef QTTS_HAVE_CUDA
-        if (options.first_chunk_frames < 1 || options.chunk_frames < 1 || options.gpu_states < 1)
-            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk sizes and gpu_states must be >= 1 (got {}, {}, {})",
-                 options.first_chunk_frames, options.chunk_frames, options.gpu_states);
-        cuda::GpuRuntimeOptions gpu;
-        gpu.device = choice.device;
-        gpu.states = 1;  // the rest once the first has its decoder, so each is measured whole (states_grow)
-        gpu.generator.lm.max_context = options.gpu_max_context;
-        gpu.generator.graphs = options.cuda_graphs;
-        gpu.generator.first_chunk_frames = options.first_chunk_frames;
-        gpu.generator.chunk_frames = options.chunk_frames;
-        gpu.generator.graph_frames = {options.first_chunk_frames};
-        if (options.chunk_frames != options.first_chunk_frames) gpu.generator.graph_frames.push_back(options.chunk_frames);
-        model->gpu_ = cuda::GpuGeneratorPool::create(ckpt, gpu);
-        if (options.gpu_decoder) {
-            cuda::GpuDecoderPoolOptions dec;
-            // Fused chunks: each generator state takes its decoder as states_grow() makes it (so
-            // the free-memory check sees both); separate replays: a pool of decoders up front.
-            dec.states = options.fused_chunks ? 1 : options.gpu_states;
-            dec.decoder.cuda_graphs = options.cuda_graphs;
-            // Scratch for 8 frames (~66 MB at release size, vs ~205 MB for 25) per stream: the
-            // engine's chunks fit it and replay their graphs; longer calls (ICL reference codes,
-            // bigger chunks) are split into chunks of max_chunk_frames.
-            dec.decoder.max_chunk_frames = std::max({8, options.first_chunk_frames, options.chunk_frames});
-            dec.decoder.graph_chunk_sizes = {options.first_chunk_frames};
-            if (options.chunk_frames != options.first_chunk_frames)
-                dec.decoder.graph_chunk_sizes.push_back(options.chunk_frames);
-            model->gpu_decoder_ = cuda::GpuDecoderPool::create(model->gpu_, *ckpt, dec);
-            if (options.fused_chunks) {
+        // One state first; the rest once it has its decoder, so each is measured whole (states_grow).
+        model->gpu_ = cuda::GpuGeneratorPool::create(ckpt, opts);
+        if (opts.gpu_decoder) {
+            model->gpu_decoder_ = cuda::GpuDecoderPool::create(model->gpu_, *ckpt, opts);
+            if (opts.fused_chunks) {
                 // Each generator state gets a decoder of its own for good (fused chunk graphs are
                 // captured per pair); the decoder pool keeps the weights.
                 std::weak_ptr<cuda::GpuDecoderPool> pool = model->gpu_decoder_;
@@ -137,19 +135,18 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
                 });
             }
         }
-        model->gpu_->states_grow(options.gpu_states);
+        model->gpu_->states_grow(opts.states);
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
 #endif
-    } else if (options.lm_eager) {
+    } else if (opts.lm_eager) {
         model->lm_shared();  // convert now, not in the first request
     }
     // (An automatic fallback to the CPU was already logged, with its reason, by lm_backend_choose.)
-    if (!(options.backend == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
+    if (!(opts.name == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
         QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
     model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, cpu::CpuSpeechDecoderOptions{});
-    if (choice.backend == LmBackend::LM_BACKEND_CUDA && options.warm_up)
-        gpu_warm_up(model, options.gpu_states, options.first_chunk_frames, options.chunk_frames);
+    if (choice.backend == LmBackend::LM_BACKEND_CUDA && opts.warm_up) gpu_warm_up(model);
     return model;
 }
 
@@ -197,11 +194,19 @@ void SpeechModel::backend_fault_raise() const {
     fail(ErrorCode::ERROR_INTERNAL, "injected fault (test seam) on the {} backend", backend_name());
 }
 
-std::unique_ptr<FrameGenerator> SpeechModel::generator_new() const {
+std::unique_ptr<ChunkGenerator> SpeechModel::generator_new() const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_) return gpu_->acquire();
+    if (gpu_) {
+        // The state's own decoder (fused chunks), else a GPU decoder lease, else the CPU decoder.
+        std::unique_ptr<DecoderStream> decoder;
+        if (!gpu_->decoders_attached()) {
+            if (gpu_decoder_) decoder = gpu_decoder_->acquire();
+            else decoder = std::make_unique<CpuDecoderStream>(*decoder_);
+        }
+        return gpu_->acquire(std::move(decoder));
+    }
 #endif
-    return std::make_unique<CpuFrameGenerator>(lm_shared());
+    return std::make_unique<CpuChunkGenerator>(lm_shared(), *decoder_);
 }
 
 void SpeechModel::owner_adopt() const {
@@ -215,13 +220,6 @@ int SpeechModel::gpu_states_created() const {
     if (gpu_) return gpu_->states_created();
 #endif
     return 0;
-}
-
-std::unique_ptr<DecoderStream> SpeechModel::decoder_stream_new() const {
-#ifdef QTTS_HAVE_CUDA
-    if (gpu_decoder_ && !(gpu_ && gpu_->decoders_attached())) return gpu_decoder_->acquire();
-#endif
-    return nullptr;
 }
 
 int SpeechModel::gpu_decoder_states_created() const {

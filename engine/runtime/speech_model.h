@@ -7,14 +7,13 @@
 //   Utterance utt(model, std::move(prep));              // engine thread from here on
 //
 // Backends: the talker + code predictor run on the CPU reference or on CUDA (lm_backend.h picks;
-// SpeechModelOptions::backend). With CUDA the model opens the device and uploads the LM weights
-// once at load, on the loading thread, which then owns every GPU object (the engine loads on its
-// own thread). Each Utterance takes its own GPU generator state (KV caches) from the model's pool,
-// so concurrent streams never share state. The speech decoder runs on the GPU too (unless
-// SpeechModelOptions::gpu_decoder is false): its weights are uploaded once at load and each
-// Utterance takes a decoder state from a second pool (same size, graphs captured for the
-// model's chunk sizes), reset and returned when the utterance ends. On the CPU backend the CPU
-// decoder is used exactly as before.
+// BackendOptions::name, engine/api/qtts.h). With CUDA the model opens the device and uploads
+// the LM weights once at load, on the loading thread, which then owns every GPU object (the
+// engine loads on its own thread). Each Utterance takes its own ChunkGenerator from generator_new(): on CUDA a GPU
+// generator state (KV caches) from the model's pool, so concurrent streams never share state,
+// with its decoder: the state's own GPU decoder in fused chunk graphs, a GPU decoder state from
+// a second pool (fused_chunks false), or the CPU decoder (gpu_decoder false); all are reset and
+// returned when the utterance ends. On the CPU backend: cpu::Generator with the CPU decoder.
 #pragma once
 
 #include <array>
@@ -30,9 +29,8 @@
 #include "engine/cpu/speech_decoder.h"
 #include "engine/cpu/speech_encoder.h"
 #include "engine/model/weights.h"
-#include "engine/generation/decoder_stream.h"
 #include "engine/api/qtts.h"
-#include "engine/generation/frame_generator.h"
+#include "engine/generation/chunk_generator.h"
 #include "engine/runtime/engine_debug.h"
 #include "engine/runtime/lm_backend.h"
 #include "engine/generation/sampling.h"
@@ -49,30 +47,9 @@ class GpuDecoderPool;
 // The limits on one request (REQUEST_MAX_TEXT_BYTES, REQUEST_MAX_INSTRUCT_BYTES) are public:
 // engine/api/qtts.h, documented in docs/generation.md.
 
-struct SpeechModelOptions {
-    std::string backend = "auto";  // cpu, cuda, auto (CUDA when usable, else CPU with a logged reason)
-    int device = 0;                // CUDA device index
-    bool cuda_graphs = true;       // false (or QTTS_NO_CUDA_GRAPHS=1): eager GPU frame steps, same codes
-    // CUDA only:
-    int gpu_states = 1;            // per-stream generator states created at load (the engine: max_streams)
-    int first_chunk_frames = 1;    // frames the GPU computes per chunk (match the caller's chunking;
-    int chunk_frames = 4;          // these sizes also get captured graphs)
-    int gpu_max_context = 4096;    // talker positions (prompt + frames) per utterance on the GPU
-    // CPU backend: convert the talker + code predictor weights to fp32 at load (true) or when first
-    // needed (false: tools that only use the tokenizer or the cloning encoders, e.g. `qtts voice`).
-    bool lm_eager = true;
-    bool gpu_decoder = true;       // false: the CPU speech decoder on the CUDA backend (same audio to ~1e-6)
-    // GPU decoder: each generator state owns a decoder and a chunk of the configured sizes is one
-    // graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false (or
-    // QTTS_NO_FUSED_CHUNKS=1): separate LM and decoder replays. Same samples either way.
-    bool fused_chunks = true;
-    // CUDA: before load() returns, every generator state speaks a short greedy utterance (a
-    // first chunk and a steady chunk, so each captured graph and the decoder replay once, and the
-    // library handles, pinned buffers and lazy module loads are touched): the first real request
-    // then takes the warm path. Logged with its duration. false: a cold first request (benchmarks
-    // of the cold path). The CPU backend has nothing lazy to warm (weights are converted at load).
-    bool warm_up = true;
-};
+// Checks a backend configuration where it enters (SpeechModel::load, the Engine's constructor):
+// ERROR_INVALID_ARGUMENT naming the bad field. Code below these entry points asserts.
+void backend_options_validate(const BackendOptions& options);
 
 struct PreparedSpeech {
     PromptRequest base;                       // speaker, language, layout, instruct ids, voice
@@ -87,7 +64,7 @@ struct PreparedSpeech {
 
 class SpeechModel {
 public:
-    static std::shared_ptr<const SpeechModel> load(const std::string& model_dir, const SpeechModelOptions& options = {});
+    static std::shared_ptr<const SpeechModel> load(const std::string& model_dir, const BackendOptions& options = {});
 
     const Checkpoint& checkpoint() const { return *checkpoint_; }
     const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -104,9 +81,11 @@ public:
 
     LmBackend backend() const { return backend_.backend; }
     std::string backend_name() const;  // "cpu" or "cuda:N"
-    // A fresh frame generator on this model's backend, for one utterance. CUDA: a generator state
-    // from the pool (owner thread only), given back when the returned object is destroyed.
-    std::unique_ptr<FrameGenerator> generator_new() const;
+    // A fresh chunk generator on this model's backend, with its decoder, for one utterance. CUDA:
+    // a generator state from the pool and a decoder (owner thread only), given back when the
+    // returned object is destroyed.
+    std::unique_ptr<ChunkGenerator> generator_new() const;
+    const BackendOptions& backend_options() const { return options_; }
     // CUDA: hands every GPU object to the calling thread (load on one thread, generate on another).
     // No-op on the CPU backend.
     void owner_adopt() const;
@@ -119,10 +98,6 @@ public:
     [[noreturn]] void backend_fault_raise() const;
     // CUDA: generator states created so far (0 on the CPU backend).
     int gpu_states_created() const;
-    // A decoder stream for one utterance on the GPU (owner thread only; reset and given back
-    // when destroyed), or null when this model decodes on the CPU or its generators decode
-    // their own frames (fused chunks: FrameGenerator::decoder()).
-    std::unique_ptr<DecoderStream> decoder_stream_new() const;
     bool gpu_decoder() const { return gpu_decoder_ != nullptr; }
     // CUDA with the GPU decoder: decoder states created so far (0 otherwise).
     int gpu_decoder_states_created() const;
@@ -156,6 +131,7 @@ private:
     std::shared_ptr<const Checkpoint> checkpoint_;
     Tokenizer tokenizer_;
     LmBackendChoice backend_;
+    BackendOptions options_;  // as loaded (validated)
     mutable std::once_flag lm_once_;
     mutable std::shared_ptr<const cpu::LmWeights> lm_;  // set once under lm_once_
     std::shared_ptr<cuda::GpuGeneratorPool> gpu_;       // CUDA backend only

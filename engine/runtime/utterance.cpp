@@ -10,24 +10,11 @@ namespace qtts {
 
 
 Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared)
-    : model_(std::move(model)),
-      prepared_(std::move(prepared)),
-      generator_(model_->generator_new()),
-      gpu_decoder_(generator_->decoder() ? nullptr : model_->decoder_stream_new()) {
-    // The decoder in use: the generator's own (it decodes its frames), a GPU lease, or the CPU's.
-    DecoderStream* gpu_stream = generator_->decoder() ? generator_->decoder() : gpu_decoder_.get();
-    if (!gpu_stream) decoder_state_ = model_->decoder().state_new();
-    // In-context cloning: the reference codes are the decoder's left context, and their audio
-    // is not part of the output. Decoding them once into the streaming state (audio thrown
-    // away) makes every generated frame sound exactly as if decoded after the reference.
-    // Same on both decoders: the GPU state is warmed with the same codes in the same call.
+    : model_(std::move(model)), prepared_(std::move(prepared)), generator_(model_->generator_new()) {
+    // In-context cloning: the reference codes become the decoder's left context (audio discarded).
     const PromptRequest& base = prepared_.base;
-    if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * 16) {
-        std::vector<float> discarded;
-        discarded.reserve(size_t(base.ref_frames) * 1920);
-        if (gpu_stream) gpu_stream->decode(base.ref_codes.data(), base.ref_frames, &discarded);
-        else model_->decoder().decode(decoder_state_, base.ref_codes.data(), base.ref_frames, &discarded);
-    }
+    if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * MAX_CODE_GROUPS)
+        generator_->reference_decode(base.ref_codes.data(), base.ref_frames);
 }
 
 bool Utterance::segment_start() {
@@ -104,71 +91,46 @@ void Utterance::text_close() {
     }
 }
 
-void Utterance::frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm) {
-    // Fused chunks: the generator decoded these frames already (in the same replay).
-    if (generator_->decoder()) {
-        const size_t before = pcm->size();
-        generator_->audio_take(pcm);
-        const size_t expected = frames.size() * size_t(model_->decoder().samples_per_frame());
-        if (pcm->size() - before != expected)
-            fail(ErrorCode::ERROR_INTERNAL, "the generator's decoder returned {} samples for {} frames",
-                 pcm->size() - before, frames.size());
-        return;
-    }
-    // Otherwise the CUDA backend decodes with its pooled GPU decoder state (unless the model was
-    // loaded with gpu_decoder = false); the CPU backend with the CPU reference, as always.
-    codes_flat_.resize(frames.size() * 16);
-    for (size_t f = 0; f < frames.size(); ++f)
-        std::copy(frames[f].begin(), frames[f].end(), codes_flat_.begin() + long(f) * 16);
-    if (gpu_decoder_) gpu_decoder_->decode(codes_flat_.data(), int(frames.size()), pcm);
-    else model_->decoder().decode(decoder_state_, codes_flat_.data(), int(frames.size()), pcm);
-}
-
-UtteranceStatus Utterance::chunk(int max_frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {
+UtteranceStatus Utterance::chunk(int frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {
+    QTTS_ASSERT(frames >= 1 && pcm);
     if (done_) return UtteranceStatus::UTTERANCE_DONE;
-    frame_buf_.clear();
-    bool waiting = false;
-    while (int(frame_buf_.size()) < max_frames) {
+    // One backend call per chunk, at the size the engine picked. A segment (sentence) that ends
+    // inside the chunk ends the chunk there, shorter, and the next segment starts with the next
+    // chunk: asking the backend for the odd remainder would step outside the sizes it captured
+    // graphs for (BackendOptions::chunk_sizes; docs/engine.md, "Chunks"). Only a segment that
+    // ends with no frame in this call hands the same chunk on to the next segment.
+    for (;;) {
         if (!generating_) {
             const bool started = prepared_.incremental ? (next_segment_ == 0 && incremental_start()) : segment_start();
             if (!started) {
-                if (prepared_.incremental && next_segment_ == 0 && !text_closed_) {
-                    waiting = true;
-                } else {
-                    done_ = true;
-                    if (stop_reason_ == StopReason::STOP_NONE) stop_reason_ = StopReason::STOP_EOS;
-                }
-                break;
+                if (prepared_.incremental && next_segment_ == 0 && !text_closed_)
+                    return UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT;
+                done_ = true;
+                if (stop_reason_ == StopReason::STOP_NONE) stop_reason_ = StopReason::STOP_EOS;
+                return UtteranceStatus::UTTERANCE_DONE;
             }
         }
-        FrameCodes frame{};
-        const FrameStatus status = generator_->next_frame(frame);
-        if (status == FrameStatus::FRAME_STATUS_FRAME) {
-            frame_buf_.push_back(frame);
-            ++frames_;
-            continue;
+        chunk_codes_.clear();
+        const size_t pcm_before = pcm->size();
+        const ChunkStatus status = generator_->chunk(frames, &chunk_codes_, pcm);
+        const int made = int(chunk_codes_.size());
+        QTTS_ASSERT(made <= frames && (made == frames || status != ChunkStatus::CHUNK_STATUS_FULL));
+        QTTS_ASSERT(pcm->size() - pcm_before == size_t(made) * SAMPLES_PER_FRAME);
+        frames_ += made;
+        if (codes) codes->insert(codes->end(), chunk_codes_.begin(), chunk_codes_.end());
+        if (status == ChunkStatus::CHUNK_STATUS_DONE) {  // segment finished
+            generating_ = false;
+            stop_reason_ = generator_->stop_reason();
+            const bool out_of_frames = prepared_.max_frames > 0 && frames_ >= prepared_.max_frames;
+            if (prepared_.incremental || out_of_frames || next_segment_ >= prepared_.segments.size()) {
+                if (out_of_frames) stop_reason_ = StopReason::STOP_MAX_FRAMES;
+                done_ = true;
+            }
         }
-        if (status == FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT) {
-            waiting = true;
-            break;
-        }
-        // Segment finished.
-        generating_ = false;
-        stop_reason_ = generator_->stop_reason();
-        const bool out_of_frames = prepared_.max_frames > 0 && frames_ >= prepared_.max_frames;
-        if (prepared_.incremental || out_of_frames || next_segment_ >= prepared_.segments.size()) {
-            if (out_of_frames) stop_reason_ = StopReason::STOP_MAX_FRAMES;
-            done_ = true;
-            break;
-        }
+        if (made > 0) return UtteranceStatus::UTTERANCE_CHUNK;
+        if (done_) return UtteranceStatus::UTTERANCE_DONE;
+        if (status == ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT) return UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT;
     }
-    if (!frame_buf_.empty()) {
-        frames_decode(frame_buf_, pcm);
-        if (codes) codes->insert(codes->end(), frame_buf_.begin(), frame_buf_.end());
-        return UtteranceStatus::UTTERANCE_CHUNK;
-    }
-    if (done_) return UtteranceStatus::UTTERANCE_DONE;
-    return waiting ? UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT : UtteranceStatus::UTTERANCE_CHUNK;
 }
 
 }  // namespace qtts

@@ -5,7 +5,9 @@
 //   while (utt.chunk(4, &pcm, &codes) != UtteranceStatus::UTTERANCE_DONE) { ... }
 //
 // Long text is split at sentence boundaries (text/text_split.h) and the segments are spoken
-// back to back with one decoder state, so the audio is one continuous stream.
+// back to back by one ChunkGenerator (generation/chunk_generator.h), whose decoder state carries
+// across them, so the audio is one continuous stream. The utterance does not decode: it asks
+// the backend for chunks (codes + PCM) and handles segments, incremental text and max_frames.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +31,11 @@ class Utterance {
 public:
     Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared);
 
-    // Generates up to max_frames frames, decodes them, appends frames × 1920 samples to pcm
-    // and the frames' codes to codes. Returns UTTERANCE_CHUNK when at least one frame was made.
-    UtteranceStatus chunk(int max_frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes);
+    // Generates up to `frames` (>= 1) frames with their audio: appends frames × SAMPLES_PER_FRAME
+    // samples to *pcm and the frames' codes to *codes (may be null). Exactly `frames` unless a
+    // stop, dry incremental text, or a sentence boundary ends the chunk sooner (one backend call
+    // per chunk, see chunk()). Returns UTTERANCE_CHUNK when at least one frame was made.
+    UtteranceStatus chunk(int frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes);
 
     // Incremental text (prepared with incremental = true).
     void text_append(const std::string& text);
@@ -44,16 +48,11 @@ private:
     bool segment_start();              // starts the next complete segment; false when none is left
     bool incremental_start();          // starts the incremental utterance once text exists
     void incremental_commit(bool all);  // tokenizes pending text whose ids can no longer change
-    // Codes -> PCM for one chunk: the GPU decoder stream when the model has one, else the CPU.
-    void frames_decode(const std::vector<FrameCodes>& frames, std::vector<float>* pcm);
 
-    std::shared_ptr<const SpeechModel> model_;
+    std::shared_ptr<const SpeechModel> model_;  // first: outlives the generator (its decoder is the model's)
     PreparedSpeech prepared_;
-    std::unique_ptr<FrameGenerator> generator_;  // CPU or GPU, from model_->generator_new()
-    std::unique_ptr<DecoderStream> gpu_decoder_;  // CUDA decoder lease (model_->decoder_stream_new()), unless
-                                                  // the generator decodes its own frames
-    cpu::DecoderState decoder_state_;             // CPU decoder (empty when gpu_decoder_ is set)
-    std::vector<int32_t> codes_flat_;             // [frames, 16] of the chunk being decoded
+    std::unique_ptr<ChunkGenerator> generator_;  // CPU or GPU, with its decoder: model_->generator_new()
+    std::vector<FrameCodes> chunk_codes_;        // the codes of the chunk being made
     size_t next_segment_ = 0;
     bool generating_ = false;
     bool done_ = false;
@@ -65,7 +64,6 @@ private:
     std::vector<int32_t> committed_ids_;  // tokenized, not yet handed to the generator
     bool text_closed_ = false;
     bool text_seen_ = false;              // some appended text was not whitespace
-    std::vector<FrameCodes> frame_buf_;
 };
 
 }  // namespace qtts

@@ -35,8 +35,8 @@ using qtts::ErrorCode;
 // tiny-base on the CPU backend, as a user loads it.
 std::shared_ptr<const qtts::SpeechModel> tiny_base() {
     static auto model = [] {
-        qtts::SpeechModelOptions options;
-        options.backend = "cpu";
+        qtts::BackendOptions options;
+        options.name = "cpu";
         return qtts::SpeechModel::load(qtts_test::reference_model_dir("tiny-base"), options);
     }();
     return model;
@@ -190,7 +190,7 @@ TEST_CASE("greedy runs through saved voices give the golden codes and audio", "[
     }
 }
 
-// The reference codes as the decoder's left context (what Utterance does for ICL).
+// The reference codes as the decoder's left context (what ChunkGenerator::reference_decode does for ICL).
 TEST_CASE("the reference codes as decoder left context give the golden ICL audio", "[voice][golden]") {
     const qtts::cpu::CpuSpeechDecoder decoder(*qtts::checkpoint_load(qtts_test::reference_model_dir("tiny-base")));
     const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path("tiny-base", "base-icl-stream"));
@@ -202,7 +202,7 @@ TEST_CASE("the reference codes as decoder left context give the golden ICL audio
     REQUIRE(cold.size() == audio.size());
     CHECK(qtts_test::max_abs_error(cold.data(), audio.data(), audio.size()) > 1e-3);
 
-    // Warm-up as the Utterance does it: the reference codes decoded into the streaming state,
+    // Warm-up as the backend does it: the reference codes decoded into the streaming state,
     // their audio dropped, then the generated codes in chunks of 1 and 4 frames.
     const std::vector<int32_t> ref = to_i32(qtts::tensor_to_i64(golden->get("ref_codes")));
     qtts::cpu::DecoderState state = decoder.state_new();

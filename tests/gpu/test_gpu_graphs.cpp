@@ -80,27 +80,32 @@ qtts::GenerationParams sampled_params() {
     return p;
 }
 
-qc::GpuGeneratorOptions options(bool graphs, int first, int steady, std::vector<int> graph_frames = {1, 4}) {
-    qc::GpuGeneratorOptions o;
-    o.lm = qc::GpuLmOptions{1024, 64};
-    o.graphs = graphs;
-    o.first_chunk_frames = first;
-    o.chunk_frames = steady;
-    o.graph_frames = std::move(graph_frames);
+qtts::BackendOptions options(bool graphs, std::vector<int> chunk_sizes = {1, 4}) {
+    qtts::BackendOptions o;
+    o.max_context = 1024;
+    o.prefill_chunk = 64;
+    o.cuda_graphs = graphs;
+    o.chunk_sizes = std::move(chunk_sizes);
     return o;
 }
 
-std::vector<FrameCodes> run(qc::GpuGenerator& gen, uint64_t seed, int frames = FRAMES) {
+// FRAMES frames in chunks of `first`, then `steady` frames, as the engine asks for them.
+std::vector<FrameCodes> run(qc::GpuGenerator& gen, uint64_t seed, int first = 1, int steady = 4) {
     gen.start(test_prompt(), sampled_params(), seed);
     std::vector<FrameCodes> out;
-    FrameCodes c{};
-    while (int(out.size()) < frames && gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME) out.push_back(c);
+    while (int(out.size()) < FRAMES) {
+        const int k = std::min(out.empty() ? first : steady, FRAMES - int(out.size()));
+        const size_t before = out.size();
+        const qtts::ChunkStatus status = gen.chunk(k, &out, nullptr);
+        CHECK(int(out.size() - before) == k);  // EOS is masked: every chunk is whole
+        if (status != qtts::ChunkStatus::CHUNK_STATUS_FULL) break;
+    }
     return out;
 }
 
 const std::vector<FrameCodes>& eager_reference() {
     static const std::vector<FrameCodes> ref = [] {
-        qc::GpuGenerator eager(test_weights(), context(), options(false, 1, 4));
+        qc::GpuGenerator eager(test_weights(), context(), options(false));
         REQUIRE(!eager.graphs_enabled());
         return run(eager, 1234);
     }();
@@ -116,7 +121,7 @@ TEST_CASE("graph replay equals eager execution bitwise for 200 sampled frames", 
     }
     const auto& ref = eager_reference();
     REQUIRE(ref.size() == size_t(FRAMES));
-    qc::GpuGenerator gen(test_weights(), context(), options(true, 1, 4));
+    qc::GpuGenerator gen(test_weights(), context(), options(true));
     REQUIRE(gen.graphs_enabled());
     REQUIRE(gen.graphs().has(1));
     REQUIRE(gen.graphs().has(4));
@@ -144,18 +149,17 @@ TEST_CASE("graph replay equals eager execution bitwise for 200 sampled frames", 
 
 TEST_CASE("an uncaptured chunk size falls back to eager with identical codes", "[gpu][graphs]") {
     const auto& ref = eager_reference();
-    qc::GpuGenerator gen(test_weights(), context(), options(true, 3, 3));
+    qc::GpuGenerator gen(test_weights(), context(), options(true));
     CHECK(!gen.graphs().has(3));
-    CHECK(run(gen, 1234) == ref);
+    CHECK(run(gen, 1234, 3, 3) == ref);
     // A mix: first chunk from a captured graph (1), the rest eager (3).
-    gen.chunk_frames_set(1, 3);
-    CHECK(run(gen, 1234) == ref);
+    CHECK(run(gen, 1234, 1, 3) == ref);
 }
 
 TEST_CASE("the graphs-off switch gives identical codes", "[gpu][graphs]") {
     const auto& ref = eager_reference();
     setenv("QTTS_NO_CUDA_GRAPHS", "1", 1);
-    qc::GpuGenerator off(test_weights(), context(), options(true, 1, 4));
+    qc::GpuGenerator off(test_weights(), context(), options(true));
     unsetenv("QTTS_NO_CUDA_GRAPHS");
     CHECK(!off.graphs_enabled());
     CHECK(run(off, 1234) == ref);
@@ -165,7 +169,7 @@ TEST_CASE("programmatic dependent launch on or off gives identical codes", "[gpu
     const auto& ref = eager_reference();
     const bool was = context().pdl();
     context().pdl_set(!was);
-    qc::GpuGenerator flipped(test_weights(), context(), options(true, 1, 4));
+    qc::GpuGenerator flipped(test_weights(), context(), options(true));
     const auto got = run(flipped, 1234);
     context().pdl_set(was);
     CHECK(got == ref);
@@ -173,7 +177,7 @@ TEST_CASE("programmatic dependent launch on or off gives identical codes", "[gpu
 
 TEST_CASE("the owner guard refuses foreign and re-entrant replays", "[gpu][graphs][owner]") {
     qc::GpuContext& ctx = context();
-    qc::GpuGenerator gen(test_weights(), ctx, options(true, 1, 4));
+    qc::GpuGenerator gen(test_weights(), ctx, options(true));
     gen.start(test_prompt(), sampled_params(), 1);
 
     std::atomic<int> refused{0};
@@ -202,9 +206,10 @@ TEST_CASE("the owner guard refuses foreign and re-entrant replays", "[gpu][graph
     CHECK_THROWS_AS(qc::graph_capture(ctx, "bad capture", [&] { gen.graphs().run(1); }, nullptr), qtts::Error);
     CHECK(!ctx.guard().busy());
     // The context is still healthy: generation continues from where it was.
-    FrameCodes c{};
-    CHECK(gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME);
-    CHECK(gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME);
+    std::vector<FrameCodes> c;
+    CHECK(gen.chunk(1, &c, nullptr) == qtts::ChunkStatus::CHUNK_STATUS_FULL);
+    CHECK(gen.chunk(1, &c, nullptr) == qtts::ChunkStatus::CHUNK_STATUS_FULL);
+    CHECK(c.size() == 2);
 }
 
 #endif  // QTTS_HAVE_CUDA

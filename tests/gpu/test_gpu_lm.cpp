@@ -93,13 +93,24 @@ CpuRun cpu_generate(std::shared_ptr<const qtts::cpu::LmWeights> w, const qtts::P
     return run;
 }
 
+// Up to `frames` frames in the engine's chunk shape (1, then 4 at a time).
 std::vector<FrameCodes> gpu_generate(qc::GpuGenerator& gen, const qtts::Prompt& prompt,
                                      const qtts::GenerationParams& params, uint64_t seed, int frames) {
     gen.start(prompt, params, seed);
     std::vector<FrameCodes> out;
-    FrameCodes codes{};
-    while (int(out.size()) < frames && gen.next_frame(codes) == FrameStatus::FRAME_STATUS_FRAME) out.push_back(codes);
+    while (int(out.size()) < frames) {
+        const int k = std::min(out.empty() ? 1 : 4, frames - int(out.size()));
+        if (gen.chunk(k, &out, nullptr) != qtts::ChunkStatus::CHUNK_STATUS_FULL) break;
+    }
     return out;
+}
+
+qtts::BackendOptions lm_options(int max_context, bool graphs = true) {
+    qtts::BackendOptions o;
+    o.max_context = max_context;
+    o.prefill_chunk = 16;
+    o.cuda_graphs = graphs;
+    return o;
 }
 
 int matching_prefix(const std::vector<FrameCodes>& a, const std::vector<FrameCodes>& b) {
@@ -170,19 +181,17 @@ TEST_CASE("GPU greedy generation gives the CPU's codes, graphs on and off", "[gp
             const CpuRun ref = cpu_generate(cpu_weights, prompt, params, 1, 24);
             REQUIRE(ref.codes.size() == 24);
             for (const bool graphs : {true, false}) {
-                qc::GpuGeneratorOptions options;
-                options.lm = qc::GpuLmOptions{256, 16};
-                options.graphs = graphs;
-                qc::GpuGenerator gen(gpu_weights, context(), options);
+                qc::GpuGenerator gen(gpu_weights, context(), lm_options(256, graphs));
                 CHECK(gen.graphs_enabled() == (graphs && !qc::cuda_graphs_disabled_by_env()));
                 const auto codes = gpu_generate(gen, prompt, params, 1, 24);
                 INFO("graphs " << graphs << " layout " << qtts::text_layout_name(layout));
                 CHECK(matching_prefix(codes, ref.codes) == 24);
                 CHECK(gen.frames_emitted() == 24);
-                CHECK(gen.stop_reason() == qtts::StopReason::STOP_NONE);
-                FrameCodes extra{};
-                CHECK(gen.next_frame(extra) == FrameStatus::FRAME_STATUS_DONE);
+                // The limit is seen with the chunk that reaches it; later calls make nothing.
                 CHECK(gen.stop_reason() == qtts::StopReason::STOP_MAX_FRAMES);
+                std::vector<FrameCodes> extra;
+                CHECK(gen.chunk(4, &extra, nullptr) == qtts::ChunkStatus::CHUNK_STATUS_DONE);
+                CHECK(extra.empty());
 
                 // The same from host-side embeddings (the CPU front end's vectors).
                 const int H = cpu_weights->hidden_size();
@@ -191,9 +200,9 @@ TEST_CASE("GPU greedy generation gives the CPU's codes, graphs on and off", "[gp
                 gen.start(prefill.data(), int(prefill.size() / size_t(H)), trailing.data(),
                           int(trailing.size() / size_t(H)), params, 1, prompt.text_tokens, prompt.text_complete);
                 std::vector<FrameCodes> host_codes;
-                FrameCodes c{};
-                while (host_codes.size() < 24 && gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME)
-                    host_codes.push_back(c);
+                while (host_codes.size() < 24 &&
+                       gen.chunk(4, &host_codes, nullptr) == qtts::ChunkStatus::CHUNK_STATUS_FULL) {
+                }
                 CHECK(matching_prefix(host_codes, ref.codes) == 24);
             }
         }
@@ -213,9 +222,7 @@ TEST_CASE("GPU seeded sampling follows the CPU's random stream", "[gpu][lm][samp
         params.max_frames = 16;
         const qtts::Prompt prompt = test_prompt(checkpoint->config, qtts::TextLayout::TEXT_LAYOUT_NON_STREAMING);
         const CpuRun ref = cpu_generate(cpu_weights, prompt, params, 20261129, 16);
-        qc::GpuGeneratorOptions options;
-        options.lm = qc::GpuLmOptions{256, 16};
-        qc::GpuGenerator gen(gpu_weights, context(), options);
+        qc::GpuGenerator gen(gpu_weights, context(), lm_options(256));
         const auto codes = gpu_generate(gen, prompt, params, 20261129, 16);
         const int same = matching_prefix(codes, ref.codes);
         WARN("sampled frames identical to the CPU: " << same << " of 16 (" << dir << ")");
@@ -228,9 +235,7 @@ TEST_CASE("GPU generation stops like the CPU: EOS, budget and streaming text", "
     const auto checkpoint = qtts::checkpoint_load(dir);
     const auto cpu_weights = qtts::cpu::LmWeights::load(checkpoint);
     const auto gpu_weights = qc::GpuLmWeights::upload(checkpoint, context().device());
-    qc::GpuGeneratorOptions options;
-    options.lm = qc::GpuLmOptions{512, 16};
-    qc::GpuGenerator gen(gpu_weights, context(), options);
+    qc::GpuGenerator gen(gpu_weights, context(), lm_options(512));
 
     SECTION("the reference rules (EOS allowed after 2 frames) stop at the same frame") {
         qtts::GenerationParams params = qtts::generation_params_greedy(checkpoint->generation);
@@ -278,10 +283,10 @@ TEST_CASE("GPU generation stops like the CPU: EOS, budget and streaming text", "
         std::vector<FrameCodes> got;
         int waits = 0;
         for (int i = 0; i < 40 && got.size() < 12; ++i) {
-            const FrameStatus s = gen.next_frame(c);
-            if (s == FrameStatus::FRAME_STATUS_FRAME) {
-                got.push_back(c);
-            } else if (s == FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT) {
+            const qtts::ChunkStatus s = gen.chunk(1, &got, nullptr);
+            if (s == qtts::ChunkStatus::CHUNK_STATUS_FULL) {
+                continue;
+            } else if (s == qtts::ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT) {
                 if (waits++ == 0) gen.text_append(more.data(), more.size());
                 else gen.text_close();
             } else {

@@ -68,10 +68,8 @@ std::string tiny_model_dir() {
 
 std::shared_ptr<const SpeechModel> model_on(const std::string& backend, bool gpu_decoder = true,
                                             const std::string& dir = "", bool fused_chunks = true) {
-    SpeechModelOptions o;
-    o.backend = backend;
-    o.first_chunk_frames = 1;
-    o.chunk_frames = 4;
+    BackendOptions o;  // chunk sizes: the engine's defaults (1, then 4)
+    o.name = backend;
     o.gpu_decoder = gpu_decoder;
     o.fused_chunks = fused_chunks;
     return SpeechModel::load(dir.empty() ? tiny_model_dir() : dir, o);
@@ -281,9 +279,9 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
         const Spoken got = speak_incremental(fused, pieces, 24);
         REQUIRE(!want.codes.empty());
         CHECK(got.codes == want.codes);
-        // The text cuts chunks short, so the utterance's decode calls and the generator's chunks
-        // differ: the same samples up to float rounding (streamed decoding is exact in any
-        // chunking, cuBLAS may sum in another order).
+        // The text cuts chunks short: those odd sizes have no fused graph and run the ordinary
+        // decoder call on both paths (one call per chunk either way). Checked to float rounding
+        // (streamed decoding is exact in any chunking, cuBLAS may sum in another order).
         const double diff = max_abs(got.pcm, want.pcm);
         WARN("incremental, fused vs separate: max abs " << diff);
         CHECK(diff <= 1e-5);
@@ -314,8 +312,9 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
         CHECK(inside >= 1);
 
         // Two segments (each over half the 600-byte split limit), each ended by its own stop: the
-        // decoder continues across them. Utterance chunks then straddle the segment boundary, so
-        // the separate path decodes other chunks than the generator: rounding-level differences.
+        // decoder continues across them. A chunk ends at the segment boundary (the engine's sizes
+        // restart with the next segment, no straddling), so both paths decode the same chunks:
+        // the same samples, bit for bit.
         std::string first = "The first long sentence goes on", second = "The second long sentence also goes on";
         while (first.size() < 380) first += " and on";
         while (second.size() < 380) second += " and on";
@@ -327,7 +326,7 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
         WARN("two segments: " << want.codes.size() << " frames, stop " << stop_reason_name(want.stop));
         CHECK(got.codes == want.codes);
         CHECK(sep.codes == want.codes);
-        CHECK(max_abs(got.pcm, sep.pcm) <= 1e-5);
+        CHECK(got.pcm == sep.pcm);
         CHECK(max_abs(got.pcm, want.pcm) <= 1e-4);
     }
 }
@@ -386,7 +385,7 @@ namespace {
 EngineOptions tiny_cuda_engine_options(int streams) {
     EngineOptions options;
     options.model_dir = tiny_model_dir();
-    options.backend = "cuda";
+    options.backend.name = "cuda";
     options.max_streams = streams;
     return options;
 }
@@ -470,10 +469,10 @@ TEST_CASE("more streams than the GPU holds fail at load, naming the number that 
         WARN("QTTS_TEST_MODEL_DIR is not set (tools/gpu-run.sh sets it to a random 1.7B checkpoint): case skipped");
         return;
     }
-    SpeechModelOptions options;
-    options.backend = "cuda";
-    options.gpu_max_context = 16384;
-    options.gpu_states = 1000;
+    BackendOptions options;
+    options.name = "cuda";
+    options.max_context = 16384;
+    options.states = 1000;
     options.warm_up = false;
     std::string message;
     try {
@@ -492,13 +491,13 @@ TEST_CASE("more streams than the GPU holds fail at load, naming the number that 
     CHECK(fit < 1000);
     // Everything was released: the model loads again, warm, with one state fewer than fit (the
     // room of one state is left for what warm-up loads lazily).
-    options.gpu_states = fit - 1;
+    options.states = fit - 1;
     options.warm_up = true;
     auto model = SpeechModel::load(dir, options);
     CHECK(model->gpu_states_created() == fit - 1);
-    SpeechModelOptions too_long = options;
-    too_long.gpu_max_context = 1 << 18;
-    too_long.gpu_states = 1;
+    BackendOptions too_long = options;
+    too_long.max_context = 1 << 18;
+    too_long.states = 1;
     model.reset();
     CHECK_THROWS_WITH(SpeechModel::load(dir, too_long), Catch::Contains("max_context 262144"));
 }

@@ -33,7 +33,7 @@ SpeechRequest request_fixed() {
 Engine& shared_engine() {
     static Engine engine([] {
         EngineOptions o;  // the embedded default model on the CPU backend
-        o.backend = "cpu";
+        o.backend.name = "cpu";
         o.max_streams = 2;
         return o;
     }());

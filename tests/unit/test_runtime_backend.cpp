@@ -1,9 +1,11 @@
 // The runtime's backend choice without a GPU (CI): `cuda` is refused with a clear error before
-// anything is loaded, `auto` falls back to the CPU, unknown names are rejected, and the CPU path
-// through the FrameGenerator interface gives exactly cpu::Generator's codes. On a GPU machine the
+// anything is loaded, `auto` falls back to the CPU, unknown names are rejected, the CPU path
+// through the ChunkGenerator interface gives exactly cpu::Generator's codes, and a chunk is
+// exactly the frames asked for (with their audio) except at a stop. On a GPU machine the
 // selection checks flip to the CUDA side (the GPU side is covered by tests/gpu/test_gpu_runtime).
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,7 @@
 
 #include "engine/common/device.h"
 #include "engine/common/error.h"
+#include "engine/cpu/cpu_chunk_generator.h"
 #include "engine/cpu/generator.h"
 #include "engine/model/make_model.h"
 #include "engine/api/qtts.h"
@@ -39,9 +42,9 @@ SpeechRequest request(const std::string& text, bool greedy) {
 
 TEST_CASE("backend cuda without a GPU fails with a clear error; auto falls back to the CPU", "[runtime][backend]") {
     const std::string dir = default_model_dir();
-    SpeechModelOptions cuda;
-    cuda.backend = "cuda";
-    SpeechModelOptions automatic;  // backend "auto"
+    BackendOptions cuda;
+    cuda.name = "cuda";
+    BackendOptions automatic;  // backend "auto"
     if (!have_gpu()) {
         try {
             SpeechModel::load(dir, cuda);
@@ -55,7 +58,7 @@ TEST_CASE("backend cuda without a GPU fails with a clear error; auto falls back 
         }
         // The engine surfaces the same error from its constructor (what `qtts say` reports).
         EngineOptions engine_cuda;
-        engine_cuda.backend = "cuda";
+        engine_cuda.backend.name = "cuda";
         CHECK_THROWS_AS(Engine(engine_cuda), Error);
 
         auto model = SpeechModel::load(dir, automatic);
@@ -70,12 +73,12 @@ TEST_CASE("backend cuda without a GPU fails with a clear error; auto falls back 
         CHECK(model->backend_name() == "cuda:0");
         CHECK(model->gpu_states_created() == 1);
     }
-    SpeechModelOptions cpu;
-    cpu.backend = "cpu";
+    BackendOptions cpu;
+    cpu.name = "cpu";
     CHECK(SpeechModel::load(dir, cpu)->backend_name() == "cpu");
 
-    SpeechModelOptions bad;
-    bad.backend = "tpu";
+    BackendOptions bad;
+    bad.name = "tpu";
     try {
         SpeechModel::load(dir, bad);
         FAIL("an unknown backend must throw");
@@ -84,16 +87,16 @@ TEST_CASE("backend cuda without a GPU fails with a clear error; auto falls back 
         CHECK(std::string(e.what()).find("auto, cpu or cuda") != std::string::npos);
     }
     // A device that cannot exist: auto still works (CPU), cuda is refused.
-    SpeechModelOptions far = automatic;
+    BackendOptions far = automatic;
     far.device = 4096;
     CHECK(SpeechModel::load(dir, far)->backend_name() == "cpu");
-    far.backend = "cuda";
+    far.name = "cuda";
     CHECK_THROWS_AS(SpeechModel::load(dir, far), Error);
 }
 
 TEST_CASE("the CPU backend's utterance gives exactly cpu::Generator's codes", "[runtime][backend]") {
-    SpeechModelOptions cpu;
-    cpu.backend = "cpu";
+    BackendOptions cpu;
+    cpu.name = "cpu";
     auto model = SpeechModel::load(default_model_dir(), cpu);
     for (const bool greedy : {true, false}) {
         INFO("greedy " << greedy);
@@ -120,6 +123,103 @@ TEST_CASE("the CPU backend's utterance gives exactly cpu::Generator's codes", "[
         while (gen.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME) direct.push_back(c);
         CHECK(direct == codes);
     }
+}
+
+TEST_CASE("a chunk is exactly the frames asked for, with their audio, except at a stop", "[runtime][backend]") {
+    BackendOptions cpu;
+    cpu.name = "cpu";
+    auto model = SpeechModel::load(default_model_dir(), cpu);
+    const PreparedSpeech prep = model->prepare(request("Chunks are exact.", true));
+    PromptRequest pr = prep.base;
+    pr.input_ids = prep.segments.front();
+    const Prompt prompt = prompt_build(model->checkpoint().config, pr);
+    GenerationParams params = prep.params;
+    params.max_frames = 11;  // a frame-limit stop inside the fourth chunk
+
+    std::unique_ptr<ChunkGenerator> gen = model->generator_new();
+    gen->start(prompt, params, prep.seed);
+    std::vector<FrameCodes> codes;
+    std::vector<float> pcm;
+    std::vector<int> sizes;
+    for (const int k : {1, 4, 3, 4, 4}) {
+        const size_t codes_before = codes.size(), pcm_before = pcm.size();
+        const ChunkStatus status = gen->chunk(k, &codes, &pcm);
+        const int made = int(codes.size() - codes_before);
+        INFO("chunk of " << k << ": " << made << " frames, " << chunk_status_name(status));
+        CHECK(pcm.size() - pcm_before == size_t(made) * SAMPLES_PER_FRAME);
+        if (status == ChunkStatus::CHUNK_STATUS_FULL) CHECK(made == k);
+        else CHECK(made < k);
+        sizes.push_back(made);
+        CHECK(gen->frames_emitted() == int(codes.size()));
+    }
+    // 1 + 4 + 3 frames, then 3 up to the limit (DONE), then nothing (still DONE).
+    CHECK(sizes == std::vector<int>{1, 4, 3, 3, 0});
+    CHECK(gen->stop_reason() == StopReason::STOP_MAX_FRAMES);
+
+    // The same codes as cpu::Generator frame by frame, and the same audio (to float rounding of
+    // differently sized products) as one decoder call over every frame.
+    cpu::Generator direct(model->lm_shared());
+    direct.start(prompt, params, prep.seed);
+    std::vector<FrameCodes> expected;
+    FrameCodes c{};
+    while (direct.next_frame(c) == FrameStatus::FRAME_STATUS_FRAME) expected.push_back(c);
+    CHECK(expected == codes);
+    CpuDecoderStream decoder(model->decoder());
+    std::vector<float> whole;
+    decoder.frames_decode(codes.data(), int(codes.size()), &whole);
+    REQUIRE(whole.size() == pcm.size());
+    double max_diff = 0.0;
+    for (size_t i = 0; i < pcm.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(pcm[i] - whole[i])));
+    CHECK(max_diff < 1e-5);
+}
+
+TEST_CASE("a sentence that ends inside a chunk ends the chunk; the next sentence starts a new one",
+          "[runtime][backend]") {
+    BackendOptions cpu;
+    cpu.name = "cpu";
+    auto model = SpeechModel::load(default_model_dir(), cpu);
+    // Two segments: each sentence over half the 600-byte split limit (text/text_split.h).
+    std::string first = "The first long sentence goes on", second = "The second long sentence also goes on";
+    while (first.size() < 380) first += " and on";
+    while (second.size() < 380) second += " and on";
+    PreparedSpeech prep = model->prepare(request(first + ". " + second + ".", true));
+    REQUIRE(prep.segments.size() == 2);
+    prep.max_frames = 0;
+    prep.params.max_frames = 6;  // each sentence stops after 6 frames
+    Utterance utt(model, prep);
+    std::vector<float> pcm;
+    std::vector<FrameCodes> codes;
+    std::vector<int> sizes;
+    for (;;) {
+        const size_t before = codes.size();
+        const UtteranceStatus status = utt.chunk(4, &pcm, &codes);
+        if (status == UtteranceStatus::UTTERANCE_DONE) break;
+        REQUIRE(status == UtteranceStatus::UTTERANCE_CHUNK);
+        sizes.push_back(int(codes.size() - before));
+    }
+    // 4 + 2 for each sentence: the remainder is never borrowed from the next sentence.
+    CHECK(sizes == std::vector<int>{4, 2, 4, 2});
+    CHECK(pcm.size() == codes.size() * SAMPLES_PER_FRAME);
+    CHECK(utt.frames() == 12);
+}
+
+TEST_CASE("backend options are checked where they enter", "[runtime][backend]") {
+    BackendOptions options;
+    options.name = "cpu";
+    CHECK_NOTHROW(backend_options_validate(options));
+    BackendOptions bad = options;
+    bad.chunk_sizes = {1, 0};
+    CHECK_THROWS_AS(SpeechModel::load(default_model_dir(), bad), Error);
+    bad = options;
+    bad.chunk_sizes.clear();
+    CHECK_THROWS_AS(backend_options_validate(bad), Error);
+    bad = options;
+    bad.states = 0;
+    CHECK_THROWS_AS(backend_options_validate(bad), Error);
+    EngineOptions engine;
+    engine.backend.name = "cpu";
+    engine.chunk_frames = 0;
+    CHECK_THROWS_AS(Engine(engine), Error);
 }
 
 TEST_CASE("qtts say --backend cuda exits non-zero with the reason when there is no GPU", "[runtime][backend][cli]") {

@@ -264,7 +264,7 @@ TEST_CASE("dialects: what the server lists it accepts with the dialect's speaker
           "[unit][engine]") {
     // The demo model behind the server's request parsing, as `qtts serve` runs it.
     qtts::EngineOptions options;
-    options.backend = "cpu";
+    options.backend.name = "cpu";
     options.max_streams = 8;
     qtts::Engine engine(options);
     qtts::EngineSpeechService service(engine, "demo");

@@ -1,0 +1,72 @@
+// The backend as the runtime sees it: one utterance's talker + code predictor state AND its
+// speech decoder, on whichever backend the model runs (CPU reference or CUDA). The runtime asks
+// for chunks of frames and gets their codes and their audio; it never decodes. Both backends
+// produce the same codes (docs/cuda.md, "Numerics"), and chunking never changes the samples
+// (the decoders stream exactly).
+//
+//   std::unique_ptr<ChunkGenerator> gen = model->generator_new();   // engine thread
+//   gen->reference_decode(ref_codes, ref_frames);                    // in-context cloning only
+//   gen->start(prompt, params, seed);                                // one segment (sentence)
+//   while (gen->chunk(4, &codes, &pcm) == ChunkStatus::CHUNK_STATUS_FULL) { ... }
+//   gen->stop_reason();
+//
+// The engine alone picks chunk sizes: a backend computes exactly the frames it is asked for in
+// one call (CUDA: one graph replay when that size was captured, BackendOptions::chunk_sizes),
+// keeps no count of its own and buffers nothing past the chunk. The decoder state continues
+// across start() calls, so the segments of one utterance are one continuous stream.
+// The stop rules are cpu::Generator's (engine/cpu/generator.h): same stop reasons, streaming
+// text calls. One difference is allowed: the CUDA generator may report WAITING_FOR_TEXT one
+// frame earlier, because it prepares the next frame's talker input ahead of time.
+// Not thread-safe: the thread that created it (the engine thread) drives and destroys it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/generation/frame.h"
+#include "engine/generation/sampling.h"
+#include "engine/text/prompt.h"
+
+namespace qtts {
+
+// Why a chunk() call returned.
+enum class ChunkStatus {
+    CHUNK_STATUS_FULL,              // exactly the requested frames were made
+    CHUNK_STATUS_WAITING_FOR_TEXT,  // fewer (maybe none): the text track needs a token not yet appended
+    CHUNK_STATUS_DONE,              // fewer (maybe none): the segment ended; see stop_reason()
+};
+inline const char* chunk_status_name(ChunkStatus status) {
+    switch (status) {
+        case ChunkStatus::CHUNK_STATUS_FULL: return "full";
+        case ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT: return "waiting_for_text";
+        case ChunkStatus::CHUNK_STATUS_DONE: return "done";
+    }
+    return "?";
+}
+
+class ChunkGenerator {
+public:
+    virtual ~ChunkGenerator() = default;
+
+    // Embeds a built prompt and runs the talker prefill for one segment (restarts the frame
+    // count and stop state; the decoder continues the utterance's audio).
+    virtual void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) = 0;
+    // Generates up to `frames` (>= 1) frames of the current segment, appends their codes to
+    // *codes and their frames × SAMPLES_PER_FRAME samples to *pcm (host memory on return).
+    // Fewer frames only at a stop (end of speech, frame limit) or when incremental text ran dry.
+    // FULL may be followed by a DONE with no frames (the stop is seen one call later).
+    virtual ChunkStatus chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) = 0;
+    virtual void text_append(const int32_t* ids, size_t n) = 0;
+    virtual void text_close() = 0;
+    virtual StopReason stop_reason() const = 0;
+    virtual int frames_emitted() const = 0;  // frames of the current segment so far
+
+    // In-context cloning: the reference codes ([frames, 16] row-major) are the decoder's left
+    // context, and their audio is not part of the output. Decoding them once into the streaming
+    // state (audio thrown away), before the first chunk, makes every generated frame sound
+    // exactly as if decoded after the reference.
+    virtual void reference_decode(const int32_t* codes, int frames) = 0;
+};
+
+}  // namespace qtts
