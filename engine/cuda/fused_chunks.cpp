@@ -72,7 +72,7 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
         bridge.staged = staged_dev_.get();
         bridge.decoder_codes = decoder_.codes_device();
         bridge.condition = condition;
-        k::chunk_bridge(bridge, stream);
+        CUDA_CHECK_KERNEL(k::chunk_bridge(bridge, stream));
 
         const cudaGraphNode_t* deps = nullptr;
         const cudaGraphEdgeData* edges = nullptr;
