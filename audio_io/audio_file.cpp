@@ -1,4 +1,5 @@
 #include "audio_io/audio_file.h"
+#include "engine/api/qtts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -177,11 +178,11 @@ std::vector<float> audio_resample(const std::vector<float>& samples, int from_sr
 
 std::vector<float> audio_read_mono_24k(const std::string& path) {
     AudioData audio = audio_read(path);
-    if (audio.sample_rate != 24000) {
+    if (audio.sample_rate != SAMPLE_RATE) {
         QTTS_LOG_DEBUG("{}: resampling {} Hz -> 24000 Hz ({} channel(s) mixed to mono)", path, audio.sample_rate,
                        audio.source_channels);
     }
-    return audio_resample(audio.samples, audio.sample_rate, 24000);
+    return audio_resample(audio.samples, audio.sample_rate, SAMPLE_RATE);
 }
 
 }  // namespace qtts

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/api/qtts.h"
+
 namespace qtts {
 
 class JitterBuffer;
@@ -91,7 +93,7 @@ public:
 
 struct AudioSinkConfig {
     std::string device;               // "" or "default", "null", a PortAudio index, or part of a name
-    int sample_rate = 24000;
+    int sample_rate = SAMPLE_RATE;
     int channels = 0;                 // 0: mono if the device accepts it, else stereo (mono copied)
     double suggested_latency_s = 0;   // 0: the device's defaultLowOutputLatency
     size_t null_block_frames = 480;   // NullAudioSink block (20 ms at 24 kHz)
@@ -104,7 +106,7 @@ std::unique_ptr<AudioSink> audio_sink_open(const AudioSinkConfig& config, Render
 // the steady clock, so the pace does not drift) and throws the audio away.
 class NullAudioSink : public AudioSink {
 public:
-    NullAudioSink(RenderSource source, int sample_rate = 24000, size_t block_frames = 480);
+    NullAudioSink(RenderSource source, int sample_rate = SAMPLE_RATE, size_t block_frames = 480);
     ~NullAudioSink() override;
     void start() override;
     void stop() override;
@@ -129,13 +131,13 @@ private:
 };
 
 struct VirtualSinkConfig {
-    int sample_rate = 24000;
+    int sample_rate = SAMPLE_RATE;
     std::vector<size_t> block_sizes = {441};  // pulled in turn (cycled) unless random_max > 0
     size_t random_min = 1;                     // random block sizes in [random_min, random_max]
     size_t random_max = 0;
     uint64_t seed = 1;
     bool realtime = false;                     // thread mode: pace pulls like a device would
-    size_t record_capacity = 24000 * 120;      // pre-allocated; samples beyond it are counted, not kept
+    size_t record_capacity = size_t(SAMPLE_RATE) * 120;      // pre-allocated; samples beyond it are counted, not kept
 };
 
 // Test sink. pull() runs synchronously on the caller's thread; start()/stop() run the same loop on

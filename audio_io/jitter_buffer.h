@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "engine/common/spsc_ring.h"
+#include "engine/api/qtts.h"
 
 namespace qtts {
 
@@ -42,9 +43,9 @@ enum class JitterState : int {
 const char* jitter_state_name(JitterState state);
 
 struct JitterBufferConfig {
-    int sample_rate = 24000;
+    int sample_rate = SAMPLE_RATE;
     size_t capacity_samples = size_t(1) << 20;  // ring size, rounded up to a power of two (~44 s at 24 kHz)
-    size_t chunk_samples = 1920;                 // one engine chunk (80 ms frame at 24 kHz); watermark step
+    size_t chunk_samples = SAMPLES_PER_FRAME;              // one engine chunk (80 ms frame at 24 kHz); watermark step
     size_t start_watermark_samples = 0;          // initial start watermark; 0 = one chunk
     size_t max_watermark_samples = 0;            // bound for the raised watermark; 0 = 8 chunks
     size_t ramp_samples = 0;                     // fade length; 0 = 5 ms at sample_rate (120 at 24 kHz)

@@ -19,13 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "engine/api/qtts.h"
+
 struct OggOpusEnc;     // libopusenc's encoder (opusenc.h)
 struct OpusEncoder;    // libopus's encoder (opus.h)
 
 namespace qtts {
 
 struct OpusEncoderOptions {
-    int sample_rate = 24000;  // input rate: 8000, 12000, 16000, 24000 or 48000
+    int sample_rate = SAMPLE_RATE;  // input rate: 8000, 12000, 16000, 24000 or 48000
     int bitrate = 32000;      // bits per second, 6000..510000 (24-32 kb/s suits speech)
     int complexity = 6;       // 0..10: CPU cost vs quality (10 is libopus' default; 6 keeps a
                               // 16-stream server cheap at a barely audible cost for speech)
@@ -67,7 +69,7 @@ private:
     void page_note(const unsigned char* page, size_t len);
 
     OggOpusEnc* enc_ = nullptr;
-    int sample_rate_ = 24000;
+    int sample_rate_ = SAMPLE_RATE;
     bool finished_ = false;
     int64_t samples_written_ = 0;
     int64_t samples_paged_ = 0;
@@ -113,7 +115,7 @@ private:
     void frame_encode(const float* frame, std::vector<OpusPacket>& out);
 
     OpusEncoder* enc_ = nullptr;
-    int sample_rate_ = 24000;
+    int sample_rate_ = SAMPLE_RATE;
     int frame_samples_ = 480;
     int pre_skip_ = 0;
     std::vector<float> pending_;     // less than one frame, waiting for more input

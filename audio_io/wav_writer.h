@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/api/qtts.h"
+
 typedef struct sf_private_tag SNDFILE;  // libsndfile's opaque handle (declared in sndfile.h)
 
 namespace qtts {
@@ -27,7 +29,7 @@ class WavWriter {
 public:
     WavWriter() = default;
     // Opens at once (see open()).
-    WavWriter(const std::string& path, int sample_rate = 24000, int channels = 1,
+    WavWriter(const std::string& path, int sample_rate = SAMPLE_RATE, int channels = 1,
               WavFormat format = WavFormat::WAV_FORMAT_S16);
     ~WavWriter();  // closes; errors on this path are logged, not thrown
 
@@ -38,7 +40,7 @@ public:
 
     // Creates (or truncates) path. Throws qtts::Error (ERROR_IO) when it cannot be created,
     // ERROR_INVALID_ARGUMENT for a bad sample rate / channel count or when already open.
-    void open(const std::string& path, int sample_rate = 24000, int channels = 1,
+    void open(const std::string& path, int sample_rate = SAMPLE_RATE, int channels = 1,
               WavFormat format = WavFormat::WAV_FORMAT_S16);
 
     // Appends n samples (interleaved when channels > 1, so n must be a multiple of channels).
@@ -64,7 +66,7 @@ private:
 };
 
 // Writes a whole mono buffer to path in one go.
-void wav_write_file(const std::string& path, const std::vector<float>& samples, int sample_rate = 24000,
+void wav_write_file(const std::string& path, const std::vector<float>& samples, int sample_rate = SAMPLE_RATE,
                     WavFormat format = WavFormat::WAV_FORMAT_S16);
 
 }  // namespace qtts

@@ -274,7 +274,7 @@ EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int r
     e.prompt_tokens = int(model->text_ids(request.text).size());
     std::vector<float> pcm;
     std::vector<qtts::FrameCodes> codes;
-    pcm.reserve(size_t(request.max_frames) * 1920);
+    pcm.reserve(size_t(request.max_frames) * qtts::SAMPLES_PER_FRAME);
     for (int r = 0; r < requests + 1; ++r) {
         request.seed = 100 + uint64_t(r);
         pcm.clear();

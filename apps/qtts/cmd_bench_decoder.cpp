@@ -246,7 +246,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         tf32_snr = err > 0.0 ? 10.0 * std::log10(sig / err) : 300.0;
     }
 
-    const double frame_ms = 1000.0 * weights->samples_per_frame() / 24000.0;
+    const double frame_ms = 1000.0 * weights->samples_per_frame() / double(qtts::SAMPLE_RATE);
     std::printf("\nspeech decoder on %s (device %d): decoder_dim %d, latent %d, %d layers, %d samples/frame (%.0f ms)\n",
                 context.device_name().c_str(), device, d.decoder_dim, d.latent_dim, d.num_layers,
                 weights->samples_per_frame(), frame_ms);

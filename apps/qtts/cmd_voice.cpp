@@ -47,7 +47,7 @@ int voice_create_command(const qtts_cli::Args& args) {
     qtts::voice_save(voice, *args.get("out"));
     std::printf("wrote %s: %s voice for %s %s (hidden %d), %.2f s reference, %d frames, %zu transcript ids\n",
                 args.get("out")->c_str(), voice.x_vector_only ? "x-vector-only" : "in-context",
-                voice.tts_model_type.c_str(), voice.size_tag.c_str(), voice.hidden_size, double(audio.size()) / 24000.0,
+                voice.tts_model_type.c_str(), voice.size_tag.c_str(), voice.hidden_size, double(audio.size()) / qtts::SAMPLE_RATE,
                 voice.ref_frames, voice.ref_ids.size());
     return 0;
 }

@@ -68,7 +68,7 @@ struct StreamMetrics {
     double ttfa_gen_ms = -1.0;    // submit -> first PCM chunk available to the consumer
     double generation_ms = 0.0;   // submit -> last chunk produced
     int64_t frames = 0;           // 80 ms codec frames produced
-    int64_t samples = 0;          // PCM samples produced (frames * 1920)
+    int64_t samples = 0;          // PCM samples produced (frames * SAMPLES_PER_FRAME)
     double rtf = 0.0;             // generation wall time / audio duration
     int64_t stalls = 0;           // times the consumer found the ring empty before the end
     StopReason stop_reason = StopReason::STOP_NONE;

@@ -16,10 +16,12 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/api/qtts.h"
+
 namespace qtts::cpu {
 
 struct MelConfig {
-    int sample_rate = 24000;
+    int sample_rate = SAMPLE_RATE;
     int n_fft = 1024;
     int hop = 256;
     int win = 1024;  // Hann window length (== n_fft in every released model)
@@ -40,7 +42,7 @@ std::vector<float> hann_window_periodic(int n);
 
 // Longest reference clip the cloning front ends accept (10 minutes at 24 kHz): cloning needs a
 // few seconds, and this keeps every intermediate's size and index well inside int range.
-constexpr size_t kReferenceAudioMaxSamples = size_t(24000) * 600;
+constexpr size_t kReferenceAudioMaxSamples = size_t(SAMPLE_RATE) * 600;
 
 // Checks a reference clip before any network sees it: at least `min_samples` samples (what the
 // caller's padding and framing need), at most kReferenceAudioMaxSamples, every sample finite.

@@ -1,4 +1,5 @@
 #include "engine/cpu/speaker_encoder.h"
+#include "engine/api/qtts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -109,7 +110,7 @@ SpeakerEncoder::SpeakerEncoder(const SpeakerEncoderConfig& config, const Speaker
              "speaker encoder config: mel_dim {}, enc_dim {}, enc_attention_channels {}, enc_se_channels {} must be "
              "positive and enc_res2net_scale {} at least 2",
              c.mel_dim, c.enc_dim, c.enc_attention_channels, c.enc_se_channels, c.enc_res2net_scale);
-    if (c.sample_rate != 24000 || c.mel_dim != 128)
+    if (c.sample_rate != SAMPLE_RATE || c.mel_dim != 128)
         fail(ErrorCode::ERROR_UNSUPPORTED,
              "speaker encoder config: sample_rate {} / mel_dim {}: only the reference front end (24000 Hz, 128 mels) "
              "is supported",

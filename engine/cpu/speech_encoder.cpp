@@ -1,4 +1,5 @@
 #include "engine/cpu/speech_encoder.h"
+#include "engine/api/qtts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -93,7 +94,7 @@ SpeechEncoder::SpeechEncoder(const SpeechTokenizerConfig& config, const SpeechEn
              "speech encoder config: encode_downsample_rate {} must be 2 x the SEANet hop {} (= {}), as the downsample "
              "conv has stride 2",
              config_.encode_downsample_rate, hop, 2 * hop);
-    if (config_.input_sample_rate != 24000)
+    if (config_.input_sample_rate != SAMPLE_RATE)
         fail(ErrorCode::ERROR_UNSUPPORTED, "speech encoder config: input_sample_rate {}: only 24000 Hz is supported",
              config_.input_sample_rate);
     if (e.hidden_size <= 0 || e.num_layers < 0 || e.num_heads <= 0 || e.num_kv_heads <= 0 || e.head_dim <= 0 ||

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/api/qtts.h"
+
 namespace qtts {
 
 enum class ModelType { MODEL_TYPE_CUSTOM_VOICE, MODEL_TYPE_VOICE_DESIGN, MODEL_TYPE_BASE };
@@ -63,7 +65,7 @@ struct SpeakerEncoderConfig {
     int enc_attention_channels = 128;
     int enc_res2net_scale = 8;
     int enc_se_channels = 128;
-    int sample_rate = 24000;
+    int sample_rate = SAMPLE_RATE;
 };
 
 struct ModelConfig {
@@ -129,10 +131,10 @@ struct EncoderConfig {
 
 struct SpeechTokenizerConfig {
     int encoder_valid_num_quantizers = 16;
-    int input_sample_rate = 24000;
-    int output_sample_rate = 24000;
-    int decode_upsample_rate = 1920;
-    int encode_downsample_rate = 1920;
+    int input_sample_rate = SAMPLE_RATE;
+    int output_sample_rate = SAMPLE_RATE;
+    int decode_upsample_rate = SAMPLES_PER_FRAME;
+    int encode_downsample_rate = SAMPLES_PER_FRAME;
     DecoderConfig decoder;
     EncoderConfig encoder;
 };

@@ -217,7 +217,7 @@ struct Engine::Impl {
             if (reason == StopReason::STOP_CANCELLED) ++stats.cancelled;
             else if (reason == StopReason::STOP_ERROR) ++stats.errors;
             else ++stats.completed;
-            stats.audio_seconds += samples / 24000.0;
+            stats.audio_seconds += samples / double(SAMPLE_RATE);
         }
         s.finish(reason, error);
     }
@@ -244,7 +244,7 @@ struct Engine::Impl {
         }
         if (s.waiting_for_text_ && !got_text) return false;
         const int k = s.utterance_->frames() == 0 ? options.first_chunk_frames : options.chunk_frames;
-        if (s.ring_.available_write() < size_t(k) * 1920) return false;  // reader is behind: backpressure
+        if (s.ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) return false;  // reader is behind: backpressure
         if (fault_stream.load(std::memory_order_relaxed) == s.id()) {
             fault_stream.store(0);
             model->backend_fault_raise();

@@ -1,4 +1,5 @@
 #include "engine/runtime/voice.h"
+#include "engine/api/qtts.h"
 
 #include <algorithm>
 #include <cctype>
@@ -58,7 +59,7 @@ std::string voice_fingerprint(const Checkpoint& checkpoint) {
 }
 
 void reference_clip_validate(const std::vector<float>& audio_24k) {
-    const double seconds = double(audio_24k.size()) / 24000.0;
+    const double seconds = double(audio_24k.size()) / SAMPLE_RATE;
     if (audio_24k.empty())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the reference audio is empty; voice cloning needs {:.0f} to {:.0f} s of speech",
              VOICE_REF_MIN_SECONDS, VOICE_REF_MAX_SECONDS);
