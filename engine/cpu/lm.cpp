@@ -29,18 +29,7 @@ LayerF32 layer_convert(const TransformerLayerWeights& l) {
 
 StackF32 stack_convert(const TransformerConfig& c, const std::vector<TransformerLayerWeights>& layers, Tensor norm) {
     StackF32 s;
-    s.hidden = c.hidden_size;
-    s.intermediate = c.intermediate_size;
-    s.n_heads = c.num_heads;
-    s.n_kv = c.num_kv_heads;
-    s.head_dim = c.head_dim;
-    s.eps = c.rms_norm_eps;
-    s.rope_theta = c.rope_theta;
-    if (s.n_kv <= 0 || s.n_heads % s.n_kv != 0)
-        fail(ErrorCode::ERROR_FORMAT, "config: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-             s.n_heads, s.n_kv);
-    if (s.head_dim % 2 != 0)
-        fail(ErrorCode::ERROR_FORMAT, "config: head_dim {} must be even for rotary embeddings", s.head_dim);
+    static_cast<StackShape&>(s) = stack_shape(c);
     s.rope_inv_freq = rope_inv_freq(s.head_dim, s.rope_theta);
     for (const auto& l : layers) s.layers.push_back(layer_convert(l));
     s.norm = tensor_to_f32(*norm);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/model/weight_prep.h"
 #include "engine/model/weights.h"
 #include "engine/text/prompt.h"
 
@@ -33,14 +34,7 @@ struct LayerF32 {
 };
 
 // A decoder stack (talker or code predictor) and its shape.
-struct StackF32 {
-    int hidden = 0;
-    int intermediate = 0;
-    int n_heads = 0;
-    int n_kv = 0;
-    int head_dim = 0;
-    float eps = 1e-6f;
-    double rope_theta = 1e6;
+struct StackF32 : StackShape {
     // RoPE frequencies [head_dim / 2], computed from rope_theta at load. The talker's interleaved
     // MRoPE reduces to this 1-D table because its three position components are always equal.
     std::vector<float> rope_inv_freq;

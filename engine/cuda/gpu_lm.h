@@ -28,6 +28,7 @@
 #include "engine/cuda/gpu_context.h"
 #include "kernels/linear.cuh"
 #include "kernels/sampling.cuh"
+#include "engine/model/weight_prep.h"
 #include "engine/model/weights.h"
 #include "engine/generation/sampling.h"
 #include "engine/text/prompt.h"
@@ -37,7 +38,7 @@ namespace qtts::cuda {
 using kernels::bf16_t;
 
 // Device pointers of one decoder stack.
-struct GpuStack {
+struct GpuStack : StackShape {
     struct Layer {
         const float* input_norm = nullptr;  // [H]
         const bf16_t* qkv = nullptr;        // [(n_heads + 2 n_kv) head_dim, H]  q, k, v rows
@@ -48,12 +49,6 @@ struct GpuStack {
         const bf16_t* gate_up = nullptr;    // [2 I, H]  gate rows, then up rows
         const bf16_t* down = nullptr;       // [H, I]
     };
-    int hidden = 0;
-    int intermediate = 0;
-    int n_heads = 0;
-    int n_kv = 0;
-    int head_dim = 0;
-    float eps = 1e-6f;
     std::vector<Layer> layers;
     const float* norm = nullptr;      // [H] final RMSNorm
     const float* inv_freq = nullptr;  // [head_dim / 2] RoPE frequencies, computed as the CPU does

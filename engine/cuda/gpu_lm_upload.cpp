@@ -106,12 +106,7 @@ GpuStack resolve_stack(const StackOffsets& o, const TransformerConfig& c, const 
     auto f32 = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
     auto b16 = [base](size_t off) { return reinterpret_cast<const bf16_t*>(base + off); };
     GpuStack s;
-    s.hidden = c.hidden_size;
-    s.intermediate = c.intermediate_size;
-    s.n_heads = c.num_heads;
-    s.n_kv = c.num_kv_heads;
-    s.head_dim = c.head_dim;
-    s.eps = c.rms_norm_eps;
+    static_cast<StackShape&>(s) = stack_shape(c);
     for (const auto& l : o.layers) {
         GpuStack::Layer L;
         L.input_norm = f32(l.input_norm);

@@ -7,6 +7,23 @@
 
 namespace qtts {
 
+StackShape stack_shape(const TransformerConfig& c) {
+    StackShape s;
+    s.hidden = c.hidden_size;
+    s.intermediate = c.intermediate_size;
+    s.n_heads = c.num_heads;
+    s.n_kv = c.num_kv_heads;
+    s.head_dim = c.head_dim;
+    s.eps = c.rms_norm_eps;
+    s.rope_theta = c.rope_theta;
+    if (s.n_kv <= 0 || s.n_heads % s.n_kv != 0)
+        fail(ErrorCode::ERROR_FORMAT, "config: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+             s.n_heads, s.n_kv);
+    if (s.head_dim % 2 != 0)
+        fail(ErrorCode::ERROR_FORMAT, "config: head_dim {} must be even for rotary embeddings", s.head_dim);
+    return s;
+}
+
 std::vector<float> rope_inv_freq(int head_dim, double theta) {
     std::vector<float> inv_freq(size_t(head_dim / 2));
     for (int i = 0; i < head_dim / 2; ++i) {

@@ -11,6 +11,20 @@
 
 namespace qtts {
 
+// The dimensions of one transformer stack (talker or code predictor) as both backends use them.
+struct StackShape {
+    int hidden = 0;
+    int intermediate = 0;
+    int n_heads = 0;
+    int n_kv = 0;
+    int head_dim = 0;
+    float eps = 1e-6f;
+    double rope_theta = 1e6;
+};
+// Reads the shape from a config; throws ERROR_FORMAT when the heads do not group (num_heads not
+// a multiple of num_kv_heads) or head_dim is odd (rotary pairs).
+StackShape stack_shape(const TransformerConfig& config);
+
 // The default RoPE frequency table [head_dim / 2]: inv_freq[i] = 1 / theta^(2i / head_dim), in fp32
 // as the reference computes it.
 std::vector<float> rope_inv_freq(int head_dim, double theta);
