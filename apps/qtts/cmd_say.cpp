@@ -92,7 +92,7 @@ void print_usage() {
         "  --chunk-frames N      frames per decoded chunk (default 4; first chunk is 1)\n"
         "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
         "  --device N            CUDA device index (default 0)\n"
-        "  --no-cuda-graphs      run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
+        "  --no-cuda-graphs      run the GPU frame steps eagerly (same audio)\n"
         "  --cpu-decoder         CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks     CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --no-warm-up          CUDA backend: skip the load-time warm-up (~0.2-0.5 s sooner to start;\n"

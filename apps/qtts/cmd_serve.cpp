@@ -36,7 +36,7 @@ void print_usage() {
         "  --io-threads N         network threads (default 2)\n"
         "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
         "  --device N             CUDA device index (default 0)\n"
-        "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio; also QTTS_NO_CUDA_GRAPHS=1)\n"
+        "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio)\n"
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"

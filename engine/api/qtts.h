@@ -142,11 +142,11 @@ constexpr int CHUNK_FRAMES_DEFAULT = 4;
 struct BackendOptions {
     std::string name = "auto";   // cpu, cuda, auto (CUDA when usable, else CPU with a logged reason)
     int device = 0;              // CUDA device index
-    bool cuda_graphs = true;     // false (or QTTS_NO_CUDA_GRAPHS=1): eager GPU execution, same codes
+    bool cuda_graphs = true;     // false: eager GPU execution, same codes
     bool gpu_decoder = true;     // CUDA: false = the CPU speech decoder (same audio to ~1e-6)
     // CUDA + GPU decoder: each generator state owns a decoder and a chunk of a captured size is
-    // one graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false (or
-    // QTTS_NO_FUSED_CHUNKS=1): separate LM and decoder replays. Same samples either way.
+    // one graph replay (LM frames + their audio, one sync; cuda/fused_chunks.h). false: separate
+    // LM and decoder replays. Same samples either way.
     bool fused_chunks = true;
     // CUDA: before load returns, every generator state speaks a short greedy utterance (each
     // captured chunk size and the decoder replay once; library handles, pinned buffers and lazy

@@ -82,9 +82,7 @@ void graph_replay(GpuContext& context, const GraphExec& graph) {
     CUDA_CHECK(cudaGraphLaunch(graph.get(), context.stream()));
 }
 
-FrameGraphs::FrameGraphs(GpuLm& lm, bool enabled) : lm_(lm), enabled_(enabled && !cuda_graphs_disabled_by_env()) {
-    if (enabled && !enabled_) QTTS_LOG_INFO("CUDA graphs disabled by QTTS_NO_CUDA_GRAPHS: frames run eagerly");
-}
+FrameGraphs::FrameGraphs(GpuLm& lm, bool enabled) : lm_(lm), enabled_(enabled) {}
 
 void FrameGraphs::capture(const std::vector<int>& frame_counts) {
     if (!enabled_) return;

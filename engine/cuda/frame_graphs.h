@@ -7,7 +7,7 @@
 // before capture), so all graphs share the device's one graph memory pool and it does not grow.
 //
 // run(K) replays the graph captured for K frames, or enqueues the same K steps eagerly when no
-// graph has that size or graphs are disabled (`--no-cuda-graphs`, QTTS_NO_CUDA_GRAPHS=1): the
+// graph has that size or graphs are disabled (`--no-cuda-graphs`, BackendOptions::cuda_graphs): the
 // results are bitwise identical either way (the same kernels in the same order).
 // Replays go through the context's OwnerGuard: another thread, or a replay while a capture or
 // another replay is in progress, is refused.

@@ -22,21 +22,6 @@ DeviceScope::~DeviceScope() {
     if (changed_) cudaSetDevice(previous_);
 }
 
-bool cuda_graphs_disabled_by_env() {
-    const char* v = std::getenv("QTTS_NO_CUDA_GRAPHS");
-    return v && *v && std::strcmp(v, "0") != 0;
-}
-
-bool fused_chunks_disabled_by_env() {
-    const char* v = std::getenv("QTTS_NO_FUSED_CHUNKS");
-    return v && *v && std::strcmp(v, "0") != 0;
-}
-
-bool cuda_pdl_enabled_by_env() {
-    const char* v = std::getenv("QTTS_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
-}
-
 GpuContext::GpuContext(int device) : device_(device) {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
@@ -54,7 +39,7 @@ GpuContext::GpuContext(int device) : device_(device) {
     name_ = prop.name;
     sm_count_ = prop.multiProcessorCount;
     major_ = prop.major;
-    pdl_ = major_ >= 9 && cuda_pdl_enabled_by_env();
+    pdl_ = major_ >= 9;  // programmatic dependent launch (sm_90+); pdl_set() turns it off for measurements
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));

@@ -34,13 +34,6 @@ private:
 // Free memory of the current device (cudaMemGetInfo), in bytes.
 size_t device_free_bytes();
 
-// True when QTTS_NO_CUDA_GRAPHS is set to anything but "" or "0".
-bool cuda_graphs_disabled_by_env();
-// QTTS_NO_FUSED_CHUNKS=1: LM and decoder chunks replay separately (cuda/fused_chunks.h).
-bool fused_chunks_disabled_by_env();
-// False when QTTS_PDL=0 (programmatic dependent launch off; on by default on sm_90+).
-bool cuda_pdl_enabled_by_env();
-
 class GpuContext {
 public:
     // Throws qtts::Error (ERROR_CUDA) with a clear message when the device cannot be used.

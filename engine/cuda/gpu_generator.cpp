@@ -117,10 +117,7 @@ void GpuGenerator::decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder) {
     QTTS_ASSERT(decoder && &decoder->context() == &context_);
     fused_.reset();
     decoder_ = std::move(decoder);
-    if (fused_chunks_ && graphs_.enabled() && !fused_chunks_disabled_by_env())
-        fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, chunk_sizes_);
-    else if (fused_chunks_ && graphs_.enabled())
-        QTTS_LOG_INFO("fused chunks disabled by QTTS_NO_FUSED_CHUNKS: LM and decoder replay separately");
+    if (fused_chunks_ && graphs_.enabled()) fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, chunk_sizes_);
 }
 
 void GpuGenerator::decoder_reset() {

@@ -370,9 +370,7 @@ GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights
     QTTS_LOG_INFO("GPU speech decoder on device {}: state {:.2f} MB, scratch {:.1f} MB for chunks of up to {} frames",
                   context_.device(), state_.bytes() / 1e6, scratch_bytes_ / 1e6, N);
 
-    graphs_enabled_ = options_.cuda_graphs && !cuda_graphs_disabled_by_env();
-    if (options_.cuda_graphs && !graphs_enabled_)
-        QTTS_LOG_INFO("CUDA graphs disabled by QTTS_NO_CUDA_GRAPHS: decoder chunks run eagerly");
+    graphs_enabled_ = options_.cuda_graphs;
     if (graphs_enabled_) {
         for (const int n : options_.graph_chunk_sizes) {
             if (n < 1 || n > N || graphs_.count(n)) continue;

@@ -16,7 +16,7 @@
 // max_chunk_frames frames, all allocated in the constructor. A chunk of n frames is one
 // device-resident sequence of kernels reading the position from device memory, so it is
 // captured once per configured chunk size into a CUDA graph (default sizes {1, 2, 4}) and
-// replayed; other sizes, or graphs off (option or QTTS_NO_CUDA_GRAPHS=1), run the same kernels
+// replayed; other sizes, or graphs off (the cuda_graphs option), run the same kernels
 // eagerly with bitwise identical output.
 //
 // Use (the runtime's view):
@@ -156,7 +156,7 @@ private:
 struct GpuSpeechDecoderOptions {
     int max_chunk_frames = 25;              // frames per internal chunk (sizes the scratch)
     std::vector<int> graph_chunk_sizes{1, 2, 4};  // one CUDA graph per size (<= max_chunk_frames)
-    bool cuda_graphs = true;                // false (or QTTS_NO_CUDA_GRAPHS=1): everything eager
+    bool cuda_graphs = true;                // false: everything eager
     // Products on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation). Off by default:
     // kept to measure its speed and accuracy (qtts bench-decoder --tf32), not for production.
     bool tf32 = false;
