@@ -33,6 +33,12 @@ int main(int argc, char** argv) {
     auto& registry = qtts_cli::command_registry();
     auto it = registry.find(args[0]);
     if (it == registry.end()) {
+#ifndef QTTS_HAVE_SERVER
+        if (args[0] == "serve") {
+            std::fprintf(stderr, "qtts: this build has no network server (configured with QTTS_BUILD_SERVER=OFF)\n");
+            return 2;
+        }
+#endif
         std::fprintf(stderr, "qtts: unknown command '%s' (run 'qtts --help')\n", args[0].c_str());
         return 2;
     }
