@@ -17,7 +17,7 @@ packages=(
   portaudio19-dev             # live playback
   libopus-dev libopusenc-dev libogg-dev libopusfile-dev  # Opus streaming (+ decoding in tests)
   libboost-dev                # Beast/Asio for the HTTP/WebSocket server
-  libconcurrentqueue-dev libreaderwriterqueue-dev        # lock-free queues
+  libconcurrentqueue-dev                                 # lock-free queue (engine submissions)
   curl netcat-openbsd         # network integration tests
   clang libclang-rt-14-dev    # libFuzzer + ASan/UBSan for the fuzz smoke run (tools/fuzz.sh)
 )

@@ -8,7 +8,6 @@
 #include <thread>
 
 #include <concurrentqueue.h>
-#include <readerwriterqueue.h>
 
 #include "engine/common/spsc_ring.h"
 #include "engine/common/error.h"
@@ -101,11 +100,12 @@ public:
         for (const auto& f : codes_) out.emplace_back(f.begin(), f.end());
         return out;
     }
-    bool event_poll(StreamEvent* out) override { return events_.try_dequeue(*out); }
+    bool event_poll(StreamEvent* out) override { return events_.read(out, 1) == 1; }
     uint64_t events_dropped() const override { return events_dropped_.load(std::memory_order_relaxed); }
 
     // ---- engine side ----
-    // try_enqueue never allocates: the queue's blocks were made at construction.
+    // write() never allocates: the ring was made (and touched) at construction. A full ring (a
+    // consumer that never polls) drops the event and counts it.
     void event_emit(StreamEventKind kind, int32_t frames = 0, StopReason reason = StopReason::STOP_NONE) {
         StreamEvent e;
         e.kind = kind;
@@ -113,7 +113,7 @@ public:
         e.frames = frames;
         e.frames_total = frames_emitted_ += frames;
         e.t_ms = ms_since(submitted_);
-        if (!events_.try_enqueue(e)) events_dropped_.fetch_add(1, std::memory_order_relaxed);
+        if (events_.write(&e, 1) != 1) events_dropped_.fetch_add(1, std::memory_order_relaxed);
     }
 
     void publish(const std::vector<float>& pcm, const std::vector<FrameCodes>& frames) {
@@ -168,7 +168,7 @@ private:
     std::vector<FrameCodes> codes_;
     // Telemetry, engine thread -> reader (SPSC). 256 events: minutes of chunks for a reader
     // that polls now and then; beyond that they are dropped and counted.
-    moodycamel::ReaderWriterQueue<StreamEvent> events_{256};
+    SpscRing<StreamEvent> events_{256};  // engine thread -> the stream's one consumer
     std::atomic<uint64_t> events_dropped_{0};
     int64_t frames_emitted_ = 0;  // engine thread only
 };
