@@ -11,6 +11,7 @@
 
 #include "engine/text/request_check.h"
 #include "engine/text/text_split.h"
+#include "engine/common/strings.h"
 
 namespace qtts {
 
@@ -20,11 +21,6 @@ using json = nlohmann::json;
 
 [[noreturn]] void bad_request(const std::string& param, const std::string& message) {
     throw RequestError(RequestErrorKind::REQUEST_ERROR_INVALID, param, message);
-}
-
-std::string lower(std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    return s;
 }
 
 std::string list_join(const std::vector<std::string>& items) {
@@ -64,9 +60,9 @@ std::optional<uint64_t> seed_field(const json& obj) {
 // Maps a user-given name onto the service's spelling, case-insensitively.
 std::string name_match(const std::string& given, const std::vector<std::string>& accepted, const char* field,
                        const char* what) {
-    const std::string want = lower(given);
+    const std::string want = ascii_lower(given);
     for (const auto& name : accepted)
-        if (lower(name) == want) return name;
+        if (ascii_lower(name) == want) return name;
     bad_request(field, fmt::format("unknown {} '{}'; accepted: {}", what, given, list_join(accepted)));
 }
 
@@ -187,7 +183,7 @@ SpeechParams speech_params_parse_http(const std::string& body_text, const Speech
 
     common_fields_parse(body, service, limits, r);
 
-    const std::string format = lower(string_field(body, "response_format", "opus"));
+    const std::string format = ascii_lower(string_field(body, "response_format", "opus"));
     if (format == "opus") {
         p.format = AudioFormat::AUDIO_FORMAT_OGG_OPUS;
     } else if (format == "wav") {
@@ -210,7 +206,7 @@ SpeechParams speech_params_parse_http(const std::string& body_text, const Speech
     }
 
     p.stream = bool_field(body, "stream", false);
-    const std::string stream_format = lower(string_field(body, "stream_format"));
+    const std::string stream_format = ascii_lower(string_field(body, "stream_format"));
     if (!stream_format.empty()) {
         if (stream_format == "audio") {
             p.stream = true;
@@ -231,7 +227,7 @@ SpeechParams speech_params_parse_ws_start(const json& message, const SpeechServi
     r.text = string_field(message, "text");
     field_text_check(r.text, "text", limits.max_text_bytes);
     common_fields_parse(message, service, limits, r);
-    const std::string format = lower(string_field(message, "format", "opus"));
+    const std::string format = ascii_lower(string_field(message, "format", "opus"));
     if (format == "opus") {
         p.format = AudioFormat::AUDIO_FORMAT_OPUS_PACKETS;
     } else if (format == "ogg") {

@@ -15,16 +15,12 @@
 #ifdef QTTS_HAVE_CUDA
 #include "engine/cuda/gpu_decoder_pool.h"
 #include "engine/cuda/gpu_generator_pool.h"
+#include "engine/common/strings.h"
 #endif
 
 namespace qtts {
 
 namespace {
-
-std::string lower(std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    return s;
-}
 
 // CUDA warm-up (BackendOptions::warm_up). Graphs are per generator state, so every state
 // speaks a short sentence, all leased at once (so each is taken, not one again and again): one
@@ -287,8 +283,8 @@ PreparedSpeech SpeechModel::prepare(const SpeechRequest& request, const SpeechRe
             fail(ErrorCode::ERROR_INVALID_ARGUMENT, "incremental text needs the streaming text layout");
         base.layout = TextLayout::TEXT_LAYOUT_STREAMING;
     }
-    base.language = request.language.empty() ? "auto" : lower(request.language);
-    base.speaker = lower(request.speaker);
+    base.language = request.language.empty() ? "auto" : ascii_lower(request.language);
+    base.speaker = ascii_lower(request.speaker);
     if (config.type == ModelType::MODEL_TYPE_CUSTOM_VOICE && base.speaker.empty()) base.speaker = default_speaker();
     if (!debug.instruct_ids.empty()) base.instruct_ids = debug.instruct_ids;
     else if (!request.instruct.empty()) base.instruct_ids = instruct_ids(request.instruct, prep.text_tokens);

@@ -5,6 +5,7 @@
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/strings.h"
 
 namespace qtts {
 
@@ -13,11 +14,6 @@ namespace {
 constexpr int ROLE_TOKENS = 3;         // <|im_start|> assistant \n
 constexpr int TEXT_SUFFIX_TOKENS = 5;  // <|im_end|> \n <|im_start|> assistant \n
 constexpr int REF_SUFFIX_TOKENS = 2;   // <|im_end|> \n
-
-std::string lower(std::string s) {
-    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
 
 std::string names_join(const std::vector<std::string>& names) {
     std::string out;
@@ -71,7 +67,7 @@ void template_check(const ModelConfig& config, const std::vector<int32_t>& ids, 
 // The speaker's codec id (CustomVoice) after the checks of model doc §6.6.
 int32_t speaker_resolve(const ModelConfig& config, const PromptRequest& request, std::string* speaker_key) {
     const TalkerConfig& t = config.talker;
-    const std::string key = lower(request.speaker);
+    const std::string key = ascii_lower(request.speaker);
     switch (config.type) {
         case ModelType::MODEL_TYPE_CUSTOM_VOICE: {
             if (key.empty())
@@ -106,7 +102,7 @@ int32_t speaker_resolve(const ModelConfig& config, const PromptRequest& request,
 // model was trained on them only with those speakers.
 int32_t language_resolve(const ModelConfig& config, const std::string& language, const std::string& speaker_key) {
     const TalkerConfig& t = config.talker;
-    const std::string key = lower(language.empty() ? std::string("auto") : language);
+    const std::string key = ascii_lower(language.empty() ? std::string("auto") : language);
     int32_t id = -1;
     if (key != "auto") {
         const auto it = t.language_ids.find(key);
