@@ -28,6 +28,7 @@
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_context.h"
 #include "engine/cuda/gpu_lm.h"
+#include "engine/cuda/gpu_lm_launch.h"
 #include "engine/model/weights.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
@@ -261,26 +262,10 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
              S.intermediate, S.hidden, 1, GI::GEMV_INPUT_RMSNORM, L.post_norm, GO::GEMV_OUTPUT_SWIGLU);
         gemv((who + "down gemv (+res)").c_str(), L.down, nullptr, S.hidden, S.intermediate, 1, GI::GEMV_INPUT_PLAIN,
              nullptr, GO::GEMV_OUTPUT_ADD);
-        k::AttentionArgs a;
-        a.qkv = x.get();
-        a.ld_qkv = S.qkv_dim();
-        a.T = 1;
-        a.n_heads = S.n_heads;
-        a.n_kv = S.n_kv;
-        a.head_dim = S.head_dim;
-        a.q_norm = L.q_norm;
-        a.k_norm = L.k_norm;
-        a.inv_freq = S.inv_freq;
-        a.k_cache = kc.get();
-        a.v_cache = vc.get();
-        a.max_ctx = s == 0 ? ctx_len : 16;
-        a.pos_dev = s == 0 ? d_ints.get() : nullptr;
-        a.pos_host = 8;
-        a.out = y2.get();
-        a.ld_out = S.q_dim();
-        a.splits = s == 0 ? k::attention_splits(ctx_len) : 1;
-        a.partial = partial.get();
-        a.counters = counters.get();
+        // The arguments the product passes (engine/cuda/gpu_lm_launch.h), on layer 0's caches.
+        const k::AttentionArgs a = qc::attention_args(
+            S, 0, x.get(), y2.get(), kc.get(), vc.get(), s == 0 ? ctx_len : 16, s == 0 ? k::attention_splits(ctx_len) : 1,
+            partial.get(), counters.get(), 1, s == 0 ? d_ints.get() : nullptr, 8);
         time(who + (s == 0 ? "attention (ctx 300, split-K)" : "attention (pos 8)"),
              s == 0 ? double(pos) * S.kv_dim() * 8 : 0.0, [&, a] { k::attention(a, ctx.launch()); });
     }

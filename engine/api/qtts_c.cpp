@@ -179,10 +179,6 @@ qtts_result qtts_submit(qtts_engine* engine, const qtts_request* request, qtts_s
         cpp.instruct = str_or_empty(request->instruction);
         if (request->has_seed) cpp.seed = request->seed;
         cpp.incremental = request->incremental != 0;
-        // The engine refuses an empty non-incremental text too; checking here gives the C caller
-        // a message that names the field.
-        if (!cpp.incremental && cpp.text.empty())
-            return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_submit: text is empty (and the request is not incremental)");
         auto handle = std::make_unique<qtts_stream>();
         handle->stream = engine->engine->submit(cpp);  // checks the request; throws qtts::Error
         *out = handle.release();

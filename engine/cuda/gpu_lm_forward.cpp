@@ -45,38 +45,6 @@ void GpuLm::linear_prefill(const float* x, int T, int in, const float* norm_w, f
     CUDA_CHECK_KERNEL(k::linear_split_combine(y2_, out, T, n, bias, epilogue, y, ldy, l));
 }
 
-namespace {
-k::AttentionArgs attention_args(const GpuStack& s, int layer, float* qkv, float* attn, float* k_cache, float* v_cache,
-                                int max_ctx, int splits, float* partial, uint32_t* counters, int T,
-                                const int32_t* pos_dev, int pos_host) {
-    const GpuStack::Layer& L = s.layers[size_t(layer)];
-    const size_t layer_stride = size_t(s.n_kv) * size_t(max_ctx) * size_t(s.head_dim);
-    k::AttentionArgs a;
-    a.qkv = qkv;
-    a.ld_qkv = s.qkv_dim();
-    a.T = T;
-    a.n_heads = s.n_heads;
-    a.n_kv = s.n_kv;
-    a.head_dim = s.head_dim;
-    a.q_norm = L.q_norm;
-    a.k_norm = L.k_norm;
-    a.eps = s.eps;
-    a.inv_freq = s.inv_freq;
-    a.k_cache = k_cache + layer_stride * size_t(layer);
-    a.v_cache = v_cache + layer_stride * size_t(layer);
-    a.max_ctx = max_ctx;
-    a.pos_dev = pos_dev;
-    a.pos_host = pos_host;
-    a.append = true;
-    a.out = attn;
-    a.ld_out = s.q_dim();
-    a.splits = splits;
-    a.partial = partial;
-    a.counters = counters;
-    return a;
-}
-}  // namespace
-
 void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host) {
     const k::Launch l = launch();
     const int H = s.hidden, I = s.intermediate;

@@ -8,6 +8,7 @@
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gpu_lm.h"
+#include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
 
@@ -48,6 +49,39 @@ inline kernels::GemvArgs gemv_residual(kernels::GemvArgs a) {
 inline kernels::GemvArgs gemv_swiglu(kernels::GemvArgs a, const bf16_t* up) {
     a.w2 = up;
     a.output = kernels::GemvOutput::GEMV_OUTPUT_SWIGLU;
+    return a;
+}
+
+// Attention of stack layer `layer` for T new rows at positions pos_dev[0].. (device) or pos_host..:
+// q/k norms, RoPE and the cache append inside the kernel; the layer's slice of the caches
+// [layers, n_kv, max_ctx, head_dim]; split-K scratch in partial/counters.
+inline kernels::AttentionArgs attention_args(const GpuStack& s, int layer, float* qkv, float* attn, float* k_cache, float* v_cache,
+                                int max_ctx, int splits, float* partial, uint32_t* counters, int T,
+                                const int32_t* pos_dev, int pos_host) {
+    const GpuStack::Layer& L = s.layers[size_t(layer)];
+    const size_t layer_stride = size_t(s.n_kv) * size_t(max_ctx) * size_t(s.head_dim);
+    kernels::AttentionArgs a;
+    a.qkv = qkv;
+    a.ld_qkv = s.qkv_dim();
+    a.T = T;
+    a.n_heads = s.n_heads;
+    a.n_kv = s.n_kv;
+    a.head_dim = s.head_dim;
+    a.q_norm = L.q_norm;
+    a.k_norm = L.k_norm;
+    a.eps = s.eps;
+    a.inv_freq = s.inv_freq;
+    a.k_cache = k_cache + layer_stride * size_t(layer);
+    a.v_cache = v_cache + layer_stride * size_t(layer);
+    a.max_ctx = max_ctx;
+    a.pos_dev = pos_dev;
+    a.pos_host = pos_host;
+    a.append = true;
+    a.out = attn;
+    a.ld_out = s.q_dim();
+    a.splits = splits;
+    a.partial = partial;
+    a.counters = counters;
     return a;
 }
 
