@@ -27,25 +27,56 @@ __host__ __device__ inline int split_chunk(int ctx, int splits) {
     return chunk > ATTN_KEYS_PER_SPLIT ? ATTN_KEYS_PER_SPLIT : chunk;
 }
 
+// The buffers one sequence of a launch works on: the launch's own, or (batched) those of
+// sequence `seq` (blockIdx.z = seq * tiles + tile). Kept apart from AttentionArgs, which stays
+// the kernel parameter as passed. Reads only the host-written table, so it may run before
+// pdl_wait(). k_cache == nullptr: an idle sequence.
+struct SeqBuffers {
+    const float* qkv;
+    float* out;
+    float* k_cache;
+    float* v_cache;
+    const int32_t* pos_dev;
+    float* partial;
+    uint32_t* counters;
+};
+
+__device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int seq) {
+    if (!a.seqs) return SeqBuffers{a.qkv, a.out, a.k_cache, a.v_cache, a.pos_dev, a.partial, a.counters};
+    const AttentionSeq s = a.seqs[seq];
+    const int tiles = query_tiles(a.T);
+    SeqBuffers b;
+    b.qkv = a.qkv + size_t(seq) * a.T * a.ld_qkv;
+    b.out = a.out + size_t(seq) * a.T * a.ld_out;
+    b.k_cache = s.k_cache ? s.k_cache + a.seq_layer_offset : nullptr;
+    b.v_cache = s.v_cache ? s.v_cache + a.seq_layer_offset : nullptr;
+    b.pos_dev = s.pos;
+    b.partial = a.partial ? a.partial + size_t(seq) * a.n_heads * a.T * a.splits * (a.head_dim + 2) : nullptr;
+    b.counters = a.counters ? a.counters + size_t(seq) * a.n_kv * tiles : nullptr;
+    return b;
+}
+
 // The query tile and key slice of this block (blockIdx.y = split, blockIdx.z = tile).
 struct BlockSlice {
     int t0, nq;        // first query token of the tile; query rows (tokens × heads per KV head)
     int pos0, ctx;     // position of query 0; keys in the context after this launch
     int chunk, k0, k1; // slice length and its keys [k0, k1)
     int k1_visible;    // end of the keys some query of the tile can see
+    int active;        // slices that hold keys at this context (the others return at once)
 };
 
-__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, int group) {
+__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const SeqBuffers& sb, int group, int tile) {
     BlockSlice b;
-    b.t0 = blockIdx.z * ATTN_TILE;
+    b.t0 = tile * ATTN_TILE;
     const int qt = min(ATTN_TILE, a.T - b.t0);
     b.nq = qt * group;
-    b.pos0 = position_read(a.pos_dev, a.pos_host);
+    b.pos0 = position_read(sb.pos_dev, a.pos_host);
     b.ctx = b.pos0 + a.T;
     b.chunk = split_chunk(b.ctx, a.splits);
     b.k0 = blockIdx.y * b.chunk;
     b.k1 = min(b.ctx, b.k0 + b.chunk);
     b.k1_visible = min(b.k1, b.pos0 + b.t0 + qt);
+    b.active = min(a.splits, (b.ctx + b.chunk - 1) / b.chunk);
     return b;
 }
 
@@ -54,11 +85,12 @@ __device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, int gr
 // v_base (row j = key k0 + j, stride head_dim): softmax, probabilities times values, and either
 // the output (one split) or this split's partial state plus, in the last block of the (KV head,
 // query tile), the split-K combine. Called by every thread of the block.
-__device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* s_s, const float* v_base, int n, int t0,
-                                                 int nq, int ctx, int chunk, float* m_s, float* l_s, int* is_last_s) {
+__device__ __forceinline__ void attention_finish(const AttentionArgs& a, const SeqBuffers& sb, float* s_s, const float* v_base, int n, int t0,
+                                                 int nq, int ctx, int chunk, float* m_s, float* l_s, int* is_last_s,
+                                                 int tile) {
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
-    const int g = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
+    const int g = blockIdx.x, split = blockIdx.y;
     const int cap = ATTN_KEYS_PER_SPLIT;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int threads = blockDim.x, warps = threads >> 5;  // the kernels use 128 or 256 threads
@@ -93,9 +125,9 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
         const int t = t0 + qi / group, h = g * group + qi % group;
         if (a.splits == 1) {
             const float l = l_s[qi];
-            a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
+            sb.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
         } else {
-            float* P = a.partial + ((size_t(t) * a.n_heads + h) * a.splits + split) * (hd + 2);
+            float* P = sb.partial + ((size_t(t) * a.n_heads + h) * a.splits + split) * (hd + 2);
             P[d] = acc;
             if (d == 0) {
                 P[hd] = m_s[qi];
@@ -106,25 +138,25 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
     if (a.splits == 1) return;
 
     // The last block of this (KV head, tile) combines the partial states of the splits that
-    // hold keys (later splits are empty at this context).
+    // hold keys (the blocks of later splits returned without taking part).
+    const int active = min(a.splits, (ctx + chunk - 1) / chunk);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        uint32_t* counter = a.counters + size_t(g) * query_tiles(a.T) + tile;
+        uint32_t* counter = sb.counters + size_t(g) * query_tiles(a.T) + tile;
         const uint32_t before = atomicAdd(counter, 1u);
-        *is_last_s = before == uint32_t(a.splits - 1);
+        *is_last_s = before == uint32_t(active - 1);
         if (*is_last_s) *counter = 0u;  // every split has arrived: reset for the next launch
     }
     __syncthreads();
     if (!*is_last_s) return;
     __threadfence();
-    const int active = min(a.splits, (ctx + chunk - 1) / chunk);
     // Weights of every (query, split) in parallel, into s_s (free now): w = exp(m - M).
     float* w_s = s_s;  // [nq, active]
     for (int i = threadIdx.x; i < nq * active; i += threads) {
         const int qi = i / active, sp = i % active;
         const int t = t0 + qi / group, h = g * group + qi % group;
-        w_s[i] = load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
+        w_s[i] = load_coherent(sb.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
     }
     __syncthreads();
     for (int qi = warp; qi < nq; qi += warps) {
@@ -137,7 +169,7 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
             const float m = w_s[qi * active + sp];
             const float w = (m == -INFINITY || M == -INFINITY) ? 0.0f : expf(m - M);
             w_s[qi * active + sp] = w;
-            L = fmaf(w, load_coherent(a.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd + 1), L);
+            L = fmaf(w, load_coherent(sb.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd + 1), L);
         }
         L = warp_sum(L);
         if (lane == 0) l_s[qi] = L;
@@ -146,13 +178,13 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
     for (int o = threadIdx.x; o < nq * hd; o += threads) {
         const int qi = o / hd, d = o % hd;
         const int t = t0 + qi / group, h = g * group + qi % group;
-        const float* P = a.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + d;
+        const float* P = sb.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + d;
         const float* w = w_s + qi * active;
         float acc = 0.0f;
 #pragma unroll 4
         for (int sp = 0; sp < active; ++sp) acc = fmaf(w[sp], load_coherent(P + sp * (hd + 2)), acc);
         const float L = l_s[qi];
-        a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
+        sb.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
     }
 }
 
@@ -163,6 +195,9 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, float* 
 // previous kernel) and add the new rows there themselves; everything else reads the cache.
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const AttentionArgs a, int stage_keys) {
     extern __shared__ float4 attn_smem4[];
+    const int tiles = query_tiles(a.T), tile = blockIdx.z % tiles, seq = blockIdx.z / tiles;
+    const SeqBuffers sb = seq_buffers(a, seq);
+    if (!sb.k_cache) return;  // an idle row of a batch
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ int is_last;
@@ -182,7 +217,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
     // Before the wait: the position (written frames ago) and the cached rows of this slice.
-    const int pos_early = position_read(a.pos_dev, a.pos_host);
+    const int pos_early = position_read(sb.pos_dev, a.pos_host);
     bool staged = false;
     {
         const int ctx = pos_early + a.T;
@@ -195,25 +230,36 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
             for (int i = threadIdx.x; i < old_rows * vec; i += ATTN_THREADS) {
                 const int r = i / vec, c = i % vec;
                 const size_t src = (head_base + k0 + r) * hd + c * 4;
-                __pipeline_memcpy_async(k_stage + r * hd + c * 4, a.k_cache + src, 16);
-                __pipeline_memcpy_async(v_stage + r * hd + c * 4, a.v_cache + src, 16);
+                __pipeline_memcpy_async(k_stage + r * hd + c * 4, sb.k_cache + src, 16);
+                __pipeline_memcpy_async(v_stage + r * hd + c * 4, sb.v_cache + src, 16);
             }
             __pipeline_commit();
         } else if (threadIdx.x == 0 && (hd & 3) == 0 && ctx <= a.max_ctx) {
             const int last = min(pos_early, k1);
             if (last > k0) {
                 const uint32_t bytes = uint32_t(last - k0) * uint32_t(hd) * 4u;
-                prefetch_l2(a.k_cache + (head_base + k0) * hd, bytes);
-                prefetch_l2(a.v_cache + (head_base + k0) * hd, bytes);
+                prefetch_l2(sb.k_cache + (head_base + k0) * hd, bytes);
+                prefetch_l2(sb.v_cache + (head_base + k0) * hd, bytes);
             }
         }
     }
     pdl_wait();
     pdl_trigger();
+    if (a.seqs) {
+        const int32_t* stopped = a.seqs[seq].stopped;
+        if (stopped && *stopped) {
+            if (staged) __pipeline_wait_prior(0);
+            return;  // the stream ended: its cache and position stay as they are
+        }
+    }
 
-    const BlockSlice b = block_slice(a, group);
+    const BlockSlice b = block_slice(a, sb, group, tile);
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, ctx = b.ctx, chunk = b.chunk, k0 = b.k0, k1 = b.k1;
     const int k1_visible = b.k1_visible;
+    if (split >= b.active) {  // no key of the context falls in this slice
+        if (staged) __pipeline_wait_prior(0);
+        return;
+    }
     if (staged) {
         __pipeline_wait_prior(0);
         staged = pos0 == pos_early;  // the early read was right (always, in the frame step)
@@ -227,8 +273,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     for (int job = warp; job < jobs; job += ATTN_WARPS) {
         if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
             const int r = r_first + job;
-            const float* k_src = a.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
-            float* k_dst = a.k_cache + (head_base + r) * hd;
+            const float* k_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
+            float* k_dst = sb.k_cache + (head_base + r) * hd;
             if (staged) {
                 float* k_row = k_stage + (r - k0) * hd;
                 warp_head_norm_rope(k_src, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r);
@@ -238,8 +284,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
             }
         } else if (job < 2 * n_new) {  // value row: copied as is
             const int r = r_first + job - n_new;
-            const float* v_src = a.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
-            float* v_dst = a.v_cache + (head_base + r) * hd;
+            const float* v_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
+            float* v_dst = sb.v_cache + (head_base + r) * hd;
             for (int d = lane; d < hd; d += 32) {
                 const float v = v_src[d];
                 v_dst[d] = v;
@@ -248,14 +294,14 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
         } else {  // query qi = token * group + head-in-group
             const int qi = job - 2 * n_new;
             const int t = t0 + qi / group, h = g * group + qi % group;
-            warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd,
+            warp_head_norm_rope(sb.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd,
                                 a.q_norm, a.eps, a.inv_freq, pos0 + t);
         }
     }
     __syncthreads();
 
-    const float* k_base = staged ? k_stage : a.k_cache + (head_base + k0) * hd;  // row j = key k0 + j
-    const float* v_base = staged ? v_stage : a.v_cache + (head_base + k0) * hd;
+    const float* k_base = staged ? k_stage : sb.k_cache + (head_base + k0) * hd;  // row j = key k0 + j
+    const float* v_base = staged ? v_stage : sb.v_cache + (head_base + k0) * hd;
 
     // Scores: a warp takes ATTN_KEY_BATCH keys at a time, lanes split the head dimension.
     const int n = max(0, k1_visible - k0);
@@ -292,7 +338,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     }
     __syncthreads();
 
-    attention_finish(a, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last);
+    attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last, tile);
 }
 
 // Prefill attention (append = false: every key, the new ones included, is already in the cache).
@@ -324,7 +370,10 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
 
     pdl_wait();  // the keys were appended by the previous kernel
     pdl_trigger();
-    const BlockSlice b = block_slice(a, group);
+    const int tile = blockIdx.z;
+    const SeqBuffers sb = seq_buffers(a, 0);  // prefill launches are never batched
+    const BlockSlice b = block_slice(a, sb, group, tile);
+    if (int(blockIdx.y) >= b.active) return;  // no key of the context falls in this slice
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
     const int n = max(0, b.k1_visible - k0);  // keys some query of this tile can see
 
@@ -365,7 +414,7 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
         }
     }
     __syncthreads();
-    attention_finish(a, s_s, v_s, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last);
+    attention_finish(a, sb, s_s, v_s, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile);
 }
 
 size_t attention_cached_smem(const AttentionArgs& a) {
@@ -391,7 +440,8 @@ __global__ void __launch_bounds__(32) kv_append_kernel(const AttentionArgs a) {
 }
 
 void attention_validate(const AttentionArgs& a) {
-    const bool ok = a.qkv && a.k_cache && a.v_cache && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
+    const bool caches = a.seqs ? a.batch >= 1 && a.append : a.batch == 1 && a.k_cache && a.v_cache;
+    const bool ok = caches && a.qkv && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
                     a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP && a.head_dim >= 2 &&
                     a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 && a.splits <= ATTN_KEYS_PER_SPLIT &&
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
@@ -413,7 +463,7 @@ size_t attention_counter_count(int n_kv, int T) { return size_t(n_kv) * size_t(q
 
 void attention(const AttentionArgs& a, const Launch& l) {
     attention_validate(a);
-    const dim3 grid(a.n_kv, a.splits, query_tiles(a.T));
+    const dim3 grid(a.n_kv, a.splits, query_tiles(a.T) * a.batch);
     if (!a.append) {
         // Prefill: keys already in the cache (kv_append), staged per block.
         const size_t smem = attention_cached_smem(a);
@@ -439,6 +489,7 @@ void attention(const AttentionArgs& a, const Launch& l) {
 
 void kv_append(const AttentionArgs& a, const Launch& l) {
     attention_validate(a);
+    if (a.seqs) check_fail("kv_append", "batched launches append inside attention()", __func__, __FILE__, __LINE__);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(a.T, a.n_kv), dim3(32), 0, kv_append_kernel, a));
 }
 

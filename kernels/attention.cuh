@@ -20,6 +20,17 @@ constexpr int ATTN_KEYS_PER_SPLIT = 128;  // upper bound of one block's key rang
 constexpr int ATTN_MAX_HEAD_DIM = 128;
 constexpr int ATTN_MAX_GROUP = 4;     // query heads per KV head
 
+// One sequence of a batched decode launch (device memory, written by the host when the batch
+// changes): its caches at layer 0 (AttentionArgs::seq_layer_offset selects the layer), the
+// position of its first query (null: AttentionArgs::pos_host) and its stop flag (null: never
+// stopped). k_cache == nullptr marks an idle sequence; idle and stopped sequences are skipped.
+struct AttentionSeq {
+    float* k_cache = nullptr;
+    float* v_cache = nullptr;
+    const int32_t* pos = nullptr;
+    const int32_t* stopped = nullptr;
+};
+
 struct AttentionArgs {
     const float* qkv = nullptr;    // [T, ld_qkv]: q heads, then k heads, then v heads (raw projections)
     int ld_qkv = 0;
@@ -42,6 +53,12 @@ struct AttentionArgs {
     int splits = 1;                  // key-range slices per KV head (fixed; sized for max_ctx)
     float* partial = nullptr;        // attention_partial_floats() scratch (splits > 1)
     uint32_t* counters = nullptr;    // attention_counter_count() zeros (splits > 1); left zeroed
+    // Batched decode (append only): `batch` independent sequences of T queries each, qkv/out rows
+    // seq * T + t; seqs[seq] gives each one's caches, position and stop flag (k_cache, v_cache
+    // and pos_dev above are then unused); partial/counters hold one region per sequence.
+    const AttentionSeq* seqs = nullptr;
+    int batch = 1;
+    size_t seq_layer_offset = 0;  // floats from a sequence's layer-0 cache to this layer's
 };
 
 // Slices needed so that no slice exceeds ATTN_KEYS_PER_SPLIT keys at max_ctx.

@@ -29,7 +29,12 @@ __global__ void __launch_bounds__(EMBED_THREADS) frame_embed_kernel(const FrameE
     const int r = blockIdx.y;
     const int32_t* codes = a.codes + size_t(r) * a.code_stride;
     const float* text = nullptr;
-    if (a.pad) {
+    if (a.slots) {
+        const StreamSlot slot = a.slots[r];
+        const int index = slot.state ? slot.state->frame : -1;
+        const bool has = slot.trailing && index >= 0 && index < slot.state->trailing_rows;
+        text = has ? slot.trailing + size_t(index) * a.dim : slot.pad;
+    } else if (a.pad) {
         const int index = *a.text_index;
         text = (a.trailing && index >= 0 && index < *a.trailing_rows) ? a.trailing + size_t(index) * a.dim : a.pad;
     }
@@ -42,14 +47,19 @@ __global__ void __launch_bounds__(EMBED_THREADS) frame_embed_kernel(const FrameE
     }
 }
 
-__global__ void __launch_bounds__(EMBED_THREADS)
-    predictor_input_kernel(const float* hidden, const bf16_t* table, const int32_t* code0, int dim, float* out) {
+// grid: (blocks, rows); row r of hidden -> rows 2r, 2r + 1 of out.
+__global__ void __launch_bounds__(EMBED_THREADS) predictor_input_kernel(const float* hidden, const bf16_t* table,
+                                                                         const int32_t* code0, int code_stride,
+                                                                         int dim, float* out) {
     pdl_wait();
     pdl_trigger();
-    const bf16_t* row = table + size_t(*code0) * dim;
+    const int r = blockIdx.y;
+    const bf16_t* row = table + size_t(code0[size_t(r) * code_stride]) * dim;
+    const float* h = hidden + size_t(r) * dim;
+    float* o = out + size_t(2 * r) * dim;
     for (int i = blockIdx.x * EMBED_THREADS + threadIdx.x; i < dim; i += gridDim.x * EMBED_THREADS) {
-        out[i] = hidden[i];
-        out[dim + i] = bf16_to_float(row[i]);
+        o[i] = h[i];
+        o[dim + i] = bf16_to_float(row[i]);
     }
 }
 
@@ -79,17 +89,22 @@ void embedding_gather(const bf16_t* table, int dim, const int32_t* ids, int n, f
 void frame_embed(const FrameEmbedArgs& a, const Launch& l) {
     bool ok = a.groups >= 1 && a.groups <= EMBED_MAX_TABLES && a.dim > 0 && a.codes && a.rows >= 1 && a.out;
     for (int g = 0; g < a.groups && ok; ++g) ok = a.tables[g] != nullptr;
-    if (a.pad) ok = ok && a.rows == 1 && a.text_index && (!a.trailing || a.trailing_rows);
+    if (a.pad && !a.slots) ok = ok && a.rows == 1 && a.text_index && (!a.trailing || a.trailing_rows);
     if (!ok) check_fail("frame_embed", "invalid arguments", __func__, __FILE__, __LINE__);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(a.dim), a.rows), dim3(EMBED_THREADS), 0, frame_embed_kernel, a));
 }
 
 void predictor_input(const float* hidden, const bf16_t* table, const int32_t* code0, int dim, float* out,
                      const Launch& l) {
-    if (!hidden || !table || !code0 || !out || dim <= 0)
+    predictor_input_rows(hidden, table, code0, 0, 1, dim, out, l);
+}
+
+void predictor_input_rows(const float* hidden, const bf16_t* table, const int32_t* code0, int code_stride, int rows,
+                          int dim, float* out, const Launch& l) {
+    if (!hidden || !table || !code0 || !out || dim <= 0 || rows < 1 || code_stride < 0)
         check_fail("predictor_input", "invalid arguments", __func__, __FILE__, __LINE__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim)), dim3(EMBED_THREADS), 0, predictor_input_kernel, hidden, table,
-                             code0, dim, out));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(embed_blocks(dim), rows), dim3(EMBED_THREADS), 0, predictor_input_kernel,
+                                    hidden, table, code0, code_stride, dim, out));
 }
 
 void rows_add(const float* src, int ld_src, const int32_t* src_rows, int n, int dim, const int32_t* dst_rows,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/batch.cuh"
 
 namespace qtts::kernels {
 
@@ -29,6 +30,10 @@ struct FrameEmbedArgs {
     float* out = nullptr;                    // [rows, ldo]
     int ldo = 0;
     bool accumulate = false;
+    // Batched text track (any rows): row r adds its stream's text track (slots[r].trailing at
+    // the state's frame while below trailing_rows, else slots[r].pad); trailing, trailing_rows,
+    // text_index and pad above are unused. An idle row gets no text.
+    const StreamSlot* slots = nullptr;
 };
 
 // out[r] (+)= Σ_g tables[g][codes[r, g]] (+ text track), summed in codebook order.
@@ -37,6 +42,10 @@ void frame_embed(const FrameEmbedArgs& args, const Launch& launch);
 // The code predictor's first two inputs: out[0] = hidden, out[1] = table[*code0].
 void predictor_input(const float* hidden, const bf16_t* table, const int32_t* code0, int dim, float* out,
                      const Launch& launch);
+// The same for `rows` streams: out[2r] = hidden[r], out[2r + 1] = table[code0[r * code_stride]]
+// (hidden [rows, dim], out [2 rows, dim]).
+void predictor_input_rows(const float* hidden, const bf16_t* table, const int32_t* code0, int code_stride, int rows,
+                          int dim, float* out, const Launch& launch);
 
 // dst[dst_rows[r]] += src[src_rows ? src_rows[r] : r] for r < n (rows of `dim` floats);
 // dst_rows must not repeat.

@@ -11,7 +11,7 @@ namespace {
 
 template <int NB, int NMAT>
 void gemv_launch(const GemvArgs& a, const Launch& l) {
-    const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
+    const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS, (a.rows + NB - 1) / NB);
     const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(gemv_vec_kernel<NB, NMAT, false>, smem, raised);
@@ -33,11 +33,11 @@ void gemv_dispatch(const GemvArgs& a, const Launch& l) {
 }  // namespace
 
 void gemv(const GemvArgs& a, const Launch& l) {
-    if (a.rows < 1 || a.rows > GEMV_MAX_ROWS || a.in <= 0 || a.in % 8 != 0 || a.out <= 0 || !a.w || !a.y ||
+    if (a.rows < 1 || a.rows > GEMV_MAX_BATCH_ROWS || a.in <= 0 || a.in % 8 != 0 || a.out <= 0 || !a.w || !a.y ||
         (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU && !a.w2) ||
         (a.input == GemvInput::GEMV_INPUT_GATHER && (!a.table || !a.index)) ||
         (a.input != GemvInput::GEMV_INPUT_GATHER && !a.x) || (a.input == GemvInput::GEMV_INPUT_RMSNORM && !a.norm_w))
-        check_fail("gemv", "invalid arguments (rows 1..8, in a positive multiple of 8, pointers set)", __func__,
+        check_fail("gemv", "invalid arguments (rows 1..256, in a positive multiple of 8, pointers set)", __func__,
                    __FILE__, __LINE__);
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
         gemv_dispatch<2>(a, l);

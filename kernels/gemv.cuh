@@ -1,4 +1,5 @@
-// Matrix-vector products for decoding: y[r] = W · x[r] for a few rows r (batch 1..8 per launch),
+// Matrix-vector products for decoding: y[r] = W · x[r] for a few rows r (1..8 per block; more
+// rows take more blocks),
 // W bf16 [out, in] row-major, x and y fp32, fp32 accumulation. One warp per output row; each
 // lane streams 16-byte weight loads, several in flight. The input can be RMS-normalised on the
 // fly (the norm that precedes every projection) or gathered from a bf16 embedding table by a
@@ -10,7 +11,8 @@
 
 namespace qtts::kernels {
 
-constexpr int GEMV_MAX_ROWS = 8;
+constexpr int GEMV_MAX_ROWS = 8;         // rows one block computes together (weights read once for them)
+constexpr int GEMV_MAX_BATCH_ROWS = 256; // rows one launch takes: groups of GEMV_MAX_ROWS on grid.y
 
 enum class GemvInput {
     GEMV_INPUT_PLAIN,    // x rows as given
@@ -30,7 +32,8 @@ struct GemvArgs {
     const float* bias = nullptr;   // [out] or null (STORE / ADD)
     int out = 0;
     int in = 0;                    // multiple of 8
-    int rows = 1;                  // 1..GEMV_MAX_ROWS
+    int rows = 1;                  // 1..GEMV_MAX_BATCH_ROWS (more than 8: groups of 8 rows, each
+                                   // computed exactly as alone; the weights come from L2 again)
     GemvInput input = GemvInput::GEMV_INPUT_PLAIN;
     const float* x = nullptr;      // [rows, ldx]   PLAIN / RMSNORM
     int ldx = 0;

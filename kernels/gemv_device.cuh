@@ -46,8 +46,17 @@ __device__ __forceinline__ void gemv_row_store(const GemvArgs& a, int row, const
 // next chunk's loads are issued before the current one is used; more registers, so fewer
 // blocks per SM: 3 for one-row launches, 4 without it). The product launches DB = false ("vec1");
 // DB = true ("vec") is measured in the kernel lab (apps/kernel-lab).
+// blockIdx.y: the group of NB rows this block computes (rows r0 = NB * blockIdx.y ..).
 template <int NB, int NMAT, bool DB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs a) {
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs args) {
+    GemvArgs a = args;
+    if (blockIdx.y > 0) {
+        const int r0 = NB * int(blockIdx.y);
+        a.rows = args.rows - r0;
+        a.x = args.x ? args.x + size_t(r0) * args.ldx : nullptr;
+        a.index = args.index ? args.index + size_t(r0) * args.index_stride : nullptr;
+        a.y = args.y + size_t(r0) * args.ldy;
+    }
     extern __shared__ float4 gemv_vec_buf[];
     float* xs = reinterpret_cast<float*>(gemv_vec_buf);  // [NB, in]
     __shared__ float partial[GEMV_WARPS][NB];

@@ -1,5 +1,6 @@
 #include "kernels/sampling.cuh"
 
+#include "kernels/batch.cuh"
 #include "kernels/check.cuh"
 
 namespace qtts::kernels {
@@ -282,9 +283,22 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
     __syncthreads();
 }
 
-    static __device__ __forceinline__ void run(const SampleArgs& a, Shared& sh) {
+    static __device__ __forceinline__ void run(const SampleArgs& args, Shared& sh) {
     pdl_wait();
     pdl_trigger();
+    // Batched: this block's row takes its stream's buffers; idle and stopped rows draw nothing.
+    SampleArgs a = args;
+    int32_t* batch_code = nullptr;
+    if (args.slots) {
+        const int r = blockIdx.x;
+        const StreamSlot slot = args.slots[r];
+        if (!slot.state || slot.state->stopped) return;
+        a.state = slot.state;
+        a.seen = slot.seen;
+        a.codes = slot.codes;
+        a.logits = args.logits + size_t(r) * args.ld_logits;
+        batch_code = args.batch_codes + size_t(r) * SAMPLE_MAX_GROUPS + args.group;
+    }
     const int tid = threadIdx.x, n = a.n;
     GenerationDeviceState* st = a.state;
     const SamplingDeviceParams p = a.group == 0 ? st->talker : st->predictor;
@@ -365,7 +379,12 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         if (a.advance) {
             st->frame += 1;
             st->position += 1;
+            if (chosen == a.eos_id)
+                st->stopped = 1;
+            else if (st->frame >= st->frame_end || st->position >= st->position_end)
+                st->stopped = 2;
         }
+        if (batch_code) *batch_code = chosen;
     }
     }
 };
@@ -381,11 +400,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const SampleArgs
 float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index) { return philox_uniform(seed, stream, index); }
 
 void sample(const SampleArgs& a, const Launch& l) {
-    if (!a.logits || a.n <= 0 || a.n > SAMPLE_MAX_VOCAB || !a.state || !a.codes || a.group < 0 ||
-        a.group >= SAMPLE_MAX_GROUPS || (a.group == 0 && !a.seen))
-        check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen set)", __func__,
-                         __FILE__, __LINE__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
+    const bool batched = a.slots != nullptr;
+    const bool buffers = batched ? (a.rows >= 1 && a.ld_logits >= a.n && a.batch_codes)
+                                 : (a.state && a.codes && (a.group != 0 || a.seen));
+    if (!a.logits || a.n <= 0 || a.n > SAMPLE_MAX_VOCAB || !buffers || a.group < 0 || a.group >= SAMPLE_MAX_GROUPS)
+        check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen or slots set)", __func__,
+                   __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(batched ? a.rows : 1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
 }
 
 }  // namespace qtts::kernels

@@ -34,13 +34,21 @@ struct GenerationDeviceState {
     int32_t min_new_tokens = 2;
     int32_t trailing_rows = 0;   // text-track rows available
     int32_t code_capacity = 0;   // rows of the codes buffer
+    // Batched steps (engine/cuda/gpu_batch.h): a stream stops advancing once `stopped` is set.
+    // The codebook-0 draw sets it to 1 on end-of-speech and to 2 when `frame` reaches
+    // frame_end or `position` reaches position_end (the KV cache is full).
+    int32_t stopped = 0;
+    int32_t frame_end = 0x7fffffff;
+    int32_t position_end = 0x7fffffff;
     SamplingDeviceParams talker;
     SamplingDeviceParams predictor;
     int32_t current[SAMPLE_MAX_GROUPS] = {};  // codes of the frame in progress
 };
 
+struct StreamSlot;  // kernels/batch.cuh
+
 struct SampleArgs {
-    const float* logits = nullptr;  // [n] raw logits
+    const float* logits = nullptr;  // [n] raw logits (batched: [rows, ld_logits])
     int n = 0;                      // <= SAMPLE_MAX_VOCAB
     GenerationDeviceState* state = nullptr;
     int group = 0;         // 0: codebook 0 (talker rules); 1..15: code predictor
@@ -50,6 +58,13 @@ struct SampleArgs {
     int suppress_begin = 2048;
     int32_t* seen = nullptr;   // [n] codebook-0 repetition flags
     int32_t* codes = nullptr;  // [code_capacity, SAMPLE_MAX_GROUPS]
+    // Batched: one block per row r < rows draws for slots[r] (state, seen and codes above are
+    // ignored) from logits row r, and also writes the code to batch_codes[r, group]. Rows that
+    // are idle or stopped are skipped.
+    const StreamSlot* slots = nullptr;
+    int rows = 1;
+    int ld_logits = 0;
+    int32_t* batch_codes = nullptr;  // [rows, SAMPLE_MAX_GROUPS]
 };
 
 void sample(const SampleArgs& args, const Launch& launch);

@@ -22,7 +22,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${QTTS_GPU_BUILD:-$ROOT/build-gpu}
 DIST=$BUILD/dist
-GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder"
+GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder test_gpu_batch"
 UNIT_TESTS="test_cuda_fallback"
 STAGE_TESTS=${QTTS_STAGE_TESTS:-"$GPU_TESTS $UNIT_TESTS"}
 
@@ -119,6 +119,7 @@ device() {
     [ -x "$q/bin/test_gpu_kernels" ] && run_test test_gpu_kernels gpu
     [ -x "$q/bin/test_gpu_lm" ] && run_test test_gpu_lm gpu
     [ -x "$q/bin/test_gpu_decoder" ] && run_test test_gpu_decoder gpu QTTS_TEST_DECODER_FRAMES=100
+    [ -x "$q/bin/test_gpu_batch" ] && run_test test_gpu_batch gpu
 
     local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
     local frames=${QTTS_BENCH_FRAMES:-256}
@@ -131,6 +132,19 @@ device() {
         fi
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_runtime" ]; then
             run_test test_gpu_runtime gpu QTTS_TEST_MODEL_DIR="$dir"
+        fi
+        if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_batch" ]; then
+            run_test test_gpu_batch gpu QTTS_TEST_MODEL_DIR="$dir"
+        fi
+        # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty).
+        if [ -n "${QTTS_BENCH_BATCH:-}" ]; then
+            t=$SECONDS
+            timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --batch "$QTTS_BENCH_BATCH" \
+                --frames "${QTTS_BENCH_BATCH_FRAMES:-64}" --chunk 4 --json "$out/bench-$p-batch.json" \
+                >"$q/bench-$p-batch.log" 2>&1 || { note "batch bench $p FAILED"; failed=1; }
+            cat "$q/bench-$p-batch.log" >>"$out/bench.log"
+            note "batch bench $p: $((SECONDS - t)) s"
+            grep -E '^\s+[0-9]+\s+(gemv|tensor|auto)' "$q/bench-$p-batch.log" | sed "s/^/  [$p batch] /" | tee -a "$summary" || true
         fi
         # The kernel lab (apps/kernel-lab): GEMV variants checked and timed, per-kernel frame timing.
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/qtts-kernel-lab" ] && [ "${QTTS_KERNEL_LAB:-1}" = "1" ]; then

@@ -11,8 +11,27 @@
 
 #include "engine/common/device.h"
 #include "engine/common/error.h"
+#include "engine/model/config.h"
+#include "engine/text/prompt.h"
 
 namespace qtts_cli {
+
+qtts::Prompt bench_prompt(const qtts::ModelConfig& config) {
+    qtts::PromptRequest request;
+    // "<|im_start|>assistant\n" + a fixed 22-token English text + "<|im_end|>\n<|im_start|>assistant\n"
+    request.input_ids = {151644, 77091, 198,  785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 2585,
+                         525,    498,   30,   9707, 1879, 11,   419,   374,   264, 1273, 13,    151645, 198,
+                         151644, 77091, 198};
+    request.language = "english";
+    request.layout = qtts::TextLayout::TEXT_LAYOUT_NON_STREAMING;
+    if (config.type == qtts::ModelType::MODEL_TYPE_CUSTOM_VOICE && !config.talker.speaker_ids.empty())
+        request.speaker = config.talker.speaker_ids.begin()->first;
+    if (config.type == qtts::ModelType::MODEL_TYPE_BASE) {
+        request.x_vector.assign(size_t(config.talker.hidden_size), 0.0f);
+        for (size_t i = 0; i < request.x_vector.size(); ++i) request.x_vector[i] = 0.01f * float(int(i % 17) - 8);
+    }
+    return qtts::prompt_build(config, request);
+}
 
 void bench_json_write(const std::string& path, const nlohmann::json& j) {
     std::ofstream f(path);

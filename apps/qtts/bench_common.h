@@ -6,7 +6,17 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+namespace qtts {
+struct ModelConfig;
+struct Prompt;
+}  // namespace qtts
+
 namespace qtts_cli {
+
+// The benchmarks' fixed request: "<|im_start|>assistant\n" + a 22-token English sentence +
+// "<|im_end|>\n<|im_start|>assistant\n", the model's first speaker (CustomVoice) or a fixed
+// x-vector (Base), non-streaming text layout.
+qtts::Prompt bench_prompt(const qtts::ModelConfig& config);
 
 // Writes j (indented) to path and prints where; throws qtts::Error (ERROR_IO) when it cannot.
 void bench_json_write(const std::string& path, const nlohmann::json& j);

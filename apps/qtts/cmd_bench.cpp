@@ -2,6 +2,7 @@
 //
 //   qtts bench --model DIR | --preset P [--frames N] [--chunk K] [--no-cuda-graphs] [--json FILE]
 //              [--device N] [--repeats R] [--cache DIR]
+//   qtts bench --batch 1,2,4,8,16,32,64 ...   the batched frame step instead (apps/qtts/bench_batch.cpp)
 //
 // Fixed prompt (a 22-token English sentence), fixed frame count, EOS ignored (it is masked), the
 // reference sampling settings (temperature 0.9, top-k 50, repetition penalty 1.05). Reports
@@ -29,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/qtts/bench_batch.h"
 #include "apps/qtts/bench_common.h"
 #include "apps/qtts/cli.h"
 #include "engine/common/device.h"
@@ -48,6 +50,7 @@
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_generator.h"
 #include "engine/cuda/gpu_speech_decoder.h"
+#include "kernels/gemv.cuh"
 #endif
 
 namespace {
@@ -78,6 +81,8 @@ void usage() {
         "  --cold N           time to first audio of the first request of N fresh processes each, with and\n"
         "                     without the load-time warm-up (default 0: skipped)\n"
         "  --cold-gap-ms G    also with G ms of idle time before each of those requests\n"
+        "  --batch LIST       instead: the batched frame step at these batch sizes (e.g. 1,2,4,8,16,32,64):\n"
+        "                     step time, audio-s/s, bytes and bandwidth per bucket, gemv vs tensor cores\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -86,23 +91,6 @@ void usage() {
 using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-qtts::Prompt bench_prompt(const qtts::ModelConfig& config) {
-    qtts::PromptRequest request;
-    // "<|im_start|>assistant\n" + a fixed 22-token English text + "<|im_end|>\n<|im_start|>assistant\n"
-    request.input_ids = {151644, 77091, 198,  785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 2585,
-                         525,    498,   30,   9707, 1879, 11,   419,   374,   264, 1273, 13,    151645, 198,
-                         151644, 77091, 198};
-    request.language = "english";
-    request.layout = qtts::TextLayout::TEXT_LAYOUT_NON_STREAMING;
-    if (config.type == qtts::ModelType::MODEL_TYPE_CUSTOM_VOICE && !config.talker.speaker_ids.empty())
-        request.speaker = config.talker.speaker_ids.begin()->first;
-    if (config.type == qtts::ModelType::MODEL_TYPE_BASE) {
-        request.x_vector.assign(size_t(config.talker.hidden_size), 0.0f);
-        for (size_t i = 0; i < request.x_vector.size(); ++i) request.x_vector[i] = 0.01f * float(int(i % 17) - 8);
-    }
-    return qtts::prompt_build(config, request);
 }
 
 using qtts::cuda::time_on_stream;
@@ -375,6 +363,15 @@ int bench_cuda(const qtts_cli::Args& args) {
         return 2;
     }
     out["model"] = model_dir;
+    if (auto list = args.get("batch")) {  // the batched frame step per bucket, and nothing else
+        const std::vector<int> buckets = qtts_cli::bench_sizes(*list, "batch");
+        if (*std::max_element(buckets.begin(), buckets.end()) > qtts::kernels::GEMV_MAX_BATCH_ROWS / 2)
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch sizes go up to {}",
+                       qtts::kernels::GEMV_MAX_BATCH_ROWS / 2);
+        out.update(qtts_cli::bench_batch(model_dir, device, buckets, frames, chunk));
+        if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, out);
+        return 0;
+    }
     if (args.has("cold-probe")) {  // a child of --cold: one fresh process's first requests
         const int gap_ms = int(args.get_int("cold-gap-ms", 0));
         std::printf("COLD-PROBE %s\n", cold_probe(model_dir, device, !args.has("no-warm-up"), gap_ms).dump().c_str());
@@ -394,7 +391,7 @@ int bench_cuda(const qtts_cli::Args& args) {
     const auto checkpoint = qtts::checkpoint_load(model_dir);
     qc::GpuContext context(device);
     const auto weights = qc::GpuLmWeights::upload(checkpoint, device);
-    const qtts::Prompt prompt = bench_prompt(checkpoint->config);
+    const qtts::Prompt prompt = qtts_cli::bench_prompt(checkpoint->config);
     const int L = int(prompt.positions.size());
 
     qtts::BackendOptions options;
@@ -658,7 +655,7 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
-                         "prefill-chunk", "cold", "cold-gap-ms"},
+                         "prefill-chunk", "cold", "cold-gap-ms", "batch"},
                         {"help", "no-cuda-graphs", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
                          "cold-probe", "no-warm-up"});
     if (args.has("help")) {

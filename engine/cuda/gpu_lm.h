@@ -26,6 +26,8 @@
 
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/gpu_context.h"
+#include "kernels/attention.cuh"
+#include "kernels/batch.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/sampling.cuh"
 #include "engine/model/weight_prep.h"
@@ -114,6 +116,8 @@ struct GpuGenerationSetup {
     SamplingParams talker;
     SamplingParams predictor;
     int min_new_tokens = 2;
+    // Batched steps: the stream stops (device-side) once it has this many frames (cuda/gpu_batch.h).
+    int frame_end = 0x7fffffff;
 };
 
 class GpuLm final : public EmbeddingTables {
@@ -167,6 +171,11 @@ public:
     // graphs' hand-off to the decoder, cuda/fused_chunks.h).
     const kernels::GenerationDeviceState* device_state() const { return state_; }
     const int32_t* codes_device() const { return codes_; }
+
+    // This stream as a row of a batched step (cuda/gpu_batch.h): its device buffers, and its
+    // talker caches / position / stop flag for the batched attention.
+    kernels::StreamSlot batch_slot() const;
+    kernels::AttentionSeq batch_talker_seq() const;
 
     // Codes of frames [first, first + count) -> out [count, 16] (synchronous).
     void codes_read(int first, int count, int32_t* out);

@@ -47,22 +47,13 @@ void GpuLm::linear_prefill(const float* x, int T, int in, const float* norm_w, f
 
 void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host) {
     const k::Launch l = launch();
-    const int H = s.hidden, I = s.intermediate;
-    for (size_t i = 0; i < s.layers.size(); ++i) {
-        const GpuStack::Layer& L = s.layers[i];
-        // attention block: qkv = W_qkv · rmsnorm(x); q/k norms, RoPE, cache append, attention;
-        // x += W_o · attn
-        gemv_launch(gemv_normed(gemv_product(L.qkv, s.qkv_dim(), H, T, b.x, b.qkv), L.input_norm, s.eps), l);
-        CUDA_CHECK_KERNEL(k::attention(attention_args(s, int(i), b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx,
-                                                      b.splits, partial_, counters_, T, pos_dev, pos_host),
-                                       l));
-        gemv_launch(gemv_residual(gemv_product(L.o, H, s.q_dim(), T, b.attn, b.x)), l);
-        // MLP block: mlp = silu(W_gate · rmsnorm(x)) * (W_up · rmsnorm(x)); x += W_down · mlp
-        gemv_launch(gemv_swiglu(gemv_normed(gemv_product(L.gate_up, I, H, T, b.x, b.mlp), L.post_norm, s.eps),
-                                L.gate_up + size_t(I) * H),
-                    l);
-        gemv_launch(gemv_residual(gemv_product(L.down, H, I, T, b.mlp, b.x)), l);
-    }
+    stack_decode_pass(
+        s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, [&l](const k::GemvArgs& a) { gemv_launch(a, l); },
+        [&](int layer) {
+            return attention_args(s, layer, b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits, partial_,
+                                  counters_, T, pos_dev, pos_host);
+        },
+        l);
 }
 
 void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0) {
@@ -133,16 +124,10 @@ void GpuLm::predictor_pass(int group) {
 }
 
 void GpuLm::sample_enqueue(int group, int frame_offset, bool advance) {
-    const GpuLmWeights& w = *weights_;
-    k::SampleArgs a;
-    a.logits = group == 0 ? talker_logits_ : predictor_logits_;
-    a.n = group == 0 ? w.codec_vocab : w.predictor_vocab;
+    k::SampleArgs a = sample_args(*weights_, group, group == 0 ? talker_logits_ : predictor_logits_);
     a.state = state_;
-    a.group = group;
     a.frame_offset = frame_offset;
     a.advance = advance;
-    a.eos_id = w.config().talker.codec_eos_id;
-    a.suppress_begin = w.codec_vocab - 1024;  // the reference masks the top 1024 control ids
     a.seen = seen_;
     a.codes = codes_;
     CUDA_CHECK_KERNEL(k::sample(a, launch()));

@@ -11,6 +11,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/sampling.cuh"
 
 namespace qtts::cuda {
 
@@ -71,8 +72,9 @@ inline kernels::AttentionArgs attention_args(const GpuStack& s, int layer, float
     a.k_norm = L.k_norm;
     a.eps = s.eps;
     a.inv_freq = s.inv_freq;
-    a.k_cache = k_cache + layer_stride * size_t(layer);
-    a.v_cache = v_cache + layer_stride * size_t(layer);
+    a.k_cache = k_cache ? k_cache + layer_stride * size_t(layer) : nullptr;  // null: batched (seqs)
+    a.v_cache = v_cache ? v_cache + layer_stride * size_t(layer) : nullptr;
+    a.seq_layer_offset = layer_stride * size_t(layer);
     a.max_ctx = max_ctx;
     a.pos_dev = pos_dev;
     a.pos_host = pos_host;
@@ -86,6 +88,46 @@ inline kernels::AttentionArgs attention_args(const GpuStack& s, int layer, float
 }
 
 inline void gemv_launch(const kernels::GemvArgs& a, const kernels::Launch& l) { CUDA_CHECK_KERNEL(kernels::gemv(a, l)); }
+
+// Activations of one decode pass over `rows` rows (each [rows, width], dense).
+struct DecodeRows {
+    float* x = nullptr;     // [rows, H] residual stream
+    float* qkv = nullptr;   // [rows, qkv_dim]
+    float* attn = nullptr;  // [rows, q_dim]
+    float* mlp = nullptr;   // [rows, I]
+    int rows = 1;
+};
+
+// One decode pass of stack `s` over the rows of `b`, layer by layer as the model reads:
+// qkv = W_qkv · rmsnorm(x); attention (attend(layer) gives its arguments); x += W_o · attn;
+// mlp = silu(W_gate · rmsnorm(x)) * (W_up · rmsnorm(x)); x += W_down · mlp. `product(GemvArgs)`
+// runs each product (the gemv kernel, or tensor cores for wide batches: cuda/gpu_batch.cpp).
+template <typename Product, typename Attend>
+void stack_decode_pass(const GpuStack& s, const DecodeRows& b, Product&& product, Attend&& attend,
+                       const kernels::Launch& l) {
+    const int H = s.hidden, I = s.intermediate, R = b.rows;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const GpuStack::Layer& L = s.layers[i];
+        product(gemv_normed(gemv_product(L.qkv, s.qkv_dim(), H, R, b.x, b.qkv), L.input_norm, s.eps));
+        CUDA_CHECK_KERNEL(kernels::attention(attend(int(i)), l));
+        product(gemv_residual(gemv_product(L.o, H, s.q_dim(), R, b.attn, b.x)));
+        product(gemv_swiglu(gemv_normed(gemv_product(L.gate_up, I, H, R, b.x, b.mlp), L.post_norm, s.eps),
+                            L.gate_up + size_t(I) * H));
+        product(gemv_residual(gemv_product(L.down, H, I, R, b.mlp, b.x)));
+    }
+}
+
+// A draw of codebook `group` from `logits` under the model's rules (the caller adds the state
+// buffers: one stream's, or a batch's slots).
+inline kernels::SampleArgs sample_args(const GpuLmWeights& w, int group, const float* logits) {
+    kernels::SampleArgs a;
+    a.logits = logits;
+    a.n = group == 0 ? w.codec_vocab : w.predictor_vocab;
+    a.group = group;
+    a.eos_id = w.config().talker.codec_eos_id;
+    a.suppress_begin = w.codec_vocab - 1024;  // the reference masks the top 1024 control ids
+    return a;
+}
 
 // The 16 codebook tables of a frame (talker codec embedding, then the predictor's 15) at width H.
 inline kernels::FrameEmbedArgs frame_embed_tables(const GpuLmWeights& w) {

@@ -125,6 +125,26 @@ GpuLm::GpuLm(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, G
                   context_.device(), total / 1e6, M, C, talker_buf_.splits);
 }
 
+kernels::StreamSlot GpuLm::batch_slot() const {
+    kernels::StreamSlot slot;
+    slot.state = state_;
+    slot.seen = seen_;
+    slot.codes = codes_;
+    slot.trailing = trailing_;
+    slot.hidden = hidden_;
+    slot.pad = pad_;
+    return slot;
+}
+
+kernels::AttentionSeq GpuLm::batch_talker_seq() const {
+    kernels::AttentionSeq seq;
+    seq.k_cache = talker_buf_.k_cache;
+    seq.v_cache = talker_buf_.v_cache;
+    seq.pos = &state_->position;
+    seq.stopped = &state_->stopped;
+    return seq;
+}
+
 GpuLm::~GpuLm() {
     int previous = -1;
     cudaGetDevice(&previous);
@@ -157,6 +177,8 @@ void GpuLm::state_upload(int L, int trailing, const GpuGenerationSetup& setup) {
     s.min_new_tokens = setup.min_new_tokens;
     s.trailing_rows = trailing;
     s.code_capacity = code_capacity_;
+    s.frame_end = setup.frame_end;
+    s.position_end = options_.max_context;  // a batched step stops the stream before the cache overflows
     s.talker.greedy = setup.talker.greedy ? 1 : 0;
     s.talker.temperature = setup.talker.temperature;
     s.talker.top_k = setup.talker.top_k;

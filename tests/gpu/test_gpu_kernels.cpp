@@ -86,8 +86,10 @@ TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]
     struct Shape {
         int out, in, rows;
     };
+    // Past 8 rows: groups of 8 on grid.y (the batched step, engine/cuda/gpu_batch.h).
     const Shape shapes[] = {{1024, 2048, 1}, {4096, 1024, 2}, {3072, 2048, 1}, {2048, 6144, 1},
-                            {100, 96, 3},    {2048, 1024, 8}, {61, 64, 5}};
+                            {100, 96, 3},    {2048, 1024, 8}, {61, 64, 5},     {2048, 6144, 8},
+                            {1024, 3072, 13}, {300, 2048, 40}, {61, 64, 130}, {1024, 3072, 4}};
     for (const Shape s : shapes) {
         const uint64_t seed = fresh_seed();
         INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " seed " << seed);
@@ -177,6 +179,42 @@ TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
         }
+    }
+}
+
+TEST_CASE("gemv computes every row of a wide batch exactly as alone", "[gpu][gemv][batch]") {
+    const int out = 257, in = 1024, rows = 21;
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    const auto w_bf = to_bf16(random_floats(size_t(out) * in, seed, -0.05f, 0.05f));
+    const auto x = random_floats(size_t(rows) * in, seed + 1, -2.0f, 2.0f);
+    const auto norm_w = random_floats(size_t(in), seed + 2, 0.5f, 1.5f);
+    auto d_w = upload(w_bf);
+    auto d_x = upload(x), d_norm = upload(norm_w);
+    k::GemvArgs a;
+    a.w = d_w.get();
+    a.out = out;
+    a.in = in;
+    a.x = d_x.get();
+    a.ldx = in;
+    a.ldy = out;
+    a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
+    a.norm_w = d_norm.get();
+    auto d_all = poisoned(size_t(rows) * out);
+    a.rows = rows;
+    a.y = d_all.get();
+    k::gemv(a, context().launch());
+    const auto all = download(d_all, size_t(rows) * out);
+    for (int r = 0; r < rows; ++r) {
+        auto d_one = poisoned(size_t(out));
+        k::GemvArgs one = a;
+        one.rows = 1;
+        one.x = d_x.get() + size_t(r) * in;
+        one.y = d_one.get();
+        k::gemv(one, context().launch());
+        const auto y = download(d_one, size_t(out));
+        INFO("row " << r);
+        CHECK(std::memcmp(y.data(), all.data() + size_t(r) * out, size_t(out) * 4) == 0);
     }
 }
 
@@ -367,6 +405,128 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         CHECK(rel_error(k_gpu.data(), k_cache.data(), k_cache.size()) < 1e-6);
         CHECK(rel_error(v_gpu.data(), v_cache.data(), v_cache.size()) == 0.0);
         CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+    }
+}
+
+TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "[gpu][attention][batch]") {
+    // Sequences of a batched step (engine/cuda/gpu_batch.h): each its own cache and position (or
+    // the launch's pos_host), one idle (no cache), one stopped (flag set: nothing written).
+    struct Mode {
+        int T, n_heads, n_kv, hd, max_ctx, splits;
+        bool device_pos;
+        std::vector<int> pos;  // per sequence
+    };
+    const Mode modes[] = {
+        {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}},  // talker: split-K, own positions
+        {2, 16, 8, 128, 16, 1, false, {0, 0, 0, 0, 0}},          // predictor pass 1
+        {1, 4, 2, 16, 16, 1, false, {9, 9, 9, 9, 9}},            // predictor pass, tiny heads
+    };
+    constexpr int B = 5, IDLE = 2, STOPPED = 3;
+    for (const Mode& m : modes) {
+        const uint64_t seed = fresh_seed();
+        INFO("T " << m.T << " heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd << " splits " << m.splits
+                  << " seed " << seed);
+        const int qd = m.n_heads * m.hd, kvd = m.n_kv * m.hd, ld = qd + 2 * kvd;
+        const size_t cache = size_t(m.n_kv) * m.max_ctx * m.hd;
+        const auto qkv = random_floats(size_t(B) * m.T * ld, seed, -2.0f, 2.0f);
+        const auto qn = random_floats(size_t(m.hd), seed + 1, 0.5f, 1.5f);
+        const auto kn = random_floats(size_t(m.hd), seed + 2, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(m.hd / 2));
+        for (int i = 0; i < m.hd / 2; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / m.hd));
+        const auto caches = random_floats(2 * B * cache, seed + 3);  // [B][k | v]
+        auto d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
+        std::vector<int32_t> pos(m.pos.begin(), m.pos.end());
+        std::vector<int32_t> stopped(B, 0);
+        stopped[STOPPED] = 1;
+        auto d_pos = upload(pos), d_stopped = upload(stopped);
+
+        auto base_args = [&](int T) {
+            k::AttentionArgs a;
+            a.ld_qkv = ld;
+            a.T = T;
+            a.n_heads = m.n_heads;
+            a.n_kv = m.n_kv;
+            a.head_dim = m.hd;
+            a.q_norm = d_qn.get();
+            a.k_norm = d_kn.get();
+            a.eps = 1e-6f;
+            a.inv_freq = d_f.get();
+            a.max_ctx = m.max_ctx;
+            a.ld_out = qd;
+            a.splits = m.splits;
+            return a;
+        };
+        // Alone: one launch per sequence on its own copy of the cache.
+        std::vector<std::vector<float>> alone_out(B), alone_k(B), alone_v(B);
+        for (int s = 0; s < B; ++s) {
+            if (s == IDLE || s == STOPPED) continue;
+            auto d_qkv = upload(std::vector<float>(qkv.begin() + long(s) * m.T * ld, qkv.begin() + long(s + 1) * m.T * ld));
+            auto d_k = upload(std::vector<float>(caches.begin() + long(2 * s) * cache, caches.begin() + long(2 * s + 1) * cache));
+            auto d_v = upload(std::vector<float>(caches.begin() + long(2 * s + 1) * cache, caches.begin() + long(2 * s + 2) * cache));
+            auto d_out = poisoned(size_t(m.T) * qd);
+            DeviceArray<float> d_partial(k::attention_partial_floats(m.n_heads, m.T, m.splits, m.hd));
+            auto d_counters = upload(std::vector<uint32_t>(k::attention_counter_count(m.n_kv, m.T), 0u));
+            k::AttentionArgs a = base_args(m.T);
+            a.qkv = d_qkv.get();
+            a.k_cache = d_k.get();
+            a.v_cache = d_v.get();
+            if (m.device_pos)
+                a.pos_dev = d_pos.get() + s;
+            else
+                a.pos_host = m.pos[size_t(s)];
+            a.out = d_out.get();
+            a.partial = d_partial.get();
+            a.counters = d_counters.get();
+            k::attention(a, context().launch());
+            alone_out[size_t(s)] = download(d_out, size_t(m.T) * qd);
+            alone_k[size_t(s)] = download(d_k, cache);
+            alone_v[size_t(s)] = download(d_v, cache);
+        }
+        // Batched: one launch, twice (counters left at zero).
+        auto d_qkv = upload(qkv);
+        auto d_caches = upload(caches);
+        auto d_out = poisoned(size_t(B) * m.T * qd);
+        DeviceArray<float> d_partial(B * k::attention_partial_floats(m.n_heads, m.T, m.splits, m.hd));
+        auto d_counters = upload(std::vector<uint32_t>(B * k::attention_counter_count(m.n_kv, m.T), 0u));
+        std::vector<k::AttentionSeq> seqs(B);
+        for (int s = 0; s < B; ++s) {
+            if (s == IDLE) continue;
+            seqs[size_t(s)].k_cache = d_caches.get() + size_t(2 * s) * cache;
+            seqs[size_t(s)].v_cache = d_caches.get() + size_t(2 * s + 1) * cache;
+            seqs[size_t(s)].pos = m.device_pos ? d_pos.get() + s : nullptr;
+            seqs[size_t(s)].stopped = d_stopped.get() + s;
+        }
+        auto d_seqs = upload(seqs);
+        k::AttentionArgs a = base_args(m.T);
+        a.qkv = d_qkv.get();
+        a.pos_host = m.pos[0];
+        a.out = d_out.get();
+        a.partial = d_partial.get();
+        a.counters = d_counters.get();
+        a.seqs = d_seqs.get();
+        a.batch = B;
+        // Out-of-batch launch argument the kernel must not use in batched mode.
+        a.k_cache = nullptr;
+        k::attention(a, context().launch());
+        k::attention(a, context().launch());
+        const auto out = download(d_out, size_t(B) * m.T * qd);
+        const auto caches_after = download(d_caches, 2 * B * cache);
+        const auto counters = download(d_counters, B * k::attention_counter_count(m.n_kv, m.T));
+        CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+        for (int s = 0; s < B; ++s) {
+            INFO("sequence " << s);
+            const float* o = out.data() + size_t(s) * m.T * qd;
+            const float* kc = caches_after.data() + size_t(2 * s) * cache;
+            const float* vc = kc + cache;
+            if (s == IDLE || s == STOPPED) {  // nothing written: output poisoned, caches as they were
+                CHECK(std::all_of(o, o + size_t(m.T) * qd, [](float v) { return std::isnan(v); }));
+                CHECK(std::equal(kc, kc + 2 * cache, caches.begin() + long(2 * s) * cache));
+                continue;
+            }
+            CHECK(std::memcmp(o, alone_out[size_t(s)].data(), size_t(m.T) * qd * 4) == 0);
+            CHECK(std::memcmp(kc, alone_k[size_t(s)].data(), cache * 4) == 0);
+            CHECK(std::memcmp(vc, alone_v[size_t(s)].data(), cache * 4) == 0);
+        }
     }
 }
 

@@ -1,0 +1,148 @@
+// qtts bench --batch LIST: the batched frame step (engine/cuda/gpu_batch.h) per bucket.
+//
+// For each bucket b of LIST, b streams (the bench prompt, seeded sampling with a different seed
+// each, EOS masked) are prefilled and bound to one GpuBatch, then `frames` frames are replayed in
+// graphs of `chunk` frames and timed with GPU events. Two product paths are measured side by
+// side: gemv for every product ("gemv") and tensor cores for every product over at least 8 rows
+// ("tensor"); "auto" is the batch's default choice (tensor cores from GpuBatchOptions::wide_rows
+// rows). Reported per bucket and path: step time per frame, audio seconds per wall second of LM
+// work (b x 80 ms / step), the bytes a step must read (weights once + every stream's talker KV
+// cache) and the bandwidth that achieves, and the graph's nodes and device memory.
+#include "apps/qtts/bench_batch.h"
+
+#ifdef QTTS_HAVE_CUDA
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/qtts/bench_common.h"
+#include "engine/common/error.h"
+#include "engine/cuda/event_timer.h"
+#include "engine/cuda/gpu_batch.h"
+#include "engine/generation/sampling.h"
+#include "engine/model/weights.h"
+#include "engine/text/prompt.h"
+
+namespace qtts_cli {
+
+namespace {
+
+namespace qc = qtts::cuda;
+using Clock = std::chrono::steady_clock;
+
+struct PathSpec {
+    const char* name;
+    int wide_rows;
+};
+
+}  // namespace
+
+nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
+                           int chunk) {
+    std::vector<int> sizes = buckets;
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    const int max_streams = sizes.back();
+
+    const auto checkpoint = qtts::checkpoint_load(model_dir);
+    qc::GpuContext context(device);
+    const auto weights = qc::GpuLmWeights::upload(checkpoint, device);
+    const qtts::Prompt prompt = bench_prompt(checkpoint->config);
+    const int L = int(prompt.positions.size());
+    const int warm_up = 2 * chunk;
+    // Each bucket restarts its streams, so a context covers the prompt and one measurement.
+    const int max_context = std::max(256, (L + warm_up + frames + 64 + 63) / 64 * 64);
+
+    const qtts::GenerationParams params = qtts::generation_params_from_config(checkpoint->generation);
+    qc::GpuGenerationSetup setup;
+    setup.talker = params.talker;
+    setup.predictor = params.predictor;
+    setup.min_new_tokens = 1 << 30;  // EOS never allowed: every stream runs every frame
+
+    qc::GpuLmOptions lm_options;
+    lm_options.max_context = max_context;
+    std::vector<std::unique_ptr<qc::GpuLm>> streams;
+    for (int i = 0; i < max_streams; ++i)
+        streams.push_back(std::make_unique<qc::GpuLm>(weights, context, lm_options));
+
+    // Bytes one step reads: the weights once (talker step + 15 predictor passes with heads) and
+    // each stream's talker KV cache (fp32) at the mean context of the run.
+    const qc::GpuStack& T = weights->talker;
+    const double weight_bytes = double(weights->talker_step_bytes()) +
+                                double(weights->num_code_groups - 1) * double(weights->predictor_pass_bytes());
+    const double kv_bytes_per_stream = double(T.layers.size()) * (L + warm_up + frames / 2.0) * 2.0 * T.kv_dim() * 4.0;
+
+    nlohmann::json out;
+    out["device"] = context.device_name();
+    out["prompt_positions"] = L;
+    out["frames"] = frames;
+    out["chunk"] = chunk;
+    out["max_context"] = max_context;
+    out["stream_state_bytes"] = streams.front()->state_bytes();
+    out["weight_bytes_per_step"] = weight_bytes;
+    nlohmann::json rows = nlohmann::json::array();
+
+    std::printf("  batched frame step: %d frames per bucket in graphs of %d frames, prompt %d positions\n", frames,
+                chunk, L);
+    std::printf("  %-7s %-7s %10s %12s %10s %10s %8s %10s\n", "bucket", "path", "step ms", "audio-s/s", "GB/step",
+                "TB/s", "nodes", "graph MB");
+    for (const PathSpec path : {PathSpec{"gemv", 1 << 20}, PathSpec{"tensor", 8}, PathSpec{"auto", 0}}) {
+        qc::GpuBatchOptions options;
+        options.buckets = sizes;
+        options.chunk_frames = {chunk};
+        if (path.wide_rows > 0) options.wide_rows = path.wide_rows;
+        const auto t0 = Clock::now();
+        qc::GpuBatch batch(weights, context, max_context, options);
+        batch.capture();
+        const double capture_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        out["paths"][path.name] = {{"wide_rows", options.wide_rows},
+                                   {"capture_ms", capture_ms},
+                                   {"graph_device_bytes", batch.graph_device_bytes()},
+                                   {"workspace_bytes", batch.workspace_bytes()}};
+        for (const int b : sizes) {
+            std::vector<qc::GpuLm*> bound;
+            for (int i = 0; i < b; ++i) {
+                setup.seed = 1000 + uint64_t(i);
+                streams[size_t(i)]->generation_start(prompt, setup);
+                bound.push_back(streams[size_t(i)].get());
+            }
+            batch.bind(bound);
+            for (int i = 0; i < warm_up; i += chunk) batch.run(chunk);
+            const int calls = std::max(1, frames / chunk);
+            const double step_ms = qc::time_on_stream(context.stream(), calls, [&] { batch.run(chunk); }) / chunk;
+            const double bytes = weight_bytes + b * kv_bytes_per_stream;
+            size_t nodes = 0;
+            long long graph_bytes = 0;
+            for (const auto& s : batch.graph_stats())
+                if (s.name == "batch " + std::to_string(b) + " x" + std::to_string(chunk)) {
+                    nodes = s.nodes;
+                    graph_bytes = s.device_bytes;
+                }
+            const double audio_per_s = b * 80.0 / step_ms;
+            const double tb_s = bytes / (step_ms * 1e-3) / 1e12;
+            std::printf("  %-7d %-7s %10.3f %12.1f %10.3f %10.2f %8zu %10.1f\n", b, path.name, step_ms, audio_per_s,
+                        bytes / 1e9, tb_s, nodes / size_t(chunk), graph_bytes / 1e6);
+            rows.push_back({{"bucket", b},
+                            {"path", path.name},
+                            {"step_ms", step_ms},
+                            {"audio_s_per_s", audio_per_s},
+                            {"bytes_per_step", bytes},
+                            {"achieved_tb_s", tb_s},
+                            {"nodes_per_frame", nodes / size_t(chunk)},
+                            {"graph_device_bytes", graph_bytes}});
+        }
+        batch.bind({});
+    }
+    out["batch"] = rows;
+    return out;
+}
+
+}  // namespace qtts_cli
+
+#endif  // QTTS_HAVE_CUDA

@@ -1,0 +1,139 @@
+// Many streams in one device step (issue 17): the talker step, the 15 code-predictor passes and
+// the codebook draws of B streams together, so that each weight matrix is read once per frame
+// for all of them instead of once per stream.
+//
+// What stays per stream, and where: every stream is a GpuLm (cuda/gpu_lm.h) that keeps its own
+// KV cache, position, text track, repetition history, sampling parameters, seed, codes and stop
+// flag in its device buffers; prefill runs there, one stream at a time, as before. A GpuBatch
+// owns only what one step shares: the activations of B rows, the code predictor's short caches
+// (rebuilt every frame), the logits, and a table of rows (kernels/batch.cuh) that points each row
+// at its stream's buffers. So streams at different positions, with different prompts, voices and
+// sampling settings share one step, and each gets the codes it would get alone:
+//   * products: the gemv kernel computes every row exactly as in a batch of one (rows in groups
+//     of 8, same arithmetic), so narrow batches are bitwise equal to batch 1; batches of at least
+//     `wide_rows` rows use tensor cores (split hi/lo bf16 activations into one cuBLAS GEMM, as
+//     prefill does), equal to fp32-level accuracy (~1e-6 relative);
+//   * attention: one launch over all rows, each with its own cache and position;
+//   * sampling: one block per row, Philox keyed by the stream's seed, codebook and frame.
+// A stream that draws end-of-speech, reaches its frame_end or fills its cache sets its stop flag
+// on the device and from then on no longer advances (no cache write, no code, no state change),
+// without host help, while the others go on.
+//
+// Graphs: one graph per (bucket, frames) pair, captured at start-up (capture() logs time, nodes
+// and memory of each), all in the device's one graph pool; none allocates. A batch of n streams
+// replays the smallest bucket >= n; the rows past n are idle and skipped. Graphs off (or a size
+// without a graph) runs the same kernels eagerly, with identical results.
+//
+// Threading: the owner thread of the context (every replay goes through its OwnerGuard). bind()
+// and run() are host calls between steps; bind() waits for the stream.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/gpu_lm.h"
+#include "kernels/attention.cuh"
+#include "kernels/batch.cuh"
+#include "kernels/gemv.cuh"
+
+namespace qtts::cuda {
+
+struct GpuBatchOptions {
+    std::vector<int> buckets = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64};  // batch sizes with graphs
+    std::vector<int> chunk_frames = {1};  // frames per replay, captured for every bucket
+    bool cuda_graphs = true;
+    int wide_rows = 4;  // products over at least this many rows use tensor cores; fewer: gemv (measured: docs/performance.md)
+};
+
+// Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;
+// wide_rows >= 1); throws ERROR_INVALID_ARGUMENT with the reason.
+void gpu_batch_options_validate(const GpuBatchOptions& options);
+
+class GpuBatch {
+public:
+    // Allocates the shared step buffers for the largest bucket. Streams bound later must use
+    // `weights` and have max_context positions. Graphs are captured by capture().
+    GpuBatch(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, int max_context,
+             GpuBatchOptions options);
+    GpuBatch(const GpuBatch&) = delete;
+    GpuBatch& operator=(const GpuBatch&) = delete;
+
+    const GpuBatchOptions& options() const { return options_; }
+    int max_streams() const { return options_.buckets.back(); }
+    // The smallest bucket holding n streams (1 <= n <= max_streams()).
+    int bucket_for(int n) const;
+
+    // Rows 0..n-1 become these streams (each started with generation_start, distinct); the rest
+    // of the bucket is idle. Between steps only; waits for the context stream.
+    void bind(const std::vector<GpuLm*>& streams);
+    int bound() const { return bound_; }
+
+    // Captures one graph per (bucket, chunk frames) (when graphs are on): start-up cost, logged.
+    void capture();
+    const std::vector<GraphStats>& graph_stats() const { return stats_; }
+    long long graph_device_bytes() const;
+
+    // `frames` frame steps of every bound stream (the stopped ones stay put): one replay of the
+    // graph for (bucket_for(bound()), frames) when captured, else the same steps eagerly.
+    void run(int frames);
+    // One frame step over the first `rows` rows, enqueued (graph-capturable; benchmarks).
+    void step_enqueue(int rows);
+
+    // Talker logits of row r after the last step, [codec_vocab] (tests; synchronous).
+    void talker_logits_read(int row, float* out);
+    size_t workspace_bytes() const { return memory_.bytes(); }
+
+private:
+    struct Activations {
+        float* x = nullptr;     // [rows, H] residual stream
+        float* qkv = nullptr;   // [rows, qkv_dim]
+        float* attn = nullptr;  // [rows, q_dim]
+        float* mlp = nullptr;   // [rows, I]
+    };
+
+    void product(const kernels::GemvArgs& a);  // gemv, or tensor cores for wide batches
+    void predictor_pass(int rows, int group);
+    void talker_step(int rows);
+    kernels::AttentionArgs talker_attention(int layer, int rows) const;
+    kernels::AttentionArgs predictor_attention(int layer, int rows, int group) const;
+
+    std::shared_ptr<const GpuLmWeights> weights_;
+    GpuContext& context_;
+    const int max_context_;
+    const GpuBatchOptions options_;
+    int bound_ = 0;
+    int talker_splits_ = 1;
+    int rows_cap_ = 0;  // activation rows: 2 per stream (the predictor's first pass)
+
+    DeviceBuffer memory_;
+    kernels::StreamSlot* slots_ = nullptr;             // [max streams]
+    kernels::AttentionSeq* talker_seqs_ = nullptr;     // [max streams]
+    kernels::AttentionSeq* predictor_seqs_ = nullptr;  // [max streams]
+    int32_t* batch_codes_ = nullptr;                   // [max streams, 16]
+    float* hidden_ = nullptr;                          // [max streams, H]
+    Activations talker_;                               // [max streams, ...]
+    Activations predictor_;                            // [2 max streams, ...]
+    float* predictor_in_ = nullptr;                    // [2 max streams, H] before the projection
+    float* predictor_k_ = nullptr;                     // [max streams, layers, n_kv, G, head_dim]
+    float* predictor_v_ = nullptr;
+    float* talker_logits_ = nullptr;     // [max streams, codec_vocab]
+    float* predictor_logits_ = nullptr;  // [max streams, predictor_vocab]
+    float* partial_ = nullptr;           // talker attention split-K scratch, one region per stream
+    uint32_t* counters_ = nullptr;       // its counters (kept zero)
+    bf16_t* xb_ = nullptr;               // [2 rows_cap, max_in] split activations (wide products)
+    float* y2_ = nullptr;                // [2 rows_cap, max_out]
+    int max_in_ = 0, max_out_ = 0;
+
+    PinnedArray<kernels::StreamSlot> host_slots_;
+    PinnedArray<kernels::AttentionSeq> host_talker_seqs_;
+    PinnedArray<kernels::AttentionSeq> host_predictor_seqs_;
+
+    std::map<std::pair<int, int>, GraphExec> graphs_;  // (bucket, frames)
+    std::vector<GraphStats> stats_;
+};
+
+}  // namespace qtts::cuda

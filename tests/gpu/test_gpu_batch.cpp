@@ -1,0 +1,334 @@
+// The batched frame step (engine/cuda/gpu_batch.h): every stream of a batch gets the codes it gets
+// alone, whatever the batch holds and whichever bucket replays it. On a full-size random 1.7B
+// checkpoint when QTTS_TEST_MODEL_DIR points to one (tools/gpu-run.sh), else on a random tiny
+// checkpoint. Streams differ in prompt (speaker, instruction, text length), in sampling (greedy,
+// seeded with different parameters) and in position; one stops mid-chunk; one joins while the
+// others run. "Alone" is GpuLm's own frame step (the path the engine runs today).
+#include <catch2/catch.hpp>
+
+#ifdef QTTS_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/common/error.h"
+#include "engine/cuda/gpu_batch.h"
+#include "engine/generation/sampling.h"
+#include "engine/model/make_model.h"
+#include "engine/model/weights.h"
+#include "engine/text/prompt.h"
+#include "test_support.h"
+
+namespace qc = qtts::cuda;
+
+namespace {
+
+constexpr int MAX_CONTEXT = 512;
+
+qc::GpuContext& context() {
+    static qc::GpuContext ctx(0);
+    return ctx;
+}
+
+std::shared_ptr<const qtts::Checkpoint> test_checkpoint() {
+    static std::shared_ptr<const qtts::Checkpoint> checkpoint = [] {
+        std::string dir;
+        if (const char* env = std::getenv("QTTS_TEST_MODEL_DIR")) {
+            dir = env;
+        } else {
+            dir = qtts_test::temp_dir() + "/tiny-batch";
+            qtts::model_write_random(qtts::model_preset("tiny-customvoice"), dir, 1717);
+        }
+        return qtts::checkpoint_load(dir);
+    }();
+    return checkpoint;
+}
+
+std::shared_ptr<const qc::GpuLmWeights> test_weights() {
+    static auto weights = qc::GpuLmWeights::upload(test_checkpoint(), context().device());
+    return weights;
+}
+
+// What distinguishes the streams of the tests.
+struct StreamSpec {
+    int words = 3;                // text length (prompt and text-track rows)
+    int speaker = 0;              // index into the model's speakers
+    bool instruction = false;     // a style instruction in the prompt
+    bool greedy = false;
+    uint64_t seed = 1;
+    float temperature = 0.9f;
+    int top_k = 50;
+    float top_p = 1.0f;
+    int frame_end = 0x7fffffff;   // the stream's frame limit (device-side stop)
+};
+
+qtts::Prompt spec_prompt(const StreamSpec& s) {
+    const auto& config = test_checkpoint()->config;
+    qtts::PromptRequest r;
+    // <|im_start|>assistant\n + words + <|im_end|>\n<|im_start|>assistant\n (ids of the text vocabulary)
+    r.input_ids = {151644, 77091, 198};
+    for (int i = 0; i < s.words; ++i) r.input_ids.push_back(int32_t(785 + 97 * i));
+    for (int32_t id : {151645, 198, 151644, 77091, 198}) r.input_ids.push_back(id);
+    if (s.instruction) r.instruct_ids = {151644, 872, 198, 9707, 11, 1281, 13, 151645, 198};
+    r.language = "english";
+    if (config.type == qtts::ModelType::MODEL_TYPE_CUSTOM_VOICE) {
+        auto it = config.talker.speaker_ids.begin();
+        std::advance(it, s.speaker % int(config.talker.speaker_ids.size()));
+        r.speaker = it->first;
+    }
+    return qtts::prompt_build(config, r);
+}
+
+qc::GpuGenerationSetup spec_setup(const StreamSpec& s) {
+    qc::GpuGenerationSetup setup;
+    setup.seed = s.seed;
+    qtts::SamplingParams p;
+    p.greedy = s.greedy;
+    p.temperature = s.temperature;
+    p.top_k = s.top_k;
+    p.top_p = s.top_p;
+    p.repetition_penalty = 1.05f;
+    setup.talker = p;
+    setup.predictor = p;
+    setup.predictor.repetition_penalty = 1.0f;
+    setup.min_new_tokens = 1 << 20;  // EOS masked: the frame counts are known
+    setup.frame_end = s.frame_end;
+    return setup;
+}
+
+std::unique_ptr<qc::GpuLm> stream_start(const StreamSpec& s) {
+    qc::GpuLmOptions o;
+    o.max_context = MAX_CONTEXT;
+    o.prefill_chunk = 64;
+    auto lm = std::make_unique<qc::GpuLm>(test_weights(), context(), o);
+    lm->generation_start(spec_prompt(s), spec_setup(s));
+    return lm;
+}
+
+std::vector<int32_t> codes_of(qc::GpuLm& lm, int frames) {
+    std::vector<int32_t> codes(size_t(frames) * 16);
+    lm.codes_read(0, frames, codes.data());
+    return codes;
+}
+
+// The stream alone: `frames` of GpuLm's frame steps (the steps past a frame_end are the
+// single-stream path's business; the comparison only reads frames before it).
+struct Alone {
+    std::vector<int32_t> codes;
+    std::vector<float> logits;  // talker logits after the last step
+};
+
+Alone run_alone(const StreamSpec& s, int frames) {
+    auto lm = stream_start(s);
+    for (int f = 0; f < frames; ++f) lm->frame_step_enqueue();
+    Alone a;
+    a.codes = codes_of(*lm, frames);
+    a.logits.resize(size_t(test_weights()->codec_vocab));
+    lm->talker_logits_read(a.logits.data());
+    return a;
+}
+
+// Frames [0, n) equal; with a frame_end, frames from it on were never completed: the frame at
+// frame_end holds only the codebook-0 draw that ended the stream, later frames nothing (-1).
+void check_codes(const std::vector<int32_t>& batched, const std::vector<int32_t>& alone, int frames, int frame_end,
+                 const std::string& what) {
+    INFO(what);
+    const int valid = std::min(frames, frame_end);
+    for (int f = 0; f < valid; ++f)
+        for (int g = 0; g < 16; ++g) {
+            INFO("frame " << f << " codebook " << g);
+            REQUIRE(batched[size_t(f) * 16 + g] == alone[size_t(f) * 16 + g]);
+        }
+    for (int f = valid; f < frames; ++f)
+        for (int g = f == frame_end ? 1 : 0; g < 16; ++g) {
+            INFO("frame " << f << " (after the stream stopped) codebook " << g);
+            REQUIRE(batched[size_t(f) * 16 + g] == -1);
+        }
+}
+
+double max_relative(const std::vector<float>& a, const std::vector<float>& b) {
+    double scale = 0.0, diff = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        scale = std::max(scale, double(std::fabs(b[i])));
+        diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    }
+    return diff / std::max(scale, 1e-30);
+}
+
+std::vector<StreamSpec> mixed_specs() {
+    std::vector<StreamSpec> specs(5);
+    specs[0] = {3, 0, false, true, 11};                        // greedy, short
+    specs[1] = {9, 1, true, false, 22};                        // sampled, instruction, longer
+    specs[2] = {5, 2, false, false, 33, 0.7f, 20, 0.8f};       // top-p
+    specs[3] = {14, 3, true, true, 44};                        // greedy, longest prompt
+    specs[4] = {2, 4, false, false, 55, 1.0f, 0, 1.0f};        // plain sampling, no top-k
+    return specs;
+}
+
+struct BatchRun {
+    std::vector<std::vector<int32_t>> codes;
+    std::vector<std::vector<float>> logits;
+};
+
+// All specs in one batch (rows in the given order), `frames` frames in chunks of `chunk`.
+BatchRun run_batched(const std::vector<StreamSpec>& specs, const std::vector<int>& order, int frames, int chunk,
+                     qc::GpuBatchOptions options) {
+    std::vector<std::unique_ptr<qc::GpuLm>> lms;
+    for (const StreamSpec& s : specs) lms.push_back(stream_start(s));
+    qc::GpuBatch batch(test_weights(), context(), MAX_CONTEXT, options);
+    batch.capture();
+    std::vector<qc::GpuLm*> rows;
+    for (int i : order) rows.push_back(lms[size_t(i)].get());
+    batch.bind(rows);
+    for (int done = 0; done < frames; done += chunk) batch.run(std::min(chunk, frames - done));
+    BatchRun r;
+    for (size_t i = 0; i < specs.size(); ++i) r.codes.push_back(codes_of(*lms[i], frames));
+    for (size_t row = 0; row < order.size(); ++row) {
+        std::vector<float> l(size_t(test_weights()->codec_vocab));
+        batch.talker_logits_read(int(row), l.data());
+        r.logits.push_back(l);
+    }
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and the product path", "[gpu][batch]") {
+    constexpr int FRAMES = 12;
+    const std::vector<StreamSpec> specs = mixed_specs();
+    std::vector<Alone> alone;
+    for (const StreamSpec& s : specs) alone.push_back(run_alone(s, FRAMES));
+
+    struct Case {
+        std::string name;
+        std::vector<int> buckets;
+        std::vector<int> chunks;
+        int chunk;
+        bool graphs;
+        int wide_rows;
+        std::vector<int> order;
+        bool bitwise;  // gemv everywhere: bitwise equal logits
+    };
+    const std::vector<Case> cases = {
+        {"gemv, bucket 8 (3 idle rows), graphs, 1-frame chunks", {1, 2, 4, 8}, {1}, 1, true, 1 << 20, {0, 1, 2, 3, 4}, true},
+        {"gemv, exact bucket 5, eager, reversed rows", {5}, {1}, 1, false, 1 << 20, {4, 3, 2, 1, 0}, true},
+        {"tensor cores for every product, bucket 16, 4-frame graphs", {16}, {4}, 4, true, 1, {2, 0, 4, 1, 3}, false},
+        {"tensor cores from 8 rows (the predictor's first pass), bucket 6", {6}, {3}, 3, true, 8, {1, 3, 0, 2, 4}, false},
+    };
+    for (const Case& c : cases) {
+        SECTION(c.name) {
+            qc::GpuBatchOptions o;
+            o.buckets = c.buckets;
+            o.chunk_frames = c.chunks;
+            o.cuda_graphs = c.graphs;
+            o.wide_rows = c.wide_rows;
+            const BatchRun run = run_batched(specs, c.order, FRAMES, c.chunk, o);
+            for (size_t i = 0; i < specs.size(); ++i)
+                check_codes(run.codes[i], alone[i].codes, FRAMES, specs[i].frame_end, "stream " + std::to_string(i));
+            for (size_t row = 0; row < c.order.size(); ++row) {
+                const Alone& a = alone[size_t(c.order[row])];
+                const double rel = max_relative(run.logits[row], a.logits);
+                INFO("row " << row << " (stream " << c.order[row] << "): max relative logit difference " << rel);
+                if (c.bitwise)
+                    REQUIRE(rel == 0.0);
+                else
+                    REQUIRE(rel <= 1e-5);
+            }
+        }
+    }
+}
+
+TEST_CASE("a stream that stops mid-chunk stays put while the others go on", "[gpu][batch]") {
+    constexpr int FRAMES = 12;
+    std::vector<StreamSpec> specs = mixed_specs();
+    specs[1].frame_end = 5;  // stops inside the second 4-frame chunk
+    specs[3].frame_end = 1;  // stops after its first frame
+    std::vector<Alone> alone;
+    for (const StreamSpec& s : specs) alone.push_back(run_alone(s, FRAMES));
+    qc::GpuBatchOptions o;
+    o.buckets = {8};
+    o.chunk_frames = {4};
+    const BatchRun run = run_batched(specs, {0, 1, 2, 3, 4}, FRAMES, 4, o);
+    for (size_t i = 0; i < specs.size(); ++i)
+        check_codes(run.codes[i], alone[i].codes, FRAMES, specs[i].frame_end, "stream " + std::to_string(i));
+}
+
+TEST_CASE("a stream joins a running batch; rows are re-bound between chunks", "[gpu][batch]") {
+    constexpr int FIRST = 6, SECOND = 6;
+    const std::vector<StreamSpec> specs = mixed_specs();
+    std::vector<Alone> alone;
+    for (const StreamSpec& s : specs) alone.push_back(run_alone(s, FIRST + SECOND));
+
+    qc::GpuBatchOptions o;
+    o.buckets = {2, 4, 8};
+    o.chunk_frames = {2};
+    qc::GpuBatch batch(test_weights(), context(), MAX_CONTEXT, o);
+    batch.capture();
+    std::vector<std::unique_ptr<qc::GpuLm>> lms;
+    for (int i = 0; i < 3; ++i) lms.push_back(stream_start(specs[size_t(i)]));
+    batch.bind({lms[0].get(), lms[1].get(), lms[2].get()});
+    for (int f = 0; f < FIRST; f += 2) batch.run(2);
+    // Two newcomers; the old streams move to other rows.
+    lms.push_back(stream_start(specs[3]));
+    lms.push_back(stream_start(specs[4]));
+    batch.bind({lms[3].get(), lms[2].get(), lms[0].get(), lms[4].get(), lms[1].get()});
+    REQUIRE(batch.bucket_for(batch.bound()) == 8);
+    for (int f = 0; f < SECOND; f += 2) batch.run(2);
+    for (int i = 0; i < 3; ++i)
+        check_codes(codes_of(*lms[size_t(i)], FIRST + SECOND), alone[size_t(i)].codes, FIRST + SECOND, 1 << 30,
+                    "early stream " + std::to_string(i));
+    for (int i = 3; i < 5; ++i)
+        check_codes(codes_of(*lms[size_t(i)], SECOND), alone[size_t(i)].codes, SECOND, 1 << 30,
+                    "newcomer " + std::to_string(i));
+}
+
+TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
+    using qtts::ErrorCode;
+    auto expect_invalid = [](auto&& f) {
+        try {
+            f();
+            FAIL("no error was raised");
+        } catch (const qtts::Error& e) {
+            CHECK(e.code() == ErrorCode::ERROR_INVALID_ARGUMENT);
+        }
+    };
+    qc::GpuBatchOptions bad;
+    bad.buckets = {4, 2};
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.buckets = {0};
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.buckets = {129};
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.buckets = {};
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+
+    qc::GpuBatchOptions o;
+    o.buckets = {1, 2};
+    o.cuda_graphs = false;
+    qc::GpuBatch batch(test_weights(), context(), MAX_CONTEXT, o);
+    CHECK(batch.bucket_for(1) == 1);
+    CHECK(batch.bucket_for(2) == 2);
+    expect_invalid([&] { (void)batch.bucket_for(0); });
+    expect_invalid([&] { (void)batch.bucket_for(3); });
+    auto a = stream_start(StreamSpec{});
+    auto b = stream_start(StreamSpec{});
+    auto c = stream_start(StreamSpec{});
+    expect_invalid([&] { batch.bind({a.get(), b.get(), c.get()}); });  // more than the largest bucket
+    expect_invalid([&] { batch.bind({a.get(), a.get()}); });           // bound twice
+    qc::GpuLmOptions other;
+    other.max_context = MAX_CONTEXT / 2;
+    qc::GpuLm short_context(test_weights(), context(), other);
+    expect_invalid([&] { batch.bind({a.get(), &short_context}); });  // another cache size
+    batch.bind({a.get(), b.get()});
+    CHECK(batch.bound() == 2);
+    batch.bind({});
+    CHECK(batch.bound() == 0);
+    batch.run(1);  // nothing bound: nothing to do
+}
+
+#endif  // QTTS_HAVE_CUDA
+
