@@ -143,6 +143,10 @@ TEST_CASE("pipeline: barge-in silences the device within one period, cancels the
     stopper.join();
     CHECK(pumped.stopped);
     CHECK(playback_wait(jitter, 60.0));
+    // Keep listening a few periods past the flush: that is where silence must be.
+    const auto listen_until = std::chrono::steady_clock::now() + 10s;
+    while (sink.frames_pulled() < pulled_at_flush + 6 * 480 && std::chrono::steady_clock::now() < listen_until)
+        std::this_thread::sleep_for(5ms);
     sink.stop();
     // At most the period being rendered when the flush came, then a 5 ms fade, then silence,
     // although the engine had made far more audio than was played (it runs ahead of real time).
