@@ -267,6 +267,7 @@ static void answer_barge_in(assistant_t* a) {
         sleep_ns(1000000);
     print_first_audio(a);
     queued = qtts_stream_available(a->stream);
+    const int generated_all = qtts_stream_generation_done(a->stream); /* nothing left to stop */
     cancel_ns = now_ns();
     qtts_stream_discard(a->stream);
     atomic_store(&p->played_after_cancel, 0);
@@ -283,12 +284,16 @@ static void answer_barge_in(assistant_t* a) {
                 a->number);
         a->failures++;
     } else {
+        char stopped[64];
+        if (generated_all)
+            snprintf(stopped, sizeof stopped, "had already ended");
+        else
+            snprintf(stopped, sizeof stopped, "stopped %.1f ms after the cancel", ms_between(cancel_ns, done_ns));
         printf("answer %d: barge-in after %.2f s of speech: silent %.1f ms after the cancel (period %d ms); "
-               "dropped %.2f s of queued audio; generation stopped %.1f ms after the cancel; "
-               "samples played after the cancel: %lld\n",
+               "dropped %.2f s of queued audio; generation %s; samples played after the cancel: %lld\n",
                a->number, (double)atomic_load(&p->played) / QTTS_SAMPLE_RATE,
                ms_between(cancel_ns, atomic_load(&p->silence_ns)), a->opt->period_ms, (double)queued / QTTS_SAMPLE_RATE,
-               ms_between(cancel_ns, done_ns), (long long)atomic_load(&p->played_after_cancel));
+               stopped, (long long)atomic_load(&p->played_after_cancel));
     }
     answer_release(a);
 }
