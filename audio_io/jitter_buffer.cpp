@@ -61,6 +61,7 @@ const char* jitter_state_name(JitterState state) {
         case JitterState::JITTER_PLAYING: return "playing";
         case JitterState::JITTER_UNDERRUN: return "underrun";
         case JitterState::JITTER_DRAINING: return "draining";
+        case JitterState::JITTER_FLUSHING: return "flushing";
     }
     return "unknown";
 }
@@ -133,6 +134,8 @@ JitterStats JitterBuffer::stats() const {
     s.streams_ended = streams_ended_.load(std::memory_order_relaxed);
     s.streams_finished = streams_finished();
     s.renders = renders_.load(std::memory_order_relaxed);
+    s.flushes = flushes_.load(std::memory_order_relaxed);
+    s.samples_flushed = samples_flushed();
     s.start_watermark = start_watermark();
     s.buffered = buffered();
     s.first_sample_time = first_sample_time();
@@ -191,6 +194,20 @@ void JitterBuffer::enter_underrun() noexcept {
     enter_state(JitterState::JITTER_UNDERRUN);
 }
 
+// A flush request seen by render(): fade out from wherever the output is and drop the stream.
+// Nothing playing and nothing queued: there is no stream to drop, and the next one must play.
+void JitterBuffer::flush_begin() noexcept {
+    bool end_marked = false;
+    uint64_t end_position = 0;
+    const size_t readable = readable_in_stream(&end_marked, &end_position);
+    if (state_ == JitterState::JITTER_IDLE && readable == 0 && !end_marked) return;
+    counter_add(flushes_, uint64_t(1));
+    hold_value_ = last_output_;
+    ramp_out_pos_ = 0;
+    first_sample_pending_ = false;
+    enter_state(JitterState::JITTER_FLUSHING);
+}
+
 // Copies n ring samples to out (n must be readable), applying a running fade-in.
 size_t JitterBuffer::play_from_ring(float* out, size_t n, size_t offset_in_buffer, double out_time) noexcept {
     if (n == 0) return 0;
@@ -220,6 +237,11 @@ size_t JitterBuffer::play_from_ring(float* out, size_t n, size_t offset_in_buffe
 void JitterBuffer::render(float* out, size_t frames, double out_time) noexcept {
     DenormalsOff denormals_off;
     counter_add(renders_, uint64_t(1));
+    const uint64_t flush_requests = flush_requests_.load(std::memory_order_acquire);
+    if (flush_requests != flush_seen_) {
+        flush_seen_ = flush_requests;  // several requests between two renders are one flush
+        flush_begin();
+    }
     size_t done = 0;
     // Each pass either writes samples or changes state; the state changes cannot cycle without
     // output (Idle -> Prebuffer -> Playing/Draining -> output), so the loop always terminates.
@@ -269,6 +291,31 @@ void JitterBuffer::render(float* out, size_t frames, double out_time) noexcept {
                     std::memset(out + done, 0, (frames - done) * sizeof(float));
                     done = frames;
                 }
+                break;
+            }
+            case JitterState::JITTER_FLUSHING: {
+                // Drop what has arrived of the flushed stream (never past its end mark).
+                const size_t dropped = ring_.discard(readable);
+                consumed_total_ += dropped;
+                counter_add(samples_flushed_, uint64_t(dropped));
+                if (ramp_out_pos_ < ramp_) {
+                    // The same bounded fade as an underrun's, so the cut does not click.
+                    const size_t n = std::min(want, ramp_ - ramp_out_pos_);
+                    for (size_t i = 0; i < n; ++i) {
+                        ++ramp_out_pos_;
+                        out[done + i] = hold_value_ * (1.0f - float(ramp_out_pos_) / float(ramp_));
+                    }
+                    last_output_ = out[done + n - 1];
+                    done += n;
+                    continue;
+                }
+                if (end_marked && consumed_total_ == end_position) {
+                    finish_stream();  // -> Idle: a stream queued after the mark starts at once
+                    continue;
+                }
+                std::memset(out + done, 0, want * sizeof(float));
+                last_output_ = 0.0f;
+                done = frames;
                 break;
             }
             case JitterState::JITTER_UNDERRUN: {

@@ -14,13 +14,18 @@
 //              stream ended) -> Playing/Draining with a `ramp`-sample fade-in.
 //   Draining   the producer marked the end: plays everything up to the mark, then -> Idle and the
 //              stream counts as finished.
+//   Flushing   flush() (barge-in) was seen at the start of a render: the last output value fades to
+//              0 over `ramp` samples, then silence; every sample of the current stream is dropped
+//              as it arrives, up to its end mark; the stream then counts as finished -> Idle, and
+//              the next stream plays as usual. A flush that finds nothing playing or queued is
+//              ignored.
 //
 // Real-time contract: render() never allocates, locks, blocks, logs or does I/O; it reads the
 // ring with acquire loads and publishes counters with relaxed stores (single writer). It sets
 // flush-to-zero / denormals-are-zero for its own duration.
 //
 // Threads: push()/end_stream()/available_write() from ONE producer thread; render() from ONE
-// consumer thread (the audio callback); every getter from any thread.
+// consumer thread (the audio callback); flush() and every getter from any thread.
 #pragma once
 
 #include <atomic>
@@ -38,6 +43,7 @@ enum class JitterState : int {
     JITTER_PLAYING,
     JITTER_UNDERRUN,
     JITTER_DRAINING,
+    JITTER_FLUSHING,
 };
 
 const char* jitter_state_name(JitterState state);
@@ -64,6 +70,8 @@ struct JitterStats {
     uint64_t streams_ended = 0;      // end_stream() calls
     uint64_t streams_finished = 0;   // ended streams fully played out
     uint64_t renders = 0;            // render() calls
+    uint64_t flushes = 0;            // flush() requests that found a stream to drop
+    uint64_t samples_flushed = 0;    // samples dropped by them, never played
     size_t start_watermark = 0;      // current (possibly raised) start watermark, samples
     size_t buffered = 0;             // samples in the ring
     double first_sample_time = -1;   // out_time of the latest stream's first sample (-1: none yet)
@@ -99,12 +107,19 @@ public:
     void set_first_sample_hook(FirstSampleHook hook, void* user);
 
     // ---- any thread ----
+    // Barge-in: drops the current stream. The next render() fades the output to silence within
+    // `ramp` samples and from then on throws away every sample of that stream (what is buffered
+    // and what the producer still pushes) up to its end mark; the producer must still call
+    // end_stream() for it (stream_pump does). Streams after that mark play normally. One atomic
+    // increment: no lock, no allocation, so any thread (even a callback) may call it.
+    void flush() noexcept { flush_requests_.fetch_add(1, std::memory_order_release); }
     JitterState state() const { return JitterState(state_shared_.load(std::memory_order_relaxed)); }
     // True when at least one stream was ended and every ended stream has been played out.
     bool finished() const;
     uint64_t underrun_events() const { return underrun_events_.load(std::memory_order_relaxed); }
     uint64_t underrun_samples() const { return underrun_samples_.load(std::memory_order_relaxed); }
     uint64_t samples_played() const { return samples_played_.load(std::memory_order_relaxed); }
+    uint64_t samples_flushed() const { return samples_flushed_.load(std::memory_order_relaxed); }
     uint64_t streams_finished() const { return streams_finished_.load(std::memory_order_acquire); }
     size_t start_watermark() const { return watermark_shared_.load(std::memory_order_relaxed); }
     double first_sample_time() const { return first_sample_time_.load(std::memory_order_acquire); }
@@ -120,6 +135,7 @@ private:
     void enter_underrun() noexcept;
     void start_stream() noexcept;
     void finish_stream() noexcept;
+    void flush_begin() noexcept;
 
     JitterBufferConfig config_;
     size_t initial_watermark_ = 0;
@@ -143,6 +159,7 @@ private:
     float last_output_ = 0.0f;
     uint64_t samples_since_underrun_ = 0;
     bool first_sample_pending_ = false;
+    uint64_t flush_seen_ = 0;      // flush requests already handled
     FirstSampleHook first_sample_hook_ = nullptr;
     void* first_sample_user_ = nullptr;
 
@@ -157,6 +174,9 @@ private:
     std::atomic<uint64_t> streams_started_{0};
     std::atomic<uint64_t> streams_finished_{0};
     std::atomic<uint64_t> renders_{0};
+    std::atomic<uint64_t> flushes_{0};
+    std::atomic<uint64_t> samples_flushed_{0};
+    std::atomic<uint64_t> flush_requests_{0};  // written by flush() (any thread), read by render()
     std::atomic<double> first_sample_time_{-1.0};
 };
 

@@ -47,7 +47,10 @@ StreamPumpResult stream_pump(Stream& stream, JitterBuffer* jitter, const StreamP
         }
         result.samples += n;
     }
-    if (result.stopped) stream.cancel();
+    if (result.stopped) {
+        stream.discard();
+        if (jitter) jitter->flush();  // drops this stream up to the end mark pushed next
+    }
     if (jitter) jitter->end_stream();
     return result;
 }

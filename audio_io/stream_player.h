@@ -3,8 +3,13 @@
 // optionally handing every sample to a second consumer (a WAV file) on the way.
 //
 // The pump runs on the caller's thread (never the audio thread); it blocks on the stream and, when
-// the jitter buffer is full, waits for the callback to make room. It stops early when `stop` is set
-// (it then cancels the stream) and always ends the jitter stream, so the sink drains what it has.
+// the jitter buffer is full, waits for the callback to make room. It always ends the jitter stream.
+//
+// Stopping is a barge-in: when `stop` is set the pump discards the stream (generation stops within
+// a chunk, its unread audio is dropped) and flushes the jitter buffer, so the sink fades to silence
+// at its next period instead of playing out what was queued. For the quickest cut, the thread
+// that sets `stop` calls jitter.flush() itself (any thread may): the pump notices `stop` only
+// between its reads (<= 20 ms).
 #pragma once
 
 #include <atomic>
@@ -20,12 +25,12 @@ class Stream;
 struct StreamPumpOptions {
     size_t read_block = 4800;                        // samples per read from the stream (200 ms)
     std::function<void(const float*, size_t)> tee;   // also gets every sample, in order (may be empty)
-    const std::atomic<bool>* stop = nullptr;         // set from another thread to stop early
+    const std::atomic<bool>* stop = nullptr;         // set from another thread to stop early (barge-in)
 };
 
 struct StreamPumpResult {
     uint64_t samples = 0;  // samples read from the stream and queued for playback
-    bool stopped = false;  // ended by `stop` (the stream was cancelled)
+    bool stopped = false;  // ended by `stop` (the stream was discarded, the jitter buffer flushed)
 };
 
 // Pumps until the stream is finished (or stopped), then calls jitter->end_stream(). Does not wait

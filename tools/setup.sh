@@ -19,6 +19,7 @@ packages=(
   libboost-dev                # Beast/Asio for the HTTP/WebSocket server
   libconcurrentqueue-dev                                 # lock-free queue (engine submissions)
   curl netcat-openbsd         # network integration tests
+  python3                     # the Python bindings' test (python/qtts.py: ctypes, standard library only)
   clang libclang-rt-14-dev    # libFuzzer + ASan/UBSan for the fuzz smoke run (tools/fuzz.sh)
 )
 

@@ -111,8 +111,17 @@ public:
     // dropped; the stream goes on.
     virtual void text_append(const std::string& text) = 0;
     virtual void text_close() = 0;
-    // Stops generation within one chunk; the engine frees the stream's slot.
+    // Stops generation within one chunk; the engine frees the stream's slot. A chunk being made
+    // when the cancel arrives is not published.
     virtual void cancel() = 0;
+    // Barge-in: cancel() and drop the audio not yet read. From the reader's next read() on, read()
+    // returns 0: what is buffered, and anything the engine publishes before it stops, is thrown
+    // away by that read, so a player that reads the stream falls silent within one period.
+    // finished() is true as soon as generation ended. Any thread; read() stays wait-free.
+    virtual void discard() = 0;
+    // Samples readable now (exact on the reader's thread, already stale elsewhere); 0 once
+    // discard() was called. Wait-free: an audio callback may call it.
+    virtual size_t available() const = 0;
 
     virtual StreamMetrics metrics() const = 0;
     // The error message when the stream failed after it was accepted (empty otherwise).

@@ -4,12 +4,17 @@
 // C++ type crosses into the caller.
 #include "engine/api/qtts_c.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/api/qtts.h"
 
@@ -19,6 +24,16 @@ struct qtts_engine {
 };
 struct qtts_stream {
     std::shared_ptr<qtts::Stream> stream;
+
+    // Streams with a chunk callback (qtts_request.on_chunk): `worker` is the stream's one reader
+    // and calls the callback; see callback_run.
+    qtts_chunk_callback callback = nullptr;
+    void* user_data = nullptr;
+    std::thread worker;
+    std::atomic<bool> callback_done{false};      // the last call returned (qtts_stream_finished)
+    std::atomic<bool> released_inside{false};    // qtts_stream_release was called by the callback
+    std::mutex done_mutex;                       // with done_cv: qtts_stream_wait on such a stream
+    std::condition_variable done_cv;
 };
 
 namespace {
@@ -68,6 +83,49 @@ qtts_result copy_out(const std::string& s, char* buf, size_t size) {
     std::memcpy(buf, s.data(), n);
     buf[n] = '\0';
     return QTTS_OK;
+}
+
+// Audio handed to a callback per call, at most: four 80 ms frames (one steady chunk by default).
+constexpr size_t k_callback_block = 4 * QTTS_SAMPLES_PER_FRAME;
+
+// The reader thread of a stream with a callback: delivers audio as it arrives, then the last call.
+// A release from inside the callback ends the deliveries; the handle is deleted here, after the
+// callback returned, since the releasing thread is this one.
+void callback_run(qtts_stream* handle) {
+    // qtts_submit holds the lock until handle->worker is assigned: release's "am I the worker?"
+    // and the detach below read it.
+    { std::lock_guard<std::mutex> started(handle->done_mutex); }
+    qtts::Stream& stream = *handle->stream;
+    bool released = false;
+    try {
+        std::vector<float> block(k_callback_block);
+        while (!handle->released_inside.load()) {
+            const size_t n = stream.read(block.data(), block.size());
+            if (n > 0) {
+                handle->callback(handle->user_data, handle, block.data(), n, 0);
+                continue;
+            }
+            if (stream.finished()) break;
+            stream.wait(std::chrono::milliseconds(50));
+        }
+        released = handle->released_inside.load();
+        if (!released) handle->callback(handle->user_data, handle, nullptr, 0, 1);
+    } catch (...) {
+        // No memory for the block, or a C++ callback that threw: the stream stops speaking.
+        stream.discard();
+    }
+    released = released || handle->released_inside.load();
+    if (released) {
+        // qtts_stream_release ran on this thread, inside the callback, and left the rest to us.
+        handle->worker.detach();
+        delete handle;
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(handle->done_mutex);
+        handle->callback_done.store(true);
+    }
+    handle->done_cv.notify_all();
 }
 
 }  // namespace
@@ -164,6 +222,15 @@ void qtts_request_init(qtts_request* request) {
     request->seed = 0;
     request->has_seed = 0;
     request->incremental = 0;
+    request->greedy = 0;
+    request->max_frames = 0;
+    request->voice_path = nullptr;
+    request->ref_audio = nullptr;
+    request->ref_audio_samples = 0;
+    request->ref_text = nullptr;
+    request->x_vector_only = 0;
+    request->on_chunk = nullptr;
+    request->user_data = nullptr;
 }
 
 qtts_result qtts_submit(qtts_engine* engine, const qtts_request* request, qtts_stream** out) {
@@ -171,6 +238,8 @@ qtts_result qtts_submit(qtts_engine* engine, const qtts_request* request, qtts_s
     *out = nullptr;
     if (!engine) return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_submit: engine is NULL");
     if (!request) return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_submit: request is NULL");
+    if (!request->ref_audio && request->ref_audio_samples > 0)
+        return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_submit: ref_audio is NULL but ref_audio_samples is not 0");
     try {
         qtts::SpeechRequest cpp;
         cpp.text = str_or_empty(request->text);
@@ -179,8 +248,26 @@ qtts_result qtts_submit(qtts_engine* engine, const qtts_request* request, qtts_s
         cpp.instruct = str_or_empty(request->instruction);
         if (request->has_seed) cpp.seed = request->seed;
         cpp.incremental = request->incremental != 0;
+        cpp.greedy = request->greedy != 0;
+        cpp.max_frames = request->max_frames;  // the engine refuses a negative one
+        cpp.voice_path = str_or_empty(request->voice_path);
+        if (request->ref_audio)
+            cpp.ref_audio.assign(request->ref_audio, request->ref_audio + request->ref_audio_samples);
+        cpp.ref_text = str_or_empty(request->ref_text);
+        cpp.x_vector_only = request->x_vector_only != 0;
         auto handle = std::make_unique<qtts_stream>();
         handle->stream = engine->engine->submit(cpp);  // checks the request; throws qtts::Error
+        if (request->on_chunk) {
+            handle->callback = request->on_chunk;
+            handle->user_data = request->user_data;
+            try {
+                std::lock_guard<std::mutex> lock(handle->done_mutex);
+                handle->worker = std::thread(callback_run, handle.get());
+            } catch (...) {
+                handle->stream->discard();  // no thread to read it: the accepted stream ends here
+                throw;
+            }
+        }
         *out = handle.release();
         return QTTS_OK;
     } catch (...) {
@@ -209,22 +296,34 @@ qtts_result qtts_stream_text_close(qtts_stream* stream) {
 }
 
 // The audio callback's call: Stream::read is wait-free and does not throw (an SPSC ring copy).
+// A stream with a callback has its reader already (the worker): a second one would break the ring.
 size_t qtts_stream_read(qtts_stream* stream, float* out, size_t n) {
-    if (!stream || !out) return 0;
+    if (!stream || !out || stream->callback) return 0;
     return stream->stream->read(out, n);
 }
+
+size_t qtts_stream_available(qtts_stream* stream) { return stream ? stream->stream->available() : 0; }
 
 int qtts_stream_wait(qtts_stream* stream, int timeout_ms) {
     if (!stream) return 0;
     try {
-        return stream->stream->wait(std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms)) ? 1 : 0;
+        const std::chrono::milliseconds timeout(timeout_ms < 0 ? 0 : timeout_ms);
+        if (stream->callback) {
+            std::unique_lock<std::mutex> lock(stream->done_mutex);
+            return stream->done_cv.wait_for(lock, timeout, [&] { return stream->callback_done.load(); }) ? 1 : 0;
+        }
+        return stream->stream->wait(timeout) ? 1 : 0;
     } catch (...) {
         result_from_exception();
         return 0;
     }
 }
 
-int qtts_stream_finished(qtts_stream* stream) { return stream && stream->stream->finished() ? 1 : 0; }
+int qtts_stream_finished(qtts_stream* stream) {
+    if (!stream) return 0;
+    if (stream->callback) return stream->callback_done.load() ? 1 : 0;
+    return stream->stream->finished() ? 1 : 0;
+}
 
 int qtts_stream_generation_done(qtts_stream* stream) { return stream && stream->stream->generation_done() ? 1 : 0; }
 
@@ -232,6 +331,16 @@ qtts_result qtts_stream_cancel(qtts_stream* stream) {
     if (!stream) return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_stream_cancel: stream is NULL");
     try {
         stream->stream->cancel();
+        return QTTS_OK;
+    } catch (...) {
+        return result_from_exception();
+    }
+}
+
+qtts_result qtts_stream_discard(qtts_stream* stream) {
+    if (!stream) return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_stream_discard: stream is NULL");
+    try {
+        stream->stream->discard();
         return QTTS_OK;
     } catch (...) {
         return result_from_exception();
@@ -266,13 +375,38 @@ qtts_result qtts_stream_error(qtts_stream* stream, char* buf, size_t size) {
 
 void qtts_stream_release(qtts_stream* stream) {
     if (!stream) return;
+    if (stream->callback && stream->worker.get_id() == std::this_thread::get_id()) {
+        // From inside the callback: the worker deletes the handle once the callback returned.
+        stream->stream->discard();
+        stream->released_inside.store(true);
+        return;
+    }
     try {
-        // A handle given back mid-speech frees its engine slot now rather than at the end.
-        if (!stream->stream->generation_done()) stream->stream->cancel();
+        // A handle given back mid-speech frees its engine slot now rather than at the end; a
+        // callback gets no more audio, only its last call.
+        if (stream->callback) stream->stream->discard();
+        else if (!stream->stream->generation_done()) stream->stream->cancel();
     } catch (...) {
         result_from_exception();
     }
+    if (stream->worker.joinable()) stream->worker.join();
     delete stream;
+}
+
+qtts_result qtts_engine_stats_get(qtts_engine* engine, qtts_engine_stats* out) {
+    if (!engine || !out) return fail_with(QTTS_ERROR_INVALID_ARGUMENT, "qtts_engine_stats_get: engine or out is NULL");
+    try {
+        const qtts::EngineStats s = engine->engine->stats();
+        out->requests = s.requests;
+        out->active_streams = s.active_streams;
+        out->completed = s.completed;
+        out->errors = s.errors;
+        out->cancelled = s.cancelled;
+        out->audio_seconds = s.audio_seconds;
+        return QTTS_OK;
+    } catch (...) {
+        return result_from_exception();
+    }
 }
 
 }  // extern "C"

@@ -36,6 +36,12 @@ public:
     uint64_t id() const override { return id_; }
 
     size_t read(float* out, size_t n) override {
+        if (discarded_.load(std::memory_order_acquire)) {
+            // Barge-in: everything the ring holds goes, now and until the engine stops; the
+            // ring's discard is as wait-free as its read.
+            ring_.discard(ring_.capacity());
+            return 0;
+        }
         const size_t got = ring_.read(out, n);
         // Wait-free: no lock and no wake-up call here (a reader may be an audio callback). A
         // stream held back by a full ring resumes at the engine's next poll (<= 20 ms).
@@ -50,10 +56,13 @@ public:
 
     bool wait(std::chrono::milliseconds timeout) override {
         std::unique_lock<std::mutex> lock(mutex_);
-        return cv_.wait_for(lock, timeout, [&] { return ring_.available_read() > 0 || gen_done_.load(std::memory_order_acquire); });
+        return cv_.wait_for(lock, timeout, [&] { return available() > 0 || gen_done_.load(std::memory_order_acquire); });
     }
 
-    bool finished() const override { return gen_done_.load(std::memory_order_acquire) && ring_.available_read() == 0; }
+    bool finished() const override { return gen_done_.load(std::memory_order_acquire) && available() == 0; }
+    size_t available() const override {
+        return discarded_.load(std::memory_order_acquire) ? 0 : ring_.available_read();
+    }
     bool generation_done() const override { return gen_done_.load(std::memory_order_acquire); }
 
     // An edge of the library: appended text is checked here, once, with the rule submit applies
@@ -82,6 +91,10 @@ public:
     void cancel() override {
         cancelled_.store(true);
         wake_engine_();
+    }
+    void discard() override {
+        discarded_.store(true, std::memory_order_release);
+        cancel();  // wait() then wakes when the engine ends the stream, within a chunk
     }
 
     StreamMetrics metrics() const override {
@@ -148,6 +161,7 @@ public:
     std::function<void()> wake_engine_;
     Clock::time_point submitted_;
     std::atomic<bool> cancelled_{false};
+    std::atomic<bool> discarded_{false};  // discard(): the reader drops everything from now on
     std::atomic<bool> text_closed_{false};
     bool text_close_applied_ = false;  // engine thread only
     moodycamel::ConcurrentQueue<std::string> text_queue_;
@@ -253,6 +267,14 @@ struct Engine::Impl {
         frames.clear();
         const bool was_waiting = s.waiting_for_text_;
         const UtteranceStatus status = s.utterance_->chunk(k, &pcm, &frames);
+        if (s.cancelled_.load()) {
+            // Cancelled while the chunk was being made: its audio is not published, so a barge-in
+            // (Stream::discard) has nothing new to drop and a plain cancel ends at the last chunk
+            // published before it.
+            finish(s, StopReason::STOP_CANCELLED, "");
+            finished = true;
+            return true;
+        }
         s.waiting_for_text_ = status == UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT && frames.empty();
         if (!frames.empty()) {
             s.publish(pcm, frames);

@@ -144,6 +144,19 @@ public:
         cv_.notify_all();
     }
 
+    // Barge-in: cancel, and what was produced is never read; later reads return 0.
+    void discard() override {
+        cancel();
+        std::lock_guard<std::mutex> lock(m_);
+        discarded_ = true;
+        read_pos_ = produced_;
+    }
+    size_t available() const override {
+        std::lock_guard<std::mutex> lock(m_);
+        const_cast<FakeStream*>(this)->advance_locked(Clock::now());
+        return discarded_ ? 0 : size_t(produced_ - read_pos_);
+    }
+
     qtts::StreamMetrics metrics() const override {
         std::lock_guard<std::mutex> lock(m_);
         qtts::StreamMetrics m;
@@ -207,6 +220,7 @@ private:
     int64_t read_pos_ = 0;
     bool closed_ = true;
     bool cancelled_ = false;
+    bool discarded_ = false;
     bool cancel_called_ = false;
     bool fail_ = false;
     bool failed_ = false;

@@ -3,6 +3,7 @@
 # prefix, checks that the library exports only qtts_* symbols, then builds tests/c_api/hello.c
 # twice against the installed files (cc + pkg-config, and a CMake project with
 # find_package(qtts)) and runs both; each speaks a sentence with the demo model through the C API.
+# Then tests/c_api/features.c (pkg-config): request fields, the chunk callback, barge-in, counters.
 # Exit 0: all held; 1: something failed; 77: skipped (no pkg-config or C compiler).
 # usage: tests/tools/test_c_api_install.sh SOURCE_DIR BUILD_DIR CACHE_DIR
 set -euo pipefail
@@ -42,6 +43,12 @@ echo "pkg-config --cflags --libs qtts: $flags"
 "$cc" -std=c99 -Wall -Wextra -Werror -pedantic "$src/tests/c_api/hello.c" -o "$tmp/hello-pc" $flags \
     -Wl,-rpath,"$(pkg-config --variable=libdir qtts)"
 "$tmp/hello-pc"
+
+echo "== request fields, chunk callback, barge-in, engine counters (tests/c_api/features.c)"
+# shellcheck disable=SC2086
+"$cc" -std=c99 -Wall -Wextra -Werror -pedantic "$src/tests/c_api/features.c" -o "$tmp/features" $flags -pthread \
+    -Wl,-rpath,"$(pkg-config --variable=libdir qtts)"
+"$tmp/features"
 
 echo "== CMake find_package(qtts)"
 cmake -S "$src/tests/c_api" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" \

@@ -93,6 +93,35 @@ TEST_CASE("cancellation stops a stream within a chunk and frees its slot", "[eng
     CHECK(engine.stats().cancelled == 1);
 }
 
+TEST_CASE("discard (barge-in) drops the buffered audio: the next read returns nothing", "[engine]") {
+    EngineOptions options;
+    options.max_streams = 1;
+    Engine engine(options);
+    auto stream = engine.submit(
+        qtts_test::greedy_request("A long sentence that would take a while to speak.", 300, kGreedySeed));
+    std::vector<float> buf(1920);
+    while (stream->read(buf.data(), buf.size()) == 0) stream->wait(50ms);
+    // Let audio pile up unread, as it does in a player's buffer while it speaks.
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (stream->available() < 3 * 1920 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    REQUIRE(stream->available() >= 3 * 1920);
+    stream->discard();
+    CHECK(stream->available() == 0);
+    CHECK(stream->read(buf.data(), buf.size()) == 0);
+    while (!stream->generation_done() && std::chrono::steady_clock::now() < deadline) stream->wait(50ms);
+    REQUIRE(stream->generation_done());
+    // Nothing the engine made before it stopped comes out, and the stream counts as finished
+    // without the reader draining anything.
+    CHECK(stream->read(buf.data(), buf.size()) == 0);
+    CHECK(stream->finished());
+    CHECK(stream->metrics().stop_reason == StopReason::STOP_CANCELLED);
+    CHECK(stream->metrics().frames < 300);
+    // The slot is free again and a new stream plays normally.
+    auto second = engine.submit(qtts_test::greedy_request("Next.", 2, kGreedySeed));
+    CHECK(read_all(*second).size() == size_t(2 * 1920));
+    CHECK(engine.stats().cancelled == 1);
+}
+
 TEST_CASE("the concurrency limit refuses extra streams with ERROR_BUSY", "[engine]") {
     EngineOptions options;
     options.max_streams = 1;

@@ -258,6 +258,78 @@ TEST_CASE("back-to-back streams play in order, each reported finished", "[jitter
     CHECK(jb.stats().streams_started == 3);
 }
 
+TEST_CASE("flush (barge-in): fade to silence in the next render, the rest of the stream dropped", "[jitter]") {
+    JitterBuffer jb(small_config());
+    const std::vector<float> a = qtts_test::random_floats(20000, 12);
+    const std::vector<float> b = qtts_test::random_floats(3000, 13);
+    const size_t block = 480;  // one 20 ms audio callback period
+    jb.push(a.data(), 12000);
+    std::vector<float> out = render_blocks(jb, 4 * block, {block});
+    REQUIRE(qtts_test::max_abs_error(out.data(), a.data(), out.size()) == 0.0);
+    REQUIRE(jb.state() == JitterState::JITTER_PLAYING);
+
+    jb.flush();  // from "another thread": nothing happens before the next render
+    jb.flush();  // two requests before one render are one flush
+    const size_t ramp = 120;  // the default fade: 5 ms at 24 kHz
+    out = render_blocks(jb, block, {block});
+    CHECK(jb.state() == JitterState::JITTER_FLUSHING);
+    // The first period after the flush: a bounded fade from the last sample played, then silence.
+    CHECK(std::fabs(out[0] - a[4 * block - 1]) <= std::fabs(a[4 * block - 1]) / float(ramp) + 1e-6f);
+    CHECK(max_step(out) <= 1.0f / float(ramp) + 1e-6f);
+    CHECK(all_zero(out.data() + ramp, block - ramp));
+    CHECK(jb.samples_flushed() == 12000 - 4 * block);
+
+    // The producer did not see the barge-in yet and pushes more of the same stream: dropped too.
+    jb.push(a.data() + 12000, 8000);
+    out = render_blocks(jb, 4 * block, {block});
+    CHECK(all_zero(out.data(), out.size()));
+    CHECK_FALSE(jb.finished());
+    jb.end_stream();  // the producer stops; the next stream plays from its first sample, untouched
+    jb.push(b.data(), b.size());
+    jb.end_stream();
+    out = render_blocks(jb, 8 * block, {block});
+    CHECK(jb.samples_flushed() == 20000 - 4 * block);
+    CHECK(jb.samples_played() == 4 * block + b.size());
+    const auto first = std::find_if(out.begin(), out.end(), [](float x) { return x != 0.0f; });
+    REQUIRE(first != out.end());
+    const size_t at = size_t(first - out.begin());
+    REQUIRE(at + b.size() <= out.size());
+    CHECK(qtts_test::max_abs_error(out.data() + at, b.data(), b.size()) == 0.0);
+    CHECK(jb.streams_finished() == 2);
+    CHECK(jb.finished());
+    CHECK(jb.stats().flushes == 1);
+}
+
+TEST_CASE("flush with nothing playing or queued is ignored: the next stream plays", "[jitter]") {
+    JitterBuffer jb(small_config());
+    std::vector<float> out = render_blocks(jb, 960, {480});
+    jb.flush();
+    out = render_blocks(jb, 480, {480});
+    CHECK(jb.state() == JitterState::JITTER_IDLE);
+    const std::vector<float> a = qtts_test::random_floats(2000, 14);
+    jb.push(a.data(), a.size());
+    jb.end_stream();
+    out = render_blocks(jb, 2400, {480});
+    CHECK(qtts_test::max_abs_error(out.data(), a.data(), a.size()) == 0.0);
+    CHECK(jb.samples_flushed() == 0);
+    CHECK(jb.stats().flushes == 0);
+    CHECK(jb.finished());
+}
+
+TEST_CASE("flush of a stream already ended drops its tail and finishes it", "[jitter]") {
+    JitterBuffer jb(small_config());
+    const std::vector<float> a = qtts_test::random_floats(6000, 15);
+    jb.push(a.data(), a.size());
+    jb.end_stream();
+    std::vector<float> out = render_blocks(jb, 1000, {500});
+    jb.flush();
+    out = render_blocks(jb, 500, {500});
+    CHECK(all_zero(out.data() + 120, 380));
+    CHECK(jb.finished());
+    CHECK(jb.state() == JitterState::JITTER_IDLE);
+    CHECK(jb.samples_played() + jb.samples_flushed() == a.size());
+}
+
 TEST_CASE("the first sample's time is reported and the hook fires once per stream", "[jitter]") {
     JitterBuffer jb(small_config());
     struct Seen {

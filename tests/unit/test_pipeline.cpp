@@ -1,7 +1,8 @@
 // The whole live path: engine thread -> stream ring -> stream_pump -> jitter buffer -> a virtual
 // audio device pulling at real-time pace with odd block sizes. What the device plays must be the
 // stream's audio sample for sample (after the prebuffer's leading silence), with no underruns
-// while production is faster than real time; stopping mid-stream cancels and frees the stream.
+// while production is faster than real time; stopping mid-stream (barge-in) silences the device
+// within one period, cancels and frees the stream.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -114,19 +115,26 @@ TEST_CASE("pipeline: the device plays the stream sample for sample at odd block 
     }
 }
 
-TEST_CASE("pipeline: stopping playback mid-stream cancels the stream and frees its slot", "[pipeline][threads]") {
+TEST_CASE("pipeline: barge-in silences the device within one period, cancels the stream, frees its slot",
+          "[pipeline][threads]") {
     JitterBuffer jitter;
     VirtualSinkConfig config;
     config.realtime = true;
-    config.block_sizes = {480};
+    config.block_sizes = {480};  // a 20 ms audio callback period
     VirtualAudioSink sink(config, render_source(jitter));
     sink.start();
     SpeechRequest r = request_fixed();
     r.max_frames = 400;  // 32 s: far longer than the test waits
     auto stream = shared_engine().submit(r);
     std::atomic<bool> stop{false};
+    uint64_t pulled_at_flush = 0;
+    uint64_t played_at_flush = 0;
     std::thread stopper([&] {
         while (jitter.samples_played() < 4800) std::this_thread::sleep_for(5ms);  // 0.2 s heard
+        // The user speaks: the control thread flushes the player and stops the pump.
+        pulled_at_flush = sink.frames_pulled();
+        played_at_flush = jitter.samples_played();
+        jitter.flush();
         stop.store(true, std::memory_order_release);
     });
     StreamPumpOptions options;
@@ -135,7 +143,19 @@ TEST_CASE("pipeline: stopping playback mid-stream cancels the stream and frees i
     stopper.join();
     CHECK(pumped.stopped);
     CHECK(playback_wait(jitter, 60.0));
+    // Keep listening a few periods past the flush: that is where silence must be.
+    const auto listen_until = std::chrono::steady_clock::now() + 10s;
+    while (sink.frames_pulled() < pulled_at_flush + 6 * 480 && std::chrono::steady_clock::now() < listen_until)
+        std::this_thread::sleep_for(5ms);
     sink.stop();
+    // At most the period being rendered when the flush came, then a 5 ms fade, then silence,
+    // although the engine had made far more audio than was played (it runs ahead of real time).
+    CHECK(jitter.samples_played() <= played_at_flush + 480);
+    CHECK(jitter.samples_flushed() > 0);
+    const std::vector<float> heard = sink.recorded();
+    const size_t silent_from = size_t(pulled_at_flush) + 480 + 120;
+    REQUIRE(heard.size() > silent_from);
+    CHECK(std::all_of(heard.begin() + long(silent_from), heard.end(), [](float x) { return x == 0.0f; }));
     // The engine ends the cancelled stream within a chunk and lets go of it.
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (!stream->generation_done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
