@@ -36,6 +36,9 @@ void print_usage() {
         "  --io-threads N         network threads (default 2)\n"
         "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
         "  --device N             CUDA device index (default 0)\n"
+        "  --devices LIST         one engine per GPU, e.g. 0,1 (same as --engines cuda:0,cuda:1)\n"
+        "  --engines LIST         one engine per entry: cpu, cuda:N or N, e.g. cuda:0,cpu or cpu,cpu; each\n"
+        "                         request goes to the least-loaded engine (instead of --backend/--device)\n"
         "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio)\n"
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
@@ -61,7 +64,8 @@ std::string model_name_of(const std::string& dir) {
 int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
-                         "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "device"},
+                         "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "device", "devices",
+                         "engines"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks"});
     if (args.has("help")) {
         print_usage();
@@ -84,14 +88,32 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts::server_options_validate(options);
     const int drain_seconds = int_option(args, "drain-seconds", 30, 0, 86400);
 
-    qtts::EngineOptions engine_options;
+    qtts::EnginePoolOptions pool_options;
+    qtts::EngineOptions& engine_options = pool_options.engine;
     engine_options.model_dir = args.get_or("model", "");
     engine_options.backend.name = args.get_or("backend", "auto");
-    engine_options.backend.device = int_option(args, "device", 0, 0, 64);
+    engine_options.backend.device = int_option(args, "device", 0, 0, 63);
     engine_options.backend.cuda_graphs = !args.has("no-cuda-graphs");
     engine_options.backend.gpu_decoder = !args.has("cpu-decoder");
     engine_options.backend.fused_chunks = !args.has("no-fused-chunks");
+    // Every engine may hold the server's whole stream limit, so one engine can carry the load
+    // when the others are out (docs/server.md, "Several engines").
     engine_options.max_streams = options.max_streams;
+    // Several engines: checked here, before the server listens (the pool checks the same rule).
+    if (args.has("engines") && args.has("devices"))
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--engines and --devices both name the engines; give one of them");
+    if ((args.has("engines") || args.has("devices")) && (args.has("backend") || args.has("device")))
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "--{} names each engine's backend and device; leave out --backend and --device",
+             args.has("engines") ? "engines" : "devices");
+    if (args.has("engines")) pool_options.targets = qtts::engine_targets_parse(*args.get("engines"));
+    if (args.has("devices")) {
+        pool_options.targets = qtts::engine_targets_parse(*args.get("devices"));
+        for (const qtts::EngineTarget& t : pool_options.targets)
+            if (t.backend != "cuda")
+                fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+                     "--devices takes CUDA device indices (e.g. 0,1); for CPU engines use --engines (e.g. cuda:0,cpu)");
+    }
 
     // Block the stop signals before any thread starts (threads inherit the mask), then wait for
     // them here with sigwait: no work in a signal handler.
@@ -105,8 +127,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
     // Listen first, so /livez answers while the model loads and /readyz says "loading"; the
     // engine is attached once it is built (and warm: warm-up is part of the engine's start-up).
-    // Declared in this order so the server stops before the engine goes away.
-    std::unique_ptr<qtts::Engine> engine;
+    // Declared in this order so the server stops before the engines go away.
+    std::unique_ptr<qtts::EnginePool> engines;
     std::unique_ptr<qtts::EngineSpeechService> service;
     qtts::DeferredSpeechService deferred(model_name_of(engine_options.model_dir));
     qtts::HttpServer server(deferred, options);
@@ -116,10 +138,17 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (server.tcp_port() >= 0) std::printf("qtts serve: plain TCP on %s:%d\n", options.host.c_str(), server.tcp_port());
     std::fflush(stdout);
 
-    engine = std::make_unique<qtts::Engine>(engine_options);  // a load failure stops the server on the way out
-    service = std::make_unique<qtts::EngineSpeechService>(*engine, deferred.model_name());
+    // The engines load side by side; one that fails is left out (logged) while another loads,
+    // and when none does the error stops the server on the way out.
+    engines = std::make_unique<qtts::EnginePool>(pool_options);
+    service = std::make_unique<qtts::EngineSpeechService>(*engines, deferred.model_name());
     deferred.attach(*service);
     std::printf("qtts serve: ready (backend %s)\n", service->backend_name().c_str());
+    if (engines->size() > 1) {
+        for (const qtts::EngineStatus& e : engines->status())
+            std::printf("qtts serve: engine %s (%s): %s%s%s\n", e.label.c_str(), e.backend.c_str(), qtts::engine_state_name(e.state),
+                        e.error.empty() ? "" : ": ", e.error.c_str());
+    }
     std::fflush(stdout);
 
     int signal_number = 0;

@@ -342,7 +342,38 @@ MetricGauges ServerCore::gauges() const {
     g.active_streams = active_streams.load();
     g.max_streams = options.max_streams;
     g.connections = connections.load();
+    g.engines = service.engines();
     return g;
+}
+
+std::string ServerCore::health_body(const std::string& unready) const {
+    nlohmann::json body = {{"status", unready.empty() ? "ok" : unready},
+                           {"model", service.model_name()},
+                           {"backend", service.backend_name()},
+                           {"active_streams", active_streams.load()},
+                           {"max_streams", options.max_streams}};
+    const std::vector<EngineStatus> engines = service.engines();
+    if (!engines.empty()) {
+        int64_t serving = 0;
+        nlohmann::json list = nlohmann::json::array();
+        for (const EngineStatus& e : engines) {
+            serving += e.state == EngineState::ENGINE_STATE_SERVING ? 1 : 0;
+            list.push_back({{"engine", e.label},
+                            {"backend", e.backend},
+                            {"state", engine_state_name(e.state)},
+                            {"error", e.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.error)},
+                            {"active_streams", e.load.active},
+                            {"queued_streams", e.load.queued},
+                            {"real_time_factor", e.load.rtf},
+                            {"requests", e.routed},
+                            {"completed", e.stats.completed},
+                            {"cancelled", e.stats.cancelled},
+                            {"failed", e.stats.errors}});
+        }
+        body["engines_serving"] = serving;
+        body["engines"] = std::move(list);
+    }
+    return body.dump();
 }
 
 nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {

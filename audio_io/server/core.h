@@ -218,6 +218,9 @@ struct ServerCore {
     bool stream_slot_acquire();  // false at max_streams
     void stream_slot_release();
     MetricGauges gauges() const;
+    // The GET /healthz body: overall status (`unready`, or "ok"), model, backend, streams, and
+    // one entry per engine of the service (its state, load and counters).
+    std::string health_body(const std::string& unready) const;
     // Why the server takes no new streams now: "loading" (the service is not ready), "draining"
     // or "stopping"; empty when it does. The readiness endpoint reports the same.
     std::string unready_reason() const;

@@ -6,27 +6,29 @@
 
 namespace qtts {
 
-EngineSpeechService::EngineSpeechService(Engine& engine, std::string model_name)
-    : engine_(engine), model_name_(std::move(model_name)) {}
+EngineSpeechService::EngineSpeechService(EnginePool& engines, std::string model_name)
+    : engines_(engines), model_name_(std::move(model_name)) {}
 
 std::shared_ptr<Stream> EngineSpeechService::submit(const SpeechRequest& request) {
     try {
-        return engine_.submit(request);
+        return engines_.submit(request);
     } catch (const Error& e) {
-        // At its stream limit: a capacity problem (retry later), not a bad request. The server
-        // counts its own slots first; the engine can still be full for a moment after a cancel,
-        // until its thread has retired the cancelled stream.
+        // Every engine at its stream limit: a capacity problem (retry later), not a bad request.
+        // The server counts its own slots first; an engine can still be full for a moment after
+        // a cancel, until its thread has retired the cancelled stream.
         if (e.code() == ErrorCode::ERROR_BUSY) throw ServiceBusyError(e.what());
         throw;
     }
 }
 
-std::vector<std::string> EngineSpeechService::voices() const { return engine_.speakers(); }
+std::vector<std::string> EngineSpeechService::voices() const { return engines_.speakers(); }
 
-std::vector<std::string> EngineSpeechService::languages() const { return engine_.languages(); }
+std::vector<std::string> EngineSpeechService::languages() const { return engines_.languages(); }
 
-std::string EngineSpeechService::failure() const { return engine_.failure(); }
+std::string EngineSpeechService::failure() const { return engines_.failure(); }
 
-std::string EngineSpeechService::backend_name() const { return engine_.backend_name(); }
+std::string EngineSpeechService::backend_name() const { return engines_.backend_name(); }
+
+std::vector<EngineStatus> EngineSpeechService::engines() const { return engines_.status(); }
 
 }  // namespace qtts

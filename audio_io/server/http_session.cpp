@@ -227,12 +227,8 @@ private:
                 json body = unready.empty() ? json{{"status", "ready"}} : json{{"status", "not_ready"}, {"reason", unready}};
                 json_respond(unready.empty() ? 200 : request_error_http(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE).status, body.dump(), endpoint);
             } else if (path == "/healthz") {
-                json body = {{"status", unready.empty() ? "ok" : unready},
-                             {"model", core_.service.model_name()},
-                             {"backend", core_.service.backend_name()},
-                             {"active_streams", core_.active_streams.load()},
-                             {"max_streams", core_.options.max_streams}};
-                json_respond(unready.empty() ? 200 : request_error_http(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE).status, body.dump(), endpoint);
+                json_respond(unready.empty() ? 200 : request_error_http(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE).status,
+                             core_.health_body(unready), endpoint);
             } else if (path == "/metrics") {
                 http::response<http::string_body> res{http::status::ok, req.version()};
                 res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");

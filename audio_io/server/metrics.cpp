@@ -20,6 +20,36 @@ void header_append(std::string& out, const std::string& name, const char* type, 
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
 }
 
+// One family per quantity, one line per engine (label `engine`: "cuda:0", "cpu#1"). The engines'
+// own values: the server-wide families above do not depend on them.
+void engines_render(const std::vector<EngineStatus>& engines, std::string& out) {
+    const auto family = [&](const char* name, const char* type, const char* help, auto value) {
+        header_append(out, name, type, help);
+        for (const EngineStatus& e : engines) out += fmt::format("{}{{engine=\"{}\"}} {}\n", name, e.label, value(e));
+    };
+    header_append(out, "qtts_engine_up", "gauge", "Whether the engine takes new streams (0: failed, or left out at start-up).");
+    for (const EngineStatus& e : engines)
+        out += fmt::format("qtts_engine_up{{engine=\"{}\",backend=\"{}\",state=\"{}\"}} {}\n", e.label, e.backend,
+                           engine_state_name(e.state), e.state == EngineState::ENGINE_STATE_SERVING ? 1 : 0);
+    family("qtts_engine_active_streams", "gauge", "Streams the engine is generating.",
+           [](const EngineStatus& e) { return e.load.active; });
+    family("qtts_engine_queued_streams", "gauge", "Streams accepted by the engine, not yet started by its thread.",
+           [](const EngineStatus& e) { return e.load.queued; });
+    family("qtts_engine_real_time_factor", "gauge",
+           "The engine's recent real-time factor (round time / audio per stream; above 1 its streams fall behind; 0 idle).",
+           [](const EngineStatus& e) { return number_text(e.load.rtf); });
+    family("qtts_engine_requests_total", "counter", "Requests routed to the engine and accepted by it.",
+           [](const EngineStatus& e) { return e.routed; });
+    header_append(out, "qtts_engine_streams_total", "counter", "Streams the engine ended, by outcome.");
+    for (const EngineStatus& e : engines) {
+        out += fmt::format("qtts_engine_streams_total{{engine=\"{}\",outcome=\"completed\"}} {}\n", e.label, e.stats.completed);
+        out += fmt::format("qtts_engine_streams_total{{engine=\"{}\",outcome=\"cancelled\"}} {}\n", e.label, e.stats.cancelled);
+        out += fmt::format("qtts_engine_streams_total{{engine=\"{}\",outcome=\"failed\"}} {}\n", e.label, e.stats.errors);
+    }
+    family("qtts_engine_audio_seconds_total", "counter", "Seconds of audio the engine generated.",
+           [](const EngineStatus& e) { return number_text(e.stats.audio_seconds); });
+}
+
 }  // namespace
 
 MetricHistogram::MetricHistogram(std::vector<double> upper_bounds)
@@ -125,6 +155,7 @@ std::string ServerMetrics::prometheus_text(const MetricGauges& g) const {
     ttfa_.render("qtts_ttfa_seconds",
                  "Time to first audio: request received to the first audio bytes queued on the socket.", out);
     rtf_.render("qtts_real_time_factor", "Generation time divided by audio duration, per completed stream.", out);
+    if (!g.engines.empty()) engines_render(g.engines, out);
     return out;
 }
 

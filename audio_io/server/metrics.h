@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/api/qtts.h"
+
 namespace qtts {
 
 // A cumulative histogram with fixed upper bounds (the +Inf bucket is implicit).
@@ -45,6 +47,7 @@ struct MetricGauges {
     int64_t active_streams = 0;
     int64_t max_streams = 0;
     int64_t connections = 0;
+    std::vector<EngineStatus> engines;  // rendered with an engine="<label>" label each
 };
 
 class ServerMetrics {

@@ -48,6 +48,9 @@ public:
     // Why the service can no longer serve (its backend failed for good: a lost GPU); empty while
     // it can. A failed service is not ready, for good.
     virtual std::string failure() const { return ""; }
+    // The engines behind the service, each with its state, load and counters (/healthz and
+    // /metrics report them per engine); empty for a service without engines (scripted ones).
+    virtual std::vector<EngineStatus> engines() const { return {}; }
 };
 
 // Stands in for a service that is still being built, so the server can listen (and answer
@@ -86,29 +89,36 @@ public:
         SpeechService* s = service_.load();
         return s ? s->failure() : "";
     }
+    std::vector<EngineStatus> engines() const override {
+        SpeechService* s = service_.load();
+        return s ? s->engines() : std::vector<EngineStatus>{};
+    }
 
 private:
     std::string model_name_;
     std::atomic<SpeechService*> service_{nullptr};
 };
 
-// Serves a qtts::Engine. Kept in its own source file (engine_service.cpp) so programs that do not
-// use it do not link the engine.
+// Serves the engines of a qtts::EnginePool (one engine or several; the pool routes each request
+// to the least-loaded one). Kept in its own source file (engine_service.cpp) so programs that do
+// not use it do not link the engine.
 class EngineSpeechService : public SpeechService {
 public:
     // model_name is what /healthz and /v1/audio/voices report (e.g. the model folder's name).
-    EngineSpeechService(Engine& engine, std::string model_name);
+    EngineSpeechService(EnginePool& engines, std::string model_name);
 
     std::shared_ptr<Stream> submit(const SpeechRequest& request) override;
     std::vector<std::string> voices() const override;
     std::vector<std::string> languages() const override;
     std::string model_name() const override { return model_name_; }
     std::string backend_name() const override;
+    // Ready while any engine serves; failed once none does.
     bool ready() const override { return failure().empty(); }
     std::string failure() const override;
+    std::vector<EngineStatus> engines() const override;
 
 private:
-    Engine& engine_;
+    EnginePool& engines_;
     std::string model_name_;
 };
 

@@ -1,7 +1,8 @@
 // The qtts engine: one long-lived object, one engine thread that owns every model buffer
 // (CPU or GPU), and streams that carry PCM to any number of consumer threads.
 //
-// Thread safety: Engine::submit/stats and every Stream method may be called from any thread.
+// Thread safety: Engine::submit/stats/load, every EnginePool method and every Stream method may
+// be called from any thread.
 // Stream::read is wait-free (SPSC ring; exactly one consumer thread per stream).
 #pragma once
 
@@ -185,6 +186,8 @@ struct EngineOptions {
     int first_chunk_frames = FIRST_CHUNK_FRAMES_DEFAULT;
     int chunk_frames = CHUNK_FRAMES_DEFAULT;
     double ring_seconds = 30.0;     // PCM buffered per stream before the engine waits for the reader
+    // The engine's name in its log lines (an EnginePool sets "cuda:1", "cpu#0"); empty = the backend's.
+    std::string label;
 };
 
 // What an application may want to know about the loaded model (qtts info, the server's
@@ -208,6 +211,18 @@ struct EngineStats {
     double audio_seconds = 0.0;
 };
 
+// How busy an engine is now (Engine::load): what a router compares. Read from atomics; cheap.
+struct EngineLoad {
+    int64_t active = 0;     // streams the engine thread is generating (queued ones not counted)
+    int64_t queued = 0;     // accepted by submit, not yet taken in by the engine thread
+    int max_streams = 0;    // EngineOptions::max_streams: active + queued beyond it are refused
+    // The engine's recent real-time factor: the wall time of its recent rounds over the audio each
+    // stream got from them (an average over the last few rounds). Above 1 its streams fall behind
+    // real time; rounds with nothing to make (streams waiting for text or for their reader) bring
+    // it down; 0 while it has no stream.
+    double rtf = 0.0;
+};
+
 class Engine {
 public:
     explicit Engine(const EngineOptions& options);
@@ -220,6 +235,7 @@ public:
     std::shared_ptr<Stream> submit(const SpeechRequest& request);
 
     EngineStats stats() const;
+    EngineLoad load() const;
     ModelInfo model_info() const;
     std::vector<std::string> speakers() const;   // CustomVoice speaker names
     std::vector<std::string> languages() const;  // "auto" and the model's languages
@@ -232,6 +248,88 @@ public:
 
 private:
     friend struct EngineDebug;
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Several engines in one process: one per GPU (and CPU engines for tests and mixed setups),
+// each with its own engine thread, model copy and graphs; each new request goes to the least
+// loaded one (docs/server.md, "Several engines").
+// ---------------------------------------------------------------------------------------------
+
+// Where one engine of a pool runs.
+struct EngineTarget {
+    std::string backend = "cpu";  // "cpu", "cuda" (device `device`), or "auto" (CUDA when usable)
+    int device = 0;               // CUDA device index (0..63), for "cuda" and "auto"
+};
+
+// The one syntax for naming engines (`qtts serve --engines`, `--devices`): a comma-separated list
+// of `cpu`, `cuda:N`, or a bare device index `N` (= `cuda:N`), e.g. "cuda:0,cuda:1", "0,1",
+// "cuda:0,cpu", "cpu,cpu". Checked with engine_targets_validate; throws qtts::Error
+// (ERROR_INVALID_ARGUMENT) naming the bad entry and what is accepted.
+std::vector<EngineTarget> engine_targets_parse(const std::string& list);
+// The rules for a list of targets, wherever it comes from: at least one and at most
+// ENGINE_POOL_MAX_ENGINES, known backend names, device indices 0..63, no GPU twice (one engine
+// per GPU; CPU engines may repeat). Throws qtts::Error (ERROR_INVALID_ARGUMENT).
+void engine_targets_validate(const std::vector<EngineTarget>& targets);
+constexpr size_t ENGINE_POOL_MAX_ENGINES = 16;
+
+struct EnginePoolOptions {
+    // Every engine's options (model, stream limit, chunk sizes, backend switches such as graphs);
+    // each engine's backend name and device come from its target. Every engine may hold
+    // `engine.max_streams` streams, so any one of them can carry the whole load alone.
+    EngineOptions engine;
+    std::vector<EngineTarget> targets;  // one engine per entry; empty = one, on engine.backend
+};
+
+enum class EngineState {
+    ENGINE_STATE_SERVING,     // loaded and healthy: takes new requests
+    ENGINE_STATE_FAILED,      // its backend failed for good after start-up (Engine::healthy is false)
+    ENGINE_STATE_NOT_LOADED,  // it failed to load and was left out
+};
+const char* engine_state_name(EngineState state);  // "serving", "failed", "not_loaded"
+
+// One engine of a pool, as EnginePool::status reports it.
+struct EngineStatus {
+    std::string label;     // "cuda:N" for a GPU engine, "cpu#I" for a CPU one (I: its place in the list)
+    std::string backend;   // Engine::backend_name ("cpu", "cuda:1"); the target asked for when not loaded
+    EngineState state = EngineState::ENGINE_STATE_NOT_LOADED;
+    std::string error;     // why it is out (FAILED: Engine::failure; NOT_LOADED: the load error)
+    EngineLoad load;       // zero when not loaded
+    EngineStats stats;     // zero when not loaded
+    int64_t routed = 0;    // requests the pool gave this engine (accepted by it)
+};
+class EnginePool {
+public:
+    // Loads every engine at once, one thread each (all from the same model folder). An engine
+    // that fails to load is left out with one log line saying why; when none loads, throws the
+    // qtts::Error of the first failure with every engine's reason in its message.
+    explicit EnginePool(const EnginePoolOptions& options);
+    ~EnginePool();
+    EnginePool(const EnginePool&) = delete;
+    EnginePool& operator=(const EnginePool&) = delete;
+
+    // Engine::submit on the least-loaded engine that serves (engine_route_order,
+    // engine/runtime/engine_pool.h): a bad request throws at once (every engine has the same
+    // model); an engine at its limit passes the request to the next; when every engine is full,
+    // ERROR_BUSY; when none serves, ERROR_CUDA with the reasons. Any thread.
+    std::shared_ptr<Stream> submit(const SpeechRequest& request);
+
+    std::vector<EngineStatus> status() const;  // one per target, in the order given
+    size_t size() const;                        // targets (loaded or not)
+    Engine* engine(size_t index) const;         // nullptr when that one did not load
+    // True while at least one engine serves. failure(): why none does (empty while one does).
+    bool healthy() const;
+    std::string failure() const;
+
+    // The model, as every engine loaded it (from the first engine that loaded).
+    ModelInfo model_info() const;
+    std::vector<std::string> speakers() const;
+    std::vector<std::string> languages() const;
+    std::string backend_name() const;  // the loaded engines' backend names, comma-separated ("cuda:0,cuda:1")
+
+private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -14,4 +14,11 @@ inline std::string ascii_lower(std::string s) {
     return s;
 }
 
+// s without the ASCII spaces and tabs around it (list entries such as " cuda:1 ").
+inline std::string ascii_trim(const std::string& s) {
+    const size_t first = s.find_first_not_of(" \t");
+    if (first == std::string::npos) return "";
+    return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
 }  // namespace qtts

@@ -26,6 +26,14 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+// Stream ids are unique in the process, not per engine: with several engines (an EnginePool) an id
+// still names one stream in logs and in the server's X-Qtts-Stream-Id.
+std::atomic<uint64_t> g_stream_id_next{1};
+
+// Weight of the newest round in the engine's recent real-time factor (EngineLoad::rtf): about the
+// last five rounds count.
+constexpr double kRtfSmoothing = 0.2;
+
 // Consumer-facing stream. The engine thread is its only producer; one consumer thread reads.
 class StreamImpl final : public Stream {
 public:
@@ -195,9 +203,12 @@ struct Engine::Impl {
     std::thread thread;
     moodycamel::ConcurrentQueue<std::shared_ptr<StreamImpl>> intake;
     std::atomic<bool> stop{false};
-    std::atomic<uint64_t> next_id{1};
     std::atomic<int64_t> admitted{0};  // queued + active streams (the concurrency limit)
+    std::atomic<int64_t> queued{0};    // submitted, not yet taken from the intake (EngineLoad)
+    std::atomic<double> rtf{0.0};      // recent real-time factor of the rounds (EngineLoad::rtf)
     std::atomic<uint64_t> fault_stream{0};  // test seam: this stream's next chunk fails (engine_debug.h)
+    std::atomic<bool> fault_fatal{false};   // test seam: the backend is lost at the next round
+    std::string label;                      // the engine's name in log lines
     std::atomic<bool> failed{false};        // the backend failed for good (see Engine::healthy)
     std::string failure;                    // why; written once before `failed` is set
 
@@ -293,11 +304,14 @@ struct Engine::Impl {
     void backend_lost(std::list<std::shared_ptr<StreamImpl>>& active, const std::string& what) {
         failure = "the " + model->backend_name() + " backend failed and serves no more streams: " + what;
         failed.store(true);
-        QTTS_LOG_ERROR("{}", failure);
+        QTTS_LOG_ERROR("engine {} is out of service: {}", label, failure);
         for (auto& s : active)
             if (!s->generation_done()) finish(*s, StopReason::STOP_ERROR, failure);
         std::shared_ptr<StreamImpl> left;
-        while (intake.try_dequeue(left)) finish(*left, StopReason::STOP_ERROR, failure);
+        while (intake.try_dequeue(left)) {
+            queued.fetch_sub(1);
+            finish(*left, StopReason::STOP_ERROR, failure);
+        }
     }
 
     // Engine::submit and engine_submit_debug, on the caller's thread: prepare() is the one
@@ -312,7 +326,7 @@ struct Engine::Impl {
         }
         const size_t ring = size_t(std::max(1.0, options.ring_seconds) * SAMPLE_RATE) +
                             size_t(std::max(options.chunk_frames, options.first_chunk_frames)) * SAMPLES_PER_FRAME;
-        auto stream = std::make_shared<StreamImpl>(next_id.fetch_add(1), std::move(prepared), ring, [this] { wake(); });
+        auto stream = std::make_shared<StreamImpl>(g_stream_id_next.fetch_add(1), std::move(prepared), ring, [this] { wake(); });
         // Incremental text: the request's own text (checked by prepare) is the first piece.
         if (request.incremental) stream->text_first(request.text);
         {
@@ -320,6 +334,7 @@ struct Engine::Impl {
             ++stats.requests;
             stats.active_streams = admitted.load();
         }
+        queued.fetch_add(1);
         intake.enqueue(stream);
         wake();
         return stream;
@@ -330,8 +345,17 @@ struct Engine::Impl {
         std::vector<float> pcm;
         std::vector<FrameCodes> frames;
         while (!stop.load()) {
+            if (fault_fatal.exchange(false) && !failed.load()) {
+                try {
+                    model->backend_fault_raise();
+                } catch (const std::exception& e) {
+                    backend_lost(active, e.what());
+                    active.clear();
+                }
+            }
             std::shared_ptr<StreamImpl> incoming;
             while (intake.try_dequeue(incoming)) {
+                queued.fetch_sub(1);
                 if (failed.load()) {  // submitted while the backend was being lost
                     finish(*incoming, StopReason::STOP_ERROR, failure);
                     continue;
@@ -346,10 +370,18 @@ struct Engine::Impl {
                 }
             }
             bool progressed = false;
+            const Clock::time_point round_start = Clock::now();
+            int64_t round_frames = 0;   // frames made this round, all streams
+            int64_t round_streams = 0;  // streams that made frames this round
             for (auto it = active.begin(); it != active.end();) {
                 bool finished = false;
+                frames.clear();  // service() may return before it makes any
                 try {
                     progressed |= service(**it, pcm, frames, finished);
+                    if (!frames.empty()) {
+                        round_frames += int64_t(frames.size());
+                        ++round_streams;
+                    }
                 } catch (const std::exception& e) {
                     QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());
                     finish(**it, StopReason::STOP_ERROR, e.what());
@@ -360,6 +392,7 @@ struct Engine::Impl {
                 it = finished ? active.erase(it) : std::next(it);
             }
             if (failed.load()) active.clear();
+            rtf_update(active.empty(), round_start, round_frames, round_streams);
             if (!progressed) {
                 std::unique_lock<std::mutex> lock(wake_mutex);
                 wake_cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return wake_flag || stop.load(); });
@@ -368,9 +401,32 @@ struct Engine::Impl {
         }
         for (auto& s : active) finish(*s, StopReason::STOP_CANCELLED, "engine stopped");
         std::shared_ptr<StreamImpl> left;
-        while (intake.try_dequeue(left)) finish(*left, StopReason::STOP_CANCELLED, "engine stopped");
+        while (intake.try_dequeue(left)) {
+            queued.fetch_sub(1);
+            finish(*left, StopReason::STOP_CANCELLED, "engine stopped");
+        }
         // GPU objects are torn down on the thread that owns them (run() only returns from ~Engine).
         model.reset();
+    }
+
+    // EngineLoad::rtf after one round: the round's wall time over the audio an average stream got
+    // from it. A serial engine's round grows with its streams, so this is what each of its
+    // listeners sees. A round where nothing was made (every stream waiting for text, or for its
+    // reader: ahead of real time) brings it down; 0 once no stream is left.
+    void rtf_update(bool idle, Clock::time_point round_start, int64_t round_frames, int64_t round_streams) {
+        const double previous = rtf.load(std::memory_order_relaxed);
+        if (idle) {
+            rtf.store(0.0, std::memory_order_relaxed);
+            return;
+        }
+        if (round_frames == 0) {
+            const double decayed = previous * (1.0 - kRtfSmoothing);
+            rtf.store(decayed < 1e-3 ? 0.0 : decayed, std::memory_order_relaxed);
+            return;
+        }
+        const double audio_ms_per_stream = double(round_frames) / double(round_streams) * SAMPLES_PER_FRAME * 1000.0 / SAMPLE_RATE;
+        const double round_rtf = ms_since(round_start) / audio_ms_per_stream;
+        rtf.store(previous == 0.0 ? round_rtf : previous + kRtfSmoothing * (round_rtf - previous), std::memory_order_relaxed);
     }
 };
 
@@ -386,6 +442,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     mo.chunk_sizes = {options.first_chunk_frames};
     if (options.chunk_frames != options.first_chunk_frames) mo.chunk_sizes.push_back(options.chunk_frames);
     backend_options_validate(mo);  // here, on the caller's thread, before the engine thread starts
+    impl_->label = options.label;
     // The engine thread loads (and so owns) the model: GPU buffers and graphs are created there.
     std::promise<void> loaded;
     auto loaded_future = loaded.get_future();
@@ -393,6 +450,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     impl_->thread = std::thread([impl, dir, mo, &loaded]() {
         try {
             impl->model = SpeechModel::load(dir, mo);
+            if (impl->label.empty()) impl->label = impl->model->backend_name();
             loaded.set_value();
         } catch (...) {
             loaded.set_exception(std::current_exception());
@@ -406,7 +464,8 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
         impl_->thread.join();
         throw;
     }
-    QTTS_LOG_INFO("engine ready: {} on {}", dir, impl_->model->backend_name());
+    QTTS_LOG_INFO("engine ready: {} on {}{}", dir, impl_->model->backend_name(),
+                  impl_->label == impl_->model->backend_name() ? std::string() : " (" + impl_->label + ")");
 }
 
 Engine::~Engine() {
@@ -422,6 +481,15 @@ EngineStats Engine::stats() const {
     EngineStats s = impl_->stats;
     s.active_streams = impl_->admitted.load();
     return s;
+}
+
+EngineLoad Engine::load() const {
+    EngineLoad l;
+    l.queued = std::max<int64_t>(0, impl_->queued.load());
+    l.active = std::max<int64_t>(0, impl_->admitted.load() - l.queued);
+    l.max_streams = impl_->options.max_streams;
+    l.rtf = impl_->rtf.load(std::memory_order_relaxed);
+    return l;
 }
 
 ModelInfo Engine::model_info() const {
@@ -455,6 +523,12 @@ std::shared_ptr<Stream> engine_submit_debug(Engine& engine, const SpeechRequest&
 void engine_fault_inject(Engine& engine, uint64_t stream_id) {
     auto& impl = EngineDebug::impl(engine);
     impl.fault_stream.store(stream_id);
+    impl.wake();
+}
+
+void engine_fault_inject_fatal(Engine& engine) {
+    auto& impl = EngineDebug::impl(engine);
+    impl.fault_fatal.store(true);
     impl.wake();
 }
 

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,14 +17,17 @@
 namespace net_test {
 
 struct EngineServer {
-    qtts::Engine engine;
+    qtts::EnginePool pool;
+    qtts::Engine& engine;  // the pool's first engine (the only one unless targets are given)
     qtts::EngineSpeechService service;
     RecordingService recorder;
     qtts::HttpServer server;
 
-    static qtts::EngineOptions engine_options() {
-        qtts::EngineOptions o;  // empty model_dir: the embedded default model
-        o.max_streams = 16;
+    // targets empty: one engine, on the GPU when there is one, else the CPU.
+    static qtts::EnginePoolOptions pool_options(const std::vector<qtts::EngineTarget>& targets = {}) {
+        qtts::EnginePoolOptions o;  // empty model_dir: the embedded default model
+        o.engine.max_streams = 16;
+        o.targets = targets;
         return o;
     }
     // Random weights rarely say end-of-speech: every request is capped (max_audio_seconds) so
@@ -36,9 +41,15 @@ struct EngineServer {
         return o;
     }
 
-    explicit EngineServer(const qtts::ServerOptions& options)
-        : engine(engine_options()), service(engine, "default"), recorder(service), server(recorder, options) {
+    explicit EngineServer(const qtts::ServerOptions& options, const std::vector<qtts::EngineTarget>& targets = {})
+        : pool(pool_options(targets)), engine(first_loaded(pool)), service(pool, "default"), recorder(service),
+          server(recorder, options) {
         server.start();
+    }
+    static qtts::Engine& first_loaded(const qtts::EnginePool& pool) {
+        for (size_t i = 0; i < pool.size(); ++i)
+            if (pool.engine(i)) return *pool.engine(i);
+        throw std::runtime_error("no engine loaded");
     }
     int port() const { return server.port(); }
     int tcp_port() const { return server.tcp_port(); }

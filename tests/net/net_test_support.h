@@ -303,6 +303,9 @@ public:
     std::vector<std::string> languages() const override { return inner_.languages(); }
     std::string model_name() const override { return inner_.model_name(); }
     std::string backend_name() const override { return inner_.backend_name(); }
+    bool ready() const override { return inner_.ready(); }
+    std::string failure() const override { return inner_.failure(); }
+    std::vector<qtts::EngineStatus> engines() const override { return inner_.engines(); }
     std::vector<Entry> entries() const {
         std::lock_guard<std::mutex> lock(m_);
         return entries_;

@@ -209,3 +209,26 @@ TEST_CASE("a plain say warns about nothing; without a GPU it says at info level 
         CHECK_THAT(r.err, Catch::Contains("falling back to the CPU backend"));
     }
 }
+
+TEST_CASE("qtts serve refuses bad engine lists before it listens, naming the problem", "[cli]") {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--engines ''", "the engine list is empty"},
+        {"--engines cpu,,cpu", "entry 2 is empty"},
+        {"--engines cuda", "name the device, e.g. cuda:0"},
+        {"--devices 0,0", "CUDA device 0 is listed twice"},
+        {"--devices 1,cuda:70", "device index 70 is out of range 0..63"},
+        {"--devices cpu", "--devices takes CUDA device indices"},
+        {"--engines cpu --devices 0", "give one of them"},
+        {"--engines cpu,cpu --backend cpu", "leave out --backend and --device"},
+        {"--devices 0 --device 1", "leave out --backend and --device"},
+    };
+    for (const auto& [flags, reason] : cases) {
+        const Run r = qtts_run("serve --port 0 " + flags);
+        INFO(flags << "\n" << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Catch::Contains(reason));
+        CHECK_THAT(r.out, !Catch::Contains("qtts serve: http://"));  // refused before listening
+    }
+    const Run help = qtts_run("serve --help");
+    CHECK_THAT(help.out, Catch::Contains("--engines LIST") && Catch::Contains("--devices LIST"));
+}

@@ -263,11 +263,11 @@ TEST_CASE("one seed range, 0..2^64-1, for the command line and every server fiel
 TEST_CASE("dialects: what the server lists it accepts with the dialect's speaker, and refuses clearly otherwise",
           "[unit][engine]") {
     // The demo model behind the server's request parsing, as `qtts serve` runs it.
-    qtts::EngineOptions options;
-    options.backend.name = "cpu";
-    options.max_streams = 8;
-    qtts::Engine engine(options);
-    qtts::EngineSpeechService service(engine, "demo");
+    qtts::EnginePoolOptions options;
+    options.engine.backend.name = "cpu";
+    options.engine.max_streams = 8;
+    qtts::EnginePool engines(options);
+    qtts::EngineSpeechService service(engines, "demo");
     const std::vector<std::string> languages = service.languages();
     for (const char* dialect : {"sichuan_dialect", "beijing_dialect"})
         REQUIRE(std::find(languages.begin(), languages.end(), dialect) != languages.end());
