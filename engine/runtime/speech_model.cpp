@@ -8,6 +8,7 @@
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/strings.h"
 #include "engine/runtime/voice.h"
 #include "engine/text/request_check.h"
 #include "engine/text/text_split.h"
@@ -15,7 +16,6 @@
 #ifdef QTTS_HAVE_CUDA
 #include "engine/cuda/gpu_decoder_pool.h"
 #include "engine/cuda/gpu_generator_pool.h"
-#include "engine/common/strings.h"
 #endif
 
 namespace qtts {
