@@ -1,6 +1,6 @@
-// HTTP/1.1 connections: GET /healthz, /metrics, /v1/audio/voices; POST /v1/audio/speech
-// (whole file or chunked streaming, optionally as server-sent events); hands WebSocket upgrades
-// on /v1/audio/stream to the WebSocket session.
+// HTTP/1.1 connections: GET / (the browser page), /healthz, /metrics, /v1/audio/voices; POST
+// /v1/audio/speech (whole file or chunked streaming, optionally as server-sent events); hands
+// WebSocket upgrades on /v1/audio/stream to the WebSocket session.
 //
 // One session per connection, all its handlers on one strand. While a speech response is being
 // produced the session keeps one read pending on the socket ("watch read"): EOF or an error
@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "audio_io/server/core.h"
+#include "audio_io/server/web_page.h"
 #include "engine/common/log.h"
 
 namespace qtts::server {
@@ -203,6 +204,14 @@ private:
                           "websocket", false);
             return;
         }
+        if (path == "/" || path == "/index.html") {
+            if (method != http::verb::get) {
+                method_not_allowed("GET", "page");
+                return;
+            }
+            page_respond(req);
+            return;
+        }
         if (path == kSpeechPath) {
             if (method != http::verb::post) {
                 method_not_allowed("POST", "speech");
@@ -245,7 +254,7 @@ private:
             return;
         }
         error_respond(RequestError(RequestErrorKind::REQUEST_ERROR_NOT_FOUND, "",
-                                   fmt::format("no endpoint at {}; available: POST {}, GET /v1/audio/voices, GET /livez, "
+                                   fmt::format("no endpoint at {}; available: GET / (the browser page), POST {}, GET /v1/audio/voices, GET /livez, "
                                                "GET /readyz, GET /healthz, GET /metrics, WebSocket {}",
                                                path, kSpeechPath, kStreamPath)),
                       "other", false);
@@ -258,6 +267,27 @@ private:
         res.set(http::field::content_type, "application/json");
         res.body() = error_body_json(e.what(), e.type());
         respond(std::move(res), endpoint, false);
+    }
+
+    // The browser page, compiled in (web_page.h). It may run only its own inline script and style
+    // and connect only back here (its Content-Security-Policy); browsers revalidate it on every
+    // load (no-cache) and get 304 while the binary, and so the page, is the same.
+    void page_respond(const Request& req) {
+        const WebPage& page = web_page();
+        const std::string etag(page.etag);
+        const std::string if_none_match(req[http::field::if_none_match]);
+        const bool unchanged = if_none_match == "*" || if_none_match.find(etag) != std::string::npos;
+        http::response<http::string_body> res{unchanged ? http::status::not_modified : http::status::ok, 11};
+        res.set(http::field::etag, etag);
+        res.set(http::field::cache_control, "no-cache");
+        if (!unchanged) {
+            res.set(http::field::content_type, "text/html; charset=utf-8");
+            res.set("Content-Security-Policy", std::string(page.content_security_policy));
+            res.set("X-Content-Type-Options", "nosniff");
+            res.set("Referrer-Policy", "no-referrer");
+            res.body() = std::string(page.html);
+        }
+        respond(std::move(res), "page", false);
     }
 
     void upgrade(Request& req) {
@@ -291,7 +321,8 @@ private:
         if (phase_ == Phase::CLOSED) return;
         core_.metrics.request_count(endpoint, res.result_int());
         res.set(http::field::server, kServerName);
-        res.set(http::field::cache_control, "no-store");
+        // API answers are never cached; a response that chose its own caching (the page) keeps it.
+        if (res.find(http::field::cache_control) == res.end()) res.set(http::field::cache_control, "no-store");
         // While draining, connections are not kept: the client's next request goes elsewhere.
         res.keep_alive(keep_alive_ && !close_after && !core_.draining.load());
         res.prepare_payload();

@@ -54,7 +54,7 @@ class ServerMetrics {
 public:
     ServerMetrics();
 
-    // endpoint: speech, voices, livez, readyz, healthz, metrics, websocket, tcp, other. status: the HTTP status
+    // endpoint: speech, voices, livez, readyz, healthz, metrics, page, websocket, tcp, other. status: the HTTP status
     // (101 for an accepted WebSocket, 200/4xx for TCP's outcome).
     void request_count(const std::string& endpoint, int status);
     // type: bad_request, busy, too_large, timeout, disconnect, slow_client, stream_error,
