@@ -209,6 +209,10 @@ struct EngineStats {
     int64_t errors = 0;
     int64_t cancelled = 0;
     double audio_seconds = 0.0;
+    // Batched LM steps (the CUDA backend advances several streams' chunks in one device step):
+    // batch_histogram[n] = steps that advanced n streams together (n >= 2; indices 0 and 1 stay 0;
+    // a stream running alone takes its own single-stream step, not counted here).
+    std::vector<int64_t> batch_histogram;
 };
 
 // How busy an engine is now (Engine::load): what a router compares. Read from atomics; cheap.
