@@ -42,6 +42,7 @@ void print_usage() {
         "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio)\n"
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
+        "  --no-batching          CUDA backend: every stream takes its own LM steps (no shared batched step)\n"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"
         "GET /metrics, WebSocket /v1/audio/stream. The server listens while the model loads (/livez 200,\n"
         "/readyz 503 until it is ready). Stop with Ctrl-C (SIGINT) or SIGTERM (graceful drain, above).\n");
@@ -66,7 +67,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "device", "devices",
                          "engines"},
-                        {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks"});
+                        {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching"});
     if (args.has("help")) {
         print_usage();
         return 0;
@@ -96,6 +97,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     engine_options.backend.cuda_graphs = !args.has("no-cuda-graphs");
     engine_options.backend.gpu_decoder = !args.has("cpu-decoder");
     engine_options.backend.fused_chunks = !args.has("no-fused-chunks");
+    engine_options.backend.batching = !args.has("no-batching");
     // Every engine may hold the server's whole stream limit, so one engine can carry the load
     // when the others are out (docs/server.md, "Several engines").
     engine_options.max_streams = options.max_streams;

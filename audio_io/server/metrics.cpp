@@ -48,6 +48,13 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
     }
     family("qtts_engine_audio_seconds_total", "counter", "Seconds of audio the engine generated.",
            [](const EngineStatus& e) { return number_text(e.stats.audio_seconds); });
+    header_append(out, "qtts_engine_batched_steps_total", "counter",
+                  "Batched LM steps (CUDA), by the number of streams they advanced together.");
+    for (const EngineStatus& e : engines)
+        for (size_t n = 2; n < e.stats.batch_histogram.size(); ++n)
+            if (e.stats.batch_histogram[n] > 0)
+                out += fmt::format("qtts_engine_batched_steps_total{{engine=\"{}\",streams=\"{}\"}} {}\n", e.label, n,
+                                   e.stats.batch_histogram[n]);
 }
 
 }  // namespace

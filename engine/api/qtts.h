@@ -173,6 +173,11 @@ struct BackendOptions {
     // (fused with the decoder where it can) per size. The engine sets {first_chunk_frames,
     // chunk_frames}; other sizes still work, as eager steps.
     std::vector<int> chunk_sizes = {FIRST_CHUNK_FRAMES_DEFAULT, CHUNK_FRAMES_DEFAULT};
+    // CUDA: streams whose chunks are due in the same engine round share one device step for their
+    // LM frames (the talker and code predictor read their weights once for all of them; graphs
+    // for 2..states streams at each chunk size, captured at load). Same codes as alone. false:
+    // every stream takes its own steps (one stream at a time).
+    bool batching = true;
 };
 
 struct EngineOptions {

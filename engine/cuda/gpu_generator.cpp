@@ -60,6 +60,7 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
     text_closed_ = text_closed;
     frames_ = 0;
     computed_ = 0;
+    precomputed_ = 0;
     done_ = false;
     stop_reason_ = StopReason::STOP_NONE;
     frame_limit_update();
@@ -131,11 +132,27 @@ std::vector<int> GpuGenerator::fused_sizes() const {
     return sizes;
 }
 
+bool GpuGenerator::batch_ready(int frames) const {
+    if (!started_ || done_ || precomputed_ > 0 || frames_ != computed_ || frames < 1) return false;
+    if (host_codes_[size_t(frames_) * k::SAMPLE_MAX_GROUPS] == eos_id_) return false;  // stop_check's rules
+    if (frame_limit_ - computed_ < frames) return false;
+    return text_closed_ || lm_.trailing_rows() - computed_ >= frames;
+}
+
+void GpuGenerator::batch_computed(int frames) {
+    QTTS_ASSERT(batch_ready(frames));
+    precomputed_ = frames;
+}
+
 bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     const int first = computed_;
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
     int32_t* dst = host_codes_.data() + size_t(first) * k::SAMPLE_MAX_GROUPS;
-    if (fused_ && fused_->has(frames)) {
+    if (precomputed_ > 0) {
+        // A batched step made these frames already: the codes are read and decoded below.
+        QTTS_ASSERT(precomputed_ == frames);
+        precomputed_ = 0;
+    } else if (fused_ && fused_->has(frames)) {
         // One replay, one sync: codes and (unless the chunk holds a stop) audio.
         const bool decoded = fused_->run(frames);
         std::memcpy(dst, fused_->codes(), rows * sizeof(int32_t));
@@ -143,8 +160,9 @@ bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
         if (decoded)
             pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
         return decoded;
+    } else {
+        graphs_.run(frames);
     }
-    graphs_.run(frames);
     // One copy per chunk: the chunk's frames and codebook 0 of the frame after it. A size larger
     // than any configured one (a caller off the engine's sizes) grows the pinned buffer once.
     if (chunk_codes_.size() < rows) chunk_codes_ = PinnedArray<int32_t>(rows);

@@ -55,6 +55,13 @@ public:
     void text_close();
     bool text_closed() const { return text_closed_; }
 
+    // Batched steps (cuda/gpu_batch.h, GpuGeneratorPool::batch_run): whether the next chunk(frames)
+    // makes exactly `frames` frames (ChunkGenerator::batch_ready); after a batch computed them on
+    // the device, batch_computed(frames) makes that chunk() take them instead of replaying its
+    // own graph (it then reads the codes and decodes them as usual).
+    bool batch_ready(int frames) const;
+    void batch_computed(int frames);
+
     StopReason stop_reason() const { return stop_reason_; }
     int frames_emitted() const { return frames_; }
     int frame_limit() const { return frame_limit_; }
@@ -94,6 +101,7 @@ private:
     bool done_ = false;
     int frames_ = 0;    // frames emitted (== frames computed, but for those dropped after an end-of-speech)
     int computed_ = 0;  // frames whose 16 codes are on the host (codebook 0 of frame computed_ too)
+    int precomputed_ = 0;  // frames after computed_ that a batched step made on the device
     int frame_limit_ = 0;
     bool limit_is_explicit_ = false;
     StopReason stop_reason_ = StopReason::STOP_NONE;

@@ -37,6 +37,7 @@ public:
     void text_close() override { state_->text_close(); }
     StopReason stop_reason() const override { return state_->stop_reason(); }
     int frames_emitted() const override { return state_->frames_emitted(); }
+    bool batch_ready(int frames) const override { return state_->batch_ready(frames); }
     void reference_decode(const int32_t* codes, int frames) override {
         std::vector<float> discarded;
         discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);
@@ -45,6 +46,7 @@ public:
     }
 
 private:
+    friend class GpuGeneratorPool;  // batch_run reaches the state
     std::shared_ptr<GpuGeneratorPool> pool_;  // keeps the context alive while the state exists
     std::unique_ptr<GpuGenerator> state_;
     std::unique_ptr<DecoderStream> decoder_;  // null when the state decodes its own frames
@@ -135,6 +137,44 @@ void GpuGeneratorPool::state_release(std::unique_ptr<GpuGenerator> state) {
         return;
     }
     idle_.push_back(std::move(state));
+}
+
+void GpuGeneratorPool::batch_enable(int streams) {
+    context_->guard().check("GpuGeneratorPool::batch_enable");
+    if (streams < 2 || batch_) return;
+    GpuBatchOptions o;
+    std::vector<int> buckets;
+    for (const int b : {2, 4, 8, 12, 16, 24, 32, 48, 64})
+        if (b < streams) buckets.push_back(b);
+    buckets.push_back(std::min(streams, kernels::GEMV_MAX_BATCH_ROWS / 2));
+    o.buckets = buckets;
+    o.chunk_frames = options_.chunk_sizes;
+    o.cuda_graphs = options_.cuda_graphs;
+    DeviceScope scope(options_.device);
+    const size_t free_before = device_free_bytes();
+    batch_ = std::make_unique<GpuBatch>(weights_, *context_, options_.max_context, o);
+    batch_->capture();
+    const size_t free_after = device_free_bytes();
+    QTTS_LOG_INFO("CUDA backend on device {}: batched steps for up to {} streams ({} buckets x {} chunk sizes), "
+                  "{:.1f} MB",
+                  options_.device, batch_->max_streams(), buckets.size(), o.chunk_frames.size(),
+                  free_before > free_after ? (free_before - free_after) / 1e6 : 0.0);
+}
+
+void GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) {
+    context_->guard().check("GpuGeneratorPool::batch_run");
+    QTTS_ASSERT(batch_ && !generators.empty() && int(generators.size()) <= batch_->max_streams());
+    std::vector<GpuLm*> lms;
+    std::vector<GpuGenerator*> states;
+    for (ChunkGenerator* g : generators) {
+        auto* lease = dynamic_cast<GpuChunkGenerator*>(g);
+        QTTS_ASSERT(lease && lease->pool_.get() == this && lease->state_->batch_ready(frames));
+        states.push_back(lease->state_.get());
+        lms.push_back(&lease->state_->lm());
+    }
+    batch_->bind(lms);
+    batch_->run(frames);
+    for (GpuGenerator* s : states) s->batch_computed(frames);
 }
 
 void GpuGeneratorPool::owner_adopt() { context_->guard().adopt(); }

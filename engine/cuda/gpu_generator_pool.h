@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/api/qtts.h"
+#include "engine/cuda/gpu_batch.h"
 #include "engine/cuda/gpu_generator.h"
 #include "engine/generation/chunk_generator.h"
 #include "engine/generation/decoder_stream.h"
@@ -68,6 +69,16 @@ public:
     bool decoders_attached() const { return bool(decoder_factory_); }
     const std::vector<int>& fused_sizes() const { return fused_sizes_; }  // chunk sizes fused (states alike)
 
+    // Batched steps (BackendOptions::batching; cuda/gpu_batch.h): a GpuBatch for up to `streams`
+    // streams, with a graph per bucket (2, 4, 8, 12, 16, 24, 32, 48, 64 up to `streams`, and
+    // `streams`) and chunk size, captured now. Owner thread; called once at load.
+    void batch_enable(int streams);
+    int batch_max() const { return batch_ ? batch_->max_streams() : 0; }
+    // The next chunk of each generator (from acquire(), each batch_ready(frames), at most
+    // batch_max()) computed in one device step; their chunk(frames) calls then read and decode
+    // the frames. Owner thread.
+    void batch_run(const std::vector<ChunkGenerator*>& generators, int frames);
+
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
     void owner_adopt();
@@ -87,6 +98,7 @@ private:
     size_t state_bytes_ = 0;
     DecoderFactory decoder_factory_;
     std::vector<int> fused_sizes_;
+    std::unique_ptr<GpuBatch> batch_;  // null without batching
 };
 
 }  // namespace qtts::cuda

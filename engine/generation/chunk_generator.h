@@ -67,6 +67,15 @@ public:
     // state (audio thrown away), before the first chunk, makes every generated frame sound
     // exactly as if decoded after the reference.
     virtual void reference_decode(const int32_t* codes, int frames) = 0;
+
+    // Batching backends (CUDA, SpeechModel::batch_run): true when the next chunk(frames) would
+    // make exactly `frames` frames of the current segment as far as the host knows (no stop seen,
+    // the frame limit and the text track reach past them), so that its frames can be computed in
+    // a step shared with other streams before chunk() is called. Default: never.
+    virtual bool batch_ready(int frames) const {
+        (void)frames;
+        return false;
+    }
 };
 
 }  // namespace qtts

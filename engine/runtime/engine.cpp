@@ -1,5 +1,6 @@
 #include "engine/api/qtts.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -209,6 +210,7 @@ struct Engine::Impl {
     std::atomic<uint64_t> fault_stream{0};  // test seam: this stream's next chunk fails (engine_debug.h)
     std::atomic<bool> fault_fatal{false};   // test seam: the backend is lost at the next round
     std::string label;                      // the engine's name in log lines
+    int batch_max = 0;                      // streams one batched LM step takes (0: the backend does not batch)
     std::atomic<bool> failed{false};        // the backend failed for good (see Engine::healthy)
     std::string failure;                    // why; written once before `failed` is set
 
@@ -299,6 +301,43 @@ struct Engine::Impl {
         return !frames.empty() || finished;
     }
 
+    // Batched LM step (CUDA): the streams whose next chunk is a steady one and can be made now get
+    // its frames computed together in one device step; service() then reads and decodes each
+    // stream's frames as usual. A newcomer's first chunk (time to first audio) runs alone, at
+    // once. Streams waiting for text, for their reader, or between sentences are left to
+    // service(). Engine thread.
+    void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
+        const int k = options.chunk_frames;
+        std::vector<ChunkGenerator*> generators;
+        std::vector<StreamImpl*> members;
+        for (auto& s : active) {
+            if (int(generators.size()) == batch_max) break;
+            if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
+            if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
+            if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
+                generators.push_back(g);
+                members.push_back(s.get());
+            }
+        }
+        if (generators.size() < 2) return;  // one stream takes its own (faster) single-stream step
+        try {
+            model->batch_run(generators, k);
+        } catch (const std::exception& e) {
+            // The step's streams end with the error (their device state is unknown); the others go on
+            // if the device still works.
+            QTTS_LOG_WARN("a batched step of {} streams failed: {}", generators.size(), e.what());
+            for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
+            active.remove_if([&members](const std::shared_ptr<StreamImpl>& s) {
+                return std::find(members.begin(), members.end(), s.get()) != members.end();
+            });
+            if (!model->backend_recover()) backend_lost(active, e.what());
+            return;
+        }
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
+        ++stats.batch_histogram[generators.size()];
+    }
+
     // The backend cannot work any more (a sticky device error after `what`): every other admitted
     // stream ends with an error now, and submit() refuses new ones. Engine thread.
     void backend_lost(std::list<std::shared_ptr<StreamImpl>>& active, const std::string& what) {
@@ -371,6 +410,7 @@ struct Engine::Impl {
             }
             bool progressed = false;
             const Clock::time_point round_start = Clock::now();
+            if (batch_max >= 2) batch_step(active);
             int64_t round_frames = 0;   // frames made this round, all streams
             int64_t round_streams = 0;  // streams that made frames this round
             for (auto it = active.begin(); it != active.end();) {
@@ -451,6 +491,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
         try {
             impl->model = SpeechModel::load(dir, mo);
             if (impl->label.empty()) impl->label = impl->model->backend_name();
+            impl->batch_max = impl->model->batch_max();
             loaded.set_value();
         } catch (...) {
             loaded.set_exception(std::current_exception());

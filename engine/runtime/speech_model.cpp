@@ -132,6 +132,7 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
             }
         }
         model->gpu_->states_grow(opts.states);
+        if (opts.batching) model->gpu_->batch_enable(opts.states);
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
 #endif
@@ -203,6 +204,25 @@ std::unique_ptr<ChunkGenerator> SpeechModel::generator_new() const {
     }
 #endif
     return std::make_unique<CpuChunkGenerator>(lm_shared(), *decoder_);
+}
+
+int SpeechModel::batch_max() const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_) return gpu_->batch_max();
+#endif
+    return 0;
+}
+
+void SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_ && gpu_->batch_max() > 0) {
+        gpu_->batch_run(generators, frames);
+        return;
+    }
+#endif
+    (void)generators;
+    (void)frames;
+    fail(ErrorCode::ERROR_INTERNAL, "batch_run on the {} backend, which does not batch", backend_name());
 }
 
 void SpeechModel::owner_adopt() const {

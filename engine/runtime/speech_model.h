@@ -86,6 +86,12 @@ public:
     // returned object is destroyed.
     std::unique_ptr<ChunkGenerator> generator_new() const;
     const BackendOptions& backend_options() const { return options_; }
+    // Batched LM steps (CUDA with BackendOptions::batching and states >= 2): the most streams one
+    // step takes (0: no batching on this backend), and the step itself: the next chunk of each
+    // generator (from generator_new(), each batch_ready(frames)) computed together; their
+    // chunk(frames) calls then take those frames. Owner thread.
+    int batch_max() const;
+    void batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const;
     // CUDA: hands every GPU object to the calling thread (load on one thread, generate on another).
     // No-op on the CPU backend.
     void owner_adopt() const;

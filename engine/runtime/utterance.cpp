@@ -91,6 +91,10 @@ void Utterance::text_close() {
     }
 }
 
+ChunkGenerator* Utterance::batch_candidate(int frames) {
+    return !done_ && generating_ && generator_->batch_ready(frames) ? generator_.get() : nullptr;
+}
+
 UtteranceStatus Utterance::chunk(int frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {
     QTTS_ASSERT(frames >= 1 && pcm);
     if (done_) return UtteranceStatus::UTTERANCE_DONE;

@@ -36,6 +36,10 @@ public:
     // stop, dry incremental text, or a sentence boundary ends the chunk sooner (one backend call
     // per chunk, see chunk()). Returns UTTERANCE_CHUNK when at least one frame was made.
     UtteranceStatus chunk(int frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes);
+    // Batched steps (SpeechModel::batch_run): this utterance's generator when its next chunk(frames)
+    // continues the current segment for all `frames` frames (ChunkGenerator::batch_ready), else
+    // null (between segments, done, or the backend does not batch).
+    ChunkGenerator* batch_candidate(int frames);
 
     // Incremental text (prepared with incremental = true).
     void text_append(const std::string& text);

@@ -391,6 +391,74 @@ EngineOptions tiny_cuda_engine_options(int streams) {
 }
 }  // namespace
 
+TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as without batching",
+          "[gpu][runtime][engine][batch]") {
+    // Greedy and seeded sampling, different lengths and sentences; four streams at once, a fifth
+    // joining while they run. The unbatched engine (every stream its own steps) is the reference.
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("The first stream speaks this sentence.", 30, kGreedySeed),
+        qtts_test::greedy_request("A second, somewhat longer sentence for the batch!", 41, kGreedySeed + 1),
+        qtts_test::greedy_request("Third.", 17, kGreedySeed + 2),
+        qtts_test::greedy_request("The fourth stream samples its codes.", 35, 4242),
+        qtts_test::greedy_request("A latecomer joins the running batch.", 26, 777),
+    };
+    requests[3].greedy = false;  // seeded sampling: the per-stream random stream must survive batching
+    requests[4].greedy = false;
+    struct Heard {
+        std::vector<float> pcm;
+        std::vector<FrameCodes> codes;
+        std::string error;
+    };
+    auto speak_all = [&](bool batching, EngineStats* stats) {
+        EngineOptions o = tiny_cuda_engine_options(4);
+        o.backend.batching = batching;
+        Engine engine(o);
+        std::vector<std::shared_ptr<Stream>> streams;
+        for (size_t i = 0; i < 4; ++i) streams.push_back(engine.submit(requests[i]));
+        std::vector<Heard> heard(requests.size());
+        std::vector<std::thread> readers;
+        for (size_t i = 0; i < 4; ++i)
+            readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
+        // The latecomer waits for the others' first audio, then joins (a fifth slot frees when one ends).
+        while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
+        std::shared_ptr<Stream> late;
+        for (int tries = 0; !late; ++tries) {
+            try {
+                late = engine.submit(requests[4]);
+            } catch (const qtts::Error& e) {
+                REQUIRE(e.code() == qtts::ErrorCode::ERROR_BUSY);
+                REQUIRE(tries < 2000);
+                std::this_thread::sleep_for(2ms);
+            }
+        }
+        heard[4].pcm = read_all(*late);
+        for (auto& r : readers) r.join();
+        streams.push_back(late);
+        for (size_t i = 0; i < streams.size(); ++i) {
+            heard[i].codes = codes_of(*streams[i]);
+            heard[i].error = streams[i]->error();
+        }
+        *stats = engine.stats();
+        return heard;
+    };
+    EngineStats unbatched_stats, batched_stats;
+    const std::vector<Heard> alone = speak_all(false, &unbatched_stats);
+    const std::vector<Heard> batched = speak_all(true, &batched_stats);
+    int64_t batched_steps = 0;
+    for (size_t n = 2; n < batched_stats.batch_histogram.size(); ++n) batched_steps += batched_stats.batch_histogram[n];
+    for (size_t n = 0; n < unbatched_stats.batch_histogram.size(); ++n) CHECK(unbatched_stats.batch_histogram[n] == 0);
+    WARN("batched steps: " << batched_steps);
+    CHECK(batched_steps > 0);  // the streams did share steps
+    for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("stream " << i);
+        CHECK(alone[i].error.empty());
+        CHECK(batched[i].error.empty());
+        REQUIRE(!alone[i].codes.empty());
+        CHECK(batched[i].codes == alone[i].codes);
+        CHECK(batched[i].pcm == alone[i].pcm);
+    }
+}
+
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
     Engine engine(tiny_cuda_engine_options(2));
     REQUIRE(engine.backend_name() == "cuda:0");
