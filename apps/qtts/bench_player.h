@@ -7,7 +7,8 @@
 // `period_ms`; a period that finds fewer samples than it needs before the stream ended is an
 // underrun: the missing part is silence, and audio that arrives later plays later (the player
 // does not skip ahead), as a jitter buffer would. The last period of an ended stream may be
-// short without counting. Periods a late caller missed are taken all at once on its next call.
+// short without counting. A run of short periods in a row is one underrun event. Periods a late
+// caller missed are taken all at once on its next call.
 //
 // One thread; no allocation.
 #pragma once
@@ -42,11 +43,14 @@ struct BenchPlayer {
             for (; periods < due && !done; ++periods) {
                 if (buffered >= period) {
                     buffered -= period;
+                    starving = false;
                 } else if (ended) {
                     buffered = 0;  // the stream's last, short period
                     done = true;
                 } else {
                     ++underruns;
+                    if (!starving) ++underrun_events;
+                    starving = true;
                     underrun_samples += period - buffered;
                     buffered = 0;
                 }
@@ -69,6 +73,8 @@ struct BenchPlayer {
     int64_t periods = 0;           // periods played (including short ones)
     int64_t underruns = 0;         // periods that found less than they needed before the end
     int64_t underrun_samples = 0;  // silence made up for them
+    int64_t underrun_events = 0;   // runs of consecutive short periods (a jitter buffer's count)
+    bool starving = false;         // the last period was short
 };
 
 }  // namespace qtts_cli

@@ -199,6 +199,7 @@ struct RequestResult {
     // paced players
     double play_start_ms = -1.0;  // submit() called -> the player's first period
     int64_t underruns = 0;        // periods that found less audio than they needed
+    int64_t underrun_events = 0;  // runs of such periods in a row
     double underrun_ms = 0.0;     // silence the player had to make up
 };
 
@@ -404,6 +405,7 @@ bool player_tick(Player& p, const ServeOptions& o, Clock::time_point now, std::v
         r.audio_s = double(p.sim.received) / qtts::SAMPLE_RATE;
         r.play_start_ms = p.sim.play_start_ms;
         r.underruns = p.sim.underruns;
+        r.underrun_events = p.sim.underrun_events;
         r.underrun_ms = double(p.sim.underrun_samples) * 1e3 / qtts::SAMPLE_RATE;
         stream_close(*p.stream, &r);
         if (p.sim.received == 0 && r.error.empty()) r.error = "the stream ended without audio";
@@ -502,13 +504,14 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
 
     nlohmann::json run = results_summary(results);
     std::vector<double> play_start, underruns;
-    int64_t with_underrun = 0;
+    int64_t with_underrun = 0, events = 0;
     double underrun_ms = 0.0, underrun_ms_max = 0.0;
     for (const RequestResult& r : results) {
         if (!result_ok(r)) continue;
         play_start.push_back(r.play_start_ms);
         underruns.push_back(double(r.underruns));
         if (r.underruns > 0) ++with_underrun;
+        events += r.underrun_events;
         underrun_ms += r.underrun_ms;
         underrun_ms_max = std::max(underrun_ms_max, r.underrun_ms);
     }
@@ -526,6 +529,7 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
     run["play_start_ms_p95"] = qtts_cli::bench_percentile(play_start, 95);
     run["underruns"] = int64_t(underruns_total);
     run["underruns_per_stream"] = ok > 0 ? underruns_total / double(ok) : 0.0;
+    run["underrun_events"] = events;
     run["streams_with_underrun"] = with_underrun;
     run["underrun_ms_total"] = underrun_ms;
     run["underrun_ms_max"] = underrun_ms_max;
@@ -539,7 +543,8 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
     for (const RequestResult& r : results) {
         if (!r.done) continue;
         streams.push_back({{"ttfa_ms", r.ttfa_ms}, {"play_start_ms", r.play_start_ms}, {"e2e_ms", r.e2e_ms},
-                           {"audio_s", r.audio_s}, {"underruns", r.underruns}, {"underrun_ms", r.underrun_ms},
+                           {"audio_s", r.audio_s}, {"underruns", r.underruns},
+                           {"underrun_events", r.underrun_events}, {"underrun_ms", r.underrun_ms},
                            {"rtf", r.rtf}, {"stop_reason", qtts::stop_reason_name(r.stop)}, {"error", r.error}});
     }
     run["streams"] = streams;
@@ -642,8 +647,10 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
         std::printf("  time to first audio p50/p95/p99 %.1f / %.1f / %.1f ms; playback starts p50/p95 %.1f / %.1f ms\n",
                     run["ttfa_ms_p50"].get<double>(), run["ttfa_ms_p95"].get<double>(), run["ttfa_ms_p99"].get<double>(),
                     run["play_start_ms_p50"].get<double>(), run["play_start_ms_p95"].get<double>());
-        std::printf("  underruns %lld (%.2f per stream), streams with any %lld of %lld, underrun time %.0f ms (max %.0f per stream)\n",
+        std::printf("  underruns: %lld short periods (%.2f per stream) in %lld gaps; streams with any %lld of %lld; "
+                    "silence %.0f ms (max %.0f in one stream)\n",
                     run["underruns"].get<long long>(), run["underruns_per_stream"].get<double>(),
+                    run["underrun_events"].get<long long>(),
                     run["streams_with_underrun"].get<long long>(), run["completed"].get<long long>(),
                     run["underrun_ms_total"].get<double>(), run["underrun_ms_max"].get<double>());
         std::printf("  RTF mean/max %.3f / %.3f; %.2f requests/s, %.2f audio-s per wall-s; batch steps %s\n",

@@ -51,14 +51,21 @@ TEST_CASE("bench player: a gap in production counts each short period and its mi
     CHECK_FALSE(p.advance(140.0, false));
     CHECK(p.underruns == 3);
     CHECK(p.underrun_samples == 240 + 2 * 480);
+    CHECK(p.underrun_events == 1);  // three short periods in a row: one gap
     // Late audio plays later: it is not skipped or counted again.
     p.push(960);
     CHECK_FALSE(p.advance(160.0, false));
     CHECK(p.underruns == 3);
     CHECK(p.buffered == 480);
+    // A second gap is a second event.
+    CHECK_FALSE(p.advance(200.0, false));
+    CHECK(p.underruns == 4);
+    CHECK(p.underrun_events == 2);
+    p.push(480);
     // The stream ends: what is left plays out, the end is not an underrun.
-    CHECK(p.advance(180.0, true));
-    CHECK(p.underruns == 3);
+    CHECK(p.advance(220.0, true));
+    CHECK(p.underruns == 4);
+    CHECK(p.underrun_events == 2);
     CHECK(p.done);
 }
 
