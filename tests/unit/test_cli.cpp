@@ -350,3 +350,21 @@ TEST_CASE("qtts bench-serve paced players on the demo model: arrivals, admission
         CHECK(s.at("audio_s").get<double>() == Approx(frames * 0.08));
     }
 }
+
+TEST_CASE("qtts bench-serve counts refusals when clients outnumber the engine's streams", "[cli][bench]") {
+    const std::string json = temp_path("busy.json");
+    const int frames = 2, requests = 6;
+    // Three clients start together on a one-stream engine: while one request runs (tens of ms),
+    // the others' submits are refused with ERROR_BUSY; a refused request still counts toward N.
+    const Run r = qtts_run("bench-serve -q --backend cpu --concurrency 3 --max-streams 1 --requests " +
+                           std::to_string(requests) + " --frames " + std::to_string(frames) + " --json " + json);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);  // refusals are a measured outcome, not a failure
+    const auto l = nlohmann::json::parse(file_read(json)).at("levels").at(0);
+    INFO(l.dump(2));
+    CHECK(l.at("completed").get<int>() + l.at("refused_busy").get<int>() == requests);
+    CHECK(l.at("completed").get<int>() >= 1);
+    CHECK(l.at("refused_busy").get<int>() >= 1);
+    CHECK(l.at("errors") == 0);
+    CHECK(l.at("audio_s").get<double>() == Approx(l.at("completed").get<int>() * frames * 0.08));
+}
