@@ -4,17 +4,38 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/qtts/cli.h"
 #include "engine/common/device.h"
 #include "engine/common/error.h"
 #include "engine/model/config.h"
+#include "engine/model/make_model.h"
 #include "engine/text/prompt.h"
 
 namespace qtts_cli {
+
+std::string bench_model_dir(const Args& args) {
+    const auto preset = args.get("preset");
+    if (!preset) return model_dir_or_default(args);
+    if (args.get("model")) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "give --model or --preset, not both");
+    std::string cache = args.get_or("cache", "");
+    if (cache.empty()) {
+        const char* env = std::getenv("QTTS_CACHE_DIR");
+        cache = env && *env ? env : "/tmp/qtts-bench";
+    }
+    const qtts::ModelPreset spec = qtts::model_preset(*preset);  // throws for an unknown name
+    const std::string dir = cache + "/" + *preset;
+    if (!std::filesystem::exists(dir + "/model.safetensors")) {
+        std::printf("writing random-weight checkpoint %s to %s ...\n", preset->c_str(), dir.c_str());
+        qtts::model_write_random(spec, dir, 1234);
+    }
+    return dir;
+}
 
 qtts::Prompt bench_prompt(const qtts::ModelConfig& config) {
     qtts::PromptRequest request;

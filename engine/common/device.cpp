@@ -57,4 +57,24 @@ std::string cuda_describe(int device) {
 #endif
 }
 
+DeviceMemory cuda_memory(int device) {
+    DeviceMemory memory;
+#ifdef QTTS_HAVE_CUDA
+    if (device < 0 || device >= cuda_device_count()) return memory;
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = device;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+        memory.total_bytes = total_bytes;
+        memory.used_bytes = total_bytes - free_bytes;
+    } else {
+        cudaGetLastError();  // a failed query is reported as zeros, not left as a pending error
+    }
+    cudaSetDevice(previous);
+#else
+    (void)device;
+#endif
+    return memory;
+}
+
 }  // namespace qtts

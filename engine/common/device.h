@@ -1,6 +1,7 @@
 // What accelerator this process can use. Safe to call on machines without a GPU or driver.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace qtts {
@@ -13,5 +14,14 @@ int cuda_device_count();
 
 // One line describing why no GPU is usable, or the device name when one is.
 std::string cuda_describe(int device);
+
+// Memory of CUDA device `device` as the driver reports it: every process's allocations count as
+// used. Zeros without CUDA, without a usable device, or for an index that does not exist. Makes
+// the device current on the calling thread for the query only (the previous one is restored).
+struct DeviceMemory {
+    size_t used_bytes = 0;
+    size_t total_bytes = 0;
+};
+DeviceMemory cuda_memory(int device);
 
 }  // namespace qtts

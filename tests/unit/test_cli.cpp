@@ -232,3 +232,139 @@ TEST_CASE("qtts serve refuses bad engine lists before it listens, naming the pro
     const Run help = qtts_run("serve --help");
     CHECK_THAT(help.out, Catch::Contains("--engines LIST") && Catch::Contains("--devices LIST"));
 }
+
+TEST_CASE("qtts bench-serve refuses bad options before it loads a model, naming the problem", "[cli][bench]") {
+    // The model folder does not exist: an error about it would mean the model was loaded first.
+    const std::string model = qtts_test::temp_dir() + "/no-such-model";
+    const std::string json = temp_path("refused.json");
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--concurrency 1,x", "--concurrency: 'x' is not a size in 1..1000"},
+        {"--concurrency 0", "--concurrency: '0' is not a size"},
+        {"--concurrency ''", "--concurrency: no sizes given"},
+        {"--requests 0", "--requests must be 1..1000000"},
+        {"--frames -1", "--frames must be 0..100000"},
+        {"--backend gpu", "--backend expects auto, cpu or cuda, got 'gpu'"},
+        {"--max-streams 0", "--max-streams must be 1..4096"},
+        {"--timeout-s 0", "--timeout-s must be a number from 0.1"},
+        {"--rate 5", "--rate is for paced runs (add --paced)"},
+        {"--paced --rate 0 --duration 1", "--rate must be above 0"},
+        {"--paced --rate -3 --duration 1", "--rate must be above 0"},
+        {"--paced --rate nan --duration 1", "--rate must be above 0"},
+        {"--paced --rate 2 --duration 0", "--duration must be above 0"},
+        {"--paced --rate 2 --duration -1", "--duration must be above 0"},
+        {"--paced --rate 2", "--paced needs --rate R (requests per second) and --duration S"},
+        {"--paced --rate 2 --duration 1 --arrivals burst", "--arrivals expects poisson or fixed, got 'burst'"},
+        {"--paced --rate 2 --duration 1 --period-ms 0", "--period-ms must be a number from 1"},
+        {"--paced --rate 2 --duration 1 --prebuffer-ms -5", "--prebuffer-ms must be a number from 0"},
+        {"--paced --rate 2 --duration 1 --concurrency 4", "--concurrency is for closed-loop runs"},
+        {"--concurrenc 4", "unknown option --concurrenc"},
+    };
+    for (const auto& [flags, reason] : cases) {
+        const Run r = qtts_run("bench-serve --model " + model + " --json " + json + " " + flags);
+        INFO(flags << "\n" << r.err);
+        check_refused(r, reason, json);
+        CHECK_THAT(r.err, !Catch::Contains("no-such-model"));
+    }
+    const Run help = qtts_run("bench-serve --help");
+    CHECK(help.exit_code == 0);
+    CHECK_THAT(help.out, Catch::Contains("--concurrency LIST") && Catch::Contains("--prebuffer-ms"));
+}
+
+TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted, timed and as long as asked",
+          "[cli][bench]") {
+    const std::string json = temp_path("serve.json");
+    const int frames = 4, requests = 2;
+    const Run r = qtts_run("bench-serve -q --backend cpu --concurrency 1,2 --requests " + std::to_string(requests) +
+                           " --frames " + std::to_string(frames) + " --json " + json);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("TTFA p50/p95/p99 (ms)") && Catch::Contains("audio-s/s"));
+    const auto j = nlohmann::json::parse(file_read(json));
+    CHECK(j.at("mode") == "closed");
+    CHECK(j.at("backend") == "cpu");
+    CHECK(j.at("frames") == frames);
+    CHECK(j.at("max_streams") == 2);  // the largest level
+    CHECK(j.at("gpu_memory").is_null());
+    CHECK(j.at("warm_up_ttfa_ms").get<double>() > 0.0);
+    const auto& levels = j.at("levels");
+    REQUIRE(levels.size() == 2);
+    for (size_t i = 0; i < levels.size(); ++i) {
+        const auto& l = levels[i];
+        INFO(l.dump(2));
+        CHECK(l.at("concurrency") == int(i) + 1);
+        CHECK(l.at("requests") == requests);
+        CHECK(l.at("completed") == requests);
+        CHECK(l.at("errors") == 0);
+        CHECK(l.at("timeouts") == 0);
+        CHECK(l.at("refused_busy") == 0);
+        // Fixed seeds and a frame cap: every request is cut at exactly `frames` frames of 80 ms.
+        CHECK(l.at("stop_reasons").at("max_frames") == requests);
+        CHECK(l.at("audio_s").get<double>() == Approx(requests * frames * 0.08));
+        const double ttfa50 = l.at("ttfa_ms_p50"), ttfa95 = l.at("ttfa_ms_p95"), ttfa99 = l.at("ttfa_ms_p99");
+        CHECK(ttfa50 > 0.0);
+        CHECK(ttfa50 <= ttfa95);
+        CHECK(ttfa95 <= ttfa99);
+        // First audio comes before the last; a whole level takes at least one request's time.
+        CHECK(ttfa50 <= l.at("e2e_ms_p50").get<double>());
+        CHECK(l.at("e2e_ms_p50").get<double>() <= l.at("e2e_ms_p95").get<double>());
+        CHECK(l.at("wall_s").get<double>() * 1e3 >= l.at("e2e_ms_p50").get<double>());
+        CHECK(l.at("rtf_mean").get<double>() > 0.0);
+        CHECK(l.at("rtf_max").get<double>() >= l.at("rtf_mean").get<double>());
+        const double wall = l.at("wall_s");
+        CHECK(l.at("requests_per_s").get<double>() == Approx(requests / wall));
+        CHECK(l.at("audio_s_per_wall_s").get<double>() == Approx(requests * frames * 0.08 / wall));
+        CHECK(l.at("batch_histogram").is_object());
+    }
+}
+
+TEST_CASE("qtts bench-serve paced players on the demo model: arrivals, admissions and playback accounted",
+          "[cli][bench]") {
+    const std::string json = temp_path("paced.json");
+    const int frames = 3;
+    // Fixed arrivals at 0, 100, 200 ms: three requests. A prebuffer longer than any stream makes
+    // every player start only once its stream ended, so none can run dry.
+    const Run r = qtts_run("bench-serve -q --backend cpu --paced --rate 10 --duration 0.25 --arrivals fixed --frames " +
+                           std::to_string(frames) + " --prebuffer-ms 10000 --json " + json);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("underruns"));
+    const auto j = nlohmann::json::parse(file_read(json));
+    CHECK(j.at("mode") == "paced");
+    const auto& p = j.at("paced");
+    INFO(p.dump(2));
+    CHECK(p.at("requests") == 3);
+    CHECK(p.at("admitted").get<int>() + p.at("refused_busy").get<int>() == 3);
+    CHECK(p.at("completed") == p.at("admitted"));
+    CHECK(p.at("errors") == 0);
+    CHECK(p.at("timeouts") == 0);
+    CHECK(p.at("underruns") == 0);
+    CHECK(p.at("streams_with_underrun") == 0);
+    CHECK(p.at("audio_s").get<double>() == Approx(p.at("completed").get<int>() * frames * 0.08));
+    REQUIRE(p.at("streams").size() == p.at("completed").get<size_t>());
+    for (const auto& s : p.at("streams")) {
+        const double ttfa = s.at("ttfa_ms"), start = s.at("play_start_ms"), e2e = s.at("e2e_ms");
+        CHECK(ttfa > 0.0);
+        // The player starts after its stream's last sample arrived, which comes after the first.
+        CHECK(start >= e2e);
+        CHECK(e2e >= ttfa - 1.0);  // 1 ms: ttfa is the engine's clock plus submit(), e2e the pacer's
+        CHECK(s.at("audio_s").get<double>() == Approx(frames * 0.08));
+    }
+}
+
+TEST_CASE("qtts bench-serve counts refusals when clients outnumber the engine's streams", "[cli][bench]") {
+    const std::string json = temp_path("busy.json");
+    const int frames = 2, requests = 6;
+    // Three clients start together on a one-stream engine: while one request runs (tens of ms),
+    // the others' submits are refused with ERROR_BUSY; a refused request still counts toward N.
+    const Run r = qtts_run("bench-serve -q --backend cpu --concurrency 3 --max-streams 1 --requests " +
+                           std::to_string(requests) + " --frames " + std::to_string(frames) + " --json " + json);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);  // refusals are a measured outcome, not a failure
+    const auto l = nlohmann::json::parse(file_read(json)).at("levels").at(0);
+    INFO(l.dump(2));
+    CHECK(l.at("completed").get<int>() + l.at("refused_busy").get<int>() == requests);
+    CHECK(l.at("completed").get<int>() >= 1);
+    CHECK(l.at("refused_busy").get<int>() >= 1);
+    CHECK(l.at("errors") == 0);
+    CHECK(l.at("audio_s").get<double>() == Approx(l.at("completed").get<int>() * frames * 0.08));
+}
