@@ -37,6 +37,15 @@ build() {
     cp "$BUILD/qtts" "$BUILD/apps/kernel-lab/qtts-kernel-lab" "$stage/bin/"
     if [ -n "${QTTS_BASELINE_QTTS:-}" ]; then cp "$QTTS_BASELINE_QTTS" "$stage/bin/qtts-baseline"; fi
     for t in $STAGE_TESTS; do cp "$BUILD/tests/$t" "$stage/bin/"; done
+    # The voice-assistant example against the C library (issue 19): libqtts.so from the build,
+    # found next to the binary on the device (rpath $ORIGIN/../lib).
+    cmake --build "$BUILD" --target qtts_shared -j2 >/dev/null
+    cp -L "$BUILD/libqtts.so.0" "$stage/lib/"
+    mkdir -p "$BUILD/dist-include/qtts"
+    cp "$ROOT/engine/api/qtts_c.h" "$BUILD/dist-include/qtts/"  # the installed layout: <qtts/qtts_c.h>
+    cc -std=c11 -O2 "$ROOT/apps/examples/assistant.c" -I"$BUILD/dist-include" -L"$stage/lib" -l:libqtts.so.0 -pthread \
+        -Wl,-rpath,'$ORIGIN/../lib' -o "$stage/bin/qtts-assistant"
+    cp "$ROOT/apps/examples/assistant-tokens.txt" "$stage/ref/"
     strip --strip-unneeded "$stage"/bin/* || true
     # Shared libraries that are not part of glibc, the C++ runtime or CUDA (the GPU machine has
     # those): PortAudio, Opus, spdlog/fmt, OpenBLAS, ...
@@ -46,6 +55,7 @@ build() {
         case "$(basename "$lib")" in
             libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++.so*|libgcc_s.so*|ld-linux*) ;;
             libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*) ;;
+            libqtts.so*) ;;  # staged above
             *) cp -L "$lib" "$stage/lib/" ;;
         esac
     done
@@ -121,6 +131,18 @@ device() {
     [ -x "$q/bin/test_gpu_decoder" ] && run_test test_gpu_decoder gpu QTTS_TEST_DECODER_FRAMES=100
     [ -x "$q/bin/test_gpu_batch" ] && run_test test_gpu_batch gpu
 
+    # The voice-assistant example on the GPU (issue 19): demo model, CUDA backend, a virtual player
+    # (20 ms periods); it prints first audio from the first token and cancel-to-silence (barge-in).
+    if [ -x "$q/bin/qtts-assistant" ] && [ "${QTTS_ASSISTANT:-1}" = "1" ]; then
+        local t=$SECONDS
+        QTTS_CACHE_DIR=/tmp/qtts-cache timeout 120 "$q/bin/qtts-assistant" --backend cuda --token-ms 5 --period-ms 20 \
+            --max-frames 40 --min-speech-ms 200 --min-queued-ms 300 "$q/ref/assistant-tokens.txt" >"$q/assistant.log" 2>&1 \
+            || note "assistant example FAILED"
+        { echo "===== assistant example (cuda)"; cat "$q/assistant.log"; } >>"$out/tests.log"
+        grep -iE "first audio|silence|barge|cancel" "$q/assistant.log" | sed 's/^/  [assistant] /' | tee -a "$summary" || true
+        note "assistant example: $((SECONDS - t)) s"
+    fi
+
     local presets=${QTTS_BENCH_PRESETS:-"1.7b-customvoice 0.6b-customvoice"}
     local frames=${QTTS_BENCH_FRAMES:-256}
     for p in $presets; do
@@ -135,6 +157,21 @@ device() {
         fi
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/test_gpu_batch" ]; then
             run_test test_gpu_batch gpu QTTS_TEST_MODEL_DIR="$dir"
+        fi
+        # The serving benchmark (QTTS_BENCH_SERVE="1,4,10,16,32,64": closed-loop concurrency levels,
+        # batched and, up to QTTS_BENCH_SERVE_OFF, unbatched; QTTS_BENCH_SERVE_RATE: paced arrivals/s).
+        if [ -n "${QTTS_BENCH_SERVE:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
+            t=$SECONDS
+            local serve="$q/bin/qtts bench-serve --model $dir --backend cuda --frames 75"
+            { timeout 300 $serve --concurrency "$QTTS_BENCH_SERVE" --json "$out/serve-$p.json" 2>&1 || note "bench-serve FAILED";
+              [ -n "${QTTS_BENCH_SERVE_OFF:-}" ] && { timeout 300 $serve --no-batching --concurrency "$QTTS_BENCH_SERVE_OFF" \
+                  --json "$out/serve-$p-nobatch.json" 2>&1 || note "bench-serve --no-batching FAILED"; }
+              [ -n "${QTTS_BENCH_SERVE_RATE:-}" ] && { timeout 200 $serve --paced --rate "$QTTS_BENCH_SERVE_RATE" --duration 10 \
+                  --max-streams 64 --json "$out/serve-$p-paced.json" 2>&1 || note "bench-serve --paced FAILED"; }
+            } >"$q/serve.log"
+            grep -vE '^\[' "$q/serve.log" | tee -a "$summary" >/dev/null
+            cat "$q/serve.log" >>"$out/bench.log"
+            note "bench-serve $p: $((SECONDS - t)) s"
         fi
         # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty).
         if [ -n "${QTTS_BENCH_BATCH:-}" ]; then

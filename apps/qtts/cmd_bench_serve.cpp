@@ -71,6 +71,7 @@ void usage() {
         "  --max-streams N        engine stream limit (default: the largest concurrency; paced: 64)\n"
         "  --first-chunk-frames K, --chunk-frames K   chunk sizes (default: the engine's, %d then %d)\n"
         "  --frames F             frames per request, 80 ms each (default 75 = 6 s; 0 = until EOS or the budget)\n"
+        "  --no-batching          CUDA backend: every stream takes its own LM steps (compare with the batched step)\n"
         "  --timeout-s T          a stream that makes no progress for T s is cancelled and counted (default 60)\n"
         "  --json FILE            write the results as JSON\n"
         " closed loop:\n"
@@ -560,7 +561,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                               {"model", "preset", "cache", "backend", "device", "max-streams", "first-chunk-frames",
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
                                "duration", "arrivals", "prebuffer-ms", "period-ms"},
-                              {"help", "paced"});
+                              {"help", "paced", "no-batching"});
     if (args.has("help")) {
         usage();
         return 0;
@@ -577,6 +578,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     eo.max_streams = o.max_streams;
     eo.first_chunk_frames = o.first_chunk_frames;
     eo.chunk_frames = o.chunk_frames;
+    eo.backend.batching = !args.has("no-batching");
     const auto load0 = Clock::now();
     qtts::Engine engine(eo);
     const double load_s = ms_between(load0, Clock::now()) / 1e3;
@@ -595,6 +597,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["first_chunk_frames"] = o.first_chunk_frames;
     out["chunk_frames"] = o.chunk_frames;
     out["frames"] = o.frames;
+    out["batching"] = eo.backend.batching;
     out["load_s"] = load_s;
 
     std::printf("\nqtts bench-serve  %s (%s %s)  backend %s  max streams %d  chunks %d then %d  ", o.model_dir.c_str(),

@@ -178,6 +178,7 @@ public:
     size_t text_bytes_ = 0;  // text accepted so far (the request's and appended), under text_mutex_
     std::unique_ptr<Utterance> utterance_;  // engine thread only
     bool waiting_for_text_ = false;        // engine thread only
+    uint64_t served_round_ = 0;            // engine thread only: the last round that serviced it
     size_t text_seen_ = 0;                 // engine thread only
 
 private:
@@ -211,6 +212,7 @@ struct Engine::Impl {
     std::atomic<bool> fault_fatal{false};   // test seam: the backend is lost at the next round
     std::string label;                      // the engine's name in log lines
     int batch_max = 0;                      // streams one batched LM step takes (0: the backend does not batch)
+    uint64_t round = 0;                     // engine rounds so far (StreamImpl::served_round_)
     std::atomic<bool> failed{false};        // the backend failed for good (see Engine::healthy)
     std::string failure;                    // why; written once before `failed` is set
 
@@ -313,6 +315,7 @@ struct Engine::Impl {
         for (auto& s : active) {
             if (int(generators.size()) == batch_max) break;
             if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
+            if (s->served_round_ == round) continue;  // had its first chunk this round
             if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
             if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
                 generators.push_back(g);
@@ -410,27 +413,17 @@ struct Engine::Impl {
             }
             bool progressed = false;
             const Clock::time_point round_start = Clock::now();
-            if (batch_max >= 2) batch_step(active);
             int64_t round_frames = 0;   // frames made this round, all streams
             int64_t round_streams = 0;  // streams that made frames this round
-            for (auto it = active.begin(); it != active.end();) {
-                bool finished = false;
-                frames.clear();  // service() may return before it makes any
-                try {
-                    progressed |= service(**it, pcm, frames, finished);
-                    if (!frames.empty()) {
-                        round_frames += int64_t(frames.size());
-                        ++round_streams;
-                    }
-                } catch (const std::exception& e) {
-                    QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());
-                    finish(**it, StopReason::STOP_ERROR, e.what());
-                    finished = true;
-                    if (!model->backend_recover()) backend_lost(active, e.what());
-                }
-                if (failed.load()) break;  // backend_lost ended every stream
-                it = finished ? active.erase(it) : std::next(it);
-            }
+            ++round;
+            // A round: first chunks first (time to first audio does not wait for the others'
+            // chunks), then the batched LM step of the streams due together (CUDA), then every
+            // other stream's chunk.
+            const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
+            const auto every = [](const StreamImpl&) { return true; };
+            service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
+            if (!failed.load() && batch_max >= 2) batch_step(active);
+            if (!failed.load()) service_pass(active, every, pcm, frames, progressed, round_frames, round_streams);
             if (failed.load()) active.clear();
             rtf_update(active.empty(), round_start, round_frames, round_streams);
             if (!progressed) {
@@ -447,6 +440,37 @@ struct Engine::Impl {
         }
         // GPU objects are torn down on the thread that owns them (run() only returns from ~Engine).
         model.reset();
+    }
+
+    // One chunk for each active stream that `wanted` selects (and that this round has not served
+    // yet); finished streams leave the list. Engine thread.
+    template <typename Wanted>
+    void service_pass(std::list<std::shared_ptr<StreamImpl>>& active, Wanted wanted, std::vector<float>& pcm,
+                      std::vector<FrameCodes>& frames, bool& progressed, int64_t& round_frames,
+                      int64_t& round_streams) {
+        for (auto it = active.begin(); it != active.end();) {
+            if ((*it)->served_round_ == round || !wanted(**it)) {
+                ++it;
+                continue;
+            }
+            (*it)->served_round_ = round;
+            bool finished = false;
+            frames.clear();  // service() may return before it makes any
+            try {
+                progressed |= service(**it, pcm, frames, finished);
+                if (!frames.empty()) {
+                    round_frames += int64_t(frames.size());
+                    ++round_streams;
+                }
+            } catch (const std::exception& e) {
+                QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());
+                finish(**it, StopReason::STOP_ERROR, e.what());
+                finished = true;
+                if (!model->backend_recover()) backend_lost(active, e.what());
+            }
+            if (failed.load()) return;  // backend_lost ended every stream
+            it = finished ? active.erase(it) : std::next(it);
+        }
     }
 
     // EngineLoad::rtf after one round: the round's wall time over the audio an average stream got
