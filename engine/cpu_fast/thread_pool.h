@@ -62,3 +62,12 @@ private:
 };
 
 }  // namespace qtts::cpu_fast
+
+namespace qtts::cpu_fast {
+
+// Measured streaming-read bandwidth of this machine in GB/s (1e9 bytes/s): the pool's threads
+// each sum their slice of a `bytes` buffer (much larger than the caches), best of `repeats`
+// passes after one warm pass. What the fast backend's products are compared against.
+double memory_read_bandwidth_gbs(ThreadPool& pool, size_t bytes = size_t(512) << 20, int repeats = 5);
+
+}  // namespace qtts::cpu_fast

@@ -146,7 +146,7 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
         model->lm_shared();  // convert now, not in the first request
     }
     // (An automatic fallback to the CPU was already logged, with its reason, by lm_backend_choose.)
-    if (!(opts.name == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
+    if (!(opts.name == "auto" && choice.backend != LmBackend::LM_BACKEND_CUDA))
         QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
     model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, cpu::CpuSpeechDecoderOptions{});
     if (choice.backend == LmBackend::LM_BACKEND_CUDA && opts.warm_up) gpu_warm_up(model);
