@@ -163,7 +163,7 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     const auto t_load0 = Clock::now();
     qtts::BackendOptions model_options;
     model_options.name = backend;
-    model_options.cpu_format = args.get_or("format", "int8");
+    model_options.cpu_format = args.get_or("format", model_options.cpu_format);
     model_options.threads = int(args.get_int("threads", 0));
     auto model = qtts::SpeechModel::load(dir, model_options);
     const double load_ms = ms(t_load0, Clock::now());

@@ -92,7 +92,8 @@ void print_usage() {
         "  --chunk-frames N      frames per decoded chunk (default 4; first chunk is 1)\n"
         "  --backend auto|cpu|cpu-fast|cuda  talker + code predictor backend (default auto: CUDA when\n"
         "                        usable, else cpu-fast; cpu is the fp32 reference)\n"
-        "  --cpu-format int8|bf16  cpu-fast weight format (default int8; docs/cpu-fast.md)\n"
+        "  --cpu-format bf16|int8  cpu-fast weight format (default bf16, exact; int8 is ~2x faster,\n"
+        "                        ~1%% logits error; docs/cpu-fast.md)\n"
         "  --threads N           cpu-fast threads (default 0: every core)\n"
         "  --device N            CUDA device index (default 0)\n"
         "  --no-cuda-graphs      run the GPU frame steps eagerly (same audio)\n"
@@ -170,7 +171,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     if (options.chunk_frames < 1 || options.chunk_frames > 1000)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--chunk-frames must be 1..1000");
     options.backend.name = args.get_or("backend", "auto");
-    options.backend.cpu_format = args.get_or("cpu-format", "int8");
+    options.backend.cpu_format = args.get_or("cpu-format", "bf16");
     options.backend.threads = int(args.get_int("threads", 0));
     options.backend.device = int(args.get_int("device", 0));
     if (options.backend.device < 0 || options.backend.device > 64) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--device must be 0..64");

@@ -168,9 +168,10 @@ struct BackendOptions {
     // CPU backend: convert the LM weights to fp32 at load (true) or when first needed (false:
     // tools that only use the tokenizer or the cloning encoders, e.g. `qtts voice`).
     bool lm_eager = true;
-    // cpu-fast: the weight format of the talker and code predictor, "int8" (per-row scales) or
-    // "bf16" (docs/cpu-fast.md has the quality and speed of each).
-    std::string cpu_format = "int8";
+    // cpu-fast: the weight format of the talker and code predictor, "bf16" (exact for bf16
+    // checkpoints: the reference's codes) or "int8" (per-row scales, half the bytes, ~1% logits
+    // error). docs/cpu-fast.md has the quality and speed of each and why bf16 is the default.
+    std::string cpu_format = "bf16";
     // cpu-fast: threads of the matrix products (the engine thread is one of them); 0 = every core.
     int threads = 0;
     int states = 1;              // CUDA: per-stream generator states made at load (the engine: max_streams)

@@ -143,12 +143,20 @@ QTTS_AVX2 inline float hsum8(__m256 v) {
 }
 
 // Two accumulators per row (16 columns per step) keep 2R independent FMA chains in flight.
+// `ahead` (may be null): the next rows' bytes, prefetched at the rate these rows are consumed, so
+// a group of rows is in flight while the previous one is multiplied (one thread alone does not
+// keep enough cache-line requests outstanding to stream at the memory's bandwidth).
 template <typename L, int R>
-QTTS_AVX2 void dots_avx2(const typename L::Value* const* w, const float* x, int C, float* dots) {
+QTTS_AVX2 void dots_avx2(const typename L::Value* const* w, const float* x, int C, float* dots, const char* ahead) {
     __m256 a[R], b[R];
     for (int k = 0; k < R; ++k) a[k] = b[k] = _mm256_setzero_ps();
     int c = 0;
     for (; c + 16 <= C; c += 16) {
+        if (ahead) {
+            const char* p = ahead + size_t(c) * R * sizeof(typename L::Value);
+            for (size_t line = 0; line < R * 16 * sizeof(typename L::Value); line += 64)
+                _mm_prefetch(p + line, _MM_HINT_T0);
+        }
         const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
         for (int k = 0; k < R; ++k) {
             a[k] = _mm256_fmadd_ps(L::eight(w[k] + c), x0, a[k]);
@@ -167,11 +175,16 @@ QTTS_AVX2 void dots_avx2(const typename L::Value* const* w, const float* x, int 
 }
 
 template <typename L, int R>
-QTTS_AVX512 void dots_avx512(const typename L::Value* const* w, const float* x, int C, float* dots) {
+QTTS_AVX512 void dots_avx512(const typename L::Value* const* w, const float* x, int C, float* dots, const char* ahead) {
     __m512 a[R], b[R];
     for (int k = 0; k < R; ++k) a[k] = b[k] = _mm512_setzero_ps();
     int c = 0;
     for (; c + 32 <= C; c += 32) {
+        if (ahead) {
+            const char* p = ahead + size_t(c) * R * sizeof(typename L::Value);
+            for (size_t line = 0; line < R * 32 * sizeof(typename L::Value); line += 64)
+                _mm_prefetch(p + line, _MM_HINT_T0);
+        }
         const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
         for (int k = 0; k < R; ++k) {
             a[k] = _mm512_fmadd_ps(L::sixteen(w[k] + c), x0, a[k]);
@@ -191,10 +204,13 @@ QTTS_AVX512 void dots_avx512(const typename L::Value* const* w, const float* x, 
 #endif
 
 template <typename L, int R>
-void dots(MatvecIsa isa, const typename L::Value* const* w, const float* x, int C, float* out) {
+void dots(MatvecIsa isa, const typename L::Value* const* w, const float* x, int C, float* out,
+          const char* ahead = nullptr) {
 #ifdef QTTS_X86
-    if (isa == MatvecIsa::MATVEC_ISA_AVX512) return dots_avx512<L, R>(w, x, C, out);
-    if (isa == MatvecIsa::MATVEC_ISA_AVX2) return dots_avx2<L, R>(w, x, C, out);
+    if (isa == MatvecIsa::MATVEC_ISA_AVX512) return dots_avx512<L, R>(w, x, C, out, ahead);
+    if (isa == MatvecIsa::MATVEC_ISA_AVX2) return dots_avx2<L, R>(w, x, C, out, ahead);
+#else
+    (void)ahead;
 #endif
     dots_scalar<L, R>(w, x, C, out);
 }
@@ -220,8 +236,10 @@ void rows_product(MatvecIsa isa, const PackedMatrix& W, const float* x, int T, s
     for (; r + 4 <= r1; r += 4) {
         const typename L::Value* w[4] = {base + size_t(r) * C, base + size_t(r + 1) * C, base + size_t(r + 2) * C,
                                          base + size_t(r + 3) * C};
+        // The next group of four rows (contiguous after these), prefetched during the first pass.
+        const char* ahead = r + 8 <= r1 ? reinterpret_cast<const char*>(base + size_t(r + 4) * C) : nullptr;
         for (int t = 0; t < T; ++t) {
-            dots<L, 4>(isa, w, x + size_t(t) * ldx, int(C), d);
+            dots<L, 4>(isa, w, x + size_t(t) * ldx, int(C), d, t == 0 ? ahead : nullptr);
             finish(t, r, 4);
         }
     }
