@@ -186,7 +186,9 @@ void fast_stack_reserve(const FastStack& w, FastStackState& s, int capacity, int
     }
 }
 
-void fast_stack_forward(ThreadPool& pool, const FastStack& w, FastStackState& s, const float* input, int T) {
+void fast_stack_forward(const FastLm& lm, const FastStack& w, FastStackState& s, const float* input, int T) {
+    ThreadPool& pool = *lm.pool;
+    const size_t pmin = lm.parallel_min;
     const int H = w.hidden, I = w.intermediate, HD = w.head_dim;
     const int NH = w.n_heads, NKV = w.n_kv;
     const int q_width = NH * HD, kv_width = NKV * HD, qkv_width = q_width + 2 * kv_width;
@@ -204,7 +206,7 @@ void fast_stack_forward(ThreadPool& pool, const FastStack& w, FastStackState& s,
 
         // attention block: norm → fused q/k/v → split → q/k norm → RoPE → attention → o_proj → residual
         cpu::rms_norm(s.x.data(), T, H, L.input_norm.data(), w.eps, s.x_norm.data());
-        matmul(pool, L.qkv, s.x_norm.data(), T, nullptr, s.qkv.data());
+        matmul(pool, L.qkv, s.x_norm.data(), T, nullptr, s.qkv.data(), pmin);
         for (int t = 0; t < T; ++t) {
             const float* row = s.qkv.data() + size_t(t) * size_t(qkv_width);
             std::copy(row, row + q_width, s.q.data() + size_t(t) * size_t(q_width));
@@ -217,17 +219,17 @@ void fast_stack_forward(ThreadPool& pool, const FastStack& w, FastStackState& s,
         cpu::rope_apply_table(k_new, T, NKV, HD, s.positions.data(), w.rope_inv_freq.data());
         cpu::attention(s.q.data(), T, s.positions.data(), s.k_cache[l].data(), s.v_cache[l].data(), start + T, 0, NH,
                        NKV, HD, 0, s.attn.data());
-        matmul(pool, L.o_proj, s.attn.data(), T, nullptr, s.proj.data());
+        matmul(pool, L.o_proj, s.attn.data(), T, nullptr, s.proj.data(), pmin);
         cpu::add_inplace(s.x.data(), s.proj.data(), size_t(T) * size_t(H));
 
         // MLP block: norm → fused gate/up → SwiGLU → down → residual
         cpu::rms_norm(s.x.data(), T, H, L.post_norm.data(), w.eps, s.x_norm.data());
-        matmul(pool, L.gate_up, s.x_norm.data(), T, nullptr, s.gate_up.data());
+        matmul(pool, L.gate_up, s.x_norm.data(), T, nullptr, s.gate_up.data(), pmin);
         for (int t = 0; t < T; ++t) {
             const float* gate = s.gate_up.data() + size_t(t) * 2 * size_t(I);
             cpu::swiglu(gate, gate + I, size_t(I), s.act.data() + size_t(t) * size_t(I));
         }
-        matmul(pool, L.down_proj, s.act.data(), T, nullptr, s.proj.data());
+        matmul(pool, L.down_proj, s.act.data(), T, nullptr, s.proj.data(), pmin);
         cpu::add_inplace(s.x.data(), s.proj.data(), size_t(T) * size_t(H));
     }
     s.length = start + T;
@@ -250,7 +252,7 @@ void talker_head(const FastLm& lm, FastTalkerState& s, int T) {
     const int H = w.talker.hidden;
     const float* last = s.stack.x.data() + size_t(T - 1) * size_t(H);
     cpu::rms_norm(last, 1, H, w.talker.norm.data(), w.talker.eps, s.hidden.data());
-    matmul(*lm.pool, w.codec_head, s.hidden.data(), 1, nullptr, s.logits.data());
+    matmul(*lm.pool, w.codec_head, s.hidden.data(), 1, nullptr, s.logits.data(), lm.parallel_min);
 }
 }  // namespace
 
@@ -258,13 +260,13 @@ void fast_talker_prefill(const FastLm& lm, FastTalkerState& s, const float* embe
     QTTS_ASSERT(L > 0);
     if (s.hidden.empty()) fast_talker_state_init(*lm.weights, s, L);
     s.stack.length = 0;
-    fast_stack_forward(*lm.pool, lm.weights->talker, s.stack, embeds, L);
+    fast_stack_forward(lm, lm.weights->talker, s.stack, embeds, L);
     talker_head(lm, s, L);
 }
 
 void fast_talker_step(const FastLm& lm, FastTalkerState& s, const float* input) {
     QTTS_ASSERT(s.stack.length > 0);
-    fast_stack_forward(*lm.pool, lm.weights->talker, s.stack, input, 1);
+    fast_stack_forward(lm, lm.weights->talker, s.stack, input, 1);
     talker_head(lm, s, 1);
 }
 
@@ -289,7 +291,7 @@ void predictor_project(const FastLm& lm, const float* x, int rows, float* out) {
         std::copy(x, x + size_t(rows) * size_t(w.talker.hidden), out);
         return;
     }
-    matmul(*lm.pool, w.predictor_proj, x, rows, w.predictor_proj_b.data(), out);
+    matmul(*lm.pool, w.predictor_proj, x, rows, w.predictor_proj_b.data(), out, lm.parallel_min);
 }
 
 void predictor_head(const FastLm& lm, FastPredictorState& s, int T, int head) {
@@ -297,7 +299,8 @@ void predictor_head(const FastLm& lm, FastPredictorState& s, int T, int head) {
     const int Hc = w.predictor.hidden;
     const float* last = s.stack.x.data() + size_t(T - 1) * size_t(Hc);
     cpu::rms_norm(last, 1, Hc, w.predictor.norm.data(), w.predictor.eps, s.hidden.data());
-    matmul(*lm.pool, w.predictor_head[size_t(head)], s.hidden.data(), 1, nullptr, s.logits.data());
+    matmul(*lm.pool, w.predictor_head[size_t(head)], s.hidden.data(), 1, nullptr, s.logits.data(),
+           lm.parallel_min);
 }
 }  // namespace
 
@@ -309,7 +312,7 @@ void fast_predictor_prefill(const FastLm& lm, FastPredictorState& s, const float
     w.codec_vector(0, code0, s.talker_rows.data() + H);
     predictor_project(lm, s.talker_rows.data(), 2, s.input.data());
     s.stack.length = 0;  // fresh cache every frame
-    fast_stack_forward(*lm.pool, w.predictor, s.stack, s.input.data(), 2);
+    fast_stack_forward(lm, w.predictor, s.stack, s.input.data(), 2);
     predictor_head(lm, s, 2, 0);
 }
 
@@ -319,7 +322,7 @@ void fast_predictor_step(const FastLm& lm, FastPredictorState& s, int group, int
     QTTS_ASSERT(s.stack.length == group);
     w.codec_vector(group - 1, previous_code, s.talker_rows.data());
     predictor_project(lm, s.talker_rows.data(), 1, s.input.data());
-    fast_stack_forward(*lm.pool, w.predictor, s.stack, s.input.data(), 1);
+    fast_stack_forward(lm, w.predictor, s.stack, s.input.data(), 1);
     predictor_head(lm, s, 1, group - 1);
 }
 

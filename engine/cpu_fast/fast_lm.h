@@ -85,6 +85,7 @@ private:
 struct FastLm {
     std::shared_ptr<const FastLmWeights> weights;
     std::shared_ptr<ThreadPool> pool;
+    size_t parallel_min = MATMUL_PARALLEL_MIN;  // matmul's threshold (tests set 0 to split tiny models)
 };
 
 // KV caches and activations of one stack; buffers only grow, so a warm step allocates nothing.
@@ -107,7 +108,7 @@ struct FastStackState {
 
 void fast_stack_reserve(const FastStack& w, FastStackState& s, int capacity, int rows);
 // T new positions (input [T, H]) through every layer; the pre-norm output is left in s.x.
-void fast_stack_forward(ThreadPool& pool, const FastStack& w, FastStackState& s, const float* input, int T);
+void fast_stack_forward(const FastLm& lm, const FastStack& w, FastStackState& s, const float* input, int T);
 
 struct FastTalkerState {
     FastStackState stack;

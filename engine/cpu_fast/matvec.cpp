@@ -306,11 +306,13 @@ void matmul_rows(MatvecIsa isa, const PackedMatrix& W, const float* x, int T, si
         rows_product<Int8>(isa, W, x, T, ldx, bias, y, ldy, r0, r1);
 }
 
-void matmul(ThreadPool& pool, const PackedMatrix& W, const float* x, int T, const float* bias, float* y) {
+void matmul(ThreadPool& pool, const PackedMatrix& W, const float* x, int T, const float* bias, float* y,
+            size_t parallel_min) {
     const MatvecIsa isa = matvec_isa_best();
     const int rows = W.rows;
     // Parts start on a multiple of 16 rows: the parts' outputs never share a cache line.
-    const int parts = std::min(pool.size(), std::max(1, rows / 16));
+    const bool big = size_t(rows) * size_t(W.cols) * size_t(T) >= parallel_min;
+    const int parts = big ? std::min(pool.size(), std::max(1, rows / 16)) : 1;
     if (parts == 1) {
         matmul_rows(isa, W, x, T, size_t(W.cols), bias, y, size_t(rows), 0, rows);
         return;

@@ -64,8 +64,14 @@ void matrix_unpack(const PackedMatrix& m, float* W);
 void matmul_rows(MatvecIsa isa, const PackedMatrix& W, const float* x, int T, size_t ldx, const float* bias, float* y,
                  size_t ldy, int r0, int r1);
 
-// The whole product, the rows split across the pool's threads (whole cache lines per part), on the
-// best supported path. y [T, W.rows], x [T, W.cols].
-void matmul(ThreadPool& pool, const PackedMatrix& W, const float* x, int T, const float* bias, float* y);
+// Below this many weights × rows a product runs on the calling thread alone: waking the workers
+// costs more than it saves on small matrices (the tiny models; every matrix of the real ones is
+// above it).
+constexpr size_t MATMUL_PARALLEL_MIN = size_t(1) << 18;
+
+// The whole product, the rows split across the pool's threads (whole cache lines per part) when
+// W.rows · W.cols · T >= parallel_min, on the best supported path. y [T, W.rows], x [T, W.cols].
+void matmul(ThreadPool& pool, const PackedMatrix& W, const float* x, int T, const float* bias, float* y,
+            size_t parallel_min = MATMUL_PARALLEL_MIN);
 
 }  // namespace qtts::cpu_fast

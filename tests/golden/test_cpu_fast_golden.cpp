@@ -57,7 +57,7 @@ void model_run(const std::string& model) {
     REQUIRE(in.good());
     const nlohmann::json all = nlohmann::json::parse(in);
     const auto ckpt = checkpoint_load(qtts_test::reference_model_dir(model));
-    auto pool = std::make_shared<cpu_fast::ThreadPool>(2);
+    auto pool = std::make_shared<cpu_fast::ThreadPool>(1);  // threads are tested in test_cpu_fast_lm
     for (const auto format : {cpu_fast::WeightFormat::WEIGHT_FORMAT_BF16, cpu_fast::WeightFormat::WEIGHT_FORMAT_INT8}) {
         const cpu_fast::FastLm lm{cpu_fast::FastLmWeights::load(ckpt, format), pool};
         const int G = lm.weights->num_code_groups(), V = lm.weights->codec_vocab();

@@ -114,7 +114,10 @@ void backends_compare(const std::string& dir, const char* label) {
     for (const auto format : {cpu_fast::WeightFormat::WEIGHT_FORMAT_BF16, cpu_fast::WeightFormat::WEIGHT_FORMAT_INT8}) {
         for (const int threads : {1, 2}) {
             INFO(label << " " << cpu_fast::weight_format_name(format) << " threads " << threads);
-            cpu_fast::FastLm lm{cpu_fast::FastLmWeights::load(ckpt, format), std::make_shared<cpu_fast::ThreadPool>(threads)};
+            // parallel_min 0: the tiny matrices are split across the threads too (the product default
+            // keeps them on one thread).
+            cpu_fast::FastLm lm{cpu_fast::FastLmWeights::load(ckpt, format), std::make_shared<cpu_fast::ThreadPool>(threads),
+                                /*parallel_min=*/0};
             cpu_fast::FastGenerator gen(lm);
             const Run fast = run_greedy<cpu_fast::FastGenerator, cpu_fast::FastGeneratorHooks>(
                 gen, prompt, params, lm.weights->codec_vocab(), lm.weights->predictor_vocab());

@@ -140,7 +140,7 @@ TEST_CASE("threaded products equal the one-thread product", "[cpu_fast][matvec][
                     const PackedMatrix p = matrix_pack(W.data(), rows, cols, format);
                     std::vector<float> one(size_t(T) * size_t(rows)), many(one.size(), -1.0f);
                     matmul_rows(matvec_isa_best(), p, x.data(), T, cols, nullptr, one.data(), size_t(rows), 0, rows);
-                    matmul(pool, p, x.data(), T, nullptr, many.data());
+                    matmul(pool, p, x.data(), T, nullptr, many.data(), /*parallel_min=*/0);
                     CHECK(max_rel(many.data(), one.data(), one.size()) == 0.0);  // same rows, same arithmetic
                 }
             }
