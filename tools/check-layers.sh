@@ -6,6 +6,8 @@
 #   server       audio_io/server/      HTTP / WebSocket / TCP server
 #   audio        audio_io/             audio files, Opus, playback, jitter buffer
 #   runtime      engine/runtime/       engine, speech model, utterance, voices
+#   cpu_fast     engine/cpu_fast/      the fast CPU backend: packed weights, SIMD products, thread
+#                                      pool; builds on the reference (ops, decoder), never on cuda
 #   backends     engine/cpu/ engine/cuda/   (the two backends never include each other)
 #   generation   engine/generation/    sampling, frame vocabulary, generator/decoder interfaces
 #   text         engine/text/          tokenizer, prompt layout, sentence split
@@ -26,10 +28,11 @@ cd "$root"
 # layer name, rank and group of a path ("" when the path is not product code)
 layer_of() {
     case "$1" in
-        apps/*) echo "apps 10 apps" ;;
-        audio_io/server/*) echo "server 9 server" ;;
-        audio_io/*) echo "audio 8 audio" ;;
-        engine/runtime/*) echo "runtime 7 runtime" ;;
+        apps/*) echo "apps 11 apps" ;;
+        audio_io/server/*) echo "server 10 server" ;;
+        audio_io/*) echo "audio 9 audio" ;;
+        engine/runtime/*) echo "runtime 8 runtime" ;;
+        engine/cpu_fast/*) echo "cpu_fast 7 cpu_fast" ;;
         engine/cpu/*) echo "cpu 6 cpu" ;;
         engine/cuda/*) echo "cuda 6 cuda" ;;
         engine/generation/*) echo "generation 5 generation" ;;
@@ -66,6 +69,9 @@ while IFS= read -r file; do
             violations=$((violations + 1))
         elif [[ "$dst_group" == "$src_group" ]]; then
             :
+        elif [[ "$src_layer" == "cpu_fast" && "$dst_layer" == "cuda" ]]; then
+            echo "$file:$line: cpu_fast includes cuda (\"$target\"); the CPU backends never include the CUDA one"
+            violations=$((violations + 1))
         elif ((dst_rank >= src_rank)); then
             echo "$file:$line: $src_layer includes $dst_layer (\"$target\"), which is not below it"
             violations=$((violations + 1))

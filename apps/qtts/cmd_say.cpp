@@ -90,7 +90,11 @@ void print_usage() {
         "  --codes-out FILE      write {\"codes\": [[c0..c15], ...]}\n"
         "  --sample-format s16|f32\n"
         "  --chunk-frames N      frames per decoded chunk (default 4; first chunk is 1)\n"
-        "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
+        "  --backend auto|cpu|cpu-fast|cuda  talker + code predictor backend (default auto: CUDA when\n"
+        "                        usable, else cpu-fast; cpu is the fp32 reference)\n"
+        "  --cpu-format bf16|int8  cpu-fast weight format (default bf16, exact; int8 is ~2x faster,\n"
+        "                        ~1%% logits error; docs/cpu-fast.md)\n"
+        "  --threads N           cpu-fast threads (default 0: every core)\n"
         "  --device N            CUDA device index (default 0)\n"
         "  --no-cuda-graphs      run the GPU frame steps eagerly (same audio)\n"
         "  --cpu-decoder         CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
@@ -109,7 +113,7 @@ void print_usage() {
 int cmd_say(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
-                         "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "device",
+                         "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "cpu-format", "threads", "device",
                          "audio-device", "voice", "ref-audio", "ref-text"},
                         {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "play", "x-vector-only", "raw-tokens",
                          "no-warm-up"});
@@ -167,6 +171,8 @@ int cmd_say(const std::vector<std::string>& argv) {
     if (options.chunk_frames < 1 || options.chunk_frames > 1000)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--chunk-frames must be 1..1000");
     options.backend.name = args.get_or("backend", "auto");
+    options.backend.cpu_format = args.get_or("cpu-format", "bf16");
+    options.backend.threads = int(args.get_int("threads", 0));
     options.backend.device = int(args.get_int("device", 0));
     if (options.backend.device < 0 || options.backend.device > 64) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--device must be 0..64");
     options.backend.cuda_graphs = !args.has("no-cuda-graphs");

@@ -34,7 +34,10 @@ void print_usage() {
         "  --drain-seconds S      on SIGTERM/SIGINT: refuse new streams, let running ones finish for up to\n"
         "                         S seconds, then cut the rest (default 30; 0 = cut at once)\n"
         "  --io-threads N         network threads (default 2)\n"
-        "  --backend auto|cpu|cuda  talker + code predictor backend (default auto: CUDA when usable)\n"
+        "  --backend auto|cpu|cpu-fast|cuda  talker + code predictor backend (default auto: CUDA when\n"
+        "                         usable, else cpu-fast; cpu is the fp32 reference)\n"
+        "  --cpu-format bf16|int8 cpu-fast weight format (default bf16, exact; int8 ~2x faster)\n"
+        "  --threads N            cpu-fast threads per engine (default 0: every core)\n"
         "  --device N             CUDA device index (default 0)\n"
         "  --devices LIST         one engine per GPU, e.g. 0,1 (same as --engines cuda:0,cuda:1)\n"
         "  --engines LIST         one engine per entry: cpu, cuda:N or N, e.g. cuda:0,cpu or cpu,cpu; each\n"
@@ -65,7 +68,7 @@ std::string model_name_of(const std::string& dir) {
 int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
-                         "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "device", "devices",
+                         "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "cpu-format", "threads", "device", "devices",
                          "engines"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching"});
     if (args.has("help")) {
@@ -93,6 +96,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts::EngineOptions& engine_options = pool_options.engine;
     engine_options.model_dir = args.get_or("model", "");
     engine_options.backend.name = args.get_or("backend", "auto");
+    engine_options.backend.cpu_format = args.get_or("cpu-format", "bf16");
+    engine_options.backend.threads = int_option(args, "threads", 0, 0, 256);
     engine_options.backend.device = int_option(args, "device", 0, 0, 63);
     engine_options.backend.cuda_graphs = !args.has("no-cuda-graphs");
     engine_options.backend.gpu_decoder = !args.has("cpu-decoder");

@@ -150,7 +150,9 @@ constexpr int CHUNK_FRAMES_DEFAULT = 4;
 // generator and decoder pools by const reference). Checked once where it enters
 // (backend_options_validate, engine/runtime/speech_model.h); code below asserts.
 struct BackendOptions {
-    std::string name = "auto";   // cpu, cuda, auto (CUDA when usable, else CPU with a logged reason)
+    // cpu (the fp32 reference), cpu-fast (packed weights), cuda, auto (CUDA when usable, else
+    // cpu-fast with a logged reason)
+    std::string name = "auto";
     int device = 0;              // CUDA device index
     bool cuda_graphs = true;     // false: eager GPU execution, same codes
     bool gpu_decoder = true;     // CUDA: false = the CPU speech decoder (same audio to ~1e-6)
@@ -166,6 +168,12 @@ struct BackendOptions {
     // CPU backend: convert the LM weights to fp32 at load (true) or when first needed (false:
     // tools that only use the tokenizer or the cloning encoders, e.g. `qtts voice`).
     bool lm_eager = true;
+    // cpu-fast: the weight format of the talker and code predictor, "bf16" (exact for bf16
+    // checkpoints: the reference's codes) or "int8" (per-row scales, half the bytes, ~1% logits
+    // error). docs/cpu-fast.md has the quality and speed of each and why bf16 is the default.
+    std::string cpu_format = "bf16";
+    // cpu-fast: threads of the matrix products (the engine thread is one of them); 0 = every core.
+    int threads = 0;
     int states = 1;              // CUDA: per-stream generator states made at load (the engine: max_streams)
     int max_context = 4096;      // CUDA: talker positions (prompt + frames) per utterance
     int prefill_chunk = 0;       // CUDA: prompt rows per prefill pass, 1..1024; 0 = the LM's own (benchmarks)

@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kDeviceMax = 63;  // CUDA device indices accepted in a target
 
-const char* const kTargetsAccepted = "accepted: cpu, cuda:N or a CUDA device index N (N in 0..63), comma-separated";
+const char* const kTargetsAccepted = "accepted: cpu, cpu-fast, cuda:N or a CUDA device index N (N in 0..63), comma-separated";
 
 // Parses a device index: digits only, 0..kDeviceMax.
 int device_parse(const std::string& text, const std::string& entry) {
@@ -32,8 +32,10 @@ int device_parse(const std::string& text, const std::string& entry) {
     return device;
 }
 
+bool is_cpu(const std::string& backend) { return backend == "cpu" || backend == "cpu-fast"; }
+
 std::string target_text(const EngineTarget& t) {
-    if (t.backend == "cpu") return "cpu";
+    if (is_cpu(t.backend)) return t.backend;
     return t.backend + ":" + std::to_string(t.device);
 }
 
@@ -41,13 +43,13 @@ std::string target_text(const EngineTarget& t) {
 // "auto" becomes one or the other once loaded (label_loaded).
 std::string label_planned(const EngineTarget& t, size_t index) {
     if (t.backend == "cuda") return "cuda:" + std::to_string(t.device);
-    if (t.backend == "cpu") return "cpu#" + std::to_string(index);
+    if (is_cpu(t.backend)) return t.backend + "#" + std::to_string(index);
     return "auto#" + std::to_string(index);
 }
 
 std::string label_loaded(const Engine& engine, size_t index) {
     const std::string backend = engine.backend_name();
-    return backend == "cpu" ? "cpu#" + std::to_string(index) : backend;
+    return is_cpu(backend) ? backend + "#" + std::to_string(index) : backend;
 }
 
 }  // namespace
@@ -65,8 +67,8 @@ std::vector<EngineTarget> engine_targets_parse(const std::string& list) {
                  targets.size() + 1);
         const std::string name = ascii_lower(entry);
         EngineTarget t;
-        if (name == "cpu") {
-            t.backend = "cpu";
+        if (is_cpu(name)) {
+            t.backend = name;
         } else if (name.rfind("cuda:", 0) == 0) {
             t.backend = "cuda";
             t.device = device_parse(name.substr(5), entry);
@@ -93,15 +95,16 @@ void engine_targets_validate(const std::vector<EngineTarget>& targets) {
              ENGINE_POOL_MAX_ENGINES);
     for (size_t i = 0; i < targets.size(); ++i) {
         const EngineTarget& t = targets[i];
-        if (t.backend != "cpu" && t.backend != "cuda" && t.backend != "auto")
-            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "engine {}: unknown backend '{}' (cpu, cuda or auto)", i + 1, t.backend);
+        if (!is_cpu(t.backend) && t.backend != "cuda" && t.backend != "auto")
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "engine {}: unknown backend '{}' (cpu, cpu-fast, cuda or auto)", i + 1,
+                 t.backend);
         if (t.device < 0 || t.device > kDeviceMax)
             fail(ErrorCode::ERROR_INVALID_ARGUMENT, "engine {}: device index {} is out of range 0..{}", i + 1, t.device, kDeviceMax);
-        if (t.backend == "cpu") continue;
+        if (is_cpu(t.backend)) continue;
         // One engine per GPU: two would split its memory and its time, and each already batches.
         // ("auto" may become cuda:N, so it counts as that GPU.)
         for (size_t j = 0; j < i; ++j)
-            if (targets[j].backend != "cpu" && targets[j].device == t.device)
+            if (!is_cpu(targets[j].backend) && targets[j].device == t.device)
                 fail(ErrorCode::ERROR_INVALID_ARGUMENT, "CUDA device {} is listed twice ({} and {}); one engine per GPU",
                      t.device, target_text(targets[j]), target_text(t));
     }

@@ -7,16 +7,26 @@
 namespace qtts {
 
 const char* lm_backend_name(LmBackend backend) {
-    return backend == LmBackend::LM_BACKEND_CUDA ? "cuda" : "cpu";
+    switch (backend) {
+        case LmBackend::LM_BACKEND_CPU: return "cpu";
+        case LmBackend::LM_BACKEND_CPU_FAST: return "cpu-fast";
+        case LmBackend::LM_BACKEND_CUDA: return "cuda";
+    }
+    return "?";
 }
 
 LmBackendChoice lm_backend_choose(const std::string& requested, int device) {
-    if (requested != "auto" && requested != "cpu" && requested != "cuda")
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown backend '{}': use auto, cpu or cuda", requested);
+    if (requested != "auto" && requested != "cpu" && requested != "cpu-fast" && requested != "cuda")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown backend '{}': use auto, cpu, cpu-fast or cuda", requested);
     LmBackendChoice choice;
     choice.device = device;
     if (requested == "cpu") {
-        choice.reason = "CPU backend requested";
+        choice.reason = "fp32 CPU reference requested";
+        return choice;
+    }
+    if (requested == "cpu-fast") {
+        choice.backend = LmBackend::LM_BACKEND_CPU_FAST;
+        choice.reason = "fast CPU backend requested";
         return choice;
     }
     const int count = cuda_device_count();
@@ -29,8 +39,9 @@ LmBackendChoice lm_backend_choose(const std::string& requested, int device) {
     const std::string why = cuda_describe(device);
     if (requested == "cuda")
         fail(ErrorCode::ERROR_UNSUPPORTED, "the CUDA backend was requested but cannot run on device {}: {}", device, why);
-    choice.reason =
-        "no usable GPU for CUDA device " + std::to_string(device) + " (" + why + "); falling back to the CPU backend";
+    choice.backend = LmBackend::LM_BACKEND_CPU_FAST;
+    choice.reason = "no usable GPU for CUDA device " + std::to_string(device) + " (" + why +
+                    "); falling back to the fast CPU backend";
     // No GPU at all is a normal machine for the CPU backend: say why at info level. A GPU that is
     // present but not at the index asked for is probably a mistake: warn.
     if (count > 0) QTTS_LOG_WARN("{}", choice.reason);

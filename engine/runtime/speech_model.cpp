@@ -1,5 +1,6 @@
 #include "engine/runtime/speech_model.h"
 #include "engine/cpu/cpu_chunk_generator.h"
+#include "engine/cpu_fast/fast_chunk_generator.h"
 #include "engine/runtime/utterance.h"
 
 #include <algorithm>
@@ -91,6 +92,10 @@ void backend_options_validate(const BackendOptions& options) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_context must be >= 1 position (got {})", options.max_context);
     if (options.prefill_chunk < 0 || options.prefill_chunk > 1024)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "prefill_chunk must be 1..1024 rows, or 0 (got {})", options.prefill_chunk);
+    if (options.cpu_format != "bf16" && options.cpu_format != "int8")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unknown CPU weight format '{}': use bf16 or int8", options.cpu_format);
+    if (options.threads < 0 || options.threads > 256)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "threads must be 0 (every core) or 1..256 (got {})", options.threads);
     if (options.chunk_sizes.empty())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk_sizes must name at least one chunk size");
     for (const int n : options.chunk_sizes)
@@ -136,11 +141,13 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
 #endif
+    } else if (choice.backend == LmBackend::LM_BACKEND_CPU_FAST) {
+        model->fast_lm();  // pack now, not in the first request
     } else if (opts.lm_eager) {
         model->lm_shared();  // convert now, not in the first request
     }
     // (An automatic fallback to the CPU was already logged, with its reason, by lm_backend_choose.)
-    if (!(opts.name == "auto" && choice.backend == LmBackend::LM_BACKEND_CPU))
+    if (!(opts.name == "auto" && choice.backend != LmBackend::LM_BACKEND_CUDA))
         QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
     model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, cpu::CpuSpeechDecoderOptions{});
     if (choice.backend == LmBackend::LM_BACKEND_CUDA && opts.warm_up) gpu_warm_up(model);
@@ -150,6 +157,21 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
 std::shared_ptr<const cpu::LmWeights> SpeechModel::lm_shared() const {
     std::call_once(lm_once_, [this] { lm_ = cpu::LmWeights::load(checkpoint_); });
     return lm_;
+}
+
+const cpu_fast::FastLm& SpeechModel::fast_lm() const {
+    std::call_once(fast_once_, [this] {
+        const auto t0 = std::chrono::steady_clock::now();
+        fast_.weights = cpu_fast::FastLmWeights::load(checkpoint_, cpu_fast::weight_format_parse(options_.cpu_format));
+        fast_.pool = std::make_shared<cpu_fast::ThreadPool>(options_.threads);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        QTTS_LOG_INFO("cpu-fast: {} weights, {:.0f} MB packed, {:.0f} MB read per frame, {} thread(s), {} kernels, "
+                      "packed in {:.0f} ms",
+                      cpu_fast::weight_format_name(fast_.weights->format()), double(fast_.weights->packed_bytes()) / 1e6,
+                      double(fast_.weights->frame_bytes()) / 1e6, fast_.pool->size(),
+                      cpu_fast::matvec_isa_name(cpu_fast::matvec_isa_best()), ms);
+    });
+    return fast_;
 }
 
 const cpu::SpeakerEncoder& SpeechModel::speaker_encoder() const {
@@ -174,7 +196,7 @@ const cpu::SpeechEncoder& SpeechModel::speech_encoder() const {
 
 std::string SpeechModel::backend_name() const {
     if (backend_.backend == LmBackend::LM_BACKEND_CUDA) return "cuda:" + std::to_string(backend_.device);
-    return "cpu";
+    return lm_backend_name(backend_.backend);
 }
 
 bool SpeechModel::backend_recover() const {
@@ -203,6 +225,7 @@ std::unique_ptr<ChunkGenerator> SpeechModel::generator_new() const {
         return gpu_->acquire(std::move(decoder));
     }
 #endif
+    if (backend_.backend == LmBackend::LM_BACKEND_CPU_FAST) return std::make_unique<FastChunkGenerator>(fast_lm(), *decoder_);
     return std::make_unique<CpuChunkGenerator>(lm_shared(), *decoder_);
 }
 

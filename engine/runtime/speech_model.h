@@ -28,6 +28,7 @@
 #include "engine/cpu/speaker_encoder.h"
 #include "engine/cpu/speech_decoder.h"
 #include "engine/cpu/speech_encoder.h"
+#include "engine/cpu_fast/fast_lm.h"
 #include "engine/model/weights.h"
 #include "engine/api/qtts.h"
 #include "engine/generation/chunk_generator.h"
@@ -72,6 +73,9 @@ public:
     // only converted when first asked for (tools, tests), since generation does not need them.
     const cpu::LmWeights& lm() const { return *lm_shared(); }
     std::shared_ptr<const cpu::LmWeights> lm_shared() const;
+    // The fast CPU backend's packed weights and thread pool (BackendOptions::cpu_format, threads).
+    // Packed at load on the cpu-fast backend; elsewhere on first use (benchmarks, tests).
+    const cpu_fast::FastLm& fast_lm() const;
     const cpu::CpuSpeechDecoder& decoder() const { return *decoder_; }
     // Base models: the cloning encoders, built on first use (weights converted once) and shared by
     // every request after that (their embed/encode calls are const and thread-safe). Throw
@@ -140,6 +144,8 @@ private:
     BackendOptions options_;  // as loaded (validated)
     mutable std::once_flag lm_once_;
     mutable std::shared_ptr<const cpu::LmWeights> lm_;  // set once under lm_once_
+    mutable std::once_flag fast_once_;
+    mutable cpu_fast::FastLm fast_;  // set once under fast_once_
     std::shared_ptr<cuda::GpuGeneratorPool> gpu_;       // CUDA backend only
     std::shared_ptr<cuda::GpuDecoderPool> gpu_decoder_;  // CUDA backend with options.gpu_decoder
     std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;     // both backends (tools, gpu_decoder = false)

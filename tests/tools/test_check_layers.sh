@@ -11,7 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 make_tree() {
     rm -rf "$tmp/tree" && mkdir -p "$tmp/tree" && cd "$tmp/tree" && git init -q .
-    mkdir -p engine/api engine/text engine/runtime engine/cpu engine/cuda kernels apps/x
+    mkdir -p engine/api engine/text engine/runtime engine/cpu engine/cpu_fast engine/cuda kernels apps/x
     echo '#pragma once' >engine/api/qtts.h
     printf '#pragma once\n#include "engine/api/qtts.h"\n' >engine/text/tokenizer.h
     printf '#pragma once\n#include "engine/text/tokenizer.h"\n' >engine/runtime/engine.h
@@ -19,6 +19,8 @@ make_tree() {
     echo '#pragma once' >engine/cpu/ops.h
     echo '#pragma once' >kernels/gemv.cuh
     printf '#include "kernels/gemv.cuh"\n' >engine/cuda/gpu.cpp
+    printf '#include "engine/cpu/ops.h"\n' >engine/cpu_fast/matvec.cpp
+    printf '#include "engine/cpu_fast/matvec.cpp"\n' >>engine/runtime/engine.h
 }
 
 expect() {  # expect STATUS PATTERN: runs the check on $tmp/tree
@@ -42,6 +44,19 @@ expect 1 'engine/text/tokenizer.h:3: text includes runtime'
 make_tree
 printf '#include "engine/cpu/ops.h"\n' >>engine/cuda/gpu.cpp
 expect 1 'engine/cuda/gpu.cpp:2: cuda includes cpu'
+
+# The fast CPU backend builds on the reference, never the other way round, and never on CUDA.
+make_tree
+printf '#include "engine/cpu_fast/matvec.cpp"\n' >>engine/cpu/ops.h
+expect 1 'engine/cpu/ops.h:2: cpu includes cpu_fast'
+
+make_tree
+printf '#include "engine/cuda/gpu.cpp"\n' >>engine/cpu_fast/matvec.cpp
+expect 1 'engine/cpu_fast/matvec.cpp:2: cpu_fast includes cuda'
+
+make_tree
+printf '#include "engine/cpu_fast/matvec.cpp"\n' >>engine/cuda/gpu.cpp
+expect 1 'engine/cuda/gpu.cpp:2: cuda includes cpu_fast'
 
 make_tree
 printf '#include "tokenizer.h"\n' >engine/text/split.cpp

@@ -206,7 +206,29 @@ TEST_CASE("a plain say warns about nothing; without a GPU it says at info level 
     CHECK_THAT(r.err, !Catch::Contains("insufficient"));
     if (qtts::cuda_device_count() == 0) {
         CHECK_THAT(r.err, Catch::Contains("[info] no usable GPU"));
-        CHECK_THAT(r.err, Catch::Contains("falling back to the CPU backend"));
+        CHECK_THAT(r.err, Catch::Contains("falling back to the fast CPU backend"));
+    }
+}
+
+TEST_CASE("qtts say: cpu-fast runs in either format; a bad backend, format or thread count is a clear error",
+          "[cli][cpu_fast]") {
+    for (const char* format : {"bf16", "int8"}) {
+        const Run r = qtts_run(std::string("say \"Hi.\" --max-frames 2 --backend cpu-fast --threads 2 --cpu-format ") +
+                               format + " -o " + temp_path("fast.wav"));
+        INFO(r.err);
+        CHECK(r.exit_code == 0);
+        CHECK_THAT(r.err, Catch::Contains(std::string("cpu-fast: ") + format + " weights"));
+    }
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--backend cpu-turbo", "use auto, cpu, cpu-fast or cuda"},
+        {"--backend cpu-fast --cpu-format fp4", "use bf16 or int8"},
+        {"--backend cpu-fast --threads -2", "threads must be"},
+    };
+    for (const auto& [flags, message] : cases) {
+        const Run r = qtts_run("say \"Hi.\" --max-frames 2 " + flags + " -o " + temp_path("bad.wav"));
+        INFO(flags << ": " << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK_THAT(r.err, Catch::Contains(message));
     }
 }
 

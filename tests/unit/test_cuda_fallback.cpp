@@ -1,4 +1,4 @@
-// The no-GPU path: backend selection falls back to the CPU with a clear reason, the CUDA engine
+// The no-GPU path: backend selection falls back to the fast CPU backend with a clear reason, the CUDA engine
 // refuses cleanly, and the owner guard (host-only logic) enforces single ownership. Runs in CI
 // without a GPU; on a GPU machine the selection checks flip to the CUDA side.
 #include <catch2/catch.hpp>
@@ -23,8 +23,8 @@ TEST_CASE("backend selection without a usable GPU falls back to the CPU", "[cuda
     if (have_gpu) {
         CHECK(automatic.backend == qtts::LmBackend::LM_BACKEND_CUDA);
     } else {
-        CHECK(automatic.backend == qtts::LmBackend::LM_BACKEND_CPU);
-        CHECK(automatic.reason.find("falling back to the CPU") != std::string::npos);
+        CHECK(automatic.backend == qtts::LmBackend::LM_BACKEND_CPU_FAST);
+        CHECK(automatic.reason.find("falling back to the fast CPU backend") != std::string::npos);
         try {
             qtts::lm_backend_choose("cuda", 0);
             FAIL("requesting cuda without a GPU must throw");
@@ -38,7 +38,7 @@ TEST_CASE("backend selection without a usable GPU falls back to the CPU", "[cuda
     CHECK_THROWS_AS(qtts::lm_backend_choose("tpu", 0), qtts::Error);
     // A device index that cannot exist never selects CUDA.
     const qtts::LmBackendChoice far = qtts::lm_backend_choose("auto", 4096);
-    CHECK(far.backend == qtts::LmBackend::LM_BACKEND_CPU);
+    CHECK(far.backend == qtts::LmBackend::LM_BACKEND_CPU_FAST);
     CHECK(far.reason.find("4096") != std::string::npos);
 }
 

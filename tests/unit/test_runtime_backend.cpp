@@ -1,5 +1,5 @@
 // The runtime's backend choice without a GPU (CI): `cuda` is refused with a clear error before
-// anything is loaded, `auto` falls back to the CPU, unknown names are rejected, the CPU path
+// anything is loaded, `auto` falls back to the fast CPU backend (cpu-fast), unknown names are rejected, the CPU path
 // through the ChunkGenerator interface gives exactly cpu::Generator's codes, and a chunk is
 // exactly the frames asked for (with their audio) except at a stop. On a GPU machine the
 // selection checks flip to the CUDA side (the GPU side is covered by tests/gpu/test_gpu_runtime).
@@ -62,11 +62,11 @@ TEST_CASE("backend cuda without a GPU fails with a clear error; auto falls back 
         CHECK_THROWS_AS(Engine(engine_cuda), Error);
 
         auto model = SpeechModel::load(dir, automatic);
-        CHECK(model->backend() == LmBackend::LM_BACKEND_CPU);
-        CHECK(model->backend_name() == "cpu");
+        CHECK(model->backend() == LmBackend::LM_BACKEND_CPU_FAST);
+        CHECK(model->backend_name() == "cpu-fast");
         CHECK(model->gpu_states_created() == 0);
         Engine engine(EngineOptions{});
-        CHECK(engine.backend_name() == "cpu");
+        CHECK(engine.backend_name() == "cpu-fast");
     } else {
         auto model = SpeechModel::load(dir, automatic);
         CHECK(model->backend() == LmBackend::LM_BACKEND_CUDA);
@@ -84,12 +84,12 @@ TEST_CASE("backend cuda without a GPU fails with a clear error; auto falls back 
         FAIL("an unknown backend must throw");
     } catch (const Error& e) {
         CHECK(e.code() == ErrorCode::ERROR_INVALID_ARGUMENT);
-        CHECK(std::string(e.what()).find("auto, cpu or cuda") != std::string::npos);
+        CHECK(std::string(e.what()).find("auto, cpu, cpu-fast or cuda") != std::string::npos);
     }
-    // A device that cannot exist: auto still works (CPU), cuda is refused.
+    // A device that cannot exist: auto still works (cpu-fast), cuda is refused.
     BackendOptions far = automatic;
     far.device = 4096;
-    CHECK(SpeechModel::load(dir, far)->backend_name() == "cpu");
+    CHECK(SpeechModel::load(dir, far)->backend_name() == "cpu-fast");
     far.name = "cuda";
     CHECK_THROWS_AS(SpeechModel::load(dir, far), Error);
 }

@@ -1,0 +1,329 @@
+#include "engine/cpu_fast/fast_lm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/common/error.h"
+#include "engine/cpu/ops.h"
+
+namespace qtts::cpu_fast {
+
+namespace {
+
+// Stacks checkpoint matrices [rows_i, cols] (same cols) into one packed [Σ rows_i, cols].
+PackedMatrix pack_stacked(std::initializer_list<Tensor> parts, WeightFormat format) {
+    int rows = 0;
+    const int cols = int(parts.begin()[0]->shape.at(1));
+    for (const Tensor t : parts) {
+        QTTS_ASSERT(t->shape.size() == 2 && int(t->shape[1]) == cols);
+        rows += int(t->shape[0]);
+    }
+    std::vector<float> all(size_t(rows) * size_t(cols));
+    size_t at = 0;
+    for (const Tensor t : parts) {
+        tensor_to_f32(*t, all.data() + at);
+        at += size_t(t->numel());
+    }
+    return matrix_pack(all.data(), rows, cols, format);
+}
+
+PackedMatrix pack(Tensor t, WeightFormat format) { return pack_stacked({t}, format); }
+
+FastLayer layer_pack(const TransformerLayerWeights& l, WeightFormat format) {
+    FastLayer out;
+    out.input_norm = tensor_to_f32(*l.input_norm);
+    out.q_norm = tensor_to_f32(*l.q_norm);
+    out.k_norm = tensor_to_f32(*l.k_norm);
+    out.post_norm = tensor_to_f32(*l.post_norm);
+    out.qkv = pack_stacked({l.q_proj, l.k_proj, l.v_proj}, format);
+    out.o_proj = pack(l.o_proj, format);
+    out.gate_up = pack_stacked({l.gate_proj, l.up_proj}, format);
+    out.down_proj = pack(l.down_proj, format);
+    return out;
+}
+
+FastStack stack_pack(const TransformerConfig& c, const std::vector<TransformerLayerWeights>& layers, Tensor norm,
+                     WeightFormat format) {
+    FastStack s;
+    static_cast<StackShape&>(s) = stack_shape(c);
+    s.rope_inv_freq = rope_inv_freq(s.head_dim, s.rope_theta);
+    for (const auto& l : layers) s.layers.push_back(layer_pack(l, format));
+    s.norm = tensor_to_f32(*norm);
+    return s;
+}
+
+void cache_grow(std::vector<float>& cache, int keep, int capacity, int width) {
+    std::vector<float> bigger(size_t(capacity) * size_t(width));
+    std::copy(cache.begin(), cache.begin() + long(size_t(keep) * size_t(width)), bigger.begin());
+    cache.swap(bigger);
+}
+
+}  // namespace
+
+size_t FastStack::bytes() const {
+    size_t n = 0;
+    for (const FastLayer& l : layers) n += l.qkv.bytes() + l.o_proj.bytes() + l.gate_up.bytes() + l.down_proj.bytes();
+    return n;
+}
+
+std::shared_ptr<const FastLmWeights> FastLmWeights::load(std::shared_ptr<const Checkpoint> checkpoint,
+                                                         WeightFormat format) {
+    QTTS_ASSERT(checkpoint);
+    auto w = std::make_shared<FastLmWeights>();
+    const TalkerConfig& tc = checkpoint->config.talker;
+    const TalkerWeights& tw = checkpoint->talker;
+    const CodePredictorWeights& pw = checkpoint->code_predictor;
+
+    w->checkpoint_ = checkpoint;
+    w->format_ = format;
+    w->num_code_groups_ = tc.num_code_groups;
+    w->codec_vocab_ = tc.vocab_size;
+    w->predictor_vocab_ = tc.code_predictor.vocab_size;
+    w->text_hidden_ = tc.text_hidden_size;
+    w->text_vocab_ = tc.text_vocab_size;
+
+    w->talker = stack_pack(tc, tw.layers, tw.norm, format);
+    w->codec_embedding = tensor_to_f32(*tw.codec_embedding);
+    w->codec_head = pack(tw.codec_head, format);
+    w->text_fc1_w = tensor_to_f32(*tw.text_fc1_w);
+    w->text_fc1_b = tensor_to_f32(*tw.text_fc1_b);
+    w->text_fc2_w = tensor_to_f32(*tw.text_fc2_w);
+    w->text_fc2_b = tensor_to_f32(*tw.text_fc2_b);
+    w->text_embedding = tw.text_embedding;
+
+    w->predictor = stack_pack(tc.code_predictor, pw.layers, pw.norm, format);
+    for (const Tensor t : pw.codec_embedding) w->predictor_codec_embedding.push_back(tensor_to_f32(*t));
+    for (const Tensor t : pw.lm_head) w->predictor_head.push_back(pack(t, format));
+    if (pw.proj_w) {
+        w->predictor_proj = pack(pw.proj_w, format);
+        w->predictor_proj_b = tensor_to_f32(*pw.proj_b);
+    } else if (w->predictor.hidden != w->talker.hidden) {
+        fail(ErrorCode::ERROR_FORMAT,
+             "checkpoint: code predictor width {} differs from the talker width {} but small_to_mtp_projection is "
+             "missing",
+             w->predictor.hidden, w->talker.hidden);
+    }
+    if (w->num_code_groups_ < 2 || int(w->predictor_head.size()) != w->num_code_groups_ - 1 ||
+        int(w->predictor_codec_embedding.size()) != w->num_code_groups_ - 1)
+        fail(ErrorCode::ERROR_FORMAT, "checkpoint: {} code groups but {} predictor heads and {} embeddings",
+             w->num_code_groups_, w->predictor_head.size(), w->predictor_codec_embedding.size());
+    return w;
+}
+
+size_t FastLmWeights::frame_bytes() const {
+    const size_t groups = size_t(num_code_groups_);
+    size_t n = talker.bytes() + codec_head.bytes();
+    n += (groups - 1) * predictor.bytes();  // the 2-row prefill reads the stack once, then G-2 steps
+    for (const PackedMatrix& h : predictor_head) n += h.bytes();
+    if (!predictor_proj.empty()) n += (groups - 1) * predictor_proj.bytes();
+    return n;
+}
+
+size_t FastLmWeights::packed_bytes() const {
+    size_t n = talker.bytes() + codec_head.bytes() + predictor.bytes() + predictor_proj.bytes();
+    for (const PackedMatrix& h : predictor_head) n += h.bytes();
+    return n;
+}
+
+void FastLmWeights::text_vector(int32_t id, float* out) const {
+    if (id < 0 || id >= text_vocab_)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text id {} is outside the text vocabulary [0, {})", id, text_vocab_);
+    const int Ht = text_hidden_;
+    std::vector<float> row(static_cast<size_t>(Ht)), mid(static_cast<size_t>(Ht));
+    tensor_rows_to_f32(*text_embedding, id, 1, row.data());
+    cpu::linear(row.data(), 1, Ht, text_fc1_w.data(), text_fc1_b.data(), Ht, mid.data());
+    for (float& v : mid) v = cpu::silu(v);
+    cpu::linear(mid.data(), 1, Ht, text_fc2_w.data(), text_fc2_b.data(), talker.hidden, out);
+}
+
+void FastLmWeights::codec_vector(int codebook, int32_t id, float* out) const {
+    const size_t H = size_t(talker.hidden);
+    if (codebook == 0) {
+        if (id < 0 || id >= codec_vocab_)
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codec id {} is outside [0, {})", id, codec_vocab_);
+        std::memcpy(out, codec_embedding.data() + size_t(id) * H, H * sizeof(float));
+        return;
+    }
+    if (codebook < 0 || codebook >= num_code_groups_)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codebook {} is outside [0, {})", codebook, num_code_groups_);
+    if (id < 0 || id >= predictor_vocab_)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "code {} of codebook {} is outside [0, {})", id, codebook,
+             predictor_vocab_);
+    std::memcpy(out, predictor_codec_embedding[size_t(codebook - 1)].data() + size_t(id) * H, H * sizeof(float));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoder stack
+// ---------------------------------------------------------------------------------------------
+
+void fast_stack_reserve(const FastStack& w, FastStackState& s, int capacity, int rows) {
+    const int q_width = w.n_heads * w.head_dim, kv_width = w.n_kv * w.head_dim;
+    if (s.k_cache.size() != w.layers.size()) {
+        s.k_cache.assign(w.layers.size(), {});
+        s.v_cache.assign(w.layers.size(), {});
+        s.capacity = 0;
+        s.length = 0;
+    }
+    if (capacity > s.capacity) {
+        for (size_t l = 0; l < w.layers.size(); ++l) {
+            cache_grow(s.k_cache[l], s.length, capacity, kv_width);
+            cache_grow(s.v_cache[l], s.length, capacity, kv_width);
+        }
+        s.capacity = capacity;
+    }
+    if (rows > s.rows) {
+        const size_t r = size_t(rows);
+        s.x.resize(r * size_t(w.hidden));
+        s.x_norm.resize(r * size_t(w.hidden));
+        s.qkv.resize(r * size_t(q_width + 2 * kv_width));
+        s.q.resize(r * size_t(q_width));
+        s.attn.resize(r * size_t(q_width));
+        s.proj.resize(r * size_t(w.hidden));
+        s.gate_up.resize(r * 2 * size_t(w.intermediate));
+        s.act.resize(r * size_t(w.intermediate));
+        s.positions.resize(r);
+        s.rows = rows;
+    }
+}
+
+void fast_stack_forward(const FastLm& lm, const FastStack& w, FastStackState& s, const float* input, int T) {
+    ThreadPool& pool = *lm.pool;
+    const size_t pmin = lm.parallel_min;
+    const int H = w.hidden, I = w.intermediate, HD = w.head_dim;
+    const int NH = w.n_heads, NKV = w.n_kv;
+    const int q_width = NH * HD, kv_width = NKV * HD, qkv_width = q_width + 2 * kv_width;
+    if (s.length + T > s.capacity) fast_stack_reserve(w, s, std::max(2 * s.capacity, s.length + T), T);
+    if (T > s.rows) fast_stack_reserve(w, s, s.capacity, T);
+
+    const int start = s.length;
+    for (int t = 0; t < T; ++t) s.positions[size_t(t)] = start + t;
+    std::copy(input, input + size_t(T) * size_t(H), s.x.begin());
+
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        const FastLayer& L = w.layers[l];
+        float* k_new = s.k_cache[l].data() + size_t(start) * size_t(kv_width);  // [T, kv_width]
+        float* v_new = s.v_cache[l].data() + size_t(start) * size_t(kv_width);
+
+        // attention block: norm → fused q/k/v → split → q/k norm → RoPE → attention → o_proj → residual
+        cpu::rms_norm(s.x.data(), T, H, L.input_norm.data(), w.eps, s.x_norm.data());
+        matmul(pool, L.qkv, s.x_norm.data(), T, nullptr, s.qkv.data(), pmin);
+        for (int t = 0; t < T; ++t) {
+            const float* row = s.qkv.data() + size_t(t) * size_t(qkv_width);
+            std::copy(row, row + q_width, s.q.data() + size_t(t) * size_t(q_width));
+            std::copy(row + q_width, row + q_width + kv_width, k_new + size_t(t) * size_t(kv_width));
+            std::copy(row + q_width + kv_width, row + qkv_width, v_new + size_t(t) * size_t(kv_width));
+        }
+        cpu::rms_norm(s.q.data(), T * NH, HD, L.q_norm.data(), w.eps, s.q.data());
+        cpu::rms_norm(k_new, T * NKV, HD, L.k_norm.data(), w.eps, k_new);
+        cpu::rope_apply_table(s.q.data(), T, NH, HD, s.positions.data(), w.rope_inv_freq.data());
+        cpu::rope_apply_table(k_new, T, NKV, HD, s.positions.data(), w.rope_inv_freq.data());
+        cpu::attention(s.q.data(), T, s.positions.data(), s.k_cache[l].data(), s.v_cache[l].data(), start + T, 0, NH,
+                       NKV, HD, 0, s.attn.data());
+        matmul(pool, L.o_proj, s.attn.data(), T, nullptr, s.proj.data(), pmin);
+        cpu::add_inplace(s.x.data(), s.proj.data(), size_t(T) * size_t(H));
+
+        // MLP block: norm → fused gate/up → SwiGLU → down → residual
+        cpu::rms_norm(s.x.data(), T, H, L.post_norm.data(), w.eps, s.x_norm.data());
+        matmul(pool, L.gate_up, s.x_norm.data(), T, nullptr, s.gate_up.data(), pmin);
+        for (int t = 0; t < T; ++t) {
+            const float* gate = s.gate_up.data() + size_t(t) * 2 * size_t(I);
+            cpu::swiglu(gate, gate + I, size_t(I), s.act.data() + size_t(t) * size_t(I));
+        }
+        matmul(pool, L.down_proj, s.act.data(), T, nullptr, s.proj.data(), pmin);
+        cpu::add_inplace(s.x.data(), s.proj.data(), size_t(T) * size_t(H));
+    }
+    s.length = start + T;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Talker
+// ---------------------------------------------------------------------------------------------
+
+void fast_talker_state_init(const FastLmWeights& w, FastTalkerState& s, int capacity) {
+    s.stack.length = 0;
+    fast_stack_reserve(w.talker, s.stack, std::max(capacity, 1), 1);
+    s.hidden.resize(size_t(w.talker.hidden));
+    s.logits.resize(size_t(w.codec_vocab()));
+}
+
+namespace {
+void talker_head(const FastLm& lm, FastTalkerState& s, int T) {
+    const FastLmWeights& w = *lm.weights;
+    const int H = w.talker.hidden;
+    const float* last = s.stack.x.data() + size_t(T - 1) * size_t(H);
+    cpu::rms_norm(last, 1, H, w.talker.norm.data(), w.talker.eps, s.hidden.data());
+    matmul(*lm.pool, w.codec_head, s.hidden.data(), 1, nullptr, s.logits.data(), lm.parallel_min);
+}
+}  // namespace
+
+void fast_talker_prefill(const FastLm& lm, FastTalkerState& s, const float* embeds, int L) {
+    QTTS_ASSERT(L > 0);
+    if (s.hidden.empty()) fast_talker_state_init(*lm.weights, s, L);
+    s.stack.length = 0;
+    fast_stack_forward(lm, lm.weights->talker, s.stack, embeds, L);
+    talker_head(lm, s, L);
+}
+
+void fast_talker_step(const FastLm& lm, FastTalkerState& s, const float* input) {
+    QTTS_ASSERT(s.stack.length > 0);
+    fast_stack_forward(lm, lm.weights->talker, s.stack, input, 1);
+    talker_head(lm, s, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Code predictor
+// ---------------------------------------------------------------------------------------------
+
+void fast_predictor_state_init(const FastLmWeights& w, FastPredictorState& s) {
+    fast_stack_reserve(w.predictor, s.stack, w.num_code_groups(), 2);
+    s.stack.length = 0;
+    s.talker_rows.resize(2 * size_t(w.talker.hidden));
+    s.input.resize(2 * size_t(w.predictor.hidden));
+    s.hidden.resize(size_t(w.predictor.hidden));
+    s.logits.resize(size_t(w.predictor_vocab()));
+}
+
+namespace {
+// P(x): small_to_mtp_projection when present, identity otherwise. rows x [H] → [rows, Hc].
+void predictor_project(const FastLm& lm, const float* x, int rows, float* out) {
+    const FastLmWeights& w = *lm.weights;
+    if (w.predictor_proj.empty()) {
+        std::copy(x, x + size_t(rows) * size_t(w.talker.hidden), out);
+        return;
+    }
+    matmul(*lm.pool, w.predictor_proj, x, rows, w.predictor_proj_b.data(), out, lm.parallel_min);
+}
+
+void predictor_head(const FastLm& lm, FastPredictorState& s, int T, int head) {
+    const FastLmWeights& w = *lm.weights;
+    const int Hc = w.predictor.hidden;
+    const float* last = s.stack.x.data() + size_t(T - 1) * size_t(Hc);
+    cpu::rms_norm(last, 1, Hc, w.predictor.norm.data(), w.predictor.eps, s.hidden.data());
+    matmul(*lm.pool, w.predictor_head[size_t(head)], s.hidden.data(), 1, nullptr, s.logits.data(),
+           lm.parallel_min);
+}
+}  // namespace
+
+void fast_predictor_prefill(const FastLm& lm, FastPredictorState& s, const float* talker_hidden, int32_t code0) {
+    const FastLmWeights& w = *lm.weights;
+    if (s.hidden.empty()) fast_predictor_state_init(w, s);
+    const size_t H = size_t(w.talker.hidden);
+    std::copy(talker_hidden, talker_hidden + H, s.talker_rows.begin());
+    w.codec_vector(0, code0, s.talker_rows.data() + H);
+    predictor_project(lm, s.talker_rows.data(), 2, s.input.data());
+    s.stack.length = 0;  // fresh cache every frame
+    fast_stack_forward(lm, w.predictor, s.stack, s.input.data(), 2);
+    predictor_head(lm, s, 2, 0);
+}
+
+void fast_predictor_step(const FastLm& lm, FastPredictorState& s, int group, int32_t previous_code) {
+    const FastLmWeights& w = *lm.weights;
+    QTTS_ASSERT(group >= 2 && group < w.num_code_groups());
+    QTTS_ASSERT(s.stack.length == group);
+    w.codec_vector(group - 1, previous_code, s.talker_rows.data());
+    predictor_project(lm, s.talker_rows.data(), 1, s.input.data());
+    fast_stack_forward(lm, w.predictor, s.stack, s.input.data(), 1);
+    predictor_head(lm, s, 1, group - 1);
+}
+
+}  // namespace qtts::cpu_fast

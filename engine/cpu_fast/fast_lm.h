@@ -1,0 +1,133 @@
+// The fast CPU talker and code predictor (model doc §4, §5): the reference's structure
+// (engine/cpu/lm.h: read-only weights apart from per-stream state, one function per stage), with
+// every matrix packed in bf16 or int8 (matvec.h) and each product split across a persistent
+// thread pool. Norms, RoPE and attention are the reference's fp32 ops on fp32 activations; the KV
+// caches are fp32.
+//
+// Fusions: q/k/v are one packed matrix [q + 2·kv, H] and gate/up one [2·I, H], so a layer is four
+// parallel products. Embedding tables stay fp32 (rows are looked up, never streamed); the text
+// projection (run once per text token, not per frame) is the reference's fp32 product.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/cpu_fast/matvec.h"
+#include "engine/cpu_fast/thread_pool.h"
+#include "engine/model/weight_prep.h"
+#include "engine/model/weights.h"
+#include "engine/text/prompt.h"
+
+namespace qtts::cpu_fast {
+
+struct FastLayer {
+    std::vector<float> input_norm;  // [H]
+    std::vector<float> q_norm;      // [head_dim]
+    std::vector<float> k_norm;      // [head_dim]
+    std::vector<float> post_norm;   // [H]
+    PackedMatrix qkv;               // [n_heads·hd + 2·n_kv·hd, H]: q_proj, k_proj, v_proj stacked
+    PackedMatrix o_proj;            // [H, n_heads·hd]
+    PackedMatrix gate_up;           // [2·I, H]: gate_proj, up_proj stacked
+    PackedMatrix down_proj;         // [H, I]
+};
+
+struct FastStack : StackShape {
+    std::vector<float> rope_inv_freq;  // [head_dim / 2]
+    std::vector<FastLayer> layers;
+    std::vector<float> norm;  // [H]
+    size_t bytes() const;     // packed bytes one position reads
+};
+
+class FastLmWeights final : public EmbeddingTables {
+public:
+    // Packs the talker and code predictor of a loaded checkpoint in `format`.
+    static std::shared_ptr<const FastLmWeights> load(std::shared_ptr<const Checkpoint> checkpoint, WeightFormat format);
+
+    const ModelConfig& config() const { return checkpoint_->config; }
+    WeightFormat format() const { return format_; }
+    int hidden_size() const override { return talker.hidden; }
+    int num_code_groups() const { return num_code_groups_; }
+    int codec_vocab() const { return codec_vocab_; }
+    int predictor_vocab() const { return predictor_vocab_; }
+
+    void text_vector(int32_t id, float* out) const override;
+    void codec_vector(int codebook, int32_t id, float* out) const override;
+
+    // Packed bytes one frame reads: a talker step, the predictor's 2-row prefill and G-2 steps,
+    // and their heads (what the benchmark divides by the frame time).
+    size_t frame_bytes() const;
+    size_t packed_bytes() const;  // all packed matrices
+
+    FastStack talker;
+    std::vector<float> codec_embedding;  // [codec_vocab, H]
+    PackedMatrix codec_head;             // [codec_vocab, H]
+    std::vector<float> text_fc1_w, text_fc1_b, text_fc2_w, text_fc2_b;  // fp32, as the reference
+    const TensorView* text_embedding = nullptr;                         // [text_vocab, Ht] bf16, mapped
+
+    FastStack predictor;
+    std::vector<std::vector<float>> predictor_codec_embedding;  // (G-1) x [predictor_vocab, H]
+    std::vector<PackedMatrix> predictor_head;                   // (G-1) x [predictor_vocab, Hc]
+    PackedMatrix predictor_proj;                                // [Hc, H]; empty = identity
+    std::vector<float> predictor_proj_b;                        // [Hc]
+
+private:
+    std::shared_ptr<const Checkpoint> checkpoint_;
+    WeightFormat format_ = WeightFormat::WEIGHT_FORMAT_BF16;
+    int num_code_groups_ = 16;
+    int codec_vocab_ = 3072;
+    int predictor_vocab_ = 2048;
+    int text_hidden_ = 0;
+    int text_vocab_ = 0;
+};
+
+// The packed weights with the pool that runs their products: what a model shares with its streams.
+struct FastLm {
+    std::shared_ptr<const FastLmWeights> weights;
+    std::shared_ptr<ThreadPool> pool;
+    size_t parallel_min = MATMUL_PARALLEL_MIN;  // matmul's threshold (tests set 0 to split tiny models)
+};
+
+// KV caches and activations of one stack; buffers only grow, so a warm step allocates nothing.
+struct FastStackState {
+    int length = 0;
+    int capacity = 0;
+    int rows = 0;
+    std::vector<std::vector<float>> k_cache;  // per layer [capacity, n_kv·hd]
+    std::vector<std::vector<float>> v_cache;
+    std::vector<float> x;       // [rows, H] residual stream
+    std::vector<float> x_norm;  // [rows, H]
+    std::vector<float> qkv;     // [rows, q + 2·kv]
+    std::vector<float> q;       // [rows, q]
+    std::vector<float> attn;    // [rows, q]
+    std::vector<float> proj;    // [rows, H]
+    std::vector<float> gate_up; // [rows, 2·I]
+    std::vector<float> act;     // [rows, I]
+    std::vector<int64_t> positions;
+};
+
+void fast_stack_reserve(const FastStack& w, FastStackState& s, int capacity, int rows);
+// T new positions (input [T, H]) through every layer; the pre-norm output is left in s.x.
+void fast_stack_forward(const FastLm& lm, const FastStack& w, FastStackState& s, const float* input, int T);
+
+struct FastTalkerState {
+    FastStackState stack;
+    std::vector<float> hidden;  // [H]
+    std::vector<float> logits;  // [codec_vocab]
+};
+void fast_talker_state_init(const FastLmWeights& w, FastTalkerState& s, int capacity);
+void fast_talker_prefill(const FastLm& lm, FastTalkerState& s, const float* embeds, int L);
+void fast_talker_step(const FastLm& lm, FastTalkerState& s, const float* input);
+
+struct FastPredictorState {
+    FastStackState stack;
+    std::vector<float> talker_rows;  // [2, H]
+    std::vector<float> input;        // [2, Hc]
+    std::vector<float> hidden;       // [Hc]
+    std::vector<float> logits;       // [predictor_vocab]
+};
+void fast_predictor_state_init(const FastLmWeights& w, FastPredictorState& s);
+void fast_predictor_prefill(const FastLm& lm, FastPredictorState& s, const float* talker_hidden, int32_t code0);
+void fast_predictor_step(const FastLm& lm, FastPredictorState& s, int group, int32_t previous_code);
+
+}  // namespace qtts::cpu_fast
