@@ -19,7 +19,7 @@
 
 namespace qtts_cli {
 
-std::string bench_model_dir(const Args& args) {
+std::string bench_model_dir(const Args& args, double* make_model_seconds) {
     const auto preset = args.get("preset");
     if (!preset) return model_dir_or_default(args);
     if (args.get("model")) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "give --model or --preset, not both");
@@ -32,7 +32,8 @@ std::string bench_model_dir(const Args& args) {
     const std::string dir = cache + "/" + *preset;
     if (!std::filesystem::exists(dir + "/model.safetensors")) {
         std::printf("writing random-weight checkpoint %s to %s ...\n", preset->c_str(), dir.c_str());
-        qtts::model_write_random(spec, dir, 1234);
+        const qtts::MakeModelStats stats = qtts::model_write_random(spec, dir, 1234);
+        if (make_model_seconds) *make_model_seconds = stats.seconds;
     }
     return dir;
 }

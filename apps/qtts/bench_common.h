@@ -17,8 +17,9 @@ class Args;
 
 // The model a benchmark runs: --model DIR; or --preset P, a random-weight checkpoint of that
 // preset written on first use to <cache>/P (--cache DIR, else $QTTS_CACHE_DIR, else
-// /tmp/qtts-bench); else the embedded demo model (model_dir_or_default).
-std::string bench_model_dir(const Args& args);
+// /tmp/qtts-bench); else the embedded demo model (model_dir_or_default). When it writes the
+// checkpoint, *make_model_seconds (if given) receives how long that took.
+std::string bench_model_dir(const Args& args, double* make_model_seconds = nullptr);
 
 // The benchmarks' fixed request: "<|im_start|>assistant\n" + a 22-token English sentence +
 // "<|im_end|>\n<|im_start|>assistant\n", the model's first speaker (CustomVoice) or a fixed

@@ -342,26 +342,14 @@ int bench_cuda(const qtts_cli::Args& args) {
     if (frames < 8 || chunk < 1 || repeats < 1) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--frames >= 8, --chunk >= 1, --repeats >= 1");
 
     nlohmann::json out;
-    std::string model_dir;
-    if (auto preset = args.get("preset")) {
-        std::string cache = args.get_or("cache", "");
-        if (cache.empty()) {
-            const char* env = std::getenv("QTTS_CACHE_DIR");
-            cache = env ? env : "/tmp/qtts-bench";
-        }
-        model_dir = cache + "/" + *preset;
-        if (!std::filesystem::exists(model_dir + "/model.safetensors")) {
-            std::printf("writing random-weight checkpoint %s to %s ...\n", preset->c_str(), model_dir.c_str());
-            const auto stats = qtts::model_write_random(qtts::model_preset(*preset), model_dir, 1234);
-            out["make_model_seconds"] = stats.seconds;
-        }
-        out["preset"] = *preset;
-    } else if (auto model = args.get("model")) {
-        model_dir = *model;
-    } else {
+    if (!args.get("preset") && !args.get("model")) {
         usage();
         return 2;
     }
+    double make_model_seconds = -1.0;
+    const std::string model_dir = qtts_cli::bench_model_dir(args, &make_model_seconds);
+    if (make_model_seconds >= 0.0) out["make_model_seconds"] = make_model_seconds;
+    if (auto preset = args.get("preset")) out["preset"] = *preset;
     out["model"] = model_dir;
     if (auto list = args.get("batch")) {  // the batched frame step per bucket, and nothing else
         const std::vector<int> buckets = qtts_cli::bench_sizes(*list, "batch");

@@ -138,15 +138,7 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
                     "                error, greedy frames agreeing and the audio SNR against it\n");
         return args.has("help") ? 0 : 2;
     }
-    std::string dir;
-    if (auto m = args.get("model")) {
-        dir = *m;
-    } else {
-        const std::string cache = args.get_or("cache", (std::filesystem::temp_directory_path() / "qtts-bench").string());
-        dir = cache + "/" + *args.get("preset");
-        if (!std::filesystem::exists(dir + "/speech_tokenizer/model.safetensors"))
-            qtts::model_write_random(qtts::model_preset(*args.get("preset")), dir, 1234);
-    }
+    const std::string dir = qtts_cli::bench_model_dir(args);
     const int frames = int(args.get_int("frames", 32));
     const int chunk = int(args.get_int("chunk", 4));
     if (frames < 1 || chunk < 1) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--frames and --chunk must be >= 1");
