@@ -346,25 +346,29 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
 // (K rows padded to head_dim + 1 floats, so that one key per thread reads without bank
 // conflicts, and V rows) and its queries (normalised, rotated) in shared memory; each thread
 // scores one key against every query of the tile, eight queries at a time from registers.
+// STAGE_KV = false is the variant for GPUs with less shared memory per block (sm_86/89: 99 KiB;
+// a 128-key slice at head_dim 128 needs ~150 KiB): K and V are read from the cache in global
+// memory (L1/L2) instead; the arithmetic and its order are the same, so are the results.
 constexpr int ATTN_CACHED_THREADS = 256;  // two warps per scheduler: the score and value loops are latency-bound
 constexpr int ATTN_CACHED_WARPS = ATTN_CACHED_THREADS / 32;
 
+template <bool STAGE_KV>
 __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(const AttentionArgs a) {
     extern __shared__ float4 attn_smem4[];
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ int is_last;
 
-    const int hd = a.head_dim, kld = hd + 1;
+    const int hd = a.head_dim, kld = STAGE_KV ? hd + 1 : hd;
     const int group = a.n_heads / a.n_kv;
     const int g = blockIdx.x;
     const int nq_cap = min(a.T, ATTN_TILE) * group;
     const int cap = ATTN_KEYS_PER_SPLIT;
     float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
     float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
-    float* k_s = s_s + nq_cap * cap;                     // [cap, hd + 1]
-    float* v_s = k_s + cap * kld;                        // [cap, hd]
-    float* scratch = v_s + cap * hd;                     // [ATTN_CACHED_WARPS, 128]
+    float* k_s = s_s + nq_cap * cap;                     // [cap, hd + 1]  (STAGE_KV)
+    float* v_s = k_s + (STAGE_KV ? cap * kld : 0);       // [cap, hd]      (STAGE_KV)
+    float* scratch = v_s + (STAGE_KV ? cap * hd : 0);    // [ATTN_CACHED_WARPS, 128]
     const int warp = threadIdx.x >> 5;
     const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
@@ -377,11 +381,18 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
     const int n = max(0, b.k1_visible - k0);  // keys some query of this tile can see
 
-    for (int i = threadIdx.x; i < n * hd; i += ATTN_CACHED_THREADS) {
-        const int r = i / hd, d = i % hd;
-        const size_t src = (head_base + size_t(k0 + r)) * hd + d;
-        k_s[r * kld + d] = a.k_cache[src];
-        v_s[r * hd + d] = a.v_cache[src];
+    const float* k_base = k_s;  // row j = key k0 + j, stride kld
+    const float* v_base = v_s;  // row j = key k0 + j, stride hd
+    if (STAGE_KV) {
+        for (int i = threadIdx.x; i < n * hd; i += ATTN_CACHED_THREADS) {
+            const int r = i / hd, d = i % hd;
+            const size_t src = (head_base + size_t(k0 + r)) * hd + d;
+            k_s[r * kld + d] = a.k_cache[src];
+            v_s[r * hd + d] = a.v_cache[src];
+        }
+    } else {
+        k_base = a.k_cache + (head_base + size_t(k0)) * hd;
+        v_base = a.v_cache + (head_base + size_t(k0)) * hd;
     }
     for (int qi = warp; qi < nq; qi += ATTN_CACHED_WARPS) {
         const int t = t0 + qi / group, h = g * group + qi % group;
@@ -397,7 +408,7 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
     const int q_blocks = (nq + QB - 1) / QB;
     for (int w = threadIdx.x; w < q_blocks * n; w += ATTN_CACHED_THREADS) {
         const int qb = (w / n) * QB, j = w % n;
-        const float* k_row = k_s + j * kld;
+        const float* k_row = k_base + size_t(j) * kld;
         float acc[QB];
 #pragma unroll
         for (int u = 0; u < QB; ++u) acc[u] = 0.0f;
@@ -414,14 +425,13 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
         }
     }
     __syncthreads();
-    attention_finish(a, sb, s_s, v_s, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile);
+    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile);
 }
 
-size_t attention_cached_smem(const AttentionArgs& a) {
+size_t attention_cached_smem(const AttentionArgs& a, bool stage_kv) {
     const int nq_cap = std::min(a.T, ATTN_TILE) * (a.n_heads / a.n_kv);
-    return (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + size_t(ATTN_KEYS_PER_SPLIT) * (2 * a.head_dim + 1) +
-            ATTN_CACHED_WARPS * 128) *
-           sizeof(float);
+    const size_t kv = stage_kv ? size_t(ATTN_KEYS_PER_SPLIT) * (2 * a.head_dim + 1) : 0;
+    return (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + kv + ATTN_CACHED_WARPS * 128) * sizeof(float);
 }
 
 // grid: (T, n_kv); one warp per KV head row.
@@ -466,10 +476,19 @@ void attention(const AttentionArgs& a, const Launch& l) {
     const dim3 grid(a.n_kv, a.splits, query_tiles(a.T) * a.batch);
     if (!a.append) {
         // Prefill: keys already in the cache (kv_append), staged per block.
-        const size_t smem = attention_cached_smem(a);
-        static std::atomic<uint64_t> raised{0};
-        smem_limit_raise(attention_cached_kernel, smem, raised);
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel, a));
+        // K/V staged in shared memory where the device has room for the slice, else read in place.
+        const size_t staged = attention_cached_smem(a, true);
+        if (smem_fits(staged)) {
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(attention_cached_kernel<true>, staged, raised);
+            KERNEL_CUDA_CHECK(
+                launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), staged, attention_cached_kernel<true>, a));
+        } else {
+            const size_t smem = attention_cached_smem(a, false);
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(attention_cached_kernel<false>, smem, raised);
+            KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel<false>, a));
+        }
         return;
     }
     // Decode: the kernel appends the new keys itself.

@@ -13,7 +13,8 @@ namespace qtts::kernels {
 
 // How a launcher launches its kernel(s).
 //   pdl: the kernel may start while the previous kernel on the stream is still running
-//        (programmatic dependent launch, sm_90+). Every kernel in kernels/ is written for it:
+//        (programmatic dependent launch, sm_90+; only GpuContext decides it, from the device and
+//        the kernel path it got: kernels/arch.cuh). Every kernel in kernels/ is written for it:
 //        before griddepcontrol.wait it only reads weights (constant) and prefetches them into
 //        L2; everything that depends on the previous kernel comes after the wait.
 struct Launch {
@@ -32,8 +33,10 @@ using bf16_t = uint16_t;
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <string>
 #include <utility>
 
+#include "kernels/arch.cuh"
 #include "kernels/check.cuh"
 
 namespace qtts::kernels {
@@ -55,22 +58,49 @@ cudaError_t launch_kernel(const Launch& l, dim3 grid, dim3 block, size_t smem, v
     return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Raises the dynamic shared-memory limit of `kernel` (to 200 KiB) once per device, when a launch
-// needs more than the default 48 KiB. `raised` is one flag word per kernel (bit = device).
-// The default limit covers static and dynamic shared memory together, so the dynamic part is
-// compared with 48 KiB less an allowance for the kernels' static arrays (a few hundred bytes):
-// exactly 48 KiB of dynamic memory (a 4-row gemv over 3072 inputs) needs the raise.
+// Shared memory per block: the default limit is 48 KiB (static and dynamic together); beyond it a
+// kernel must be allowed more, up to the device's opt-in limit (kernels/arch.cuh,
+// smem_block_limit: 227 KiB on sm_90, 163 KiB on sm_80/87, only 99 KiB on sm_86/89). The dynamic
+// part is compared with the limits less an allowance for the kernels' static arrays (a few
+// hundred bytes): exactly 48 KiB of dynamic memory (a 4-row gemv over 3072 inputs) needs a raise.
+// Launchers whose shared memory depends on the shapes ask smem_fits() first and take a smaller
+// variant (fewer rows per block, keys read from global memory) when it says no.
 constexpr size_t SMEM_STATIC_ALLOWANCE = 1024;
+inline bool smem_fits(size_t smem) {
+    return smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024 || smem + SMEM_STATIC_ALLOWANCE <= smem_block_limit();
+}
+
+// Raises the dynamic shared-memory limit of `kernel` to what the device allows, once per device,
+// when a launch needs more than the default 48 KiB. `raised` is one flag word per kernel (bit =
+// device). A launch beyond the device's limit is refused here with a message (check_fail), not
+// left to fail as an invalid launch.
 template <typename Kernel>
 void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised) {
     if (smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024) return;
+    if (!smem_fits(smem)) {
+        const std::string what = "the launch needs " + std::to_string(smem + SMEM_STATIC_ALLOWANCE) +
+                                 " bytes of shared memory per block; this GPU allows " +
+                                 std::to_string(smem_block_limit());
+        check_fail("smem_limit_raise", what.c_str(), __func__, __FILE__, __LINE__);
+    }
     int device = 0;
     KERNEL_CUDA_CHECK(cudaGetDevice(&device));
     const uint64_t bit = uint64_t(1) << (device & 63);
     if (raised.load() & bit) return;
-    KERNEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    int optin = 0;
+    KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes{};
+    KERNEL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    const int dynamic_max = optin - int(attributes.sharedSizeBytes);
+    KERNEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max));
     raised.fetch_or(bit);
 }
+
+// The Hopper-only instructions. Each compiles to nothing for targets below sm_90 (the portable
+// path, kernels/arch.cuh), which is correct because the host requests programmatic dependent
+// launch only for devices whose kernels came from sm_90+ code (GpuContext): without the launch
+// attribute a kernel starts after its predecessor completed, as in plain stream order, and the
+// L2 prefetch is only a hint.
 
 // Lets the next kernel on the stream be scheduled (it still waits in pdl_wait() for this one).
 // Kernels call it right after their own pdl_wait(), so at most one kernel runs ahead: its

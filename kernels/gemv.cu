@@ -18,13 +18,18 @@ void gemv_launch(const GemvArgs& a, const Launch& l) {
     KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, false>, a));
 }
 
+// Rows per block: as many as the launch has (up to 8), fewer when their inputs would not fit in
+// the device's shared memory (8 rows over 6144 inputs need 192 KiB: sm_90 only). Every row is
+// computed exactly as in a one-row launch, so the choice changes no result.
 template <int NMAT>
 void gemv_dispatch(const GemvArgs& a, const Launch& l) {
-    if (a.rows <= 1)
+    int nb = a.rows <= 1 ? 1 : a.rows <= 2 ? 2 : a.rows <= 4 ? 4 : 8;
+    while (nb > 1 && !smem_fits(size_t(nb) * size_t(a.in) * sizeof(float))) nb /= 2;
+    if (nb == 1)
         gemv_launch<1, NMAT>(a, l);
-    else if (a.rows <= 2)
+    else if (nb == 2)
         gemv_launch<2, NMAT>(a, l);
-    else if (a.rows <= 4)
+    else if (nb == 4)
         gemv_launch<4, NMAT>(a, l);
     else
         gemv_launch<8, NMAT>(a, l);

@@ -39,7 +39,11 @@ GpuContext::GpuContext(int device) : device_(device) {
     name_ = prop.name;
     sm_count_ = prop.multiProcessorCount;
     major_ = prop.major;
-    pdl_ = major_ >= 9;  // programmatic dependent launch (sm_90+); pdl_set() turns it off for measurements
+    minor_ = prop.minor;
+    CUDA_CHECK_KERNEL(arch_ = kernels::kernel_arch_current());
+    // Programmatic dependent launch needs an sm_90+ device AND kernels that wait with
+    // griddepcontrol.wait (code built for sm_90+); pdl_set() turns it off for measurements.
+    pdl_ = hopper_path();
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -49,6 +53,15 @@ GpuContext::GpuContext(int device) : device_(device) {
     QTTS_LOG_INFO("CUDA device {}: {} (sm_{}{}, {} SMs, {:.0f} GiB), cuBLAS workspace {} MiB, PDL {}", device_, name_,
                   prop.major, prop.minor, sm_count_, prop.totalGlobalMem / 1073741824.0, workspace_.bytes() >> 20,
                   pdl_ ? "on" : "off");
+    size_t smem_limit = 0;
+    CUDA_CHECK_KERNEL(smem_limit = kernels::smem_block_limit());
+    QTTS_LOG_INFO("CUDA device {}: kernel path {} (code from compute_{}, running as sm_{}; {}), shared memory {} KiB "
+                  "per block",
+                  device_, kernels::kernel_path_name(arch_.path), arch_.ptx_version, arch_.binary_version,
+                  arch_.path == kernels::KernelPath::KERNEL_PATH_HOPPER
+                      ? "programmatic dependent launch and L2 bulk prefetch"
+                      : "stream-ordered launches, no L2 bulk prefetch",
+                  smem_limit >> 10);
 }
 
 GpuContext::~GpuContext() {
@@ -62,7 +75,11 @@ GpuContext::~GpuContext() {
     if (previous >= 0) cudaSetDevice(previous);
 }
 
-void GpuContext::pdl_set(bool enabled) { pdl_ = enabled && major_ >= 9; }
+bool GpuContext::hopper_path() const {
+    return major_ >= 9 && arch_.path == kernels::KernelPath::KERNEL_PATH_HOPPER;
+}
+
+void GpuContext::pdl_set(bool enabled) { pdl_ = enabled && hopper_path(); }
 
 void GpuContext::synchronize() {
     guard_.check("GpuContext::synchronize");

@@ -1,7 +1,14 @@
 // One CUDA device as the engine thread sees it: the device index, a dedicated non-blocking
 // stream, one cuBLAS handle bound to that stream with its own workspace (32 MiB on Hopper and
-// newer, 4 MiB otherwise; graph rule 15), the programmatic-dependent-launch switch, and the
-// owner guard of everything allocated for this device.
+// newer, 4 MiB otherwise; graph rule 15), the kernel path the device got and with it the
+// programmatic-dependent-launch switch, and the owner guard of everything allocated for this
+// device.
+//
+// The kernel path (kernels/arch.cuh) is decided here, once, and logged: "hopper" when the
+// device's code was built from sm_90+ (programmatic dependent launch on, L2 bulk prefetch in the
+// kernels), "portable" otherwise (sm_80..89, or a PTX-only build JIT-compiled for any GPU). Every
+// launch takes its PDL flag from launch(), so no kernel is launched with the attribute unless it
+// waits for its predecessor with griddepcontrol.wait.
 //
 // Every GPU object built on a context belongs to the context's owner thread. Nothing assumes
 // device 0: each entry point makes the context's device current first (DeviceScope).
@@ -14,6 +21,7 @@
 
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/owner_guard.h"
+#include "kernels/arch.cuh"
 #include "kernels/common.cuh"
 
 namespace qtts::cuda {
@@ -46,6 +54,9 @@ public:
     const std::string& device_name() const { return name_; }
     int sm_count() const { return sm_count_; }
     int compute_major() const { return major_; }
+    int compute_minor() const { return minor_; }
+    const kernels::KernelArch& kernel_arch() const { return arch_; }
+    kernels::KernelPath kernel_path() const { return arch_.path; }
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t cublas() const { return cublas_; }
     size_t cublas_workspace_bytes() const { return workspace_.bytes(); }
@@ -53,7 +64,7 @@ public:
     // Launch options for the context stream.
     kernels::Launch launch() const { return {stream_, pdl_}; }
     bool pdl() const { return pdl_; }
-    void pdl_set(bool enabled);  // ignored (stays off) below sm_90
+    void pdl_set(bool enabled);  // ignored (stays off) on the portable path
 
     OwnerGuard& guard() { return guard_; }
     const OwnerGuard& guard() const { return guard_; }
@@ -68,10 +79,14 @@ public:
     [[noreturn]] void fault_raise();
 
 private:
+    bool hopper_path() const;  // sm_90+ device running code built for sm_90+
+
     int device_ = 0;
     std::string name_;
     int sm_count_ = 0;
     int major_ = 0;
+    int minor_ = 0;
+    kernels::KernelArch arch_;
     bool pdl_ = false;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
