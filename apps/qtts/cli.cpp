@@ -5,6 +5,7 @@
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/memory_plan.h"
 #include "engine/model/make_model.h"
 
 namespace qtts_cli {
@@ -94,6 +95,16 @@ std::string model_dir_or_default(const Args& args) {
     const std::string dir = qtts::default_model_dir();
     QTTS_LOG_INFO("no --model given: using the embedded demo model (random weights) at {}", dir);
     return dir;
+}
+
+size_t gpu_memory_limit_option(const Args& args) {
+    const auto text = args.get("gpu-memory-limit");
+    if (!text) return 0;
+    try {
+        return qtts::memory_size_parse(*text);
+    } catch (const qtts::Error& e) {
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--gpu-memory-limit: {}", e.what());
+    }
 }
 
 std::map<std::string, Command>& command_registry() {

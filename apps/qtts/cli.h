@@ -2,6 +2,7 @@
 // itself with QTTS_COMMAND, so adding a command never touches main.cpp.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <optional>
@@ -47,6 +48,14 @@ struct CommandRegistrar {
 // --model DIR when given, else the embedded demo model (written to the cache on first use), with
 // an info line saying so: the one default every command that loads a model shares.
 std::string model_dir_or_default(const Args& args);
+
+// --gpu-memory-limit SIZE (say, serve, bench): the one place the option is read. The size syntax
+// is checked here (memory_size_parse: "6G", "3000M"); the library checks the value
+// (backend_options_validate). 0 when the option is absent (no limit).
+size_t gpu_memory_limit_option(const Args& args);
+constexpr const char* GPU_MEMORY_LIMIT_HELP =
+    "  --gpu-memory-limit S  CUDA: the most device memory qtts may take (e.g. 6G, 3000M; binary units);\n"
+    "                        stream slots and their context are fitted to it (default: the free memory)\n";
 
 // Options every command accepts (log level); returns the remaining arguments.
 std::vector<std::string> apply_common_options(const std::vector<std::string>& args);

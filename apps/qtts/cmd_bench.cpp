@@ -83,6 +83,7 @@ void usage() {
         "  --cold-gap-ms G    also with G ms of idle time before each of those requests\n"
         "  --batch LIST       instead: the batched frame step at these batch sizes (e.g. 1,2,4,8,16,32,64):\n"
         "                     step time, audio-s/s, bytes and bandwidth per bucket, gemv vs tensor cores\n"
+        "  --gpu-memory-limit S  the end-to-end runs' --gpu-memory-limit (e.g. 6G)\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -242,12 +243,14 @@ ColdRuns cold_runs(const std::string& model_dir, int device, bool warm_up, int p
 }
 
 // The runtime path end to end: what a server request costs on one stream, on the calling thread.
-EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests, bool fused, int chunk) {
+EndToEnd end_to_end(const std::string& model_dir, int device, bool graphs, int requests, bool fused, int chunk,
+                    size_t memory_limit) {
     EndToEnd e;
     e.chunk = chunk;
     qtts::BackendOptions options;
     options.name = "cuda";
     options.device = device;
+    options.gpu_memory_limit = memory_limit;
     options.cuda_graphs = graphs;
     options.fused_chunks = fused;
     options.chunk_sizes = {1, chunk};
@@ -337,6 +340,7 @@ int bench_cuda(const qtts_cli::Args& args) {
     const int chunk = int(args.get_int("chunk", 4));
     const int repeats = int(args.get_int("repeats", 5));
     const bool graphs = !args.has("no-cuda-graphs");
+    const size_t memory_limit = qtts_cli::gpu_memory_limit_option(args);
     const int e2e_requests = args.has("no-e2e") ? 0 : int(args.get_int("e2e-requests", 20));
     const std::vector<int> e2e_chunks = qtts_cli::bench_sizes(args.get_or("e2e-chunks", "4"), "e2e-chunks");
     if (frames < 8 || chunk < 1 || repeats < 1) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--frames >= 8, --chunk >= 1, --repeats >= 1");
@@ -483,8 +487,9 @@ int bench_cuda(const qtts_cli::Args& args) {
     std::vector<EndToEnd> e2e_runs;
     for (const int k : e2e_chunks) {
         if (e2e_requests == 0) break;
-        e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, true, k));
-        if (args.has("e2e-compare")) e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, false, k));
+        e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, true, k, memory_limit));
+        if (args.has("e2e-compare"))
+            e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, false, k, memory_limit));
     }
 
     // Bytes a frame must read: every talker weight once, every predictor weight 15 times, and the
@@ -643,7 +648,7 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
-                         "prefill-chunk", "cold", "cold-gap-ms", "batch"},
+                         "prefill-chunk", "cold", "cold-gap-ms", "batch", "gpu-memory-limit"},
                         {"help", "no-cuda-graphs", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
                          "cold-probe", "no-warm-up"});
     if (args.has("help")) {

@@ -15,6 +15,7 @@
 #include "audio_io/stream_player.h"
 #include "audio_io/wav_writer.h"
 #include "apps/qtts/cli.h"
+#include "engine/common/device.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/model/make_model.h"
@@ -101,20 +102,22 @@ void print_usage() {
         "  --no-fused-chunks     CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --no-warm-up          CUDA backend: skip the load-time warm-up (~0.2-0.5 s sooner to start;\n"
         "                        the first audio then comes ~10 ms later)\n"
+        "%s"
         "  --play                speak through the default audio device while generating\n"
         "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n"
         "  --voice FILE.qv       Base models: a saved voice (qtts voice create)\n"
         "  --ref-audio FILE      Base models: clone from this clip (with --ref-text, or --x-vector-only);\n"
         "                        checked (exists, decodes, 1-30 s of sound) before the model loads\n"
         "  --ref-text T          transcript of --ref-audio (in-context cloning)\n"
-        "  --x-vector-only       Base models: use only the speaker x-vector\n");
+        "  --x-vector-only       Base models: use only the speaker x-vector\n",
+        qtts_cli::GPU_MEMORY_LIMIT_HELP);
 }
 
 int cmd_say(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
                          "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "cpu-format", "threads", "device",
-                         "audio-device", "voice", "ref-audio", "ref-text"},
+                         "audio-device", "voice", "ref-audio", "ref-text", "gpu-memory-limit"},
                         {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "play", "x-vector-only", "raw-tokens",
                          "no-warm-up"});
     if (args.has("help")) {
@@ -179,6 +182,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     options.backend.gpu_decoder = !args.has("cpu-decoder");
     options.backend.fused_chunks = !args.has("no-fused-chunks");
     options.backend.warm_up = !args.has("no-warm-up");
+    options.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
     options.max_streams = 1;
     options.model_dir = qtts_cli::model_dir_or_default(args);
 
@@ -264,6 +268,22 @@ int cmd_say(const std::vector<std::string>& argv) {
                     (unsigned long long)jitter->underrun_events(), (unsigned long long)jitter->underrun_samples());
     std::printf("; real-time factor %.3f (%.1fx real time); stop: %s; backend %s\n", m.rtf, m.rtf > 0 ? 1.0 / m.rtf : 0.0,
                 qtts::stop_reason_name(m.stop_reason), engine.backend_name().c_str());
+    QTTS_LOG_INFO("say: first audio {:.1f} ms, real-time factor {:.3f} ({:.1f}x real time)", m.ttfa_gen_ms, m.rtf,
+                  m.rtf > 0 ? 1.0 / m.rtf : 0.0);
+    if (engine.backend_name().rfind("cuda", 0) == 0) {
+        // What qtts allocated on the device at most (its own buffers), and the device's view now
+        // (graphs, libraries and the CUDA context included, other processes too).
+        const int device = options.backend.device;
+        const qtts::GpuMemoryUse use = qtts::gpu_memory_use(device);
+        const qtts::DeviceMemory now = qtts::cuda_memory(device);
+        QTTS_LOG_INFO("say: peak GPU memory {:.0f} MB (qtts allocations on cuda:{}; limit {}); device in use now {:.0f} "
+                      "of {:.0f} MB, CUDA context and other processes included",
+                      use.peak_bytes / 1e6, device,
+                      options.backend.gpu_memory_limit
+                          ? fmt::format("{:.0f} MB", options.backend.gpu_memory_limit / 1e6)
+                          : std::string("none"),
+                      now.used_bytes / 1e6, now.total_bytes / 1e6);
+    }
     return 0;
 }
 

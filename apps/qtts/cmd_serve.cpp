@@ -25,7 +25,8 @@ void print_usage() {
         "  --host ADDR            listen address (default 127.0.0.1; 0.0.0.0 serves the network)\n"
         "  --port N               HTTP + WebSocket port (default 8080; 0 = any free port)\n"
         "  --tcp-port N           also serve plain TCP: one line in, Ogg Opus out (default off)\n"
-        "  --max-streams N        concurrent streams, more get 429 (default 16)\n"
+        "  --max-streams N        concurrent streams, more get 429 (default 16; CUDA: at most as many as\n"
+        "                         the device memory, or --gpu-memory-limit, holds)\n"
         "  --max-connections N    open connections, more get 503 (default 256)\n"
         "  --bitrate N            Opus bits per second (default 32000)\n"
         "  --max-text-bytes N     text per request or utterance (default 8192)\n"
@@ -46,9 +47,11 @@ void print_usage() {
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --no-batching          CUDA backend: every stream takes its own LM steps (no shared batched step)\n"
+        "%s"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"
         "GET /metrics, WebSocket /v1/audio/stream. The server listens while the model loads (/livez 200,\n"
-        "/readyz 503 until it is ready). Stop with Ctrl-C (SIGINT) or SIGTERM (graceful drain, above).\n");
+        "/readyz 503 until it is ready). Stop with Ctrl-C (SIGINT) or SIGTERM (graceful drain, above).\n",
+        qtts_cli::GPU_MEMORY_LIMIT_HELP);
 }
 
 int int_option(const qtts_cli::Args& args, const char* name, long long fallback, long long lo, long long hi) {
@@ -69,7 +72,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "cpu-format", "threads", "device", "devices",
-                         "engines"},
+                         "engines", "gpu-memory-limit"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching"});
     if (args.has("help")) {
         print_usage();
@@ -105,7 +108,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
     engine_options.backend.batching = !args.has("no-batching");
     // Every engine may hold the server's whole stream limit, so one engine can carry the load
     // when the others are out (docs/server.md, "Several engines").
-    engine_options.max_streams = options.max_streams;
+    // Without --max-streams a CUDA engine makes as many stream slots as its device's memory holds
+    // (at most 16); the server's own limit stays 16 and the engine refuses the rest (429).
+    engine_options.max_streams = args.has("max-streams") ? options.max_streams : qtts::MAX_STREAMS_AUTO;
+    engine_options.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
     // Several engines: checked here, before the server listens (the pool checks the same rule).
     if (args.has("engines") && args.has("devices"))
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--engines and --devices both name the engines; give one of them");

@@ -145,6 +145,10 @@ public:
 constexpr int FIRST_CHUNK_FRAMES_DEFAULT = 1;
 constexpr int CHUNK_FRAMES_DEFAULT = 4;
 
+// The smallest BackendOptions::gpu_memory_limit accepted (below it not even the CUDA libraries'
+// own buffers fit).
+constexpr size_t GPU_MEMORY_LIMIT_MIN = size_t(256) << 20;
+
 // Where and how the talker + code predictor and the speech decoder run: the one configuration
 // struct that travels from the caller down to the backend (SpeechModel::load, then the CUDA
 // generator and decoder pools by const reference). Checked once where it enters
@@ -175,7 +179,15 @@ struct BackendOptions {
     // cpu-fast: threads of the matrix products (the engine thread is one of them); 0 = every core.
     int threads = 0;
     int states = 1;              // CUDA: per-stream generator states made at load (the engine: max_streams)
-    int max_context = 4096;      // CUDA: talker positions (prompt + frames) per utterance
+    // CUDA: `states` is the most to make, not a demand: make as many as the memory holds (at
+    // least one). The engine sets it when its max_streams is MAX_STREAMS_AUTO.
+    bool states_fit = false;
+    int max_context = 4096;      // CUDA: talker positions (prompt + frames) per utterance; lowered
+                                 // (logged) when not even one stream of it fits the memory
+    // CUDA: the most device memory qtts may take on its device, in bytes (weights, decoder, stream
+    // states, graphs; measured from the device's free memory after the CUDA context exists); 0 =
+    // whatever is free. `--gpu-memory-limit 6G` (memory_size_parse). At least 256 MiB when set.
+    size_t gpu_memory_limit = 0;
     int prefill_chunk = 0;       // CUDA: prompt rows per prefill pass, 1..1024; 0 = the LM's own (benchmarks)
     // The chunk sizes the caller will ask for (ChunkGenerator::chunk): CUDA captures one graph
     // (fused with the decoder where it can) per size. The engine sets {first_chunk_frames,
@@ -188,12 +200,18 @@ struct BackendOptions {
     bool batching = true;
 };
 
+constexpr int MAX_STREAMS_AUTO = 0;
+constexpr int MAX_STREAMS_DEFAULT = 16;
+
 struct EngineOptions {
     std::string model_dir;          // empty = the embedded default model
     // The backend; the engine sets its `states` (max_streams) and `chunk_sizes` (the two below).
     BackendOptions backend;
-    int max_streams = 16;           // concurrent streams; more are refused with ERROR_BUSY. CUDA: one
-                                    // GPU generator state (KV caches) per stream, all made at start-up
+    // Concurrent streams; more are refused with ERROR_BUSY. CUDA: one GPU generator state (KV
+    // caches) per stream, all made at start-up. MAX_STREAMS_AUTO (the default): as many as the
+    // device's memory (or BackendOptions::gpu_memory_limit) holds, at most MAX_STREAMS_DEFAULT
+    // (the CPU backends: MAX_STREAMS_DEFAULT); Engine::load() reports the number chosen.
+    int max_streams = MAX_STREAMS_AUTO;
     // The engine alone picks each chunk's size: a stream's first chunk (time to first audio),
     // then every later one, across sentence boundaries (docs/engine.md, "Chunks").
     int first_chunk_frames = FIRST_CHUNK_FRAMES_DEFAULT;

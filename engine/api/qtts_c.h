@@ -76,7 +76,8 @@ typedef struct qtts_engine_options {
     const char* model_dir;  /* NULL or "" = the embedded demo model (written to $QTTS_CACHE_DIR) */
     const char* backend;    /* "auto" (CUDA when usable, else CPU), "cpu" or "cuda"; NULL = "auto" */
     int device;             /* CUDA device index */
-    int max_streams;        /* concurrent streams; more are refused with QTTS_ERROR_BUSY */
+    int max_streams;        /* concurrent streams; more are refused with QTTS_ERROR_BUSY; 0 (the
+                               default) = as many as the GPU memory holds, at most 16 (CPU: 16) */
     int first_chunk_frames; /* frames in a stream's first chunk (time to first audio) */
     int chunk_frames;       /* frames in every later chunk */
 } qtts_engine_options;

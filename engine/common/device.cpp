@@ -1,11 +1,19 @@
 #include "engine/common/device.h"
 
+#include <atomic>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #ifdef QTTS_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "kernels/arch.cuh"
+#include "kernels/check.cuh"
+#endif
+
+#ifndef QTTS_CUDA_ARCHS_TEXT
+#define QTTS_CUDA_ARCHS_TEXT ""
 #endif
 
 namespace qtts {
@@ -75,6 +83,86 @@ DeviceMemory cuda_memory(int device) {
     (void)device;
 #endif
     return memory;
+}
+
+CudaReport cuda_report(int device) {
+    CudaReport report;
+#ifdef QTTS_HAVE_CUDA
+    report.archs_compiled = QTTS_CUDA_ARCHS_TEXT;
+    const int count = cuda_device_count();
+    if (device < 0 || device >= count) {
+        report.why = cuda_describe(device);
+        return report;
+    }
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = device;
+    cudaDeviceProp prop{};
+    if (cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        report.why = fmt::format("CUDA device {} cannot be opened ({})", device, cudaGetErrorString(cudaGetLastError()));
+        cudaSetDevice(previous);
+        return report;
+    }
+    report.name = prop.name;
+    report.major = prop.major;
+    report.minor = prop.minor;
+    try {
+        const kernels::KernelArch arch = kernels::kernel_arch_current();
+        report.kernel_ptx = arch.ptx_version;
+        report.kernel_sass = arch.binary_version;
+        // The same rule as GpuContext: the Hopper path needs the device and the code.
+        report.kernel_path = prop.major >= 9 && arch.path == kernels::KernelPath::KERNEL_PATH_HOPPER
+                                 ? "hopper"
+                                 : "portable";
+        report.usable = true;
+    } catch (const kernels::KernelError& e) {
+        cudaGetLastError();
+        report.why = fmt::format("this binary has no kernels for sm_{}{} (built for {}): {}", prop.major, prop.minor,
+                                 report.archs_compiled, e.what());
+    }
+    cudaSetDevice(previous);
+#else
+    report.why = cuda_describe(device);
+#endif
+    return report;
+}
+
+namespace {
+
+constexpr int TRACKED_DEVICES = 64;
+struct TrackedDevice {
+    std::atomic<size_t> current{0};
+    std::atomic<size_t> peak{0};
+};
+TrackedDevice g_tracked[TRACKED_DEVICES];
+
+TrackedDevice* tracked(int device) { return device >= 0 && device < TRACKED_DEVICES ? &g_tracked[device] : nullptr; }
+
+}  // namespace
+
+GpuMemoryUse gpu_memory_use(int device) {
+    GpuMemoryUse use;
+    if (const TrackedDevice* t = tracked(device)) {
+        use.current_bytes = t->current.load();
+        use.peak_bytes = t->peak.load();
+    }
+    return use;
+}
+
+void gpu_memory_peak_reset(int device) {
+    if (TrackedDevice* t = tracked(device)) t->peak.store(t->current.load());
+}
+
+void gpu_memory_allocated(int device, size_t bytes) {
+    TrackedDevice* t = tracked(device);
+    if (!t) return;
+    const size_t now = t->current.fetch_add(bytes) + bytes;
+    size_t peak = t->peak.load();
+    while (now > peak && !t->peak.compare_exchange_weak(peak, now)) {
+    }
+}
+
+void gpu_memory_released(int device, size_t bytes) {
+    if (TrackedDevice* t = tracked(device)) t->current.fetch_sub(bytes);
 }
 
 }  // namespace qtts

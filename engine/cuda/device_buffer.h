@@ -1,5 +1,7 @@
 // Owning device and pinned-host allocations (RAII). Everything the real-time path touches is
-// allocated once, before any graph capture (graph rule 14), through these types.
+// allocated once, before any graph capture (graph rule 14), through these types. Device
+// allocations are counted per device (engine/common/device.h, gpu_memory_use), so that what qtts
+// holds and its peak can be reported and held against --gpu-memory-limit.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "engine/common/device.h"
 #include "engine/cuda/cuda_check.h"
 
 namespace qtts::cuda {
@@ -19,12 +22,14 @@ public:
     ~DeviceBuffer() { release(); }
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    DeviceBuffer(DeviceBuffer&& o) noexcept
+        : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), device_(o.device_) {}
     DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
         if (this != &o) {
             release();
             ptr_ = std::exchange(o.ptr_, nullptr);
             bytes_ = std::exchange(o.bytes_, 0);
+            device_ = o.device_;
         }
         return *this;
     }
@@ -32,11 +37,16 @@ public:
     void allocate(size_t bytes) {
         release();
         if (bytes == 0) return;
+        CUDA_CHECK(cudaGetDevice(&device_));
         CUDA_CHECK(cudaMalloc(&ptr_, bytes));
         bytes_ = bytes;
+        gpu_memory_allocated(device_, bytes_);
     }
     void release() noexcept {
-        if (ptr_) cudaFree(ptr_);
+        if (ptr_) {
+            cudaFree(ptr_);
+            gpu_memory_released(device_, bytes_);
+        }
         ptr_ = nullptr;
         bytes_ = 0;
     }
@@ -51,6 +61,7 @@ public:
 private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
+    int device_ = 0;  // where ptr_ lives (the accounting's key)
 };
 
 // A typed device array.

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <thread>
 
+#include "engine/common/device.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/memory_plan.h"
 
 namespace qtts::cuda {
 
@@ -60,35 +62,119 @@ GpuGeneratorPool::~GpuGeneratorPool() {
     idle_.clear();
 }
 
+namespace {
+
+constexpr size_t MIB = size_t(1) << 20;
+// A first stream slot's bytes beside its context-sized buffers (prefill activations, graphs, its
+// decoder's scratch), before any slot was measured; only used to pick a context that fits.
+constexpr size_t SLOT_FIXED_ESTIMATE = 192 * MIB;
+// The smallest context a lowered one may take (prompt + ~15 s of audio), and its step.
+constexpr int CONTEXT_MIN = 256;
+constexpr int CONTEXT_STEP = 128;
+
+double mib(size_t bytes) { return double(bytes) / double(MIB); }
+
+}  // namespace
+
 std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const Checkpoint> checkpoint,
                                                            const BackendOptions& options) {
     std::shared_ptr<GpuGeneratorPool> pool(new GpuGeneratorPool(options));
     pool->context_ = std::make_unique<GpuContext>(options.device);
+    {
+        // What the device holds from here on beyond this baseline is this pool's (memory_used);
+        // the context's cuBLAS workspace counts as the pool's too. Other objects of the process
+        // (another model in a test) are in the baseline.
+        DeviceScope scope(options.device);
+        const size_t workspace = pool->context_->cublas_workspace_bytes();
+        const DeviceMemory now = cuda_memory(options.device);
+        pool->memory_base_ = now.used_bytes - std::min(now.used_bytes, workspace);
+        const size_t tracked = gpu_memory_use(options.device).current_bytes;
+        pool->tracked_base_ = tracked - std::min(tracked, workspace);
+    }
     pool->weights_ = GpuLmWeights::upload(std::move(checkpoint), options.device);
-    pool->states_grow(1);
+    QTTS_LOG_INFO("GPU memory on device {}: LM weights {:.0f} MiB; qtts holds {:.0f} MiB, {:.0f} MiB free{}",
+                  options.device, mib(pool->weights_->device_bytes()), mib(pool->memory_used()),
+                  mib(device_free_bytes()), pool->limit_text());
     return pool;
+}
+
+size_t GpuGeneratorPool::memory_used() const {
+    const DeviceMemory now = cuda_memory(options_.device);
+    const size_t device_view = now.used_bytes > memory_base_ ? now.used_bytes - memory_base_ : 0;
+    const size_t tracked = gpu_memory_use(options_.device).current_bytes;
+    return std::max(device_view, tracked > tracked_base_ ? tracked - tracked_base_ : size_t(0));
+}
+
+size_t GpuGeneratorPool::memory_room() const {
+    return gpu_memory_room(device_free_bytes(), options_.gpu_memory_limit, memory_used(),
+                           gpu_memory_margin(options_.gpu_memory_limit));
+}
+
+std::string GpuGeneratorPool::limit_text() const {
+    if (options_.gpu_memory_limit == 0) return " (no --gpu-memory-limit)";
+    return fmt::format(" (limit {:.0f} MiB)", mib(options_.gpu_memory_limit));
+}
+
+size_t GpuGeneratorPool::context_bytes_per_position() const {
+    // What GpuLm sizes by max_context: the talker's K and V caches, three [max_context, hidden]
+    // prompt buffers, the per-position integers and codes, and the split-K partials (one split
+    // per 128 positions, a prefill chunk of 128 rows).
+    const GpuStack& t = weights_->talker;
+    return 2 * t.layers.size() * size_t(t.n_kv) * size_t(t.head_dim) * 4 + 3 * size_t(t.hidden) * 4 + 24 * 4 +
+           16 * 4 + size_t(t.n_heads) * size_t(t.head_dim + 2) * 4;
+}
+
+void GpuGeneratorPool::context_fit_first() {
+    const size_t room = memory_room();
+    const size_t per_position = context_bytes_per_position();
+    const int wanted = options_.max_context;
+    const int context = context_fit(room, SLOT_FIXED_ESTIMATE, per_position, wanted, CONTEXT_STEP);
+    if (context == wanted) return;
+    if (context < CONTEXT_MIN)
+        fail(ErrorCode::ERROR_CUDA,
+             "GPU {} has {:.0f} MiB left for stream state after the weights and a {:.0f} MiB margin{}: not enough for "
+             "one stream (a {}-position context needs ~{:.0f} MiB); raise --gpu-memory-limit, free the device or "
+             "take a smaller model",
+             options_.device, mib(room), mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text(), CONTEXT_MIN,
+             mib(SLOT_FIXED_ESTIMATE + size_t(CONTEXT_MIN) * per_position));
+    QTTS_LOG_WARN("GPU memory on device {}: one stream with a {}-position context needs ~{:.0f} MiB but {:.0f} MiB "
+                  "are left{}; the context per stream is lowered to {} positions (~{:.0f} MiB, {:.1f} s of audio "
+                  "after a 50-token prompt)",
+                  options_.device, wanted, mib(SLOT_FIXED_ESTIMATE + size_t(wanted) * per_position), mib(room),
+                  limit_text(), context, mib(SLOT_FIXED_ESTIMATE + size_t(context) * per_position),
+                  (context - 50) * double(SAMPLES_PER_FRAME) / SAMPLE_RATE);
+    options_.max_context = context;
 }
 
 void GpuGeneratorPool::states_grow(int total) {
     context_->guard().check("GpuGeneratorPool::states_grow");
-    constexpr size_t kMargin = size_t(256) << 20;  // graph instantiation, cuBLAS and driver growth
+    QTTS_ASSERT(total >= 1);
     DeviceScope scope(options_.device);
-    size_t per_state = 0;  // device memory the last state took, its decoder included
+    if (created_ == 0) context_fit_first();
     while (created_ < total) {
-        const size_t free_before = device_free_bytes();
-        if (per_state > 0 && free_before < per_state + kMargin)
+        const size_t room = memory_room();
+        if (slot_bytes_ > 0 && room < slot_bytes_) {
+            if (options_.states_fit) break;  // as many as fit: the engine takes what was made
             fail(ErrorCode::ERROR_CUDA,
-                 "GPU {} has room for {} concurrent stream(s) ({:.0f} MB each with a {}-position context, {:.0f} MB "
-                 "free), not {}: lower the stream count (--max-streams {}) or the context",
-                 options_.device, created_, per_state / 1e6, options_.max_context, free_before / 1e6, total,
-                 created_);
+                 "GPU {} has room for {} concurrent stream(s) ({:.0f} MiB each with a {}-position context, {:.0f} MiB "
+                 "left beside a {:.0f} MiB margin{}), not {}: lower the stream count (--max-streams {}), leave it "
+                 "out (as many as fit), or raise --gpu-memory-limit",
+                 options_.device, created_, mib(slot_bytes_), options_.max_context, mib(room), mib(gpu_memory_margin(options_.gpu_memory_limit)),
+                 limit_text(), total, created_);
+        }
+        const size_t free_before = device_free_bytes();
         idle_.push_back(state_new());
         const size_t free_after = device_free_bytes();
-        per_state = free_before > free_after ? free_before - free_after : state_bytes_;
+        // What the slot took, its graphs and decoder included (the first one's decoder may have
+        // been made beforehand by the decoder pool: the next measurement is whole).
+        slot_bytes_ = std::max(free_before > free_after ? free_before - free_after : size_t(0), state_bytes_);
     }
-    QTTS_LOG_INFO("CUDA backend on device {}: {} generator state(s) of {:.1f} MB (context {} positions), graphs {}",
-                  options_.device, created_, per_state / 1e6, options_.max_context,
-                  graphs_enabled_ ? "on" : "off");
+    const StreamSlotPlan more = stream_slots_plan(memory_room(), slot_bytes_, 1 << 20);
+    QTTS_LOG_INFO("GPU memory on device {}: {} stream slot(s) of {:.0f} MiB (context {} positions, graphs {}); qtts "
+                  "holds {:.0f} MiB, {:.0f} MiB left beside the {:.0f} MiB margin (room for {} more){}",
+                  options_.device, created_, mib(slot_bytes_), options_.max_context, graphs_enabled_ ? "on" : "off",
+                  mib(memory_used()), mib(more.slots * slot_bytes_ + more.left_bytes), mib(gpu_memory_margin(options_.gpu_memory_limit)), more.slots,
+                  limit_text());
 }
 
 void GpuGeneratorPool::decoders_attach(const DecoderFactory& make) {
@@ -104,6 +190,7 @@ std::unique_ptr<GpuGenerator> GpuGeneratorPool::state_new() {
     if (decoder_factory_) state->decoder_attach(decoder_factory_());
     graphs_enabled_ = state->graphs_enabled();
     state_bytes_ = state->lm().state_bytes();
+    if (decoder_factory_ && fused_sizes_.empty()) fused_sizes_ = state->fused_sizes();
     ++created_;
     return state;
 }

@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/api/qtts.h"
@@ -32,21 +33,27 @@ namespace qtts::cuda {
 
 class GpuGeneratorPool : public std::enable_shared_from_this<GpuGeneratorPool> {
 public:
-    // Opens options.device on the calling thread (which becomes the owner), uploads the weights
-    // and creates ONE generator state (states_grow makes the rest, once decoders are attached, so
-    // each is measured whole). Keeps its own copy of `options` (validated by the caller,
-    // backend_options_validate) and hands it to every state by const reference. Throws
-    // qtts::Error (ERROR_CUDA, out of memory, ...) with the device's message.
+    // Opens options.device on the calling thread (which becomes the owner) and uploads the
+    // weights; no generator state yet (states_grow makes them, after the decoder weights are on
+    // the device, so each is fitted to the memory left and measured whole). Keeps its own copy of
+    // `options` (validated by the caller, backend_options_validate) and hands it to every state
+    // by const reference. Throws qtts::Error (ERROR_CUDA, out of memory, ...) with the device's
+    // message.
     static std::shared_ptr<GpuGeneratorPool> create(std::shared_ptr<const Checkpoint> checkpoint,
                                                     const BackendOptions& options);
     ~GpuGeneratorPool();
     GpuGeneratorPool(const GpuGeneratorPool&) = delete;
     GpuGeneratorPool& operator=(const GpuGeneratorPool&) = delete;
 
-    // Creates states (with their decoders, once attached) until `total` exist. Before each one
-    // it checks that the device still has room for it (the measured cost of the state before,
-    // plus a margin for graph and library growth); when it has not, it throws ERROR_CUDA naming
-    // how many concurrent streams fit, instead of failing in the middle of an allocation.
+    // Creates states (with their decoders, once attached) until `total` exist. The memory they
+    // may take is min(the device's free memory, BackendOptions::gpu_memory_limit less what qtts
+    // holds) less a 256 MiB margin (graph, library and driver growth). Before the first state,
+    // when one stream of max_context positions would not fit, the context is lowered (logged; at
+    // least 256 positions, else ERROR_CUDA saying what is missing). Before each later one it
+    // checks the room against the measured cost of the state before; when it does not fit it
+    // stops (BackendOptions::states_fit: as many as fit) or throws ERROR_CUDA naming how many
+    // concurrent streams fit, instead of failing in the middle of an allocation. Logs the slots,
+    // their size and what is left.
     void states_grow(int total);
     // A generator for one utterance (owner thread only): an idle state, else a new one. `decoder`
     // decodes its chunks when the states have no decoder of their own (decoders_attached()
@@ -60,6 +67,12 @@ public:
     int states_idle() const { return int(idle_.size()); }
     bool graphs_enabled() const { return graphs_enabled_; }
     size_t state_bytes() const { return state_bytes_; }
+    // Device memory one stream slot took (its LM state, graphs and decoder), as measured.
+    size_t slot_bytes() const { return slot_bytes_; }
+    int max_context() const { return options_.max_context; }  // after states_grow: the one in use
+    // What qtts holds on the device: the device's used memory since the context was made (weights,
+    // states, graphs, libraries), at least what the tracked allocations add up to.
+    size_t memory_used() const;
 
     // Gives every state (the idle ones now, later ones when created) its own speech decoder from
     // `make`, so that each generator decodes its frames itself, in fused chunk graphs where it
@@ -89,7 +102,15 @@ private:
     std::unique_ptr<GpuGenerator> state_new();
     void state_release(std::unique_ptr<GpuGenerator> state);  // from a finished utterance
 
-    const BackendOptions options_;
+    size_t memory_room() const;  // what states may take now (memory_plan.h gpu_memory_room)
+    std::string limit_text() const;
+    size_t context_bytes_per_position() const;
+    void context_fit_first();  // lowers options_.max_context when one stream would not fit
+
+    BackendOptions options_;  // max_context may be lowered before the first state (context_fit_first)
+    size_t memory_base_ = 0;   // device memory in use before this pool allocated (context made)
+    size_t tracked_base_ = 0;  // tracked allocations on the device before this pool's
+    size_t slot_bytes_ = 0;
     std::unique_ptr<GpuContext> context_;  // first member: destroyed after everything built on it
     std::shared_ptr<const GpuLmWeights> weights_;
     std::vector<std::unique_ptr<GpuGenerator>> idle_;

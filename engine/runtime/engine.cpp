@@ -496,12 +496,15 @@ struct Engine::Impl {
 
 Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     impl_->options = options;
-    if (options.max_streams < 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_streams must be >= 1");
+    if (options.max_streams < 0)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_streams must be >= 1, or MAX_STREAMS_AUTO (0: as many as fit)");
+    const bool streams_fit = options.max_streams == MAX_STREAMS_AUTO;
     const std::string dir = options.model_dir.empty() ? default_model_dir() : options.model_dir;
     BackendOptions mo = options.backend;
     // CUDA: one generator state (KV caches, graphs) per admitted stream, all made at load, so a
     // new stream never allocates or captures on the engine thread while others are speaking.
-    mo.states = options.max_streams;
+    mo.states = streams_fit ? MAX_STREAMS_DEFAULT : options.max_streams;
+    mo.states_fit = streams_fit;  // auto: as many states as the device memory holds (engine limit = that)
     // The engine alone picks chunk sizes (service()); the backend captures a graph for each.
     mo.chunk_sizes = {options.first_chunk_frames};
     if (options.chunk_frames != options.first_chunk_frames) mo.chunk_sizes.push_back(options.chunk_frames);
@@ -511,9 +514,10 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     std::promise<void> loaded;
     auto loaded_future = loaded.get_future();
     Impl* impl = impl_.get();
-    impl_->thread = std::thread([impl, dir, mo, &loaded]() {
+    impl_->thread = std::thread([impl, dir, mo, streams_fit, &loaded]() {
         try {
             impl->model = SpeechModel::load(dir, mo);
+            if (streams_fit) impl->options.max_streams = impl->model->stream_slots();
             if (impl->label.empty()) impl->label = impl->model->backend_name();
             impl->batch_max = impl->model->batch_max();
             loaded.set_value();

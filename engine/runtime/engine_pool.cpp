@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <optional>
+#include <string>
 #include <thread>
 #include <tuple>
 
@@ -276,7 +277,8 @@ std::shared_ptr<Stream> EnginePool::submit(const SpeechRequest& request) {
         }
     }
     if (busy)
-        fail(ErrorCode::ERROR_BUSY, "every engine is at its limit of {} concurrent streams; retry later", impl_->max_streams);
+        fail(ErrorCode::ERROR_BUSY, "every engine is at its limit of {} concurrent streams; retry later",
+             impl_->max_streams == MAX_STREAMS_AUTO ? std::string("(as many as fit)") : std::to_string(impl_->max_streams));
     fail(ErrorCode::ERROR_CUDA, "{}", impl_->failure_text());
 }
 

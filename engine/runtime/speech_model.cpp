@@ -90,6 +90,9 @@ void backend_options_validate(const BackendOptions& options) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the backend needs at least one stream state (got {})", options.states);
     if (options.max_context < 1)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_context must be >= 1 position (got {})", options.max_context);
+    if (options.gpu_memory_limit != 0 && options.gpu_memory_limit < GPU_MEMORY_LIMIT_MIN)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the GPU memory limit must be at least {} MiB (got {:.0f} MiB)",
+             GPU_MEMORY_LIMIT_MIN >> 20, options.gpu_memory_limit / 1048576.0);
     if (options.prefill_chunk < 0 || options.prefill_chunk > 1024)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "prefill_chunk must be 1..1024 rows, or 0 (got {})", options.prefill_chunk);
     if (options.cpu_format != "bf16" && options.cpu_format != "int8")
@@ -121,7 +124,7 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
     const BackendOptions& opts = model->options_;
     if (choice.backend == LmBackend::LM_BACKEND_CUDA) {
 #ifdef QTTS_HAVE_CUDA
-        // One state first; the rest once it has its decoder, so each is measured whole (states_grow).
+        // The weights first (LM, then decoder); then the states, fitted to what is left (states_grow).
         model->gpu_ = cuda::GpuGeneratorPool::create(ckpt, opts);
         if (opts.gpu_decoder) {
             model->gpu_decoder_ = cuda::GpuDecoderPool::create(model->gpu_, *ckpt, opts);
@@ -137,6 +140,10 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
             }
         }
         model->gpu_->states_grow(opts.states);
+        // What the memory allowed (states_fit: perhaps fewer states; perhaps a lowered context):
+        // from here on the options say what was made (warm-up, batching, stream_slots()).
+        model->options_.states = model->gpu_->states_created();
+        model->options_.max_context = model->gpu_->max_context();
         if (opts.batching) model->gpu_->batch_enable(opts.states);
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");

@@ -108,6 +108,9 @@ public:
     [[noreturn]] void backend_fault_raise() const;
     // CUDA: generator states created so far (0 on the CPU backend).
     int gpu_states_created() const;
+    // Streams the backend holds at once as loaded: CUDA, the generator states made at load (with
+    // BackendOptions::states_fit, what the memory allowed); the CPU backends, BackendOptions::states.
+    int stream_slots() const { return options_.states; }
     bool gpu_decoder() const { return gpu_decoder_ != nullptr; }
     // CUDA with the GPU decoder: decoder states created so far (0 otherwise).
     int gpu_decoder_states_created() const;
