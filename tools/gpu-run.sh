@@ -173,6 +173,17 @@ device() {
             cat "$q/serve.log" >>"$out/bench.log"
             note "bench-serve $p: $((SECONDS - t)) s"
         fi
+        # Batched speech-decoder passes (QTTS_BENCH_DECODER_STREAMS="2,8,32,64", off when empty;
+        # release-size random tokenizer, chunks of 1 and 4 frames).
+        if [ -n "${QTTS_BENCH_DECODER_STREAMS:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
+            t=$SECONDS
+            timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench-decoder --chunks 1,4 --frames 64 --repeats 2 \
+                --streams "$QTTS_BENCH_DECODER_STREAMS" ${QTTS_BENCH_DECODER_ARGS:-} --cache "$q/decoder-model" \
+                --json "$out/bench-decoder-batched.json" >"$q/bench-decoder.log" 2>&1 || note "decoder bench FAILED"
+            cat "$q/bench-decoder.log" >>"$out/bench.log"
+            note "decoder bench: $((SECONDS - t)) s"
+            grep -E '^\s+batched' "$q/bench-decoder.log" | sed "s/^/  [decoder] /" | tee -a "$summary" || true
+        fi
         # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty).
         if [ -n "${QTTS_BENCH_BATCH:-}" ]; then
             t=$SECONDS

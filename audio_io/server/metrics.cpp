@@ -48,6 +48,9 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
     }
     family("qtts_engine_audio_seconds_total", "counter", "Seconds of audio the engine generated.",
            [](const EngineStatus& e) { return number_text(e.stats.audio_seconds); });
+    family("qtts_engine_batch_decoded_chunks_total", "counter",
+           "Stream chunks whose audio came out of a batched speech-decoder pass (CUDA).",
+           [](const EngineStatus& e) { return std::to_string(e.stats.batch_decoded_chunks); });
     header_append(out, "qtts_engine_batched_steps_total", "counter",
                   "Batched LM steps (CUDA), by the number of streams they advanced together.");
     for (const EngineStatus& e : engines)

@@ -226,6 +226,9 @@ struct EngineStats {
     // batch_histogram[n] = steps that advanced n streams together (n >= 2; indices 0 and 1 stay 0;
     // a stream running alone takes its own single-stream step, not counted here).
     std::vector<int64_t> batch_histogram;
+    // Stream chunks whose audio came out of a batched decoder pass (CUDA: the whole chunks of a
+    // batched step's streams, decoded together).
+    int64_t batch_decoded_chunks = 0;
 };
 
 // How busy an engine is now (Engine::load): what a router compares. Read from atomics; cheap.

@@ -323,8 +323,9 @@ struct Engine::Impl {
             }
         }
         if (generators.size() < 2) return;  // one stream takes its own (faster) single-stream step
+        int decoded = 0;  // chunks the batched decoder pass made audio for
         try {
-            model->batch_run(generators, k);
+            decoded = model->batch_run(generators, k);
         } catch (const std::exception& e) {
             // The step's streams end with the error (their device state is unknown); the others go on
             // if the device still works.
@@ -339,6 +340,7 @@ struct Engine::Impl {
         std::lock_guard<std::mutex> lock(stats_mutex);
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
+        stats.batch_decoded_chunks += decoded;
     }
 
     // The backend cannot work any more (a sticky device error after `what`): every other admitted

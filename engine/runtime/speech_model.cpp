@@ -236,12 +236,9 @@ int SpeechModel::batch_max() const {
     return 0;
 }
 
-void SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const {
+int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_ && gpu_->batch_max() > 0) {
-        gpu_->batch_run(generators, frames);
-        return;
-    }
+    if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames);
 #endif
     (void)generators;
     (void)frames;
