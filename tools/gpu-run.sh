@@ -22,7 +22,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${QTTS_GPU_BUILD:-$ROOT/build-gpu}
 DIST=$BUILD/dist
-GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder test_gpu_batch test_gpu_arch"
+GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder test_gpu_batch"
 UNIT_TESTS="test_cuda_fallback"
 STAGE_TESTS=${QTTS_STAGE_TESTS:-"$GPU_TESTS $UNIT_TESTS"}
 
@@ -175,8 +175,9 @@ device() {
             cat "$q/serve.log" >>"$out/bench.log"
             note "bench-serve $p: $((SECONDS - t)) s"
         fi
-        # A spoken sentence under GPU memory caps (QTTS_MEMORY_LIMITS="6G 3G", off when empty):
-        # peak memory, first audio and real-time factor from `qtts say`'s log.
+        # A spoken sentence under GPU memory caps (QTTS_MEMORY_LIMITS="6G 3G", off when empty;
+        # needs `--gpu-memory-limit`, issue 23's branch wt-arch): peak memory, first audio and
+        # real-time factor from `qtts say`'s log.
         for lim in ${QTTS_MEMORY_LIMITS:-}; do
             "$q/bin/qtts" say "The quick brown fox jumps over the lazy dog, and then it runs away." --model "$dir" \
                 --backend cuda --greedy --max-frames 150 --gpu-memory-limit "$lim" -o "$q/say-$p-$lim.wav" \
