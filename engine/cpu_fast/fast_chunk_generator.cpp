@@ -4,6 +4,12 @@
 
 namespace qtts {
 
+FastChunkGenerator::FastChunkGenerator(cpu_fast::FastLm lm, const cpu::CpuSpeechDecoder& reference_decoder)
+    : generator_(lm) {
+    if (lm.decoder) decoder_ = std::make_unique<cpu_fast::FastDecoderStream>(*lm.decoder);
+    else decoder_ = std::make_unique<CpuDecoderStream>(reference_decoder);
+}
+
 ChunkStatus FastChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) {
     QTTS_ASSERT(frames >= 1 && codes && pcm);
     chunk_.clear();
@@ -19,7 +25,7 @@ ChunkStatus FastChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes
                                                                   : ChunkStatus::CHUNK_STATUS_DONE;
         break;
     }
-    decoder_.frames_decode(chunk_.data(), int(chunk_.size()), pcm);
+    decoder_->frames_decode(chunk_.data(), int(chunk_.size()), pcm);
     codes->insert(codes->end(), chunk_.begin(), chunk_.end());
     return status;
 }
@@ -27,7 +33,7 @@ ChunkStatus FastChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes
 void FastChunkGenerator::reference_decode(const int32_t* codes, int frames) {
     std::vector<float> discarded;
     discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);
-    decoder_.decode(codes, frames, &discarded);
+    decoder_->decode(codes, frames, &discarded);
 }
 
 }  // namespace qtts

@@ -1,22 +1,25 @@
 // The fast CPU backend behind the runtime's ChunkGenerator interface
-// (engine/generation/chunk_generator.h): cpu_fast::FastGenerator for the codes, the fp32 CPU
-// speech decoder (CpuDecoderStream, this utterance's own state) for the audio. The same shape as
-// the reference's CpuChunkGenerator.
+// (engine/generation/chunk_generator.h): cpu_fast::FastGenerator for the codes, and for the audio
+// this utterance's own stream of the fast speech decoder (FastLm::decoder), or of the fp32
+// reference decoder when the model has no fast one. The same shape as the reference's
+// CpuChunkGenerator.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "engine/cpu/cpu_chunk_generator.h"
 #include "engine/cpu/speech_decoder.h"
 #include "engine/cpu_fast/fast_generator.h"
+#include "engine/cpu_fast/fast_speech_decoder.h"
 #include "engine/generation/chunk_generator.h"
 
 namespace qtts {
 
 class FastChunkGenerator final : public ChunkGenerator {
 public:
-    FastChunkGenerator(cpu_fast::FastLm lm, const cpu::CpuSpeechDecoder& decoder)
-        : generator_(std::move(lm)), decoder_(decoder) {}
+    // `reference_decoder` (used when lm.decoder is null) and lm.decoder must outlive the generator.
+    FastChunkGenerator(cpu_fast::FastLm lm, const cpu::CpuSpeechDecoder& reference_decoder);
 
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
         generator_.start(prompt, params, seed);
@@ -32,7 +35,7 @@ public:
 
 private:
     cpu_fast::FastGenerator generator_;
-    CpuDecoderStream decoder_;
+    std::unique_ptr<DecoderStream> decoder_;
     std::vector<FrameCodes> chunk_;  // the frames of the chunk being made
 };
 

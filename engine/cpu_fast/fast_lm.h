@@ -81,11 +81,15 @@ private:
     int text_vocab_ = 0;
 };
 
+class FastSpeechDecoder;  // fast_speech_decoder.h
+
 // The packed weights with the pool that runs their products: what a model shares with its streams.
 struct FastLm {
     std::shared_ptr<const FastLmWeights> weights;
     std::shared_ptr<ThreadPool> pool;
     size_t parallel_min = MATMUL_PARALLEL_MIN;  // matmul's threshold (tests set 0 to split tiny models)
+    // The fast speech decoder, on the same pool; null: streams decode with the fp32 reference's.
+    std::shared_ptr<const FastSpeechDecoder> decoder = nullptr;
 };
 
 // KV caches and activations of one stack; buffers only grow, so a warm step allocates nothing.

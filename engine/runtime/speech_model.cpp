@@ -164,11 +164,14 @@ const cpu_fast::FastLm& SpeechModel::fast_lm() const {
         const auto t0 = std::chrono::steady_clock::now();
         fast_.weights = cpu_fast::FastLmWeights::load(checkpoint_, cpu_fast::weight_format_parse(options_.cpu_format));
         fast_.pool = std::make_shared<cpu_fast::ThreadPool>(options_.threads);
+        fast_.decoder = std::make_shared<const cpu_fast::FastSpeechDecoder>(
+            checkpoint_->speech_config.decoder, checkpoint_->decoder, cpu_fast::FAST_DECODER_FORMAT_DEFAULT, fast_.pool);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        QTTS_LOG_INFO("cpu-fast: {} weights, {:.0f} MB packed, {:.0f} MB read per frame, {} thread(s), {} kernels, "
-                      "packed in {:.0f} ms",
+        QTTS_LOG_INFO("cpu-fast: {} weights, {:.0f} MB packed, {:.0f} MB read per frame, {} decoder ({:.0f} MB), "
+                      "{} thread(s), {} kernels, packed in {:.0f} ms",
                       cpu_fast::weight_format_name(fast_.weights->format()), double(fast_.weights->packed_bytes()) / 1e6,
-                      double(fast_.weights->frame_bytes()) / 1e6, fast_.pool->size(),
+                      double(fast_.weights->frame_bytes()) / 1e6, cpu_fast::conv_format_name(fast_.decoder->format()),
+                      double(fast_.decoder->packed_bytes()) / 1e6, fast_.pool->size(),
                       cpu_fast::matvec_isa_name(cpu_fast::matvec_isa_best()), ms);
     });
     return fast_;
