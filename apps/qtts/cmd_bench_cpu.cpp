@@ -231,6 +231,13 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
         chunk_ms.push_back(ms(t0, Clock::now()) / n);
     }
     const std::string decoder_name = fast_decoder ? qtts::cpu_fast::conv_format_name(fast_decoder->format()) : "reference";
+    // Multiply-adds per frame of the decoder's convs and linears (the same network in both).
+    const double decoder_macs =
+        fast_decoder ? fast_decoder->macs_per_frame()
+                     : qtts::cpu_fast::FastSpeechDecoder(model->checkpoint().speech_config.decoder, model->checkpoint().decoder,
+                                                         qtts::cpu_fast::ConvFormat::CONV_FORMAT_BF16,
+                                                         std::make_shared<qtts::cpu_fast::ThreadPool>(1))
+                           .macs_per_frame();
     const double lm_med = qtts_cli::bench_median(frame_ms);
     const double dec_med = qtts_cli::bench_median(chunk_ms);
     const double total = lm_med + dec_med;
@@ -258,6 +265,8 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
                         {"decoder", decoder_name},
                         {"decoder_frame_ms_p50", dec_med},
                         {"decoder_packed_mb", fast_decoder ? double(fast_decoder->packed_bytes()) / 1e6 : 0.0},
+                        {"decoder_gmac_per_frame", decoder_macs / 1e9},
+                        {"decoder_gmacs", dec_med > 0 ? decoder_macs / (dec_med * 1e-3) / 1e9 : 0.0},
                         {"frame_ms_p50", total},
                         {"lm_bytes_per_frame", frame_bytes},
                         {"lm_achieved_gbs", achieved_gbs},
@@ -270,6 +279,7 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     std::printf("%-26s %10.2f\n", "prefill ms", prefill_ms);
     std::printf("%-26s %10.2f\n", "talker+predictor ms/frame", lm_med);
     std::printf("%-26s %10.2f\n", ("decoder ms/frame (" + decoder_name + ")").c_str(), dec_med);
+    std::printf("%-26s %10.2f\n", "decoder GMAC/s", dec_med > 0 ? decoder_macs / (dec_med * 1e-3) / 1e9 : 0.0);
     std::printf("%-26s %10.2f\n", "total ms/frame (p50)", total);
     std::printf("%-26s %10.2f\n", "x real time", total > 0 ? 80.0 / total : 0.0);
     std::printf("%-26s %10.1f\n", "LM MB read per frame", double(frame_bytes) / 1e6);

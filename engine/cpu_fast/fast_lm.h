@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/cpu_fast/matvec.h"
+#include "engine/cpu_fast/pack_cache.h"
 #include "engine/cpu_fast/thread_pool.h"
 #include "engine/model/weight_prep.h"
 #include "engine/model/weights.h"
@@ -41,11 +43,15 @@ struct FastStack : StackShape {
 
 class FastLmWeights final : public EmbeddingTables {
 public:
-    // Packs the talker and code predictor of a loaded checkpoint in `format`.
-    static std::shared_ptr<const FastLmWeights> load(std::shared_ptr<const Checkpoint> checkpoint, WeightFormat format);
+    // Packs the talker and code predictor of a loaded checkpoint in `format`. With a cache
+    // directory, the packed matrices are read from its file for this checkpoint and format when
+    // that file is valid, else packed and written there (pack_cache.h).
+    static std::shared_ptr<const FastLmWeights> load(std::shared_ptr<const Checkpoint> checkpoint, WeightFormat format,
+                                                     const std::string& cache_dir = "");
 
     const ModelConfig& config() const { return checkpoint_->config; }
     WeightFormat format() const { return format_; }
+    PackCacheStatus cache_status() const { return cache_status_; }  // how load() got the packed matrices
     int hidden_size() const override { return talker.hidden; }
     int num_code_groups() const { return num_code_groups_; }
     int codec_vocab() const { return codec_vocab_; }
@@ -72,8 +78,12 @@ public:
     std::vector<float> predictor_proj_b;                        // [Hc]
 
 private:
+    static std::shared_ptr<FastLmWeights> load_from(const std::shared_ptr<const Checkpoint>& checkpoint,
+                                                    PackSource& source);
+
     std::shared_ptr<const Checkpoint> checkpoint_;
     WeightFormat format_ = WeightFormat::WEIGHT_FORMAT_BF16;
+    PackCacheStatus cache_status_ = PackCacheStatus::PACK_CACHE_OFF;
     int num_code_groups_ = 16;
     int codec_vocab_ = 3072;
     int predictor_vocab_ = 2048;

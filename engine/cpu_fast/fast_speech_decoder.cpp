@@ -221,6 +221,26 @@ size_t FastSpeechDecoder::packed_bytes() const {
     return n;
 }
 
+double FastSpeechDecoder::macs_per_frame() const {
+    const auto macs = [](const PackedConv& c, double rows) { return double(c.cout) * c.cin * c.k * rows; };
+    double n = macs(rvq_first_proj_, 1) + macs(rvq_rest_proj_, 1) + macs(pre_conv_, 1) + macs(tr_input_proj_, 1) +
+               macs(tr_output_proj_, 1);
+    for (const Layer& l : tr_layers_) n += macs(l.qkv, 1) + macs(l.o_proj, 1) + macs(l.gate_up, 1) + macs(l.down, 1);
+    double rows = 1;  // time rows per frame at the current stage
+    for (size_t i = 0; i < upsample_conv_.size(); ++i) {
+        n += macs(upsample_conv_[i].cols, rows);
+        rows *= upsample_conv_[i].stride;
+        n += macs(upsample_convnext_[i].pw1, rows) + macs(upsample_convnext_[i].pw2, rows);
+    }
+    n += macs(conv_in_, rows);
+    for (const Block& b : blocks_) {
+        n += macs(b.upsample.cols, rows);
+        rows *= b.upsample.stride;
+        for (const Unit& u : b.units) n += macs(u.conv1, rows) + macs(u.conv2, rows);
+    }
+    return n + macs(conv_out_, rows);
+}
+
 // ---------------------------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ public:
     ConvFormat format() const { return format_; }
     int samples_per_frame() const { return samples_per_frame_; }  // 1920
     size_t packed_bytes() const;                                  // every packed conv and linear
+    double macs_per_frame() const;  // multiply-adds of the convs and linears per frame (benchmarks)
 
     FastDecoderState state_new() const;
 
