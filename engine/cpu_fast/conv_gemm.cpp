@@ -32,21 +32,6 @@ constexpr int TILE_ROWS = 8 * BLOCK_ROWS;
 // Below this many multiply-adds a product stays on the calling thread.
 constexpr size_t CONV_PARALLEL_MIN = size_t(1) << 18;
 
-inline uint16_t bf16_round(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // NaN stays NaN
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-    return uint16_t(bits >> 16);
-}
-
-inline float bf16_value(uint16_t h) {
-    const uint32_t bits = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
 // Packs W given as a function (co, ci, k) -> value into panels [P][k][cin][16].
 template <typename Get>
 PackedConv pack_with(Get get, const float* bias, int cout, int cin, int k, int dilation, ConvFormat format) {
@@ -70,7 +55,7 @@ PackedConv pack_with(Get get, const float* bias, int cout, int cin, int k, int d
                 for (int lane = 0; lane < CONV_PANEL; ++lane, ++i) {
                     const int co = p * CONV_PANEL + lane;
                     const float v = co < cout ? get(co, ci, kk) : 0.0f;
-                    if (bf16) b16[i] = bf16_round(v);
+                    if (bf16) b16[i] = f32_to_bf16(v);
                     else f32[i] = v;
                 }
     if (bias) {
@@ -81,7 +66,7 @@ PackedConv pack_with(Get get, const float* bias, int cout, int cin, int k, int d
 }
 
 inline float packed_value(const PackedConv& c, size_t i) {
-    return c.format == ConvFormat::CONV_FORMAT_BF16 ? bf16_value(reinterpret_cast<const uint16_t*>(c.values.data.get())[i])
+    return c.format == ConvFormat::CONV_FORMAT_BF16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(c.values.data.get())[i])
                                                     : reinterpret_cast<const float*>(c.values.data.get())[i];
 }
 
