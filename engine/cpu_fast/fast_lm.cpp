@@ -110,23 +110,10 @@ std::shared_ptr<FastLmWeights> FastLmWeights::load_from(const std::shared_ptr<co
 
     w->checkpoint_ = checkpoint;
     w->format_ = format;
-    w->num_code_groups_ = tc.num_code_groups;
-    w->codec_vocab_ = tc.vocab_size;
-    w->predictor_vocab_ = tc.code_predictor.vocab_size;
-    w->text_hidden_ = tc.text_hidden_size;
-    w->text_vocab_ = tc.text_vocab_size;
-
+    w->embeddings_load(*checkpoint);
     w->talker = stack_pack(tc, tw.layers, tw.norm, source);
-    w->codec_embedding = tensor_to_f32(*tw.codec_embedding);
     w->codec_head = pack(tw.codec_head, source);
-    w->text_fc1_w = tensor_to_f32(*tw.text_fc1_w);
-    w->text_fc1_b = tensor_to_f32(*tw.text_fc1_b);
-    w->text_fc2_w = tensor_to_f32(*tw.text_fc2_w);
-    w->text_fc2_b = tensor_to_f32(*tw.text_fc2_b);
-    w->text_embedding = tw.text_embedding;
-
     w->predictor = stack_pack(tc.code_predictor, pw.layers, pw.norm, source);
-    for (const Tensor t : pw.codec_embedding) w->predictor_codec_embedding.push_back(tensor_to_f32(*t));
     for (const Tensor t : pw.lm_head) w->predictor_head.push_back(pack(t, source));
     if (pw.proj_w) {
         w->predictor_proj = pack(pw.proj_w, source);
@@ -157,33 +144,6 @@ size_t FastLmWeights::packed_bytes() const {
     size_t n = talker.bytes() + codec_head.bytes() + predictor.bytes() + predictor_proj.bytes();
     for (const PackedMatrix& h : predictor_head) n += h.bytes();
     return n;
-}
-
-void FastLmWeights::text_vector(int32_t id, float* out) const {
-    if (id < 0 || id >= text_vocab_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text id {} is outside the text vocabulary [0, {})", id, text_vocab_);
-    const int Ht = text_hidden_;
-    std::vector<float> row(static_cast<size_t>(Ht)), mid(static_cast<size_t>(Ht));
-    tensor_rows_to_f32(*text_embedding, id, 1, row.data());
-    cpu::linear(row.data(), 1, Ht, text_fc1_w.data(), text_fc1_b.data(), Ht, mid.data());
-    for (float& v : mid) v = cpu::silu(v);
-    cpu::linear(mid.data(), 1, Ht, text_fc2_w.data(), text_fc2_b.data(), talker.hidden, out);
-}
-
-void FastLmWeights::codec_vector(int codebook, int32_t id, float* out) const {
-    const size_t H = size_t(talker.hidden);
-    if (codebook == 0) {
-        if (id < 0 || id >= codec_vocab_)
-            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codec id {} is outside [0, {})", id, codec_vocab_);
-        std::memcpy(out, codec_embedding.data() + size_t(id) * H, H * sizeof(float));
-        return;
-    }
-    if (codebook < 0 || codebook >= num_code_groups_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codebook {} is outside [0, {})", codebook, num_code_groups_);
-    if (id < 0 || id >= predictor_vocab_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "code {} of codebook {} is outside [0, {})", id, codebook,
-             predictor_vocab_);
-    std::memcpy(out, predictor_codec_embedding[size_t(codebook - 1)].data() + size_t(id) * H, H * sizeof(float));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/lm.h"
 #include "engine/cpu_fast/matvec.h"
 #include "engine/cpu_fast/pack_cache.h"
 #include "engine/cpu_fast/thread_pool.h"
@@ -41,7 +42,7 @@ struct FastStack : StackShape {
     size_t bytes() const;     // packed bytes one position reads
 };
 
-class FastLmWeights final : public EmbeddingTables {
+class FastLmWeights final : public cpu::LmEmbeddings {
 public:
     // Packs the talker and code predictor of a loaded checkpoint in `format`. With a cache
     // directory, the packed matrices are read from its file for this checkpoint and format when
@@ -52,13 +53,6 @@ public:
     const ModelConfig& config() const { return checkpoint_->config; }
     WeightFormat format() const { return format_; }
     PackCacheStatus cache_status() const { return cache_status_; }  // how load() got the packed matrices
-    int hidden_size() const override { return talker.hidden; }
-    int num_code_groups() const { return num_code_groups_; }
-    int codec_vocab() const { return codec_vocab_; }
-    int predictor_vocab() const { return predictor_vocab_; }
-
-    void text_vector(int32_t id, float* out) const override;
-    void codec_vector(int codebook, int32_t id, float* out) const override;
 
     // Packed bytes one frame reads: a talker step, the predictor's 2-row prefill and G-2 steps,
     // and their heads (what the benchmark divides by the frame time).
@@ -66,13 +60,9 @@ public:
     size_t packed_bytes() const;  // all packed matrices
 
     FastStack talker;
-    std::vector<float> codec_embedding;  // [codec_vocab, H]
-    PackedMatrix codec_head;             // [codec_vocab, H]
-    std::vector<float> text_fc1_w, text_fc1_b, text_fc2_w, text_fc2_b;  // fp32, as the reference
-    const TensorView* text_embedding = nullptr;                         // [text_vocab, Ht] bf16, mapped
+    PackedMatrix codec_head;  // [codec_vocab, H]
 
     FastStack predictor;
-    std::vector<std::vector<float>> predictor_codec_embedding;  // (G-1) x [predictor_vocab, H]
     std::vector<PackedMatrix> predictor_head;                   // (G-1) x [predictor_vocab, Hc]
     PackedMatrix predictor_proj;                                // [Hc, H]; empty = identity
     std::vector<float> predictor_proj_b;                        // [Hc]
@@ -84,11 +74,6 @@ private:
     std::shared_ptr<const Checkpoint> checkpoint_;
     WeightFormat format_ = WeightFormat::WEIGHT_FORMAT_BF16;
     PackCacheStatus cache_status_ = PackCacheStatus::PACK_CACHE_OFF;
-    int num_code_groups_ = 16;
-    int codec_vocab_ = 3072;
-    int predictor_vocab_ = 2048;
-    int text_hidden_ = 0;
-    int text_vocab_ = 0;
 };
 
 class FastSpeechDecoder;  // fast_speech_decoder.h
