@@ -22,6 +22,14 @@ int grid_for(long long count) {
     check_fail(what, "invalid arguments", function, __FILE__, __LINE__);
 }
 
+// Stream s's piece of carried state at byte offset `at` in its block.
+template <typename T>
+__device__ __forceinline__ T* state_at(const DecoderStates& states, int s, size_t at) {
+    return reinterpret_cast<T*>(states.blocks[s] + at);
+}
+
+bool states_ok(const DecoderStates& states) { return states.blocks != nullptr && states.count >= 1; }
+
 __device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta) {
     const float s = sinf(alpha * v);
     return v + inv_beta * (s * s);
@@ -126,35 +134,40 @@ __global__ void snake_kernel(const float* x, int C, int T, SnakeParams snake, fl
 }
 
 // Sum of the transposed-conv contributions to output sample m of channel co.
-__device__ __forceinline__ float overlap_sum(const float* cols, int co, int K, int stride, int T, int m) {
+// cols: this stream's first column; ld: the row length of cols (S·T).
+__device__ __forceinline__ float overlap_sum(const float* cols, int co, int K, int stride, int T, int ld, int m) {
     float sum = 0.0f;
     const int t_hi = min(m / stride, T - 1);
     for (int t = t_hi; t >= 0; --t) {
         const int k = m - t * stride;
         if (k >= K) break;
-        sum += cols[(size_t(co) * K + k) * T + t];
+        sum += cols[(size_t(co) * K + k) * ld + t];
     }
     return sum;
 }
 
+// grid.y: the stream.
 __global__ void trans_conv_overlap_add_kernel(const float* cols, int Cout, int K, int stride, int T, const float* bias,
-                                              float* overlap, float* y) {
+                                              DecoderStates states, size_t overlap_at, float* y) {
     pdl_wait();
     pdl_trigger();
-    const int O = K - stride, emit = T * stride;
+    const int b = blockIdx.y;
+    const int O = K - stride, emit = T * stride, ld = states.count * T, y_ld = states.count * emit;
+    const float* cols_b = cols + size_t(b) * T;
+    float* overlap = O > 0 ? state_at<float>(states, b, overlap_at) : nullptr;
     const long long total = (long long)Cout * emit;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         const int co = int(i / emit), m = int(i - (long long)co * emit);
-        float v = overlap_sum(cols, co, K, stride, T, m);
+        float v = overlap_sum(cols_b, co, K, stride, T, ld, m);
         if (m < O) {
             // This thread owns overlap[co][m]: read the old spill-over, then store the new one
             // (output emit + m of this chunk, which exists since O <= emit).
             float* o = overlap + size_t(co) * O + m;
             v += *o;
-            *o = overlap_sum(cols, co, K, stride, T, emit + m);
+            *o = overlap_sum(cols_b, co, K, stride, T, ld, emit + m);
         }
-        y[i] = v + bias[co];
+        y[size_t(co) * y_ld + size_t(b) * emit + m] = v + bias[co];
     }
 }
 
@@ -238,15 +251,18 @@ __global__ void rms_norm_rows_kernel(const float* x, int C, const float* w, floa
     for (int c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] * inv) * w[c];
 }
 
+// grid (n, S): row t of stream b.
 __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int head_dim, const float* inv_freq,
-                                     const int64_t* pos0, float* k_ring, float* v_ring, int ring) {
+                                     DecoderStates states, size_t k_at, size_t v_at, int ring) {
     pdl_wait();
     pdl_trigger();
-    const int t = blockIdx.x, half = head_dim / 2;
+    const int t = blockIdx.x, b = blockIdx.y, half = head_dim / 2;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
-    const int64_t p = *pos0 + t;
+    const int64_t p = *state_at<int64_t>(states, b, DECODER_STATE_POSITION_AT) + t;
     const int slot = int(p % ring);
-    float* row = qkv + size_t(t) * stride;
+    float* k_ring = state_at<float>(states, b, k_at);
+    float* v_ring = state_at<float>(states, b, v_at);
+    float* row = qkv + (size_t(b) * gridDim.x + t) * stride;
     const int rotations = (heads + kv_heads) * half;
     for (int idx = threadIdx.x; idx < rotations + kvd; idx += blockDim.x) {
         if (idx < rotations) {
@@ -270,13 +286,13 @@ __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int he
     }
 }
 
-// The keys query row t sees: positions first .. p (p = *pos0 + t), at most `window` of them.
+// The keys query row t sees: positions first .. p (p = pos0 + t), at most `window` of them.
 struct WindowSpan {
     int64_t first;
     int count;
 };
-__device__ __forceinline__ WindowSpan window_span(const int64_t* pos0, int t, int window) {
-    const int64_t p = *pos0 + t;
+__device__ __forceinline__ WindowSpan window_span(int64_t pos0, int t, int window) {
+    const int64_t p = pos0 + t;
     const int64_t first = p - window + 1 > 0 ? p - window + 1 : 0;
     return {first, int(p - first + 1)};
 }
@@ -295,20 +311,24 @@ __device__ __forceinline__ float window_softmax_unnormalised(float* scores, int 
 }
 
 // One block per (query row, head).
-__global__ void window_attention_kernel(const float* qkv, int heads, int kv_heads, int head_dim, const float* k_ring,
-                                        const float* v_ring, int ring, int window, const int64_t* pos0, float* out) {
+// grid (n, heads, S).
+__global__ void window_attention_kernel(const float* qkv, int heads, int kv_heads, int head_dim, DecoderStates states,
+                                        size_t k_at, size_t v_at, int ring, int window, float* out) {
     __shared__ float scores[MAX_WINDOW];
     __shared__ float shared[32];
     pdl_wait();
     pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
     const int kvh = h / (heads / kv_heads);
-    const WindowSpan span = window_span(pos0, t, window);
+    const float* k_ring = state_at<const float>(states, b, k_at);
+    const float* v_ring = state_at<const float>(states, b, v_at);
+    const size_t row_index = size_t(b) * gridDim.x + t;
+    const WindowSpan span = window_span(*state_at<const int64_t>(states, b, DECODER_STATE_POSITION_AT), t, window);
     const int64_t first = span.first;
     const int count = span.count;
     const float scale = 1.0f / sqrtf(float(head_dim));
-    const float* q = qkv + size_t(t) * stride + size_t(h) * head_dim;
+    const float* q = qkv + row_index * stride + size_t(h) * head_dim;
     float local_max = -INFINITY;
     for (int j = threadIdx.x; j < count; j += blockDim.x) {
         const int slot = int((first + j) % ring);
@@ -319,7 +339,7 @@ __global__ void window_attention_kernel(const float* qkv, int heads, int kv_head
         local_max = fmaxf(local_max, scores[j]);
     }
     const float inv = window_softmax_unnormalised(scores, count, local_max, shared);
-    float* o = out + size_t(t) * qd + size_t(h) * head_dim;
+    float* o = out + row_index * qd + size_t(h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < count; ++j) {
@@ -341,16 +361,19 @@ __host__ __device__ inline int staged_attention_floats(int window, int head_dim)
 }
 
 __global__ void window_attention_staged_kernel(const float* qkv, int heads, int kv_heads, int head_dim,
-                                               const float* k_ring, const float* v_ring, int ring, int window,
-                                               const int64_t* pos0, float* out) {
+                                               DecoderStates states, size_t k_at, size_t v_at, int ring, int window,
+                                               float* out) {
     extern __shared__ float smem[];
     __shared__ float shared[32];
     pdl_wait();
     pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
     const int kvh = h / (heads / kv_heads);
-    const WindowSpan span = window_span(pos0, t, window);
+    const float* k_ring = state_at<const float>(states, b, k_at);
+    const float* v_ring = state_at<const float>(states, b, v_at);
+    const size_t row_index = size_t(b) * gridDim.x + t;
+    const WindowSpan span = window_span(*state_at<const int64_t>(states, b, DECODER_STATE_POSITION_AT), t, window);
     const int64_t first = span.first;
     const int count = span.count;
     const int row = head_dim + 1;
@@ -364,7 +387,7 @@ __global__ void window_attention_staged_kernel(const float* qkv, int heads, int 
         ks[j * row + d] = k_ring[src];
         vs[j * row + d] = v_ring[src];
     }
-    const float* q = qkv + size_t(t) * stride + size_t(h) * head_dim;
+    const float* q = qkv + row_index * stride + size_t(h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[d];
     __syncthreads();
     const float scale = 1.0f / sqrtf(float(head_dim));
@@ -377,7 +400,7 @@ __global__ void window_attention_staged_kernel(const float* qkv, int heads, int 
         local_max = fmaxf(local_max, scores[j]);
     }
     const float inv = window_softmax_unnormalised(scores, count, local_max, shared);
-    float* o = out + size_t(t) * qd + size_t(h) * head_dim;
+    float* o = out + row_index * qd + size_t(h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < count; ++j) acc += scores[j] * vs[j * row + d];
@@ -413,31 +436,45 @@ __global__ void clamp_unit_kernel(float* y, int count) {
         y[i] = fminf(1.0f, fmaxf(-1.0f, y[i]));
 }
 
-__global__ void position_advance_kernel(int64_t* pos, int n, int64_t* chunk) {
+__global__ void position_advance_kernel(DecoderStates states, int n) {
     pdl_wait();
     pdl_trigger();
-    if (threadIdx.x == 0 && blockIdx.x == 0) {
-        *pos += n;
-        if (chunk) *chunk += 1;
+    for (int b = threadIdx.x; b < states.count; b += blockDim.x) {
+        *state_at<int64_t>(states, b, DECODER_STATE_POSITION_AT) += n;
+        *state_at<int64_t>(states, b, DECODER_STATE_CHUNK_AT) += 1;
     }
 }
 
-// Value of column s of [tail | act(x)] for channel c (s < L + T).
-__device__ __forceinline__ float carried_input(const float* tail, int L, const float* x, int T, int c, int s,
+// Value of column s of [tail | act(x)] for channel c (s < L + T); x is this stream's first
+// column, ld the row length of the signal (S·T).
+__device__ __forceinline__ float carried_input(const float* tail, int L, const float* x, int ld, int c, int s,
                                                SnakeParams snake) {
     if (s < L) return tail[size_t(c) * L + s];
-    float v = x[size_t(c) * T + (s - L)];
+    float v = x[size_t(c) * ld + (s - L)];
     if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
     return v;
 }
 
-__global__ void conv_im2col_carry_kernel(float* tails, int L, const int64_t* chunk, const float* x, int C, int T,
+// The tail slots of stream b: {read, write}.
+struct TailSlots {
+    const float* tail;
+    float* next;
+};
+__device__ __forceinline__ TailSlots tail_slots(const DecoderStates& states, int b, size_t tails_at, int C, int L) {
+    const int slot = int(*state_at<const int64_t>(states, b, DECODER_STATE_CHUNK_AT) & 1);
+    float* tails = state_at<float>(states, b, tails_at);
+    return {tails + size_t(slot) * C * L, tails + size_t(1 - slot) * C * L};
+}
+
+// grid.y: the stream.
+__global__ void conv_im2col_carry_kernel(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T,
                                          int K, int dilation, SnakeParams snake, float* col, int col_rows) {
     pdl_wait();
     pdl_trigger();
-    const int slot = int(*chunk & 1);
-    const float* tail = tails + size_t(slot) * C * L;
-    float* next = tails + size_t(1 - slot) * C * L;
+    const int b = blockIdx.y, ld = states.count * T;
+    const TailSlots slots = tail_slots(states, b, tails_at, C, L);
+    const float* xb = x + size_t(b) * T;
+    float* colb = col + size_t(b) * T;
     const long long rows = (long long)C * K;
     const long long col_total = (long long)col_rows * T;
     const long long total = col_total + (long long)C * L;
@@ -446,39 +483,42 @@ __global__ void conv_im2col_carry_kernel(float* tails, int L, const int64_t* chu
         if (i < col_total) {
             const long long r = i / T;
             const int t = int(i - r * T);
+            float* dst = colb + r * ld + t;
             if (r >= rows) {
-                col[i] = r == rows ? 1.0f : 0.0f;
+                *dst = r == rows ? 1.0f : 0.0f;
                 continue;
             }
             const int c = int(r / K), k = int(r - (long long)c * K);
-            col[i] = carried_input(tail, L, x, T, c, t + k * dilation, snake);
+            *dst = carried_input(slots.tail, L, xb, ld, c, t + k * dilation, snake);
         } else {
             const long long j = i - col_total;
             const int c = int(j / L), jj = int(j - (long long)c * L);
-            next[j] = carried_input(tail, L, x, T, c, T + jj, snake);
+            slots.next[j] = carried_input(slots.tail, L, xb, ld, c, T + jj, snake);
         }
     }
 }
 
-__global__ void depthwise_conv_carry_kernel(float* tails, int L, const int64_t* chunk, const float* x, int C, int T,
+// grid.y: the stream.
+__global__ void depthwise_conv_carry_kernel(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T,
                                             int K, int dilation, const float* w, const float* b, float* y) {
     pdl_wait();
     pdl_trigger();
-    const int slot = int(*chunk & 1);
-    const float* tail = tails + size_t(slot) * C * L;
-    float* next = tails + size_t(1 - slot) * C * L;
+    const int s = blockIdx.y, ld = states.count * T;
+    const TailSlots slots = tail_slots(states, s, tails_at, C, L);
+    const float* xs = x + size_t(s) * T;
     const long long body = (long long)C * T, total = body + (long long)C * L;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         if (i < body) {
             const int c = int(i / T), t = int(i - (long long)c * T);
             float sum = 0.0f;
-            for (int k = 0; k < K; ++k) sum += w[size_t(c) * K + k] * carried_input(tail, L, x, T, c, t + k * dilation, {});
-            y[i] = sum + (b ? b[c] : 0.0f);
+            for (int k = 0; k < K; ++k)
+                sum += w[size_t(c) * K + k] * carried_input(slots.tail, L, xs, ld, c, t + k * dilation, {});
+            y[size_t(c) * ld + size_t(s) * T + t] = sum + (b ? b[c] : 0.0f);
         } else {
             const long long j = i - body;
             const int c = int(j / L), jj = int(j - (long long)c * L);
-            next[j] = carried_input(tail, L, x, T, c, T + jj, {});
+            slots.next[j] = carried_input(slots.tail, L, xs, ld, c, T + jj, {});
         }
     }
 }
@@ -490,24 +530,24 @@ constexpr int CONV_OUT_SPLIT = 4;         // threads per output sample (channel 
 // Block: CONV_OUT_TILE outputs; stage snake([tail | x]) for every channel over the tile's
 // input window in shared memory, then 4 threads per output split the channels.
 __global__ void __launch_bounds__(CONV_OUT_TILE * CONV_OUT_SPLIT)
-    conv_out_carry_kernel(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
-                          SnakeParams snake, const float* w, float* y) {
+    conv_out_carry_kernel(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                          int dilation, SnakeParams snake, const float* w, float* y) {
     extern __shared__ float window[];  // [C, CONV_OUT_TILE + L]
     pdl_wait();
     pdl_trigger();
-    const int slot = int(*chunk & 1);
-    const float* tail = tails + size_t(slot) * C * L;
-    float* next = tails + size_t(1 - slot) * C * L;
+    const int b = blockIdx.y, ld = states.count * T;  // grid.y: the stream
+    const TailSlots slots = tail_slots(states, b, tails_at, C, L);
+    const float* xb = x + size_t(b) * T;
     const int t0 = blockIdx.x * CONV_OUT_TILE;
     const int width = CONV_OUT_TILE + L;
     for (int idx = threadIdx.x; idx < C * width; idx += blockDim.x) {
         const int c = idx / width, s = t0 + (idx - c * width);
-        window[idx] = s < L + T ? carried_input(tail, L, x, T, c, s, snake) : 0.0f;
+        window[idx] = s < L + T ? carried_input(slots.tail, L, xb, ld, c, s, snake) : 0.0f;
     }
     if (blockIdx.x == gridDim.x - 1) {
         for (int j = threadIdx.x; j < C * L; j += blockDim.x) {
             const int c = j / L, jj = j - c * L;
-            next[j] = carried_input(tail, L, x, T, c, T + jj, snake);
+            slots.next[j] = carried_input(slots.tail, L, xb, ld, c, T + jj, snake);
         }
     }
     __syncthreads();
@@ -521,7 +561,7 @@ __global__ void __launch_bounds__(CONV_OUT_TILE * CONV_OUT_SPLIT)
 #pragma unroll
     for (int o = CONV_OUT_SPLIT / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const int t = t0 + local;
-    if (part == 0 && t < T) y[t] = fminf(1.0f, fmaxf(-1.0f, sum + w[size_t(C) * K]));
+    if (part == 0 && t < T) y[size_t(b) * T + t] = fminf(1.0f, fmaxf(-1.0f, sum + w[size_t(C) * K]));
 }
 
 constexpr int SMALL_LINEAR_WARPS = 4;
@@ -628,13 +668,14 @@ void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, cons
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, snake_kernel, x, C, T, snake, y));
 }
 
-void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int T, const float* bias, float* overlap,
-                            float* y, const Launch& l) {
+void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int T, const float* bias,
+                            DecoderStates states, size_t overlap_at, float* y, const Launch& l) {
     if (Cout <= 0 || T <= 0 || stride <= 0 || K < stride || K - stride > T * stride || !cols || !bias || !y ||
-        (K > stride && !overlap))
+        !states_ok(states) || states.count > 65535)
         bad_args("trans_conv_overlap_add", __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T * stride)), dim3(THREADS), 0,
-                             trans_conv_overlap_add_kernel, cols, Cout, K, stride, T, bias, overlap, y));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T * stride), states.count), dim3(THREADS), 0,
+                                    trans_conv_overlap_add_kernel, cols, Cout, K, stride, T, bias, states, overlap_at,
+                                    y));
 }
 
 void depthwise_conv(const float* tail, int L, const float* x, int C, int T, int K, int dilation, const float* w,
@@ -677,28 +718,29 @@ void rms_norm_rows(const float* x, int T, int C, const float* w, float eps, floa
 }
 
 void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
-                   const int64_t* pos0, float* k_ring, float* v_ring, int ring, const Launch& l) {
-    if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq || !pos0 ||
-        !k_ring || !v_ring)
+                   DecoderStates states, size_t k_at, size_t v_at, int ring, const Launch& l) {
+    if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq ||
+        !states_ok(states) || states.count > 65535)
         bad_args("rope_kv_store", __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n), dim3(128), 0, rope_kv_store_kernel, qkv, heads, kv_heads, head_dim, inv_freq,
-                             pos0, k_ring, v_ring, ring));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, states.count), dim3(128), 0, rope_kv_store_kernel, qkv, heads, kv_heads,
+                                    head_dim, inv_freq, states, k_at, v_at, ring));
 }
 
-void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, const float* k_ring,
-                      const float* v_ring, int ring, int window, const int64_t* pos0, float* out, const Launch& l) {
+void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, DecoderStates states,
+                      size_t k_at, size_t v_at, int ring, int window, float* out, const Launch& l) {
     if (n <= 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || window < 1 || window > MAX_WINDOW ||
-        ring < window - 1 + n || !qkv || !k_ring || !v_ring || !pos0 || !out)
+        ring < window - 1 + n || !qkv || !states_ok(states) || states.count > 65535 || !out)
         bad_args("window_attention", __func__);
+    const dim3 grid(n, heads, states.count);
     const int staged = staged_attention_floats(window, head_dim);
     if (staged <= STAGED_ATTENTION_SMEM_FLOATS) {
-        KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), size_t(staged) * sizeof(float),
-                                 window_attention_staged_kernel, qkv, heads, kv_heads, head_dim, k_ring, v_ring, ring,
-                                 window, pos0, out));
+        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(128), size_t(staged) * sizeof(float),
+                                        window_attention_staged_kernel, qkv, heads, kv_heads, head_dim, states, k_at,
+                                        v_at, ring, window, out));
         return;
     }
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, heads), dim3(128), 0, window_attention_kernel, qkv, heads, kv_heads, head_dim,
-                             k_ring, v_ring, ring, window, pos0, out));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(128), 0, window_attention_kernel, qkv, heads, kv_heads, head_dim,
+                                    states, k_at, v_at, ring, window, out));
 }
 
 void scaled_residual_rows(float* h, const float* y, const float* scale, int n, int D, const Launch& l) {
@@ -718,42 +760,44 @@ void clamp_unit(float* y, int count, const Launch& l) {
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(count)), dim3(THREADS), 0, clamp_unit_kernel, y, count));
 }
 
-void position_advance(int64_t* pos, int n, int64_t* chunk, const Launch& l) {
-    if (!pos) bad_args("position_advance", __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(32), 0, position_advance_kernel, pos, n, chunk));
+void position_advance(DecoderStates states, int n, const Launch& l) {
+    if (!states_ok(states) || n < 0) bad_args("position_advance", __func__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(std::min(256, (states.count + 31) / 32 * 32)), 0,
+                                    position_advance_kernel, states, n));
 }
 
-void conv_im2col_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
-                       SnakeParams snake, float* col, const Launch& l, int col_rows) {
+void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                       int dilation, SnakeParams snake, float* col, const Launch& l, int col_rows) {
     if (col_rows == 0) col_rows = C * K + 1;
-    if (T <= 0 || C <= 0 || K <= 0 || L != (K - 1) * dilation || (L > 0 && !tails) || !chunk || !x || !col ||
-        col_rows < C * K + 1)
+    if (T <= 0 || C <= 0 || K <= 0 || L <= 0 || L != (K - 1) * dilation || !states_ok(states) ||
+        states.count > 65535 || !x || !col || col_rows < C * K + 1)
         bad_args("conv_im2col_carry", __func__);
     const long long total = (long long)col_rows * T + (long long)C * L;
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_carry_kernel, tails, L, chunk, x,
-                             C, T, K, dilation, snake, col, col_rows));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total), states.count), dim3(THREADS), 0, conv_im2col_carry_kernel,
+                                    states, tails_at, L, x, C, T, K, dilation, snake, col, col_rows));
 }
 
-void depthwise_conv_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K,
+void depthwise_conv_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                           int dilation, const float* w, const float* b, float* y, const Launch& l) {
-    if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !x || !w || !y || !chunk || (L > 0 && !tails))
+    if (C <= 0 || T <= 0 || L <= 0 || L != (K - 1) * dilation || !x || !w || !y || !states_ok(states) ||
+        states.count > 65535)
         bad_args("depthwise_conv_carry", __func__);
     const long long total = (long long)C * T + (long long)C * L;
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, depthwise_conv_carry_kernel, tails, L, chunk,
-                             x, C, T, K, dilation, w, b, y));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total), states.count), dim3(THREADS), 0,
+                                    depthwise_conv_carry_kernel, states, tails_at, L, x, C, T, K, dilation, w, b, y));
 }
 
 bool conv_out_direct_fits(int C, int L) { return (long long)C * (CONV_OUT_TILE + L) <= CONV_OUT_SMEM_FLOATS; }
 
-void conv_out_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
+void conv_out_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K, int dilation,
                     SnakeParams snake, const float* w, float* y, const Launch& l) {
-    if (C <= 0 || T <= 0 || L != (K - 1) * dilation || !conv_out_direct_fits(C, L) || !x || !w || !y || !chunk ||
-        (L > 0 && !tails))
+    if (C <= 0 || T <= 0 || L <= 0 || L != (K - 1) * dilation || !conv_out_direct_fits(C, L) || !x || !w || !y ||
+        !states_ok(states) || states.count > 65535)
         bad_args("conv_out_carry", __func__);
     const int blocks = (T + CONV_OUT_TILE - 1) / CONV_OUT_TILE;
     const size_t smem = size_t(C) * (CONV_OUT_TILE + L) * sizeof(float);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks), dim3(CONV_OUT_TILE * CONV_OUT_SPLIT), smem, conv_out_carry_kernel, tails,
-                             L, chunk, x, C, T, K, dilation, snake, w, y));
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks, states.count), dim3(CONV_OUT_TILE * CONV_OUT_SPLIT), smem,
+                                    conv_out_carry_kernel, states, tails_at, L, x, C, T, K, dilation, snake, w, y));
 }
 
 bool small_linear_fits(int n, int in) {

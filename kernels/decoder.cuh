@@ -10,13 +10,32 @@
 //
 // Every kernel starts with pdl_wait(), so all of them may be launched with programmatic
 // dependent launch. Positions are read from device memory (graph replay).
+//
+// Several streams in one pass: a decoder chunk runs for S streams at once (S = 1 for a stream
+// alone) with the streams side by side in every signal — channel-major x[C, S·T] (stream s owns
+// columns s·T .. s·T + T - 1), time-major rows h[S·n, D] (stream s owns rows s·n ..) — so the
+// products and the per-value kernels see one wider matrix. What a stream carries from chunk to
+// chunk (position, chunk counter, conv tails, transposed-conv overlaps, K/V rings) is one block
+// of device memory per stream, laid out the same way for every stream; the kernels that read or
+// write carried state find stream s's block through a device table (DecoderStates) and the
+// piece they want by its byte offset in the block.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/common.cuh"
 
 namespace qtts::kernels {
+
+struct DecoderStates {
+    char* const* blocks = nullptr;  // device [count]: each stream's state block
+    int count = 1;                  // S
+};
+// The block header: two int64 counters, then (from DECODER_STATE_HEADER_BYTES) the tails and rings.
+constexpr size_t DECODER_STATE_POSITION_AT = 0;  // frames decoded (position of the next frame)
+constexpr size_t DECODER_STATE_CHUNK_AT = 8;     // chunks decoded (its parity picks the tail slot)
+constexpr size_t DECODER_STATE_HEADER_BYTES = 256;
 
 // SnakeBeta parameters prepared on the host exactly as the CPU does:
 //   alpha = exp(log_alpha), inv_beta = 1 / (exp(log_beta) + 1e-9);  y = x + inv_beta·sin²(alpha·x)
@@ -44,12 +63,13 @@ void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakePar
 // y [C, T] = snake(x [C, T]) (y may alias x).
 void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, const Launch& launch);
 
-// Overlap-add of a causal transposed conv (stride s, kernel K, K - s <= T·s):
-//   cols [Cout·K, T] (row co·K + k = contribution of input column t to output t·s + k),
-//   y [Cout, T·s] = overlap-added columns + carried overlap (first K-s outputs) + bias;
-//   overlap [Cout, K - s] becomes this chunk's spill-over into the next one.
-void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int T, const float* bias, float* overlap,
-                            float* y, const Launch& launch);
+// Overlap-add of a causal transposed conv (stride s, kernel K, K - s <= T·s), T frames per stream:
+//   cols [Cout·K, S·T] (row co·K + k = contribution of input column t to output t·s + k),
+//   y [Cout, S·T·s] = overlap-added columns + carried overlap (first K-s outputs) + bias;
+//   each stream's overlap [Cout, K - s] (at overlap_at in its block) becomes this chunk's
+//   spill-over into its next one.
+void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int T, const float* bias,
+                            DecoderStates states, size_t overlap_at, float* y, const Launch& launch);
 
 // Depthwise causal conv: y[c, t] = b[c] + Σ_k w[c, k]·[tail | x][c, t + k·dilation].
 void depthwise_conv(const float* tail, int L, const float* x, int C, int T, int K, int dilation, const float* w,
@@ -73,16 +93,17 @@ void bias_add(float* y, int rows, int cols, const float* bias, bool per_row, con
 // Per-row RMSNorm: y [T, C] = x / sqrt(mean(x²) + eps) · w
 void rms_norm_rows(const float* x, int T, int C, const float* w, float eps, float* y, const Launch& launch);
 
-// RoPE (rotate-half) on the q and k parts of qkv [n, (heads + 2 kv)·hd] in place, row t at
-// position *pos0 + t, and stores the rotated keys and the values of every row in the K/V ring
-// [ring, kv·hd] at slot position % ring.
+// RoPE (rotate-half) on the q and k parts of qkv [S·n, (heads + 2 kv)·hd] in place, stream s's
+// row t at its position + t, and stores the rotated keys and the values of every row in the
+// stream's K/V rings [ring, kv·hd] (at k_at / v_at in its block) at slot position % ring.
 void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
-                   const int64_t* pos0, float* k_ring, float* v_ring, int ring, const Launch& launch);
+                   DecoderStates states, size_t k_at, size_t v_at, int ring, const Launch& launch);
 
-// Sliding-window causal attention of the n queries in qkv (positions *pos0 + t) over the ring:
-// query p sees keys max(0, p - window + 1) .. p.  out [n, heads·hd]. window <= 1024.
-void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, const float* k_ring,
-                      const float* v_ring, int ring, int window, const int64_t* pos0, float* out, const Launch& launch);
+// Sliding-window causal attention of each stream's n queries in qkv (positions position + t)
+// over its own rings: query p sees keys max(0, p - window + 1) .. p.  out [S·n, heads·hd].
+// window <= 1024.
+void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, DecoderStates states,
+                      size_t k_at, size_t v_at, int ring, int window, float* out, const Launch& launch);
 
 // h [n, D] += scale[d] · y [n, D]   (LayerScale residual)
 void scaled_residual_rows(float* h, const float* y, const float* scale, int n, int D, const Launch& launch);
@@ -93,26 +114,27 @@ void swiglu_rows(const float* gu, int n, int I, float* out, const Launch& launch
 // y = min(1, max(-1, y))
 void clamp_unit(float* y, int count, const Launch& launch);
 
-// *pos += n and, when chunk is set, *chunk += 1 (one thread)
-void position_advance(int64_t* pos, int n, int64_t* chunk, const Launch& launch);
+// Every stream: position += n, chunk counter += 1.
+void position_advance(DecoderStates states, int n, const Launch& launch);
 
 // ---- streaming variants: the tail update fused into the consumer ----------------------------
-// The carried tail lives in two slots, tails [2, C, L]; the kernel reads slot (*chunk & 1) and
-// writes the new tail (last L columns of [tail | input]) into the other slot, so no kernel ever
-// reads what another block of the same launch writes. *chunk is advanced once per decoder
-// chunk (position_advance), which flips the slots.
+// A carried tail lives in two slots, tails [2, C, L] (at tails_at in each stream's block); the
+// kernel reads slot (chunk & 1) and writes the new tail (last L columns of [tail | input]) into
+// the other slot, so no kernel ever reads what another block of the same launch writes. The
+// chunk counter is advanced once per decoder chunk (position_advance), which flips the slots.
+// x [C, S·T]: T columns per stream.
 
-// conv_im2col + conv_tail_update in one launch.
-void conv_im2col_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
-                       SnakeParams snake, float* col, const Launch& launch, int col_rows = 0);
-// depthwise_conv + tail update (no activation) in one launch.
-void depthwise_conv_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K,
+// conv_im2col + tail update in one launch; col [col_rows, S·T].
+void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                       int dilation, SnakeParams snake, float* col, const Launch& launch, int col_rows = 0);
+// depthwise_conv + tail update (no activation) in one launch; y [C, S·T].
+void depthwise_conv_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                           int dilation, const float* w, const float* b, float* y, const Launch& launch);
 // The output conv (C -> 1 channel, SnakeBeta on its input, clamp to [-1, 1]) as a direct
-// convolution: y[t] = clamp(w[C·K] + Σ_c,k w[c·K + k]·[tail | snake(x)][c, t + k·dilation]).
-// w [C·K + 1] (bias last). Needs C·(64 + L) <= 12288 (conv_out_direct_fits).
+// convolution: y[s, t] = clamp(w[C·K] + Σ_c,k w[c·K + k]·[tail | snake(x)][c, t + k·dilation]).
+// w [C·K + 1] (bias last), y [S, T]. Needs C·(64 + L) <= 12288 (conv_out_direct_fits).
 bool conv_out_direct_fits(int C, int L);
-void conv_out_carry(float* tails, int L, const int64_t* chunk, const float* x, int C, int T, int K, int dilation,
+void conv_out_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K, int dilation,
                     SnakeParams snake, const float* w, float* y, const Launch& launch);
 
 // ---- small-n linear layers (transformer rows of short chunks) ---------------------------------

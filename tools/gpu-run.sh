@@ -22,12 +22,12 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${QTTS_GPU_BUILD:-$ROOT/build-gpu}
 DIST=$BUILD/dist
-GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder test_gpu_batch"
+GPU_TESTS="test_gpu_kernels test_gpu_lm test_gpu_graphs test_gpu_runtime test_gpu_decoder test_gpu_batch test_gpu_arch"
 UNIT_TESTS="test_cuda_fallback"
 STAGE_TESTS=${QTTS_STAGE_TESTS:-"$GPU_TESTS $UNIT_TESTS"}
 
 build() {
-    cmake -S "$ROOT" -B "$BUILD" -DQTTS_CUDA=ON -DQTTS_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release -DQTTS_WERROR=ON >/dev/null
+    cmake -S "$ROOT" -B "$BUILD" -DQTTS_CUDA=ON -DQTTS_CUDA_ARCHS=${QTTS_GPU_ARCHS:-90} -DCMAKE_BUILD_TYPE=Release -DQTTS_WERROR=ON >/dev/null
     # shellcheck disable=SC2086
     cmake --build "$BUILD" --target qtts_cli qtts_kernel_lab $STAGE_TESTS -j2
     rm -rf "$DIST"
@@ -130,6 +130,8 @@ device() {
     [ -x "$q/bin/test_gpu_lm" ] && run_test test_gpu_lm gpu
     [ -x "$q/bin/test_gpu_decoder" ] && run_test test_gpu_decoder gpu QTTS_TEST_DECODER_FRAMES=100
     [ -x "$q/bin/test_gpu_batch" ] && run_test test_gpu_batch gpu
+    [ -x "$q/bin/test_gpu_arch" ] && run_test test_gpu_arch gpu
+    "$q/bin/qtts" version 2>&1 | tee -a "$summary" || note "qtts version FAILED"
 
     # The voice-assistant example on the GPU (issue 19): demo model, CUDA backend, a virtual player
     # (20 ms periods); it prints first audio from the first token and cancel-to-silence (barge-in).
@@ -172,6 +174,28 @@ device() {
             grep -vE '^\[' "$q/serve.log" | tee -a "$summary" >/dev/null
             cat "$q/serve.log" >>"$out/bench.log"
             note "bench-serve $p: $((SECONDS - t)) s"
+        fi
+        # A spoken sentence under GPU memory caps (QTTS_MEMORY_LIMITS="6G 3G", off when empty;
+        # needs `--gpu-memory-limit`, issue 23's branch wt-arch): peak memory, first audio and
+        # real-time factor from `qtts say`'s log.
+        for lim in ${QTTS_MEMORY_LIMITS:-}; do
+            "$q/bin/qtts" say "The quick brown fox jumps over the lazy dog, and then it runs away." --model "$dir" \
+                --backend cuda --greedy --max-frames 150 --gpu-memory-limit "$lim" -o "$q/say-$p-$lim.wav" \
+                >"$q/say-$p-$lim.log" 2>&1 || note "say $p under $lim: failed (rc $?)"
+            cat "$q/say-$p-$lim.log" >>"$out/bench.log"
+            grep -iE "peak GPU memory|first audio|real-time|context|slot|room|rror" "$q/say-$p-$lim.log" \
+                | sed "s/^/  [$p say $lim] /" | tee -a "$summary" || true
+        done
+        # Batched speech-decoder passes (QTTS_BENCH_DECODER_STREAMS="2,8,32,64", off when empty;
+        # release-size random tokenizer, chunks of 1 and 4 frames).
+        if [ -n "${QTTS_BENCH_DECODER_STREAMS:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
+            t=$SECONDS
+            timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench-decoder --chunks 1,4 --frames 64 --repeats 2 \
+                --streams "$QTTS_BENCH_DECODER_STREAMS" ${QTTS_BENCH_DECODER_ARGS:-} --cache "$q/decoder-model" \
+                --json "$out/bench-decoder-batched.json" >"$q/bench-decoder.log" 2>&1 || note "decoder bench FAILED"
+            cat "$q/bench-decoder.log" >>"$out/bench.log"
+            note "decoder bench: $((SECONDS - t)) s"
+            grep -E '^\s+batched' "$q/bench-decoder.log" | sed "s/^/  [decoder] /" | tee -a "$summary" || true
         fi
         # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty).
         if [ -n "${QTTS_BENCH_BATCH:-}" ]; then

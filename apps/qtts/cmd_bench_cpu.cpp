@@ -7,8 +7,10 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +18,9 @@
 #include "apps/qtts/bench_common.h"
 #include "apps/qtts/cli.h"
 #include "engine/common/error.h"
+#include "engine/cpu/cpu_chunk_generator.h"
 #include "engine/cpu_fast/fast_generator.h"
+#include "engine/cpu_fast/fast_speech_decoder.h"
 #include "engine/cpu_fast/thread_pool.h"
 #include "engine/model/make_model.h"
 #include "engine/runtime/speech_model.h"
@@ -126,16 +130,21 @@ void frames_run(Gen& gen, const qtts::Prompt& prompt, const qtts::PreparedSpeech
 }
 
 int cmd_bench_cpu(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "preset", "frames", "json", "cache", "chunk", "backend", "format", "threads", "compare"},
+    qtts_cli::Args args(argv, {"model", "preset", "frames", "json", "cache", "chunk", "backend", "format", "threads", "compare",
+                               "decoder"},
                         {"help", "no-bandwidth"});
     if (args.has("help") || (!args.get("model") && !args.get("preset"))) {
         std::printf("usage: qtts bench-cpu --model DIR | --preset P [--backend cpu|cpu-fast] [--format bf16|int8]\n"
-                    "                      [--threads N] [--frames N] [--chunk K] [--json FILE] [--no-bandwidth]\n"
+                    "                      [--threads N] [--decoder fp32|bf16|reference] [--frames N] [--chunk K]\n"
+                    "                      [--json FILE] [--no-bandwidth]\n"
                     "  CPU frame time: talker + code predictor per frame, decoder per frame, prefill, x real time;\n"
                     "  weight bytes per frame, achieved GB/s and the machine's measured read bandwidth\n"
                     "  (--backend cpu, the fp32 reference, is the default; --format and --threads are cpu-fast's)\n"
+                    "  --decoder F   cpu-fast: the speech decoder timed: the fast one with fp32 or bf16 weights\n"
+                    "                (default: what the model loads) or the fp32 reference\n"
                     "  --compare N   cpu-fast: also run the fp32 reference greedy for N frames and report logits\n"
-                    "                error, greedy frames agreeing and the audio SNR against it\n");
+                    "                error, greedy frames agreeing and the audio SNR against it, and the fast\n"
+                    "                decoder's SNR against the reference decode of the same codes\n");
         return args.has("help") ? 0 : 2;
     }
     const std::string dir = qtts_cli::bench_model_dir(args);
@@ -149,8 +158,12 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     const int compare = int(args.get_int("compare", 0));
     if (compare < 0 || (compare > 0 && !fast))
         qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "bench-cpu: --compare N (N >= 1) is for --backend cpu-fast");
-    if (!fast && (args.get("format") || args.get("threads")))
-        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "bench-cpu: --format and --threads are for --backend cpu-fast");
+    if (!fast && (args.get("format") || args.get("threads") || args.get("decoder")))
+        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT,
+                   "bench-cpu: --format, --threads and --decoder are for --backend cpu-fast");
+    const std::string decoder_choice =
+        args.get_or("decoder", qtts::cpu_fast::conv_format_name(qtts::cpu_fast::FAST_DECODER_FORMAT_DEFAULT));
+    if (decoder_choice != "reference") qtts::cpu_fast::conv_format_parse(decoder_choice);  // throws on a bad name
 
     const auto t_load0 = Clock::now();
     qtts::BackendOptions model_options;
@@ -196,16 +209,40 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     }
     const int made = int(frame_ms.size());
 
-    // Decoder alone, streaming in chunks of `chunk` frames.
-    qtts::cpu::DecoderState state = model->decoder().state_new();
+    // Decoder alone, streaming in chunks of `chunk` frames: the fp32 reference (--backend cpu,
+    // --decoder reference) or the fast decoder in the format asked for, on the LM's pool.
+    std::shared_ptr<const qtts::cpu_fast::FastSpeechDecoder> fast_decoder;
+    if (fast && decoder_choice != "reference") {
+        const qtts::cpu_fast::FastLm& lm = model->fast_lm();
+        const auto want = qtts::cpu_fast::conv_format_parse(decoder_choice);
+        fast_decoder = lm.decoder && lm.decoder->format() == want
+                           ? lm.decoder
+                           : std::make_shared<const qtts::cpu_fast::FastSpeechDecoder>(
+                                 model->checkpoint().speech_config.decoder, model->checkpoint().decoder, want, lm.pool);
+    }
+    std::unique_ptr<qtts::DecoderStream> stream;
+    if (fast_decoder) stream = std::make_unique<qtts::cpu_fast::FastDecoderStream>(*fast_decoder);
+    else stream = std::make_unique<qtts::CpuDecoderStream>(model->decoder());
     std::vector<float> pcm;
     std::vector<double> chunk_ms;
+    // Process CPU time (every thread, spinning included) next to the wall time: on a shared machine
+    // the wall time moves with the other load, the CPU time much less.
+    const std::clock_t decoder_cpu0 = std::clock();
     for (int s = 0; s < made; s += chunk) {
         const int n = std::min(chunk, made - s);
         const auto t0 = Clock::now();
-        model->decoder().decode(state, codes.data() + size_t(s) * 16, n, &pcm);
+        stream->decode(codes.data() + size_t(s) * 16, n, &pcm);
         chunk_ms.push_back(ms(t0, Clock::now()) / n);
     }
+    const double decoder_cpu_ms = made > 0 ? 1e3 * double(std::clock() - decoder_cpu0) / CLOCKS_PER_SEC / made : 0.0;
+    const std::string decoder_name = fast_decoder ? qtts::cpu_fast::conv_format_name(fast_decoder->format()) : "reference";
+    // Multiply-adds per frame of the decoder's convs and linears (the same network in both).
+    const double decoder_macs =
+        fast_decoder ? fast_decoder->macs_per_frame()
+                     : qtts::cpu_fast::FastSpeechDecoder(model->checkpoint().speech_config.decoder, model->checkpoint().decoder,
+                                                         qtts::cpu_fast::ConvFormat::CONV_FORMAT_BF16,
+                                                         std::make_shared<qtts::cpu_fast::ThreadPool>(1))
+                           .macs_per_frame();
     const double lm_med = qtts_cli::bench_median(frame_ms);
     const double dec_med = qtts_cli::bench_median(chunk_ms);
     const double total = lm_med + dec_med;
@@ -230,7 +267,12 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
                         {"prefill_positions", prompt.positions.size()},
                         {"lm_frame_ms_p50", lm_med},
                         {"lm_frame_ms_p95", qtts_cli::bench_percentile(frame_ms, 95)},
+                        {"decoder", decoder_name},
                         {"decoder_frame_ms_p50", dec_med},
+                        {"decoder_cpu_ms_per_frame", decoder_cpu_ms},
+                        {"decoder_packed_mb", fast_decoder ? double(fast_decoder->packed_bytes()) / 1e6 : 0.0},
+                        {"decoder_gmac_per_frame", decoder_macs / 1e9},
+                        {"decoder_gmacs", dec_med > 0 ? decoder_macs / (dec_med * 1e-3) / 1e9 : 0.0},
                         {"frame_ms_p50", total},
                         {"lm_bytes_per_frame", frame_bytes},
                         {"lm_achieved_gbs", achieved_gbs},
@@ -242,7 +284,9 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     std::printf("%-26s %10.1f\n", "load ms", load_ms);
     std::printf("%-26s %10.2f\n", "prefill ms", prefill_ms);
     std::printf("%-26s %10.2f\n", "talker+predictor ms/frame", lm_med);
-    std::printf("%-26s %10.2f\n", "decoder ms/frame", dec_med);
+    std::printf("%-26s %10.2f\n", ("decoder ms/frame (" + decoder_name + ")").c_str(), dec_med);
+    std::printf("%-26s %10.2f\n", "decoder CPU ms/frame", decoder_cpu_ms);
+    std::printf("%-26s %10.2f\n", "decoder GMAC/s", dec_med > 0 ? decoder_macs / (dec_med * 1e-3) / 1e9 : 0.0);
     std::printf("%-26s %10.2f\n", "total ms/frame (p50)", total);
     std::printf("%-26s %10.2f\n", "x real time", total > 0 ? 80.0 / total : 0.0);
     std::printf("%-26s %10.1f\n", "LM MB read per frame", double(frame_bytes) / 1e6);
@@ -254,6 +298,13 @@ int cmd_bench_cpu(const std::vector<std::string>& argv) {
     std::printf("%s\n", j.dump().c_str());
     if (compare > 0) {
         j["quality"] = quality_compare(*model, prompt, prep.params, compare);
+        if (fast_decoder) {
+            // The fast decoder against the reference decode of the same codes (the LM run's).
+            std::vector<float> ref_pcm;
+            qtts::CpuDecoderStream(model->decoder()).decode(codes.data(), made, &ref_pcm);
+            const double e = rel_err(pcm, ref_pcm);
+            j["quality"]["decoder_snr_db"] = e > 0 ? -20.0 * std::log10(e) : 999.0;
+        }
         std::printf("quality vs fp32: %s\n", j["quality"].dump().c_str());
     }
     if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, j);

@@ -1,7 +1,7 @@
 // qtts bench-decoder: GPU time per frame of the speech-tokenizer decoder in steady streaming.
 //
 //   qtts bench-decoder [--model DIR] [--chunks 1,2,4,25] [--frames N] [--repeats R] [--device N]
-//                      [--no-cuda-graphs] [--json FILE] [--cache DIR]
+//                      [--no-cuda-graphs] [--json FILE] [--cache DIR] [--streams 2,8,32,64]
 //
 // Without --model a release-size random speech tokenizer (DecoderConfig defaults: decoder_dim
 // 1536, latent 1024, 8 transformer layers) is generated with make_model (cached). For every
@@ -9,12 +9,15 @@
 // CUDA events around the graph replay (or the eager launches), codes already uploaded, and the
 // median chunk time / chunk size is the reported time per frame. decode() wall time per frame
 // (codes upload + chunk + PCM copy + sync) is reported next to it. Graphs on and off.
+// --streams: batched passes (cuda/gpu_batch_decoder.h) of S streams x each chunk size, wall time
+// per pass (codes in, samples out, sync), per stream-frame, and audio-seconds per second.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,6 +35,7 @@
 #ifdef QTTS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_speech_decoder.h"
 #endif
 
@@ -51,6 +55,7 @@ void usage() {
         "  --tf32             also measure TF32 products (speed, and SNR against fp32)\n"
         "  --stages           also print a per-stage GPU time breakdown (eager)\n"
         "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
+        "  --streams LIST     also time batched passes of that many streams per chunk size\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -69,6 +74,61 @@ struct Row {
     double gpu_ms_per_frame = 0.0;
     double wall_ms_per_frame = 0.0;
 };
+
+// Batched passes: S streams (each its own decoder state) x n frames in one pass, timed on the
+// host around decode() (codes upload, the pass, samples back, sync); median of `repeats` x 8.
+nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<const qc::GpuSpeechDecoderWeights>& weights,
+                             const std::vector<int>& streams, const std::vector<int>& chunks,
+                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs, bool tf32) {
+    const int nq = weights->config().num_quantizers, spf = weights->samples_per_frame();
+    const int max_streams = *std::max_element(streams.begin(), streams.end());
+    const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
+    qc::GpuSpeechDecoderOptions one;
+    one.max_chunk_frames = max_chunk;
+    one.graph_chunk_sizes = {};
+    one.tf32 = tf32;
+    std::vector<std::unique_ptr<qc::GpuSpeechDecoder>> decoders;
+    for (int i = 0; i < max_streams; ++i) decoders.push_back(std::make_unique<qc::GpuSpeechDecoder>(weights, context, one));
+    qc::GpuBatchDecoderOptions options;
+    options.max_streams = max_streams;
+    options.chunk_frames = chunks;
+    options.buckets = streams;
+    options.cuda_graphs = graphs;
+    options.tf32 = tf32;
+    qc::GpuBatchDecoder batch(weights, context, decoders.front()->layout(), options);
+    nlohmann::json out = nlohmann::json::array();
+    const double frame_s = double(spf) / qtts::SAMPLE_RATE;
+    for (const int S : streams)
+        for (const int n : chunks) {
+            std::vector<qc::GpuSpeechDecoder*> members;
+            for (int i = 0; i < S; ++i) members.push_back(decoders[size_t(i)].get());
+            std::vector<int32_t> chunk_codes(size_t(S) * n * nq);
+            std::vector<float> pcm(size_t(S) * n * spf);
+            std::vector<double> ms;
+            int at = 0;
+            for (int r = 0; r < 2 + repeats * 8; ++r) {
+                for (int i = 0; i < S; ++i)
+                    for (int f = 0; f < n; ++f)
+                        std::copy_n(codes.begin() + ptrdiff_t((at + i + f) % frames) * nq, nq,
+                                    chunk_codes.begin() + (ptrdiff_t(i) * n + f) * nq);
+                at = (at + n) % frames;
+                const auto t0 = std::chrono::steady_clock::now();
+                batch.decode(members, chunk_codes.data(), n, pcm.data());
+                if (r >= 2) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            }
+            std::sort(ms.begin(), ms.end());
+            const double median = ms[ms.size() / 2];
+            const double per_frame = median / (double(S) * n);
+            const double audio_per_s = double(S) * n * frame_s / (median / 1e3);
+            std::printf("  batched %-3d streams x %-2d frames (%s, %s): %8.3f ms per pass, %7.4f ms per stream-frame, "
+                        "%7.1f audio-s/s\n",
+                        S, n, graphs ? "graph" : "eager", tf32 ? "tf32" : "fp32", median, per_frame, audio_per_s);
+            out.push_back({{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"tf32", tf32},
+                           {"graph", batch.has_graph(S, n)}, {"ms_per_pass", median},
+                           {"ms_per_stream_frame", per_frame}, {"audio_s_per_s", audio_per_s}});
+        }
+    return out;
+}
 
 int bench_decoder_cuda(const qtts_cli::Args& args) {
     const int device = int(args.get_int("device", 0));
@@ -259,6 +319,17 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
                     r.gpu_ms_per_frame, r.wall_ms_per_frame, frame_ms / r.gpu_ms_per_frame);
     if (tf32_snr >= 0.0) std::printf("  TF32 vs fp32 products: SNR %.1f dB over %d frames\n", tf32_snr, frames);
 
+    nlohmann::json batched_json = nlohmann::json::array();
+    if (auto list = args.get("streams")) {
+        const std::vector<int> streams = qtts_cli::bench_sizes(*list, "streams");
+        for (const bool tf32 : {false, true}) {
+            if (tf32 && !args.has("tf32")) continue;
+            for (const auto& r : bench_batched(context, weights, streams, chunks, codes, frames, repeats,
+                                               graphs_allowed, tf32))
+                batched_json.push_back(r);
+        }
+    }
+
     if (auto path = args.get("json")) {
         nlohmann::json out;
         out["device"] = context.device_name();
@@ -283,6 +354,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         out["graphs"] = graph_json;
         if (tf32_snr >= 0.0) out["tf32_snr_db"] = tf32_snr;
         if (!stage_json.empty()) out["stages"] = stage_json;
+        if (!batched_json.empty()) out["batched"] = batched_json;
         qtts_cli::bench_json_write(*path, out);
     }
     return 0;
@@ -291,7 +363,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
 #endif
 
 int cmd_bench_decoder(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json"},
+    qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json", "streams"},
                         {"help", "no-cuda-graphs", "tf32", "stages", "variants"});
     if (args.has("help")) {
         usage();

@@ -72,6 +72,7 @@ void usage() {
         "  --first-chunk-frames K, --chunk-frames K   chunk sizes (default: the engine's, %d then %d)\n"
         "  --frames F             frames per request, 80 ms each (default 75 = 6 s; 0 = until EOS or the budget)\n"
         "  --no-batching          CUDA backend: every stream takes its own LM steps (compare with the batched step)\n"
+        "  --admission on|off     the engine's admission control (default off: every request up to --max-streams)\n"
         "  --timeout-s T          a stream that makes no progress for T s is cancelled and counted (default 60)\n"
         "  --json FILE            write the results as JSON\n"
         " closed loop:\n"
@@ -223,6 +224,15 @@ std::string histogram_text(const nlohmann::json& h) {
     return s;
 }
 
+// The engine's own counts over a level or run: refusals by reason (refused_busy above counts
+// both, as the clients saw them) and the underruns of its real-time listener model.
+void engine_delta(const qtts::EngineStats& before, const qtts::EngineStats& after, nlohmann::json& out) {
+    out["refused_capacity"] = after.refused_capacity - before.refused_capacity;
+    out["refused_limit"] = after.refused_limit - before.refused_limit;
+    out["engine_underruns"] = after.underruns - before.underruns;
+    out["engine_underrun_s"] = after.underrun_seconds - before.underrun_seconds;
+}
+
 // What every mode reports about a set of requests.
 nlohmann::json results_summary(const std::vector<RequestResult>& results) {
     std::vector<double> ttfa, e2e, rtf;
@@ -361,6 +371,7 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
     level["requests_per_s"] = wall_s > 0 ? level["completed"].get<double>() / wall_s : 0.0;
     level["audio_s_per_wall_s"] = wall_s > 0 ? level["audio_s"].get<double>() / wall_s : 0.0;
     level["batch_histogram"] = histogram_delta(before, engine.stats());
+    engine_delta(before, engine.stats(), level);
     if (const std::string e = first_error(results); !e.empty()) level["first_error"] = e;
     return level;
 }
@@ -539,6 +550,7 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
     run["requests_per_s"] = wall_s > 0 ? double(ok) / wall_s : 0.0;
     run["audio_s_per_wall_s"] = wall_s > 0 ? run["audio_s"].get<double>() / wall_s : 0.0;
     run["batch_histogram"] = histogram_delta(before, engine.stats());
+    engine_delta(before, engine.stats(), run);
     if (const std::string e = first_error(results); !e.empty()) run["first_error"] = e;
     nlohmann::json streams = nlohmann::json::array();
     for (const RequestResult& r : results) {
@@ -560,7 +572,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     const qtts_cli::Args args(argv,
                               {"model", "preset", "cache", "backend", "device", "max-streams", "first-chunk-frames",
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
-                               "duration", "arrivals", "prebuffer-ms", "period-ms"},
+                               "duration", "arrivals", "prebuffer-ms", "period-ms", "admission"},
                               {"help", "paced", "no-batching"});
     if (args.has("help")) {
         usage();
@@ -579,6 +591,10 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     eo.first_chunk_frames = o.first_chunk_frames;
     eo.chunk_frames = o.chunk_frames;
     eo.backend.batching = !args.has("no-batching");
+    const std::string admission = args.get_or("admission", "off");
+    if (admission != "on" && admission != "off")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--admission expects on or off, got '{}'", admission);
+    eo.admission = admission == "on";
     const auto load0 = Clock::now();
     qtts::Engine engine(eo);
     const double load_s = ms_between(load0, Clock::now()) / 1e3;
@@ -598,6 +614,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["chunk_frames"] = o.chunk_frames;
     out["frames"] = o.frames;
     out["batching"] = eo.backend.batching;
+    out["admission"] = eo.admission;
     out["load_s"] = load_s;
 
     std::printf("\nqtts bench-serve  %s (%s %s)  backend %s  max streams %d  chunks %d then %d  ", o.model_dir.c_str(),

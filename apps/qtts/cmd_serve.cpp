@@ -47,6 +47,10 @@ void print_usage() {
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --no-batching          CUDA backend: every stream takes its own LM steps (no shared batched step)\n"
+        "  --admission on|off     refuse new streams (429, code capacity) when the engine's measured real-time\n"
+        "                         capacity is used (default on)\n"
+        "  --admission-headroom F fraction of the measured capacity admitted streams may use (default 0.9;\n"
+        "                         0.05..4)\n"
         "%s"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"
         "GET /metrics, WebSocket /v1/audio/stream. The server listens while the model loads (/livez 200,\n"
@@ -72,7 +76,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "cpu-format", "threads", "device", "devices",
-                         "engines", "gpu-memory-limit"},
+                         "engines", "gpu-memory-limit", "admission", "admission-headroom"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching"});
     if (args.has("help")) {
         print_usage();
@@ -106,6 +110,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
     engine_options.backend.gpu_decoder = !args.has("cpu-decoder");
     engine_options.backend.fused_chunks = !args.has("no-fused-chunks");
     engine_options.backend.batching = !args.has("no-batching");
+    // A server's listeners play in real time: refusing one more (429) beats letting every admitted
+    // stream fall behind, so admission control is on here (the library's default is off).
+    const std::string admission = args.get_or("admission", "on");
+    if (admission != "on" && admission != "off")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--admission expects on or off, got '{}'", admission);
+    engine_options.admission = admission == "on";
+    // Its range is checked once, by the engine (Engine's constructor), like every EngineOptions field.
+    engine_options.admission_headroom = args.get_double("admission-headroom", engine_options.admission_headroom);
     // Every engine may hold the server's whole stream limit, so one engine can carry the load
     // when the others are out (docs/server.md, "Several engines").
     // Without --max-streams a CUDA engine makes as many stream slots as its device's memory holds

@@ -393,8 +393,7 @@ nlohmann::json outcome_json(const StreamOutcome& o, double ttfa_seconds) {
 
 RequestError submit_error_map(const std::exception& e) {
     if (dynamic_cast<const ServiceBusyError*>(&e))
-        return RequestError(RequestErrorKind::REQUEST_ERROR_BUSY, "",
-                            std::string("the engine is at its stream limit: ") + e.what());
+        return RequestError(RequestErrorKind::REQUEST_ERROR_BUSY, "", std::string("the engine is busy: ") + e.what());
     if (dynamic_cast<const ServiceUnavailableError*>(&e))
         return RequestError(RequestErrorKind::REQUEST_ERROR_UNAVAILABLE, "", std::string(e.what()) + "; retry in a few seconds");
     if (const auto* err = dynamic_cast<const Error*>(&e)) {
@@ -403,6 +402,11 @@ RequestError submit_error_map(const std::exception& e) {
     }
     return RequestError(RequestErrorKind::REQUEST_ERROR_INTERNAL, "",
                         std::string("the request failed inside the server: ") + e.what());
+}
+
+std::string submit_error_code(const std::exception& e) {
+    if (const auto* busy = dynamic_cast<const ServiceBusyError*>(&e)) return busy->code();
+    return "";
 }
 
 const char* request_error_metric(const RequestError& e) {

@@ -240,6 +240,9 @@ nlohmann::json outcome_json(const StreamOutcome& outcome, double ttfa_seconds);
 // Maps a submit() (or Stream call) failure to a RequestError: its kind from request_error_kind,
 // or from the service's busy/unavailable errors.
 RequestError submit_error_map(const std::exception& e);
+// The `code` of the error body for a submit refusal: "max_streams" or "capacity" for a busy
+// service (ServiceBusyError), empty otherwise.
+std::string submit_error_code(const std::exception& e);
 // The qtts_errors_total type of a refused request: busy, unavailable, internal, too_large or bad_request.
 const char* request_error_metric(const RequestError& e);
 

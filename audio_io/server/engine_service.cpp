@@ -13,10 +13,17 @@ std::shared_ptr<Stream> EngineSpeechService::submit(const SpeechRequest& request
     try {
         return engines_.submit(request);
     } catch (const Error& e) {
-        // Every engine at its stream limit: a capacity problem (retry later), not a bad request.
-        // The server counts its own slots first; an engine can still be full for a moment after
-        // a cancel, until its thread has retired the cancelled stream.
-        if (e.code() == ErrorCode::ERROR_BUSY) throw ServiceBusyError(e.what());
+        // Every engine refused: a capacity problem (retry later), not a bad request. The server
+        // counts its own slots first, so an engine at its stream limit is rare (it can be full for
+        // a moment after a cancel, until its thread has retired the cancelled stream); an engine
+        // with free slots refused by admission control (its real-time capacity is used).
+        if (e.code() == ErrorCode::ERROR_BUSY) {
+            bool slots_free = false;
+            for (const EngineStatus& s : engines_.status())
+                if (s.state == EngineState::ENGINE_STATE_SERVING && s.load.active + s.load.queued < s.load.max_streams)
+                    slots_free = true;
+            throw ServiceBusyError(e.what(), slots_free ? "capacity" : "max_streams");
+        }
         throw;
     }
 }

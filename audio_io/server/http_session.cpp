@@ -388,7 +388,7 @@ private:
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
             core_.metrics.error_count(request_error_metric(mapped));
-            error_respond(mapped, "speech", false, mapped.kind() == RequestErrorKind::REQUEST_ERROR_BUSY ? "max_streams" : "");
+            error_respond(mapped, "speech", false, submit_error_code(e));
             return;
         }
         core_.metrics.stream_started();

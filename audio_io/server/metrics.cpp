@@ -48,6 +48,36 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
     }
     family("qtts_engine_audio_seconds_total", "counter", "Seconds of audio the engine generated.",
            [](const EngineStatus& e) { return number_text(e.stats.audio_seconds); });
+    family("qtts_engine_batch_decoded_chunks_total", "counter",
+           "Stream chunks whose audio came out of a batched speech-decoder pass (CUDA).",
+           [](const EngineStatus& e) { return e.stats.batch_decoded_chunks; });
+    header_append(out, "qtts_engine_refused_total", "counter",
+                  "New streams the engine refused (429): at its stream limit, or by admission control (capacity).");
+    for (const EngineStatus& e : engines) {
+        out += fmt::format("qtts_engine_refused_total{{engine=\"{}\",reason=\"max_streams\"}} {}\n", e.label, e.stats.refused_limit);
+        out += fmt::format("qtts_engine_refused_total{{engine=\"{}\",reason=\"capacity\"}} {}\n", e.label, e.stats.refused_capacity);
+    }
+    family("qtts_engine_capacity_streams", "gauge",
+           "Streams the engine sustains at real time, measured from its recent rounds (0: not measured yet).",
+           [](const EngineStatus& e) { return number_text(e.stats.capacity); });
+    family("qtts_engine_batch_size", "gauge", "Streams in the batched LM step of the engine's last round (0: none).",
+           [](const EngineStatus& e) { return e.stats.batch_size; });
+    family("qtts_engine_queue_depth", "gauge",
+           "Streams submitted whose first chunk is not made yet (queued, or taken in and not served; not those waiting for text).",
+           [](const EngineStatus& e) { return e.stats.queue_depth; });
+    family("qtts_engine_stream_lag_max_seconds", "gauge",
+           "Largest lag behind real time over the engine's active streams: seconds a listener playing from the first audio "
+           "spent dry, plus the current gap.",
+           [](const EngineStatus& e) { return number_text(e.stats.lag_max_s); });
+    family("qtts_engine_stream_lag_mean_seconds", "gauge", "Mean lag behind real time over the engine's active streams that have audio.",
+           [](const EngineStatus& e) { return number_text(e.stats.lag_mean_s); });
+    family("qtts_engine_underruns_total", "counter",
+           "Chunks published after a real-time listener (no prebuffer) would have run dry, waits for text or reader excluded.",
+           [](const EngineStatus& e) { return e.stats.underruns; });
+    family("qtts_engine_underrun_seconds_total", "counter", "Seconds those listeners spent dry.",
+           [](const EngineStatus& e) { return number_text(e.stats.underrun_seconds); });
+    family("qtts_engine_lagged_streams_total", "counter", "Streams that ended having underrun at least once.",
+           [](const EngineStatus& e) { return e.stats.streams_lagged; });
     header_append(out, "qtts_engine_batched_steps_total", "counter",
                   "Batched LM steps (CUDA), by the number of streams they advanced together.");
     for (const EngineStatus& e : engines)

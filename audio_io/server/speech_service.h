@@ -16,11 +16,17 @@
 
 namespace qtts {
 
-// Thrown by SpeechService::submit when the request is fine but there is no free stream slot;
-// the server answers 429 and the client should retry later.
+// Thrown by SpeechService::submit when the request is fine but the service cannot take it now:
+// no free stream slot (code "max_streams") or, with admission control, no real-time capacity left
+// (code "capacity"). The server answers 429 with the code and the client should retry later.
 class ServiceBusyError : public std::runtime_error {
 public:
-    using std::runtime_error::runtime_error;
+    explicit ServiceBusyError(const std::string& message, std::string code = "max_streams")
+        : std::runtime_error(message), code_(std::move(code)) {}
+    const std::string& code() const { return code_; }
+
+private:
+    std::string code_;
 };
 
 // Thrown by SpeechService::submit while the service is not ready (the model is still loading);

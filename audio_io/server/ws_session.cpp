@@ -221,7 +221,7 @@ private:
             core_.stream_slot_release();
             const RequestError mapped = submit_error_map(e);
             core_.metrics.error_count(request_error_metric(mapped));
-            error_send(mapped, mapped.kind() == RequestErrorKind::REQUEST_ERROR_BUSY ? "max_streams" : "");
+            error_send(mapped, submit_error_code(e));
             return;
         }
         core_.metrics.stream_started();

@@ -219,6 +219,15 @@ struct EngineOptions {
     double ring_seconds = 30.0;     // PCM buffered per stream before the engine waits for the reader
     // The engine's name in its log lines (an EnginePool sets "cuda:1", "cpu#0"); empty = the backend's.
     std::string label;
+    // Admission control (docs/engine.md, "Scheduling"): refuse a new stream with ERROR_BUSY when
+    // the engine's measured capacity (real-time streams it sustains, from its recent rounds) could
+    // not carry the admitted streams plus this one, each at real time, within
+    // `admission_headroom` of it. Until the engine has measured itself it admits up to
+    // max_streams, and it always admits a stream when it has none. Off by default in the library
+    // (a program that makes files, or speaks to one listener, wants its streams whatever the
+    // speed); `qtts serve` turns it on (--admission on|off).
+    bool admission = false;
+    double admission_headroom = 0.9;  // fraction of the measured capacity to fill, 0.05..4
 };
 
 // What an application may want to know about the loaded model (qtts info, the server's
@@ -244,6 +253,25 @@ struct EngineStats {
     // batch_histogram[n] = steps that advanced n streams together (n >= 2; indices 0 and 1 stay 0;
     // a stream running alone takes its own single-stream step, not counted here).
     std::vector<int64_t> batch_histogram;
+    // Stream chunks whose audio came out of a batched decoder pass (CUDA: the whole chunks of a
+    // batched step's streams, decoded together).
+    int64_t batch_decoded_chunks = 0;
+    // Refusals by submit with ERROR_BUSY: at max_streams, or by admission control (capacity).
+    int64_t refused_limit = 0;
+    int64_t refused_capacity = 0;
+    // A listener who plays each stream in real time from its first audio, with no prebuffer (the
+    // stream's deadline, docs/engine.md "Scheduling"): times it would have run dry because the
+    // engine was late (not counting waits for text or for the reader), the seconds it waited,
+    // and the streams that ended having run dry at least once.
+    int64_t underruns = 0;
+    double underrun_seconds = 0.0;
+    int64_t streams_lagged = 0;
+    // Gauges, as of the engine's last round (0 when idle):
+    int64_t batch_size = 0;      // streams in the round's batched LM step (0: none; CUDA only)
+    int64_t queue_depth = 0;     // streams submitted whose first chunk is not made yet (not waiting for text)
+    double lag_max_s = 0.0;      // behind real time: max and mean over active streams that have audio
+    double lag_mean_s = 0.0;     //   (seconds their listener spent dry so far, plus the current gap)
+    double capacity = 0.0;       // measured real-time streams the engine sustains (0: not measured yet)
 };
 
 // How busy an engine is now (Engine::load): what a router compares. Read from atomics; cheap.

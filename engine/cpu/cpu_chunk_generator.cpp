@@ -10,7 +10,7 @@ ChunkStatus CpuChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes,
     ChunkStatus status = ChunkStatus::CHUNK_STATUS_FULL;
     FrameCodes frame{};
     while (int(chunk_.size()) < frames) {
-        const FrameStatus s = generator_.next_frame(frame);
+        const FrameStatus s = generator_->next_frame(frame);
         if (s == FrameStatus::FRAME_STATUS_FRAME) {
             chunk_.push_back(frame);
             continue;
@@ -19,7 +19,7 @@ ChunkStatus CpuChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes,
                                                                   : ChunkStatus::CHUNK_STATUS_DONE;
         break;
     }
-    decoder_.frames_decode(chunk_.data(), int(chunk_.size()), pcm);
+    decoder_->frames_decode(chunk_.data(), int(chunk_.size()), pcm);
     codes->insert(codes->end(), chunk_.begin(), chunk_.end());
     return status;
 }
@@ -27,7 +27,7 @@ ChunkStatus CpuChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes,
 void CpuChunkGenerator::reference_decode(const int32_t* codes, int frames) {
     std::vector<float> discarded;
     discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);
-    decoder_.decode(codes, frames, &discarded);
+    decoder_->decode(codes, frames, &discarded);
 }
 
 }  // namespace qtts

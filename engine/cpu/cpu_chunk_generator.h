@@ -29,29 +29,33 @@ private:
     cpu::DecoderState state_;
 };
 
-// The CPU reference backend: cpu::Generator frame by frame up to the chunk's size (no stop rule
-// of its own, so the CPU path gives exactly the codes cpu::Generator gives), then one decoder
-// call for the chunk's frames.
-class CpuChunkGenerator final : public ChunkGenerator {
+// The CPU backends: a cpu::Generator frame by frame up to the chunk's size (no stop rule of its
+// own, so the CPU path gives exactly the codes the generator gives), then one decoder call for
+// the chunk's frames. The reference: the fp32 generator and decoder; the fast backend
+// (cpu_fast::FastChunkGenerator) hands in its own generator and decoder stream.
+class CpuChunkGenerator : public ChunkGenerator {
 public:
     CpuChunkGenerator(std::shared_ptr<const cpu::LmWeights> weights, const cpu::CpuSpeechDecoder& decoder)
-        : generator_(std::move(weights)), decoder_(decoder) {}
+        : CpuChunkGenerator(std::make_unique<cpu::Generator>(std::move(weights)),
+                            std::make_unique<CpuDecoderStream>(decoder)) {}
+    CpuChunkGenerator(std::unique_ptr<cpu::Generator> generator, std::unique_ptr<DecoderStream> decoder)
+        : generator_(std::move(generator)), decoder_(std::move(decoder)) {}
 
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
-        generator_.start(prompt, params, seed);
+        generator_->start(prompt, params, seed);
     }
     ChunkStatus chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) override;
-    void text_append(const int32_t* ids, size_t n) override { generator_.text_append(ids, n); }
-    void text_close() override { generator_.text_close(); }
-    StopReason stop_reason() const override { return generator_.stop_reason(); }
-    int frames_emitted() const override { return generator_.frames_emitted(); }
+    void text_append(const int32_t* ids, size_t n) override { generator_->text_append(ids, n); }
+    void text_close() override { generator_->text_close(); }
+    StopReason stop_reason() const override { return generator_->stop_reason(); }
+    int frames_emitted() const override { return generator_->frames_emitted(); }
     void reference_decode(const int32_t* codes, int frames) override;
 
-    cpu::Generator& generator() { return generator_; }
+    cpu::Generator& generator() { return *generator_; }
 
 private:
-    cpu::Generator generator_;
-    CpuDecoderStream decoder_;
+    std::unique_ptr<cpu::Generator> generator_;
+    std::unique_ptr<DecoderStream> decoder_;
     std::vector<FrameCodes> chunk_;  // the frames of the chunk being made
 };
 

@@ -7,19 +7,61 @@
 
 namespace qtts::cpu {
 
-Generator::Generator(std::shared_ptr<const LmWeights> weights) : weights_(std::move(weights)) {
-    QTTS_ASSERT(weights_);
-    if (weights_->num_code_groups() > MAX_CODE_GROUPS || weights_->num_code_groups() < 2)
-        fail(ErrorCode::ERROR_UNSUPPORTED, "num_code_groups {} is not supported (2..{})", weights_->num_code_groups(),
+namespace {
+
+// The fp32 reference networks (lm.h) as a session.
+class ReferenceLmSession final : public LmSession {
+public:
+    explicit ReferenceLmSession(std::shared_ptr<const LmWeights> weights) : w_(std::move(weights)) {
+        QTTS_ASSERT(w_);
+        predictor_state_init(*w_, predictor_);
+    }
+    const EmbeddingTables& tables() const override { return *w_; }
+    const ModelConfig& config() const override { return w_->config(); }
+    int num_code_groups() const override { return w_->num_code_groups(); }
+    int codec_vocab() const override { return w_->codec_vocab(); }
+    int predictor_vocab() const override { return w_->predictor_vocab(); }
+
+    void talker_prefill(const float* embeds, int L, int capacity) override {
+        talker_state_init(*w_, talker_, capacity);
+        cpu::talker_prefill(*w_, talker_, embeds, L);
+    }
+    void talker_step(const float* input) override { cpu::talker_step(*w_, talker_, input); }
+    const float* talker_hidden() const override { return talker_.hidden.data(); }
+    const float* talker_logits() const override { return talker_.logits.data(); }
+    int context_length() const override { return talker_.stack.length; }
+
+    void predictor_prefill(const float* talker_hidden, int32_t code0) override {
+        cpu::predictor_prefill(*w_, predictor_, talker_hidden, code0);
+    }
+    void predictor_step(int group, int32_t previous_code) override {
+        cpu::predictor_step(*w_, predictor_, group, previous_code);
+    }
+    const float* predictor_logits() const override { return predictor_.logits.data(); }
+
+private:
+    std::shared_ptr<const LmWeights> w_;
+    TalkerState talker_;
+    PredictorState predictor_;
+};
+
+}  // namespace
+
+Generator::Generator(std::shared_ptr<const LmWeights> weights)
+    : Generator(std::make_unique<ReferenceLmSession>(std::move(weights))) {}
+
+Generator::Generator(std::unique_ptr<LmSession> lm) : lm_(std::move(lm)) {
+    QTTS_ASSERT(lm_);
+    if (lm_->num_code_groups() > MAX_CODE_GROUPS || lm_->num_code_groups() < 2)
+        fail(ErrorCode::ERROR_UNSUPPORTED, "num_code_groups {} is not supported (2..{})", lm_->num_code_groups(),
              MAX_CODE_GROUPS);
-    const size_t H = size_t(weights_->hidden_size());
+    const size_t H = size_t(lm_->tables().hidden_size());
     pad_vector_.resize(H);
     step_input_.resize(H);
     frame_sum_.resize(H);
     row_.resize(H);
-    weights_->text_vector(weights_->config().tts_pad_token_id, pad_vector_.data());
-    predictor_state_init(*weights_, predictor_);
-    scratch_.reserve(std::max(weights_->codec_vocab(), weights_->predictor_vocab()));
+    lm_->tables().text_vector(lm_->config().tts_pad_token_id, pad_vector_.data());
+    scratch_.reserve(std::max(lm_->codec_vocab(), lm_->predictor_vocab()));
 }
 
 void Generator::start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
@@ -28,15 +70,15 @@ void Generator::start(const float* prefill, int L, const float* trailing, int T,
     if (L <= 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the prefill is empty");
     if (T < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "negative trailing text length {}", T);
 
-    const LmWeights& w = *weights_;
-    const size_t H = size_t(w.hidden_size());
-    const TalkerConfig& tc = w.config().talker;
+    LmSession& lm = *lm_;
+    const size_t H = size_t(lm.tables().hidden_size());
+    const TalkerConfig& tc = lm.config().talker;
     params_ = params;
     rules_.eos_id = tc.codec_eos_id;
-    rules_.suppress_begin = w.codec_vocab() - 1024;  // the reference masks the top 1024 control ids
+    rules_.suppress_begin = lm.codec_vocab() - 1024;  // the reference masks the top 1024 control ids
     rules_.min_new_tokens = params.min_new_tokens;
     rng_ = SamplingRng(seed);
-    history_.reset(w.codec_vocab());
+    history_.reset(lm.codec_vocab());
 
     trailing_.assign(trailing, trailing + size_t(T) * H);
     trailing_rows_ = T;
@@ -50,16 +92,16 @@ void Generator::start(const float* prefill, int L, const float* trailing, int T,
 
     // Room for a typical utterance up front (≤ 512 frames ≈ 41 s); longer ones grow the cache by
     // doubling. A reused generator keeps its buffers, so later utterances allocate nothing.
-    talker_state_init(w, talker_, L + std::min(frame_limit_, 512) + 1);
-    talker_prefill(w, talker_, prefill, L);
+    lm.talker_prefill(prefill, L, L + std::min(frame_limit_, 512) + 1);
     started_ = true;
-    if (hooks_.on_talker_row) hooks_.on_talker_row(0, talker_.hidden.data(), talker_.logits.data());
+    if (hooks_.on_talker_row) hooks_.on_talker_row(0, lm.talker_hidden(), lm.talker_logits());
 }
 
 void Generator::start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) {
-    const int H = weights_->hidden_size();
-    const std::vector<float> prefill = prompt_embed(prompt, *weights_, weights_->num_code_groups());
-    const std::vector<float> trailing = prompt_embed_trailing(prompt, *weights_);
+    const EmbeddingTables& tables = lm_->tables();
+    const int H = tables.hidden_size();
+    const std::vector<float> prefill = prompt_embed(prompt, tables, lm_->num_code_groups());
+    const std::vector<float> trailing = prompt_embed_trailing(prompt, tables);
     start(prefill.data(), int(prefill.size() / size_t(H)), trailing.data(), int(trailing.size() / size_t(H)), params,
           seed, prompt.text_tokens, prompt.text_complete);
 }
@@ -75,9 +117,10 @@ void Generator::text_append(const int32_t* ids, size_t n) {
     if (text_closed_)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT,
              "text_append after the text was closed (or the utterance was started with complete text)");
-    const size_t H = size_t(weights_->hidden_size());
+    const EmbeddingTables& tables = lm_->tables();
+    const size_t H = size_t(tables.hidden_size());
     trailing_.resize((size_t(trailing_rows_) + n) * H);
-    for (size_t i = 0; i < n; ++i) weights_->text_vector(ids[i], trailing_.data() + (size_t(trailing_rows_) + i) * H);
+    for (size_t i = 0; i < n; ++i) tables.text_vector(ids[i], trailing_.data() + (size_t(trailing_rows_) + i) * H);
     trailing_rows_ += int(n);
     text_tokens_ += int(n);
     frame_limit_update();
@@ -86,44 +129,44 @@ void Generator::text_append(const int32_t* ids, size_t n) {
 void Generator::text_close() {
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text_close before start()");
     if (text_closed_) return;
-    const size_t H = size_t(weights_->hidden_size());
+    const size_t H = size_t(lm_->tables().hidden_size());
     trailing_.resize((size_t(trailing_rows_) + 1) * H);
-    weights_->text_vector(weights_->config().tts_eos_token_id, trailing_.data() + size_t(trailing_rows_) * H);
+    lm_->tables().text_vector(lm_->config().tts_eos_token_id, trailing_.data() + size_t(trailing_rows_) * H);
     ++trailing_rows_;
     text_closed_ = true;
 }
 
 void Generator::talker_advance() {
-    const LmWeights& w = *weights_;
+    const EmbeddingTables& w = lm_->tables();
     const int H = w.hidden_size();
     const int step = frames_ - 1;  // decode step k feeds frame k and the k-th text-track row
     const float* track = step < trailing_rows_ ? trailing_.data() + size_t(step) * size_t(H) : pad_vector_.data();
     // Sum of the frame's codebook embeddings (as frame_vector(), without its scratch allocation).
     w.codec_vector(0, pending_[0], frame_sum_.data());
-    for (int g = 1; g < w.num_code_groups(); ++g) {
+    for (int g = 1; g < lm_->num_code_groups(); ++g) {
         w.codec_vector(g, pending_[size_t(g)], row_.data());
         for (int i = 0; i < H; ++i) frame_sum_[size_t(i)] += row_[size_t(i)];
     }
     for (int i = 0; i < H; ++i) step_input_[size_t(i)] = frame_sum_[size_t(i)] + track[i];
     if (hooks_.on_step_input) hooks_.on_step_input(step, step_input_.data());
-    talker_step(w, talker_, step_input_.data());
+    lm_->talker_step(step_input_.data());
     step_pending_ = false;
-    if (hooks_.on_talker_row) hooks_.on_talker_row(frames_, talker_.hidden.data(), talker_.logits.data());
+    if (hooks_.on_talker_row) hooks_.on_talker_row(frames_, lm_->talker_hidden(), lm_->talker_logits());
 }
 
 void Generator::frame_predict(int32_t code0, FrameCodes& codes) {
-    const LmWeights& w = *weights_;
-    const int groups = w.num_code_groups(), vocab = w.predictor_vocab();
+    LmSession& lm = *lm_;
+    const int groups = lm.num_code_groups(), vocab = lm.predictor_vocab();
     codes.fill(0);
     codes[0] = code0;
     for (int g = 1; g < groups; ++g) {
         if (g == 1)
-            predictor_prefill(w, predictor_, talker_.hidden.data(), code0);
+            lm.predictor_prefill(lm.talker_hidden(), code0);
         else
-            predictor_step(w, predictor_, g, codes[size_t(g - 1)]);
-        if (hooks_.on_predictor_logits) hooks_.on_predictor_logits(frames_, g, predictor_.logits.data());
+            lm.predictor_step(g, codes[size_t(g - 1)]);
+        if (hooks_.on_predictor_logits) hooks_.on_predictor_logits(frames_, g, lm.predictor_logits());
         codes[size_t(g)] =
-            sample_predictor(predictor_.logits.data(), vocab, params_.predictor, g, rng_, uint64_t(frames_), scratch_);
+            sample_predictor(lm.predictor_logits(), vocab, params_.predictor, g, rng_, uint64_t(frames_), scratch_);
     }
 }
 
@@ -137,7 +180,7 @@ FrameStatus Generator::next_frame(FrameCodes& codes) {
     }
 
     // Row `frames_` of talker logits → codebook 0 of frame `frames_`.
-    const int32_t code0 = sample_codebook0(talker_.logits.data(), weights_->codec_vocab(), params_.talker, rules_,
+    const int32_t code0 = sample_codebook0(lm_->talker_logits(), lm_->codec_vocab(), params_.talker, rules_,
                                            history_, rng_, uint64_t(frames_), scratch_);
     history_.add(code0);
     if (code0 == rules_.eos_id) {

@@ -1,7 +1,10 @@
-// The frame-by-frame generation loop on the CPU reference backend (model doc §2.1, §7).
+// The frame-by-frame generation loop of the CPU backends (model doc §2.1, §7).
 //
-// One Generator is one utterance in flight: it owns the talker and predictor state, the text
-// track queue, the sampling history and the RNG; the weights are shared and read-only.
+// One Generator is one utterance in flight: it owns an LmSession (the talker and predictor state
+// on one backend's shared, read-only weights), the text track queue, the sampling history and the
+// RNG. The loop (sampling, text track, stop rules, hooks) is written once; what runs the networks
+// is the session: the fp32 reference here (Generator(LmWeights)), the packed bf16/int8 networks of
+// the fast backend (cpu_fast::FastGenerator). Same seed, same session results -> same codes.
 //
 //   gen.start(prefill, L, trailing, T, params, seed);
 //   std::array<int32_t, 16> codes;
@@ -29,6 +32,31 @@
 
 namespace qtts::cpu {
 
+// One utterance's talker and code predictor, as the frame loop drives them: a backend's weights
+// (shared) and this utterance's state (owned). Pointers returned stay valid until the next call.
+class LmSession {
+public:
+    virtual ~LmSession() = default;
+    virtual const EmbeddingTables& tables() const = 0;  // text and codec embeddings, hidden size
+    virtual const ModelConfig& config() const = 0;
+    virtual int num_code_groups() const = 0;
+    virtual int codec_vocab() const = 0;      // talker head size
+    virtual int predictor_vocab() const = 0;  // per-codebook size
+
+    // Empties the talker cache (room for `capacity` positions, grown past that when needed) and
+    // runs the prefill embeds [L, H].
+    virtual void talker_prefill(const float* embeds, int L, int capacity) = 0;
+    virtual void talker_step(const float* input) = 0;  // one position, input [H]
+    virtual const float* talker_hidden() const = 0;    // [H] final-normed last position
+    virtual const float* talker_logits() const = 0;    // [codec_vocab]
+    virtual int context_length() const = 0;            // talker positions cached
+
+    // Codebook 1 of a frame from the talker's hidden state and codebook 0; then codebooks 2..G-1.
+    virtual void predictor_prefill(const float* talker_hidden, int32_t code0) = 0;
+    virtual void predictor_step(int group, int32_t previous_code) = 0;
+    virtual const float* predictor_logits() const = 0;  // [predictor_vocab]
+};
+
 // Observation points for tests and debugging (all optional; pointers valid during the call).
 struct GeneratorHooks {
     // Talker output row r (r = 0 after the prefill, r = k+1 after decode step k): hidden [H]
@@ -42,7 +70,11 @@ struct GeneratorHooks {
 
 class Generator {
 public:
+    // The fp32 reference networks.
     explicit Generator(std::shared_ptr<const LmWeights> weights);
+    // Any backend's networks.
+    explicit Generator(std::unique_ptr<LmSession> lm);
+    virtual ~Generator() = default;
 
     // Starts an utterance. prefill [L, H] and trailing [T, H] are prompt_embed() /
     // prompt_embed_trailing() output; text_tokens is Prompt::text_tokens (frame budget);
@@ -66,22 +98,20 @@ public:
     StopReason stop_reason() const { return stop_reason_; }
     int frames_emitted() const { return frames_; }
     int frame_limit() const { return frame_limit_; }   // frames this utterance may emit at most
-    int context_length() const { return talker_.stack.length; }
-    const LmWeights& weights() const { return *weights_; }
+    int context_length() const { return lm_->context_length(); }
+    const LmSession& lm() const { return *lm_; }
 
 private:
     void frame_limit_update();
     void talker_advance();  // runs decode step frames_-1 with the pending frame's codes
     void frame_predict(int32_t code0, FrameCodes& codes);
 
-    std::shared_ptr<const LmWeights> weights_;
+    std::unique_ptr<LmSession> lm_;
     GenerationParams params_;
     Codebook0Rules rules_;
     SamplingRng rng_;
     TokenHistory history_;
     SamplerScratch scratch_;
-    TalkerState talker_;
-    PredictorState predictor_;
     GeneratorHooks hooks_;
 
     std::vector<float> trailing_;   // [queued, H] text track rows, consumed by decode step index

@@ -54,23 +54,10 @@ std::shared_ptr<const LmWeights> LmWeights::load(std::shared_ptr<const Checkpoin
     const CodePredictorWeights& pw = checkpoint->code_predictor;
 
     w->checkpoint_ = checkpoint;
-    w->num_code_groups_ = tc.num_code_groups;
-    w->codec_vocab_ = tc.vocab_size;
-    w->predictor_vocab_ = tc.code_predictor.vocab_size;
-    w->text_hidden_ = tc.text_hidden_size;
-    w->text_vocab_ = tc.text_vocab_size;
-
+    w->embeddings_load(*checkpoint);
     w->talker = stack_convert(tc, tw.layers, tw.norm);
-    w->codec_embedding = tensor_to_f32(*tw.codec_embedding);
     w->codec_head = tensor_to_f32(*tw.codec_head);
-    w->text_fc1_w = tensor_to_f32(*tw.text_fc1_w);
-    w->text_fc1_b = tensor_to_f32(*tw.text_fc1_b);
-    w->text_fc2_w = tensor_to_f32(*tw.text_fc2_w);
-    w->text_fc2_b = tensor_to_f32(*tw.text_fc2_b);
-    w->text_embedding = tw.text_embedding;
-
     w->predictor = stack_convert(tc.code_predictor, pw.layers, pw.norm);
-    for (const Tensor t : pw.codec_embedding) w->predictor_codec_embedding.push_back(tensor_to_f32(*t));
     for (const Tensor t : pw.lm_head) w->predictor_head.push_back(tensor_to_f32(*t));
     if (pw.proj_w) {
         w->predictor_proj_w = tensor_to_f32(*pw.proj_w);
@@ -86,7 +73,26 @@ std::shared_ptr<const LmWeights> LmWeights::load(std::shared_ptr<const Checkpoin
     return w;
 }
 
-void LmWeights::text_vector(int32_t id, float* out) const {
+void LmEmbeddings::embeddings_load(const Checkpoint& checkpoint) {
+    const TalkerConfig& tc = checkpoint.config.talker;
+    const TalkerWeights& tw = checkpoint.talker;
+    hidden_ = tc.hidden_size;
+    num_code_groups_ = tc.num_code_groups;
+    codec_vocab_ = tc.vocab_size;
+    predictor_vocab_ = tc.code_predictor.vocab_size;
+    text_hidden_ = tc.text_hidden_size;
+    text_vocab_ = tc.text_vocab_size;
+    codec_embedding = tensor_to_f32(*tw.codec_embedding);
+    text_fc1_w = tensor_to_f32(*tw.text_fc1_w);
+    text_fc1_b = tensor_to_f32(*tw.text_fc1_b);
+    text_fc2_w = tensor_to_f32(*tw.text_fc2_w);
+    text_fc2_b = tensor_to_f32(*tw.text_fc2_b);
+    text_embedding = tw.text_embedding;
+    for (const Tensor t : checkpoint.code_predictor.codec_embedding)
+        predictor_codec_embedding.push_back(tensor_to_f32(*t));
+}
+
+void LmEmbeddings::text_vector(int32_t id, float* out) const {
     if (id < 0 || id >= text_vocab_)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text id {} is outside the text vocabulary [0, {})", id, text_vocab_);
     const int Ht = text_hidden_;
@@ -94,11 +100,11 @@ void LmWeights::text_vector(int32_t id, float* out) const {
     tensor_rows_to_f32(*text_embedding, id, 1, row.data());
     linear(row.data(), 1, Ht, text_fc1_w.data(), text_fc1_b.data(), Ht, mid.data());
     for (float& v : mid) v = silu(v);
-    linear(mid.data(), 1, Ht, text_fc2_w.data(), text_fc2_b.data(), talker.hidden, out);
+    linear(mid.data(), 1, Ht, text_fc2_w.data(), text_fc2_b.data(), hidden_, out);
 }
 
-void LmWeights::codec_vector(int codebook, int32_t id, float* out) const {
-    const size_t H = size_t(talker.hidden);
+void LmEmbeddings::codec_vector(int codebook, int32_t id, float* out) const {
+    const size_t H = size_t(hidden_);
     if (codebook == 0) {
         if (id < 0 || id >= codec_vocab_)
             fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codec id {} is outside [0, {})", id, codec_vocab_);

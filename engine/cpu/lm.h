@@ -42,14 +42,13 @@ struct StackF32 : StackShape {
     std::vector<float> norm;  // [H] final RMSNorm
 };
 
-class LmWeights final : public EmbeddingTables {
+// The talker's and code predictor's embedding tables in fp32 (the 151936-row text embedding stays
+// bf16 in the mapped checkpoint) and the text projection: what prompts and frames are embedded
+// with. The fp32 reference (LmWeights) and the fast backend's packed weights
+// (cpu_fast::FastLmWeights) both hold them this way.
+class LmEmbeddings : public EmbeddingTables {
 public:
-    // Converts the talker and code-predictor tensors of a loaded checkpoint to fp32.
-    static std::shared_ptr<const LmWeights> load(std::shared_ptr<const Checkpoint> checkpoint);
-
-    const ModelConfig& config() const { return checkpoint_->config; }
-    const GenerationConfig& generation_config() const { return checkpoint_->generation; }
-    int hidden_size() const override { return talker.hidden; }
+    int hidden_size() const override { return hidden_; }
     int num_code_groups() const { return num_code_groups_; }
     int codec_vocab() const { return codec_vocab_; }          // talker head size (3072)
     int predictor_vocab() const { return predictor_vocab_; }  // per-codebook size (2048)
@@ -57,28 +56,45 @@ public:
     void text_vector(int32_t id, float* out) const override;
     void codec_vector(int codebook, int32_t id, float* out) const override;
 
-    StackF32 talker;
     std::vector<float> codec_embedding;  // [codec_vocab, H]
-    std::vector<float> codec_head;       // [codec_vocab, H]
     std::vector<float> text_fc1_w;       // [Ht, Ht]
     std::vector<float> text_fc1_b;       // [Ht]
     std::vector<float> text_fc2_w;       // [H, Ht]
     std::vector<float> text_fc2_b;       // [H]
-    const TensorView* text_embedding = nullptr;  // [text_vocab, Ht] bf16, mapped
-
-    StackF32 predictor;
+    const TensorView* text_embedding = nullptr;                 // [text_vocab, Ht] bf16, mapped
     std::vector<std::vector<float>> predictor_codec_embedding;  // (G-1) x [predictor_vocab, H]
-    std::vector<std::vector<float>> predictor_head;             // (G-1) x [predictor_vocab, Hc]
-    std::vector<float> predictor_proj_w;  // [Hc, H] small_to_mtp_projection; empty = identity
-    std::vector<float> predictor_proj_b;  // [Hc]
 
-private:
-    std::shared_ptr<const Checkpoint> checkpoint_;  // keeps the text embedding mapped
+protected:
+    // Converts the tables of a loaded checkpoint (which must outlive them: the text embedding
+    // stays mapped) and reads the sizes.
+    void embeddings_load(const Checkpoint& checkpoint);
+
+    int hidden_ = 0;
     int num_code_groups_ = 16;
     int codec_vocab_ = 3072;
     int predictor_vocab_ = 2048;
     int text_hidden_ = 0;
     int text_vocab_ = 0;
+};
+
+class LmWeights final : public LmEmbeddings {
+public:
+    // Converts the talker and code-predictor tensors of a loaded checkpoint to fp32.
+    static std::shared_ptr<const LmWeights> load(std::shared_ptr<const Checkpoint> checkpoint);
+
+    const ModelConfig& config() const { return checkpoint_->config; }
+    const GenerationConfig& generation_config() const { return checkpoint_->generation; }
+
+    StackF32 talker;
+    std::vector<float> codec_head;  // [codec_vocab, H]
+
+    StackF32 predictor;
+    std::vector<std::vector<float>> predictor_head;  // (G-1) x [predictor_vocab, Hc]
+    std::vector<float> predictor_proj_w;  // [Hc, H] small_to_mtp_projection; empty = identity
+    std::vector<float> predictor_proj_b;  // [Hc]
+
+private:
+    std::shared_ptr<const Checkpoint> checkpoint_;  // keeps the text embedding mapped
 };
 
 // KV cache and activation buffers of one stack. Buffers only grow (capacity doubles), so a

@@ -1,33 +1,19 @@
 #include "engine/cpu_fast/fast_chunk_generator.h"
 
-#include "engine/common/error.h"
+#include <memory>
 
 namespace qtts {
 
-ChunkStatus FastChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) {
-    QTTS_ASSERT(frames >= 1 && codes && pcm);
-    chunk_.clear();
-    ChunkStatus status = ChunkStatus::CHUNK_STATUS_FULL;
-    FrameCodes frame{};
-    while (int(chunk_.size()) < frames) {
-        const FrameStatus s = generator_.next_frame(frame);
-        if (s == FrameStatus::FRAME_STATUS_FRAME) {
-            chunk_.push_back(frame);
-            continue;
-        }
-        status = s == FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT ? ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT
-                                                                  : ChunkStatus::CHUNK_STATUS_DONE;
-        break;
-    }
-    decoder_.frames_decode(chunk_.data(), int(chunk_.size()), pcm);
-    codes->insert(codes->end(), chunk_.begin(), chunk_.end());
-    return status;
+namespace {
+
+std::unique_ptr<DecoderStream> decoder_stream_new(const cpu_fast::FastLm& lm, const cpu::CpuSpeechDecoder& reference) {
+    if (lm.decoder) return std::make_unique<cpu_fast::FastDecoderStream>(*lm.decoder);
+    return std::make_unique<CpuDecoderStream>(reference);
 }
 
-void FastChunkGenerator::reference_decode(const int32_t* codes, int frames) {
-    std::vector<float> discarded;
-    discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);
-    decoder_.decode(codes, frames, &discarded);
-}
+}  // namespace
+
+FastChunkGenerator::FastChunkGenerator(const cpu_fast::FastLm& lm, const cpu::CpuSpeechDecoder& reference_decoder)
+    : CpuChunkGenerator(std::make_unique<cpu_fast::FastGenerator>(lm), decoder_stream_new(lm, reference_decoder)) {}
 
 }  // namespace qtts

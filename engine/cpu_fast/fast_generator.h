@@ -1,108 +1,22 @@
-// The frame-by-frame generation loop of the fast CPU backend (model doc §2.1, §7): the reference
-// loop (engine/cpu/generator.h) line for line, on the packed talker and code predictor
-// (fast_lm.h). Same sampling, text track, stop rules and hooks, so with the same seed the two
-// differ only where the packed weights move a logit enough to change a pick.
+// The frame-by-frame generation loop of the fast CPU backend: the reference's loop
+// (engine/cpu/generator.h, written once) on the packed talker and code predictor (fast_lm.h),
+// through a cpu::LmSession. Same sampling, text track, stop rules and hooks, so with the same
+// seed the two backends differ only where the packed weights move a logit enough to change a pick.
 //
-// One FastGenerator is one utterance in flight: it owns the talker and predictor state, the text
-// track queue, the sampling history and the RNG; the weights and the thread pool are shared.
-//
-//   gen.start(prefill, L, trailing, T, params, seed);
-//   std::array<int32_t, 16> codes;
-//   while (gen.next_frame(codes) == FrameStatus::FRAME_STATUS_FRAME) decode(codes);
-//   gen.stop_reason();   // EOS, frame budget or max_frames
-//
-// Each next_frame() runs the talker step for the previous frame (if any), samples codebook 0,
-// stops at EOS (the EOS frame is never returned) or at the frame limit, and otherwise runs the
-// 15 code-predictor passes and returns the complete frame. Text may keep arriving while
-// generating (streaming text layout): text_append() queues ids for the text track,
-// text_close() ends the text. While the text is open and the queue is empty, next_frame()
-// returns FRAME_STATUS_WAITING_FOR_TEXT without doing anything; call it again after appending.
+// One FastGenerator is one utterance in flight; the weights and the thread pool are shared.
 // Not thread-safe: one thread drives a generator.
 #pragma once
 
-#include <array>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <vector>
-
+#include "engine/cpu/generator.h"
 #include "engine/cpu_fast/fast_lm.h"
-#include "engine/generation/frame.h"
-#include "engine/generation/sampling.h"
 
 namespace qtts::cpu_fast {
 
-// Observation points for tests and debugging (all optional; pointers valid during the call).
-struct FastGeneratorHooks {
-    // Talker output row r (r = 0 after the prefill, r = k+1 after decode step k): hidden [H]
-    // after the final norm, raw logits [codec_vocab] before any processor.
-    std::function<void(int row, const float* hidden, const float* logits)> on_talker_row;
-    // Raw code-predictor logits [predictor_vocab] for codebook `group` (1..15) of frame `frame`.
-    std::function<void(int frame, int group, const float* logits)> on_predictor_logits;
-    // The talker input [H] of decode step k (frame embedding sum + text track).
-    std::function<void(int step, const float* input)> on_step_input;
-};
+using FastGeneratorHooks = cpu::GeneratorHooks;
 
-class FastGenerator {
+class FastGenerator final : public cpu::Generator {
 public:
     explicit FastGenerator(FastLm lm);
-
-    // Starts an utterance. prefill [L, H] and trailing [T, H] are prompt_embed() /
-    // prompt_embed_trailing() output; text_tokens is Prompt::text_tokens (frame budget);
-    // text_closed = false when more text will be appended (streaming layout only).
-    // Runs the talker prefill.
-    void start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
-               uint64_t seed, int text_tokens, bool text_closed = true);
-    // Convenience: embeds a built prompt with the generator's weights and starts.
-    void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed);
-
-    FrameStatus next_frame(FrameCodes& codes);
-
-    // Streaming text: queue more text ids (projected now), or end the text (queues <tts_text_eod>).
-    // Throws ERROR_INVALID_ARGUMENT after text_close() or when the utterance was started closed.
-    void text_append(const int32_t* ids, size_t n);
-    void text_close();
-    bool text_closed() const { return text_closed_; }
-
-    void hooks_set(FastGeneratorHooks hooks) { hooks_ = std::move(hooks); }
-
-    StopReason stop_reason() const { return stop_reason_; }
-    int frames_emitted() const { return frames_; }
-    int frame_limit() const { return frame_limit_; }   // frames this utterance may emit at most
-    int context_length() const { return talker_.stack.length; }
-    const FastLmWeights& weights() const { return *lm_.weights; }
-
-private:
-    void frame_limit_update();
-    void talker_advance();  // runs decode step frames_-1 with the pending frame's codes
-    void frame_predict(int32_t code0, FrameCodes& codes);
-
-    FastLm lm_;
-    GenerationParams params_;
-    Codebook0Rules rules_;
-    SamplingRng rng_;
-    TokenHistory history_;
-    SamplerScratch scratch_;
-    FastTalkerState talker_;
-    FastPredictorState predictor_;
-    FastGeneratorHooks hooks_;
-
-    std::vector<float> trailing_;   // [queued, H] text track rows, consumed by decode step index
-    int trailing_rows_ = 0;
-    std::vector<float> pad_vector_; // [H] projected <tts_pad>
-    std::vector<float> step_input_; // [H]
-    std::vector<float> frame_sum_;  // [H]
-    std::vector<float> row_;        // [H]
-    FrameCodes pending_{};          // codes of the last emitted frame, not yet fed to the talker
-    bool step_pending_ = false;
-    bool started_ = false;
-    bool done_ = false;
-    bool text_closed_ = true;
-    int text_tokens_ = 0;
-    int frames_ = 0;                // frames emitted
-    int frame_limit_ = 0;
-    bool limit_is_explicit_ = false;
-    StopReason stop_reason_ = StopReason::STOP_NONE;
 };
 
 }  // namespace qtts::cpu_fast

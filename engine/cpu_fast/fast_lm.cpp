@@ -2,52 +2,55 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "engine/common/error.h"
+#include "engine/common/log.h"
 #include "engine/cpu/ops.h"
 
 namespace qtts::cpu_fast {
 
 namespace {
 
-// Stacks checkpoint matrices [rows_i, cols] (same cols) into one packed [Σ rows_i, cols].
-PackedMatrix pack_stacked(std::initializer_list<Tensor> parts, WeightFormat format) {
+// Stacks checkpoint matrices [rows_i, cols] (same cols) into one packed [Σ rows_i, cols] (or reads
+// it back from the pack cache).
+PackedMatrix pack_stacked(std::initializer_list<Tensor> parts, PackSource& source) {
     int rows = 0;
     const int cols = int(parts.begin()[0]->shape.at(1));
     for (const Tensor t : parts) {
         QTTS_ASSERT(t->shape.size() == 2 && int(t->shape[1]) == cols);
         rows += int(t->shape[0]);
     }
-    std::vector<float> all(size_t(rows) * size_t(cols));
-    size_t at = 0;
-    for (const Tensor t : parts) {
-        tensor_to_f32(*t, all.data() + at);
-        at += size_t(t->numel());
-    }
-    return matrix_pack(all.data(), rows, cols, format);
+    return source.matrix(rows, cols, [&](float* all) {  // all [rows, cols]
+        size_t at = 0;
+        for (const Tensor t : parts) {
+            tensor_to_f32(*t, all + at);
+            at += size_t(t->numel());
+        }
+    });
 }
 
-PackedMatrix pack(Tensor t, WeightFormat format) { return pack_stacked({t}, format); }
+PackedMatrix pack(Tensor t, PackSource& source) { return pack_stacked({t}, source); }
 
-FastLayer layer_pack(const TransformerLayerWeights& l, WeightFormat format) {
+FastLayer layer_pack(const TransformerLayerWeights& l, PackSource& source) {
     FastLayer out;
     out.input_norm = tensor_to_f32(*l.input_norm);
     out.q_norm = tensor_to_f32(*l.q_norm);
     out.k_norm = tensor_to_f32(*l.k_norm);
     out.post_norm = tensor_to_f32(*l.post_norm);
-    out.qkv = pack_stacked({l.q_proj, l.k_proj, l.v_proj}, format);
-    out.o_proj = pack(l.o_proj, format);
-    out.gate_up = pack_stacked({l.gate_proj, l.up_proj}, format);
-    out.down_proj = pack(l.down_proj, format);
+    out.qkv = pack_stacked({l.q_proj, l.k_proj, l.v_proj}, source);
+    out.o_proj = pack(l.o_proj, source);
+    out.gate_up = pack_stacked({l.gate_proj, l.up_proj}, source);
+    out.down_proj = pack(l.down_proj, source);
     return out;
 }
 
 FastStack stack_pack(const TransformerConfig& c, const std::vector<TransformerLayerWeights>& layers, Tensor norm,
-                     WeightFormat format) {
+                     PackSource& source) {
     FastStack s;
     static_cast<StackShape&>(s) = stack_shape(c);
     s.rope_inv_freq = rope_inv_freq(s.head_dim, s.rope_theta);
-    for (const auto& l : layers) s.layers.push_back(layer_pack(l, format));
+    for (const auto& l : layers) s.layers.push_back(layer_pack(l, source));
     s.norm = tensor_to_f32(*norm);
     return s;
 }
@@ -67,8 +70,39 @@ size_t FastStack::bytes() const {
 }
 
 std::shared_ptr<const FastLmWeights> FastLmWeights::load(std::shared_ptr<const Checkpoint> checkpoint,
-                                                         WeightFormat format) {
+                                                         WeightFormat format, const std::string& cache_dir) {
     QTTS_ASSERT(checkpoint);
+    if (cache_dir.empty()) {
+        PackSource source(format);
+        return load_from(checkpoint, source);
+    }
+    const std::string key = pack_cache_key(checkpoint->dir, format);
+    const std::string path = pack_cache_path(cache_dir, key);
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(path, ec);
+    if (existed) {
+        try {
+            PackSource source(format, path, key, false);
+            auto w = load_from(checkpoint, source);
+            source.finish();
+            w->cache_status_ = PackCacheStatus::PACK_CACHE_HIT;
+            return w;
+        } catch (const PackCacheInvalid& e) {
+            QTTS_LOG_WARN("pack cache: {} is unusable ({}): packing the weights again", path, e.reason);
+        }
+    }
+    PackSource source(format, path, key, true);
+    auto w = load_from(checkpoint, source);
+    const bool written = source.finish();
+    w->cache_status_ = !written  ? PackCacheStatus::PACK_CACHE_WRITE_FAILED
+                       : existed ? PackCacheStatus::PACK_CACHE_REBUILT
+                                 : PackCacheStatus::PACK_CACHE_WRITTEN;
+    return w;
+}
+
+std::shared_ptr<FastLmWeights> FastLmWeights::load_from(const std::shared_ptr<const Checkpoint>& checkpoint,
+                                                        PackSource& source) {
+    const WeightFormat format = source.format();
     auto w = std::make_shared<FastLmWeights>();
     const TalkerConfig& tc = checkpoint->config.talker;
     const TalkerWeights& tw = checkpoint->talker;
@@ -76,26 +110,13 @@ std::shared_ptr<const FastLmWeights> FastLmWeights::load(std::shared_ptr<const C
 
     w->checkpoint_ = checkpoint;
     w->format_ = format;
-    w->num_code_groups_ = tc.num_code_groups;
-    w->codec_vocab_ = tc.vocab_size;
-    w->predictor_vocab_ = tc.code_predictor.vocab_size;
-    w->text_hidden_ = tc.text_hidden_size;
-    w->text_vocab_ = tc.text_vocab_size;
-
-    w->talker = stack_pack(tc, tw.layers, tw.norm, format);
-    w->codec_embedding = tensor_to_f32(*tw.codec_embedding);
-    w->codec_head = pack(tw.codec_head, format);
-    w->text_fc1_w = tensor_to_f32(*tw.text_fc1_w);
-    w->text_fc1_b = tensor_to_f32(*tw.text_fc1_b);
-    w->text_fc2_w = tensor_to_f32(*tw.text_fc2_w);
-    w->text_fc2_b = tensor_to_f32(*tw.text_fc2_b);
-    w->text_embedding = tw.text_embedding;
-
-    w->predictor = stack_pack(tc.code_predictor, pw.layers, pw.norm, format);
-    for (const Tensor t : pw.codec_embedding) w->predictor_codec_embedding.push_back(tensor_to_f32(*t));
-    for (const Tensor t : pw.lm_head) w->predictor_head.push_back(pack(t, format));
+    w->embeddings_load(*checkpoint);
+    w->talker = stack_pack(tc, tw.layers, tw.norm, source);
+    w->codec_head = pack(tw.codec_head, source);
+    w->predictor = stack_pack(tc.code_predictor, pw.layers, pw.norm, source);
+    for (const Tensor t : pw.lm_head) w->predictor_head.push_back(pack(t, source));
     if (pw.proj_w) {
-        w->predictor_proj = pack(pw.proj_w, format);
+        w->predictor_proj = pack(pw.proj_w, source);
         w->predictor_proj_b = tensor_to_f32(*pw.proj_b);
     } else if (w->predictor.hidden != w->talker.hidden) {
         fail(ErrorCode::ERROR_FORMAT,
@@ -123,33 +144,6 @@ size_t FastLmWeights::packed_bytes() const {
     size_t n = talker.bytes() + codec_head.bytes() + predictor.bytes() + predictor_proj.bytes();
     for (const PackedMatrix& h : predictor_head) n += h.bytes();
     return n;
-}
-
-void FastLmWeights::text_vector(int32_t id, float* out) const {
-    if (id < 0 || id >= text_vocab_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text id {} is outside the text vocabulary [0, {})", id, text_vocab_);
-    const int Ht = text_hidden_;
-    std::vector<float> row(static_cast<size_t>(Ht)), mid(static_cast<size_t>(Ht));
-    tensor_rows_to_f32(*text_embedding, id, 1, row.data());
-    cpu::linear(row.data(), 1, Ht, text_fc1_w.data(), text_fc1_b.data(), Ht, mid.data());
-    for (float& v : mid) v = cpu::silu(v);
-    cpu::linear(mid.data(), 1, Ht, text_fc2_w.data(), text_fc2_b.data(), talker.hidden, out);
-}
-
-void FastLmWeights::codec_vector(int codebook, int32_t id, float* out) const {
-    const size_t H = size_t(talker.hidden);
-    if (codebook == 0) {
-        if (id < 0 || id >= codec_vocab_)
-            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codec id {} is outside [0, {})", id, codec_vocab_);
-        std::memcpy(out, codec_embedding.data() + size_t(id) * H, H * sizeof(float));
-        return;
-    }
-    if (codebook < 0 || codebook >= num_code_groups_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codebook {} is outside [0, {})", codebook, num_code_groups_);
-    if (id < 0 || id >= predictor_vocab_)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "code {} of codebook {} is outside [0, {})", id, codebook,
-             predictor_vocab_);
-    std::memcpy(out, predictor_codec_embedding[size_t(codebook - 1)].data() + size_t(id) * H, H * sizeof(float));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,9 +11,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "engine/cpu/lm.h"
 #include "engine/cpu_fast/matvec.h"
+#include "engine/cpu_fast/pack_cache.h"
 #include "engine/cpu_fast/thread_pool.h"
 #include "engine/model/weight_prep.h"
 #include "engine/model/weights.h"
@@ -39,20 +42,17 @@ struct FastStack : StackShape {
     size_t bytes() const;     // packed bytes one position reads
 };
 
-class FastLmWeights final : public EmbeddingTables {
+class FastLmWeights final : public cpu::LmEmbeddings {
 public:
-    // Packs the talker and code predictor of a loaded checkpoint in `format`.
-    static std::shared_ptr<const FastLmWeights> load(std::shared_ptr<const Checkpoint> checkpoint, WeightFormat format);
+    // Packs the talker and code predictor of a loaded checkpoint in `format`. With a cache
+    // directory, the packed matrices are read from its file for this checkpoint and format when
+    // that file is valid, else packed and written there (pack_cache.h).
+    static std::shared_ptr<const FastLmWeights> load(std::shared_ptr<const Checkpoint> checkpoint, WeightFormat format,
+                                                     const std::string& cache_dir = "");
 
     const ModelConfig& config() const { return checkpoint_->config; }
     WeightFormat format() const { return format_; }
-    int hidden_size() const override { return talker.hidden; }
-    int num_code_groups() const { return num_code_groups_; }
-    int codec_vocab() const { return codec_vocab_; }
-    int predictor_vocab() const { return predictor_vocab_; }
-
-    void text_vector(int32_t id, float* out) const override;
-    void codec_vector(int codebook, int32_t id, float* out) const override;
+    PackCacheStatus cache_status() const { return cache_status_; }  // how load() got the packed matrices
 
     // Packed bytes one frame reads: a talker step, the predictor's 2-row prefill and G-2 steps,
     // and their heads (what the benchmark divides by the frame time).
@@ -60,32 +60,31 @@ public:
     size_t packed_bytes() const;  // all packed matrices
 
     FastStack talker;
-    std::vector<float> codec_embedding;  // [codec_vocab, H]
-    PackedMatrix codec_head;             // [codec_vocab, H]
-    std::vector<float> text_fc1_w, text_fc1_b, text_fc2_w, text_fc2_b;  // fp32, as the reference
-    const TensorView* text_embedding = nullptr;                         // [text_vocab, Ht] bf16, mapped
+    PackedMatrix codec_head;  // [codec_vocab, H]
 
     FastStack predictor;
-    std::vector<std::vector<float>> predictor_codec_embedding;  // (G-1) x [predictor_vocab, H]
     std::vector<PackedMatrix> predictor_head;                   // (G-1) x [predictor_vocab, Hc]
     PackedMatrix predictor_proj;                                // [Hc, H]; empty = identity
     std::vector<float> predictor_proj_b;                        // [Hc]
 
 private:
+    static std::shared_ptr<FastLmWeights> load_from(const std::shared_ptr<const Checkpoint>& checkpoint,
+                                                    PackSource& source);
+
     std::shared_ptr<const Checkpoint> checkpoint_;
     WeightFormat format_ = WeightFormat::WEIGHT_FORMAT_BF16;
-    int num_code_groups_ = 16;
-    int codec_vocab_ = 3072;
-    int predictor_vocab_ = 2048;
-    int text_hidden_ = 0;
-    int text_vocab_ = 0;
+    PackCacheStatus cache_status_ = PackCacheStatus::PACK_CACHE_OFF;
 };
+
+class FastSpeechDecoder;  // fast_speech_decoder.h
 
 // The packed weights with the pool that runs their products: what a model shares with its streams.
 struct FastLm {
     std::shared_ptr<const FastLmWeights> weights;
     std::shared_ptr<ThreadPool> pool;
     size_t parallel_min = MATMUL_PARALLEL_MIN;  // matmul's threshold (tests set 0 to split tiny models)
+    // The fast speech decoder, on the same pool; null: streams decode with the fp32 reference's.
+    std::shared_ptr<const FastSpeechDecoder> decoder = nullptr;
 };
 
 // KV caches and activations of one stack; buffers only grow, so a warm step allocates nothing.

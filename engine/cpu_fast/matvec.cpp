@@ -74,21 +74,6 @@ void AlignedBytes::resize(size_t n) {
 
 namespace {
 
-inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // NaN stays NaN
-    bits += 0x7fffu + ((bits >> 16) & 1u);                                       // nearest, ties to even
-    return uint16_t(bits >> 16);
-}
-
-inline float bf16_to_f32(uint16_t h) {
-    const uint32_t bits = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
 // ---- value loaders: one weight as fp32 (scalar), eight (AVX2) or sixteen (AVX-512) ----------
 
 struct Bf16 {

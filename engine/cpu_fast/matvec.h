@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,21 @@ enum class MatvecIsa { MATVEC_ISA_SCALAR, MATVEC_ISA_AVX2, MATVEC_ISA_AVX512 };
 const char* matvec_isa_name(MatvecIsa isa);  // "scalar", "avx2", "avx512"
 bool matvec_isa_supported(MatvecIsa isa);    // can this CPU run it
 MatvecIsa matvec_isa_best();                 // the widest supported path
+
+// fp32 -> bf16, round to nearest even (NaN stays NaN); bf16 -> fp32 is exact.
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return uint16_t(bits >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 
 // 64-byte aligned bytes (whole cache lines for the streaming loads).
 struct AlignedBytes {

@@ -53,15 +53,22 @@ std::shared_ptr<GpuDecoderPool> GpuDecoderPool::create(std::shared_ptr<GpuGenera
     backend->context().guard().check("GpuDecoderPool::create");
     std::shared_ptr<GpuDecoderPool> pool(new GpuDecoderPool(std::move(backend), options));
     pool->weights_ = GpuSpeechDecoderWeights::upload(checkpoint, pool->backend_->device(), {});
+    // One scratch for every decoder of the pool: they all run on the context's one stream, one
+    // chunk after another, so a scratch per stream (~66 MB at release size) would only cost memory.
+    pool->pass_ = std::make_shared<DecoderPass>(
+        pool->weights_, pool->backend_->context(),
+        DecoderStateLayout::make(*pool->weights_, pool->decoder_options_.max_chunk_frames),
+        pool->decoder_options_.max_chunk_frames, pool->decoder_options_);
     for (int i = 0; i < pool->states_; ++i) pool->idle_.push_back(pool->state_new());
-    QTTS_LOG_INFO("GPU speech decoder on device {}: weights {:.1f} MB, {} stream state(s), graphs {}",
+    QTTS_LOG_INFO("GPU speech decoder on device {}: weights {:.1f} MB, {} stream state(s), one shared scratch of "
+                  "{:.1f} MB, graphs {}",
                   pool->backend_->device(), pool->weights_->device_bytes() / 1e6, pool->created_,
-                  pool->graphs_enabled_ ? "on" : "off");
+                  pool->pass_->scratch_bytes() / 1e6, pool->graphs_enabled_ ? "on" : "off");
     return pool;
 }
 
 std::unique_ptr<GpuSpeechDecoder> GpuDecoderPool::state_new() {
-    auto state = std::make_unique<GpuSpeechDecoder>(weights_, backend_->context(), decoder_options_);
+    auto state = std::make_unique<GpuSpeechDecoder>(weights_, backend_->context(), decoder_options_, pass_);
     graphs_enabled_ = state->graphs_enabled();
     ++created_;
     return state;

@@ -2,6 +2,8 @@
 // backend's device, and a pool of per-stream GpuSpeechDecoder states on the backend's context
 // (same stream, cuBLAS handle and owner thread as the generator pool it is built on).
 //
+// The decoders share one scratch (DecoderPass): they run one chunk after another on the context's
+// stream, so each stream costs only its state block (7.4 MB at release size).
 // Like the generator pool, BackendOptions::states decoders are created up front (the engine asks
 // for max_streams), each with its CUDA graphs captured for BackendOptions::chunk_sizes, so
 // starting a stream allocates and captures nothing; a stream takes one for its whole utterance and the
@@ -54,6 +56,7 @@ private:
     GpuSpeechDecoderOptions decoder_options_;  // from the BackendOptions, for every state
     int states_ = 1;                          // made up front
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
+    std::shared_ptr<DecoderPass> pass_;  // the scratch every decoder of the pool shares
     std::vector<std::unique_ptr<GpuSpeechDecoder>> idle_;
     int created_ = 0;
     bool graphs_enabled_ = false;

@@ -61,6 +61,8 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
     frames_ = 0;
     computed_ = 0;
     precomputed_ = 0;
+    batch_codes_landed_ = false;
+    batch_pcm_ready_ = false;
     done_ = false;
     stop_reason_ = StopReason::STOP_NONE;
     frame_limit_update();
@@ -144,14 +146,54 @@ void GpuGenerator::batch_computed(int frames) {
     precomputed_ = frames;
 }
 
+void GpuGenerator::batch_codes_enqueue(int frames) {
+    QTTS_ASSERT(precomputed_ == frames && !batch_codes_landed_);
+    const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
+    if (chunk_codes_.size() < rows) chunk_codes_ = PinnedArray<int32_t>(rows);
+    lm_.codes_read_async(computed_, frames + 1, chunk_codes_.get());
+}
+
+int GpuGenerator::batch_codes_land(int frames) {
+    QTTS_ASSERT(precomputed_ == frames && !batch_codes_landed_);
+    const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
+    std::memcpy(host_codes_.data() + size_t(computed_) * k::SAMPLE_MAX_GROUPS, chunk_codes_.get(),
+                rows * sizeof(int32_t));
+    batch_codes_landed_ = true;
+    int valid = 0;
+    while (valid < frames && host_codes_[size_t(computed_ + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
+    return valid;
+}
+
+void GpuGenerator::batch_decode_codes(int frames, int32_t* out) const {
+    QTTS_ASSERT(batch_codes_landed_ && precomputed_ == frames && decoder_);
+    const int nq = decoder_->config().num_quantizers;
+    for (int f = 0; f < frames; ++f)
+        std::copy_n(host_codes_.data() + size_t(computed_ + f) * k::SAMPLE_MAX_GROUPS, nq, out + size_t(f) * nq);
+}
+
+void GpuGenerator::batch_pcm_set(const float* pcm, int frames) {
+    QTTS_ASSERT(batch_codes_landed_ && precomputed_ == frames && decoder_ && !batch_pcm_ready_);
+    batch_pcm_.assign(pcm, pcm + size_t(frames) * decoder_->samples_per_frame());
+    batch_pcm_ready_ = true;
+}
+
 bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     const int first = computed_;
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
     int32_t* dst = host_codes_.data() + size_t(first) * k::SAMPLE_MAX_GROUPS;
     if (precomputed_ > 0) {
-        // A batched step made these frames already: the codes are read and decoded below.
+        // A batched step made these frames already: their codes are read below unless the step
+        // brought them over (and perhaps decoded them) itself.
         QTTS_ASSERT(precomputed_ == frames);
         precomputed_ = 0;
+        if (batch_codes_landed_) {
+            batch_codes_landed_ = false;
+            computed_ += frames;
+            if (!batch_pcm_ready_) return false;
+            batch_pcm_ready_ = false;
+            pcm->insert(pcm->end(), batch_pcm_.begin(), batch_pcm_.end());
+            return true;
+        }
     } else if (fused_ && fused_->has(frames)) {
         // One replay, one sync: codes and (unless the chunk holds a stop) audio.
         const bool decoded = fused_->run(frames);

@@ -61,6 +61,17 @@ public:
     // own graph (it then reads the codes and decodes them as usual).
     bool batch_ready(int frames) const;
     void batch_computed(int frames);
+    // Batched decoding (GpuGeneratorPool::batch_run): after batch_computed, the chunk's codes are
+    // copied to the host for every stream of the step at once — batch_codes_enqueue (asynchronous),
+    // one synchronisation by the caller, then batch_codes_land, which returns how many of the
+    // chunk's frames come before an end-of-speech (`frames` when the chunk is whole). A whole
+    // chunk's codes [frames, nq] (batch_decode_codes) may then be decoded in a batched pass with
+    // other streams; batch_pcm_set hands its samples over and chunk() emits them as they are.
+    // A chunk whose samples were not set is decoded by chunk() itself, as before.
+    void batch_codes_enqueue(int frames);
+    int batch_codes_land(int frames);
+    void batch_decode_codes(int frames, int32_t* out) const;
+    void batch_pcm_set(const float* pcm, int frames);
 
     StopReason stop_reason() const { return stop_reason_; }
     int frames_emitted() const { return frames_; }
@@ -102,6 +113,9 @@ private:
     int frames_ = 0;    // frames emitted (== frames computed, but for those dropped after an end-of-speech)
     int computed_ = 0;  // frames whose 16 codes are on the host (codebook 0 of frame computed_ too)
     int precomputed_ = 0;  // frames after computed_ that a batched step made on the device
+    bool batch_codes_landed_ = false;  // ... whose codes are on the host already (batch_codes_land)
+    bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
+    std::vector<float> batch_pcm_;
     int frame_limit_ = 0;
     bool limit_is_explicit_ = false;
     StopReason stop_reason_ = StopReason::STOP_NONE;

@@ -246,9 +246,27 @@ void GpuGeneratorPool::batch_enable(int streams) {
                   "{:.1f} MB",
                   options_.device, batch_->max_streams(), buckets.size(), o.chunk_frames.size(),
                   free_before > free_after ? (free_before - free_after) / 1e6 : 0.0);
+    batch_decoder_enable();
 }
 
-void GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) {
+void GpuGeneratorPool::batch_decoder_enable() {
+    if (!decoder_factory_ || idle_.empty() || !idle_.front()->decoder()) return;  // chunks decoded elsewhere
+    const GpuSpeechDecoder& any = *idle_.front()->decoder();
+    GpuBatchDecoderOptions o;
+    o.max_streams = batch_->max_streams();
+    for (const int n : options_.chunk_sizes)
+        if (n <= any.max_chunk_frames()) o.chunk_frames.push_back(n);
+    if (o.chunk_frames.empty()) return;
+    // A graph for every stream count up to 16, then every fourth: at most 3 idle rows (decoding
+    // zeros) past 16 streams, and few enough graphs to capture in a fraction of a second.
+    for (int b = 2; b <= o.max_streams; ++b)
+        if (b <= 16 || b % 4 == 0 || b == o.max_streams) o.buckets.push_back(b);
+    o.cuda_graphs = options_.cuda_graphs;
+    o.tf32 = any.options().tf32;
+    batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *context_, any.layout(), o);
+}
+
+int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) {
     context_->guard().check("GpuGeneratorPool::batch_run");
     QTTS_ASSERT(batch_ && !generators.empty() && int(generators.size()) <= batch_->max_streams());
     std::vector<GpuLm*> lms;
@@ -262,6 +280,26 @@ void GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators,
     batch_->bind(lms);
     batch_->run(frames);
     for (GpuGenerator* s : states) s->batch_computed(frames);
+    if (!batch_decoder_) return 0;  // each chunk() reads and decodes its own frames
+
+    // Every stream's codes in one synchronisation, then one decoder pass for the whole chunks.
+    for (GpuGenerator* s : states) s->batch_codes_enqueue(frames);
+    context_->synchronize();
+    std::vector<GpuGenerator*> whole;
+    std::vector<GpuSpeechDecoder*> decoders;
+    for (GpuGenerator* s : states)
+        if (s->batch_codes_land(frames) == frames && s->decoder()) {
+            whole.push_back(s);
+            decoders.push_back(s->decoder());
+        }
+    if (whole.size() < 2) return 0;  // a lone stream decodes in its chunk() with its own graph
+    const int nq = decoders.front()->config().num_quantizers, spf = decoders.front()->samples_per_frame();
+    batch_codes_.resize(whole.size() * size_t(frames) * nq);
+    batch_pcm_.resize(whole.size() * size_t(frames) * spf);
+    for (size_t i = 0; i < whole.size(); ++i) whole[i]->batch_decode_codes(frames, batch_codes_.data() + i * frames * nq);
+    batch_decoder_->decode(decoders, batch_codes_.data(), frames, batch_pcm_.data());
+    for (size_t i = 0; i < whole.size(); ++i) whole[i]->batch_pcm_set(batch_pcm_.data() + i * frames * spf, frames);
+    return int(whole.size());
 }
 
 void GpuGeneratorPool::owner_adopt() { context_->guard().adopt(); }

@@ -25,6 +25,7 @@
 
 #include "engine/api/qtts.h"
 #include "engine/cuda/gpu_batch.h"
+#include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_generator.h"
 #include "engine/generation/chunk_generator.h"
 #include "engine/generation/decoder_stream.h"
@@ -84,13 +85,19 @@ public:
 
     // Batched steps (BackendOptions::batching; cuda/gpu_batch.h): a GpuBatch for up to `streams`
     // streams, with a graph per bucket (2, 4, 8, 12, 16, 24, 32, 48, 64 up to `streams`, and
-    // `streams`) and chunk size, captured now. Owner thread; called once at load.
+    // `streams`) and chunk size, captured now; with the states' own decoders attached, also a
+    // GpuBatchDecoder (cuda/gpu_batch_decoder.h) with a graph per stream count up to 16, then
+    // every fourth, and chunk size. Owner thread; called once at load, after decoders_attach.
     void batch_enable(int streams);
     int batch_max() const { return batch_ ? batch_->max_streams() : 0; }
+    bool batch_decoding() const { return bool(batch_decoder_); }
     // The next chunk of each generator (from acquire(), each batch_ready(frames), at most
-    // batch_max()) computed in one device step; their chunk(frames) calls then read and decode
-    // the frames. Owner thread.
-    void batch_run(const std::vector<ChunkGenerator*>& generators, int frames);
+    // batch_max()) computed in one device step, then every stream's codes brought to the host at
+    // once and the whole chunks (no end-of-speech inside) of two or more streams decoded in one
+    // batched pass; their chunk(frames) calls then emit those frames (decoding any the pass did
+    // not). Owner thread.
+    // Returns the number of streams the batched decoder pass decoded (0: none).
+    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames);
 
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
@@ -100,6 +107,7 @@ private:
     friend class GpuChunkGenerator;
     explicit GpuGeneratorPool(const BackendOptions& options);
     std::unique_ptr<GpuGenerator> state_new();
+    void batch_decoder_enable();  // batch_enable's decoder half
     void state_release(std::unique_ptr<GpuGenerator> state);  // from a finished utterance
 
     size_t memory_room() const;  // what states may take now (memory_plan.h gpu_memory_room)
@@ -120,6 +128,9 @@ private:
     DecoderFactory decoder_factory_;
     std::vector<int> fused_sizes_;
     std::unique_ptr<GpuBatch> batch_;  // null without batching
+    std::unique_ptr<GpuBatchDecoder> batch_decoder_;  // null without batching or own decoders
+    std::vector<int32_t> batch_codes_;  // [streams, frames, nq] for the batched decoder pass
+    std::vector<float> batch_pcm_;      // [streams, frames · spf]
 };
 
 }  // namespace qtts::cuda

@@ -255,67 +255,64 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stream state
+// State layout
 // ---------------------------------------------------------------------------------------------
 
-GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
-                                   GpuSpeechDecoderOptions options)
-    : weights_(std::move(weights)), context_(context), options_(std::move(options)) {
-    if (!weights_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: no weights");
-    if (weights_->device() != context_.device())
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: weights are on device {}, the context on device {}",
-             weights_->device(), context_.device());
-    if (options_.max_chunk_frames < 1 || options_.max_chunk_frames > 1000)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: max_chunk_frames {} (accepted: 1..1000)",
-             options_.max_chunk_frames);
-    context_.guard().check("GpuSpeechDecoder construction");
+DecoderStateLayout DecoderStateLayout::make(const GpuSpeechDecoderWeights& w, int max_chunk_frames) {
+    const DecoderConfig& d = w.config();
+    const int kvd = d.num_kv_heads * d.head_dim;
+    DecoderStateLayout out;
+    out.max_chunk_frames = max_chunk_frames;
+    out.ring_rows = d.sliding_window - 1 + max_chunk_frames;
+    size_t at = kernels::DECODER_STATE_HEADER_BYTES;
+    // Every piece 256-byte aligned; an empty piece takes no room (its offset is never read).
+    auto place = [&at](size_t floats) {
+        const size_t here = at;
+        at += (floats * sizeof(float) + 255) / 256 * 256;
+        return here;
+    };
+    // Conv input tails have two slots (read one, write the other; see conv_im2col_carry).
+    out.pre_conv_tail = place(2 * size_t(w.pre_conv.cin) * w.pre_conv.tail());
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+        out.k_ring.push_back(place(size_t(out.ring_rows) * kvd));
+        out.v_ring.push_back(place(size_t(out.ring_rows) * kvd));
+    }
+    for (size_t i = 0; i < w.upsample.size(); ++i) {
+        out.upsample_overlap.push_back(place(size_t(w.upsample[i].cout) * w.upsample[i].overlap()));
+        out.convnext_tail.push_back(place(2 * size_t(w.convnext[i].channels) * (w.convnext[i].k - 1)));
+    }
+    out.conv_in_tail = place(2 * size_t(w.conv_in.cin) * w.conv_in.tail());
+    for (size_t b = 0; b < w.blocks.size(); ++b) {
+        out.block_overlap.push_back(place(size_t(w.blocks[b].upsample.cout) * w.blocks[b].upsample.overlap()));
+        out.unit_tail.emplace_back();
+        for (const auto& unit : w.blocks[b].units)
+            out.unit_tail.back().push_back(place(2 * size_t(unit.conv1.cin) * unit.conv1.tail()));
+    }
+    out.conv_out_tail = place(2 * size_t(w.conv_out.cin) * w.conv_out.tail());
+    out.bytes = at;
+    return out;
+}
+
+bool DecoderStateLayout::operator==(const DecoderStateLayout& o) const {
+    return bytes == o.bytes && ring_rows == o.ring_rows && max_chunk_frames == o.max_chunk_frames &&
+           pre_conv_tail == o.pre_conv_tail && k_ring == o.k_ring && v_ring == o.v_ring &&
+           upsample_overlap == o.upsample_overlap && convnext_tail == o.convnext_tail &&
+           conv_in_tail == o.conv_in_tail && block_overlap == o.block_overlap && unit_tail == o.unit_tail &&
+           conv_out_tail == o.conv_out_tail;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pass: scratch for max_frames frames
+// ---------------------------------------------------------------------------------------------
+
+DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
+                         const DecoderStateLayout& layout, int max_frames, const GpuSpeechDecoderOptions& options)
+    : weights_(std::move(weights)), context_(context), layout_(layout), max_frames_(max_frames), options_(options) {
+    QTTS_ASSERT(weights_ && max_frames_ >= 1);
     DeviceScope scope(context_.device());
     const GpuSpeechDecoderWeights& w = *weights_;
     const DecoderConfig& d = w.config();
-    const int N = options_.max_chunk_frames;
-    const int kvd = d.num_kv_heads * d.head_dim;
-    ring_rows_ = d.sliding_window - 1 + N;
-
-    // ---- state layout: [position (256 B)] then float tails and rings ----
-    std::vector<std::pair<float**, size_t>> slots;
-    k_ring_.assign(w.layers.size(), nullptr);
-    v_ring_.assign(w.layers.size(), nullptr);
-    upsample_overlap_.assign(w.upsample.size(), nullptr);
-    convnext_tail_.assign(w.convnext.size(), nullptr);
-    block_overlap_.assign(w.blocks.size(), nullptr);
-    unit_tail_.assign(w.blocks.size(), std::vector<float*>(3, nullptr));
-    // Conv input tails have two slots (read one, write the other; see conv_im2col_carry).
-    slots.push_back({&pre_conv_tail_, 2 * size_t(w.pre_conv.cin) * w.pre_conv.tail()});
-    for (size_t l = 0; l < w.layers.size(); ++l) {
-        slots.push_back({&k_ring_[l], size_t(ring_rows_) * kvd});
-        slots.push_back({&v_ring_[l], size_t(ring_rows_) * kvd});
-    }
-    for (size_t i = 0; i < w.upsample.size(); ++i) {
-        slots.push_back({&upsample_overlap_[i], size_t(w.upsample[i].cout) * w.upsample[i].overlap()});
-        slots.push_back({&convnext_tail_[i], 2 * size_t(w.convnext[i].channels) * (w.convnext[i].k - 1)});
-    }
-    slots.push_back({&conv_in_tail_, 2 * size_t(w.conv_in.cin) * w.conv_in.tail()});
-    for (size_t b = 0; b < w.blocks.size(); ++b) {
-        slots.push_back({&block_overlap_[b], size_t(w.blocks[b].upsample.cout) * w.blocks[b].upsample.overlap()});
-        for (size_t u = 0; u < 3; ++u)
-            slots.push_back(
-                {&unit_tail_[b][u], 2 * size_t(w.blocks[b].units[u].conv1.cin) * w.blocks[b].units[u].conv1.tail()});
-    }
-    slots.push_back({&conv_out_tail_, 2 * size_t(w.conv_out.cin) * w.conv_out.tail()});
-    constexpr size_t kHeaderFloats = 64;  // int64 position and chunk counter, padded to 256 bytes
-    size_t floats = kHeaderFloats;
-    for (auto& s : slots) floats += (s.second + 63) / 64 * 64;  // 256-byte aligned slots
-    state_.allocate(floats * sizeof(float));
-    position_ = state_.as<int64_t>();
-    chunk_ = position_ + 1;
-    float* base = state_.as<float>();
-    size_t offset = kHeaderFloats;
-    for (auto& s : slots) {
-        *s.first = s.second ? base + offset : nullptr;
-        offset += (s.second + 63) / 64 * 64;
-    }
-
-    // ---- scratch sizes for N frames ----
+    const int N = max_frames_;
     ScratchPlan plan;
     const int cd = d.codebook_dim;
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
@@ -325,31 +322,32 @@ GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights
     plan.aux_max(size_t(N) * cd);
     plan.signal_max(size_t(cd) * N);
     conv_plan(w.pre_conv, N);
-    int T = N;
+    size_t T = size_t(N);
     for (size_t i = 0; i < w.upsample.size(); ++i) {
         const auto& up = w.upsample[i];
         plan.aux_max(size_t(up.cout) * up.k * T);
-        T *= up.stride;
+        T *= size_t(up.stride);
         plan.signal_max(size_t(up.cout) * T);
         plan.col_max(size_t(w.convnext[i].pw1_row) * T);
         plan.aux_max(size_t(w.convnext[i].pw2_row) * T);
     }
-    conv_plan(w.conv_in, T);
+    conv_plan(w.conv_in, int(T));
     for (const auto& blk : w.blocks) {
         plan.signal_max(size_t(blk.upsample.cin) * T);
         plan.aux_max(size_t(blk.upsample.cout) * blk.upsample.k * T);
-        T *= blk.upsample.stride;
+        T *= size_t(blk.upsample.stride);
         for (const auto& ru : blk.units) {
-            conv_plan(ru.conv1, T);
-            conv_plan(ru.conv2, T);
+            conv_plan(ru.conv1, int(T));
+            conv_plan(ru.conv2, int(T));
         }
     }
-    conv_plan(w.conv_out, T);
+    conv_plan(w.conv_out, int(T));
     x_ = DeviceArray<float>(plan.signal);
     y_ = DeviceArray<float>(plan.signal);
     col_ = DeviceArray<float>(plan.col);
     aux_ = DeviceArray<float>(plan.aux);
     const int D = d.hidden_size, I = d.intermediate_size, qd = d.num_heads * d.head_dim;
+    const int kvd = d.num_kv_heads * d.head_dim;
     h_ = DeviceArray<float>(size_t(N) * D);
     xn_ = DeviceArray<float>(size_t(N) * D);
     qkv_ = DeviceArray<float>(size_t(N) * (qd + 2 * kvd));
@@ -359,16 +357,59 @@ GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights
     act_ = DeviceArray<float>(size_t(N) * I);
     codes_dev_ = DeviceArray<int32_t>(size_t(N) * d.num_quantizers);
     pcm_dev_ = DeviceArray<float>(size_t(N) * w.samples_per_frame());
-    codes_host_ = PinnedArray<int32_t>(size_t(N) * d.num_quantizers);
-    pcm_host_ = PinnedArray<float>(size_t(N) * w.samples_per_frame());
     scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + h_.bytes() + xn_.bytes() + qkv_.bytes() +
                      att_.bytes() + tmp_.bytes() + gu_.bytes() + act_.bytes() + codes_dev_.bytes() + pcm_dev_.bytes();
-    CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.bytes(), context_.stream()));
     // Defined contents for the (unused) tails of partially filled buffers; capture reads nothing.
     CUDA_CHECK(cudaMemsetAsync(codes_dev_.get(), 0, codes_dev_.bytes(), context_.stream()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One stream
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+// The constructor's checks, before any member that needs valid weights and options is built.
+std::shared_ptr<const GpuSpeechDecoderWeights> decoder_weights_checked(std::shared_ptr<const GpuSpeechDecoderWeights> w,
+                                                                      GpuContext& context,
+                                                                      const GpuSpeechDecoderOptions& options) {
+    if (!w) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: no weights");
+    if (w->device() != context.device())
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: weights are on device {}, the context on device {}",
+             w->device(), context.device());
+    if (options.max_chunk_frames < 1 || options.max_chunk_frames > 1000)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuSpeechDecoder: max_chunk_frames {} (accepted: 1..1000)",
+             options.max_chunk_frames);
+    context.guard().check("GpuSpeechDecoder construction");
+    return w;
+}
+}  // namespace
+
+GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
+                                   GpuSpeechDecoderOptions options, std::shared_ptr<DecoderPass> shared_pass)
+    : weights_(decoder_weights_checked(std::move(weights), context, options)),
+      context_(context),
+      options_(std::move(options)),
+      layout_(DecoderStateLayout::make(*weights_, options_.max_chunk_frames)),
+      pass_(shared_pass ? std::move(shared_pass)
+                        : std::make_shared<DecoderPass>(weights_, context_, layout_, options_.max_chunk_frames, options_)) {
+    if (!(pass_->layout() == layout_) || pass_->weights() != weights_.get() ||
+        pass_->max_frames() < options_.max_chunk_frames || pass_->options().tf32 != options_.tf32 ||
+        pass_->options().small_kernels != options_.small_kernels)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT,
+             "GpuSpeechDecoder: the shared pass was made for other weights, chunk sizes or options");
+    DeviceScope scope(context_.device());
+    const int N = options_.max_chunk_frames;
+    state_.allocate(layout_.bytes);
+    states_ = DeviceArray<char*>(1);
+    char* block = state_block();
+    CUDA_CHECK(cudaMemcpyAsync(states_.get(), &block, sizeof(block), cudaMemcpyHostToDevice, context_.stream()));
+    codes_host_ = PinnedArray<int32_t>(size_t(N) * config().num_quantizers);
+    pcm_host_ = PinnedArray<float>(size_t(N) * samples_per_frame());
+    CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.bytes(), context_.stream()));
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-    QTTS_LOG_INFO("GPU speech decoder on device {}: state {:.2f} MB, scratch {:.1f} MB for chunks of up to {} frames",
-                  context_.device(), state_.bytes() / 1e6, scratch_bytes_ / 1e6, N);
+    QTTS_LOG_INFO("GPU speech decoder on device {}: state {:.2f} MB, scratch {:.1f} MB{} for chunks of up to {} frames",
+                  context_.device(), state_.bytes() / 1e6, pass_->scratch_bytes() / 1e6,
+                  pass_.use_count() > 1 ? " (shared)" : "", N);
 
     graphs_enabled_ = options_.cuda_graphs;
     if (graphs_enabled_) {
@@ -404,7 +445,7 @@ void GpuSpeechDecoder::decode(const int32_t* codes, int n, std::vector<float>* p
         const int m = std::min(options_.max_chunk_frames, n - done);
         codes_upload(codes + size_t(done) * nq, m);
         chunk_run(m);
-        CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pcm_dev_.get(), size_t(m) * spf * sizeof(float),
+        CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pass_->pcm_device(), size_t(m) * spf * sizeof(float),
                                    cudaMemcpyDeviceToHost, context_.stream()));
         CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
         pcm_out->insert(pcm_out->end(), pcm_host_.get(), pcm_host_.get() + size_t(m) * spf);
@@ -423,7 +464,7 @@ void GpuSpeechDecoder::codes_upload(const int32_t* codes, int n) {
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
     const size_t count = size_t(n) * config().num_quantizers;
     std::memcpy(codes_host_.get(), codes, count * sizeof(int32_t));
-    CUDA_CHECK(cudaMemcpyAsync(codes_dev_.get(), codes_host_.get(), count * sizeof(int32_t), cudaMemcpyHostToDevice,
+    CUDA_CHECK(cudaMemcpyAsync(pass_->codes_device(), codes_host_.get(), count * sizeof(int32_t), cudaMemcpyHostToDevice,
                                context_.stream()));
 }
 
@@ -469,97 +510,109 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
                              N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
 }
 
-// y [cout, T] (= or += when beta is 1) conv(snake(x) with the carried tail).
-void GpuSpeechDecoder::conv_enqueue(const GpuSpeechDecoderWeights::Conv& conv, float* tail, const float* x, int T,
-                                    kernels::SnakeParams snake, float* y, float beta) {
+// y [cout, S·T] (= or += when beta is 1) conv(snake(x) with each stream's carried tail).
+void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv,
+                               size_t tail_at, const float* x, int T, kernels::SnakeParams snake, float* y,
+                               float beta) {
     const kernels::Launch l = context_.launch();
-    const int L = conv.tail(), rows = conv.row;
+    const int L = conv.tail(), rows = conv.row, columns = states.count * T;
     if (L > 0)
-        CUDA_CHECK_KERNEL(kernels::conv_im2col_carry(tail, L, chunk_, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows));
-    else
-        CUDA_CHECK_KERNEL(kernels::conv_im2col(nullptr, 0, x, conv.cin, T, conv.k, conv.dilation, snake, col_.get(), l, rows));
-    gemm(false, false, conv.cout, T, rows, conv.w, rows, col_.get(), T, beta, y, T);
+        CUDA_CHECK_KERNEL(kernels::conv_im2col_carry(states, tail_at, L, x, conv.cin, T, conv.k, conv.dilation, snake,
+                                                     col_.get(), l, rows));
+    else  // nothing carried: the streams' columns are one signal
+        CUDA_CHECK_KERNEL(kernels::conv_im2col(nullptr, 0, x, conv.cin, columns, conv.k, conv.dilation, snake,
+                                               col_.get(), l, rows));
+    gemm(false, false, conv.cout, columns, rows, conv.w, rows, col_.get(), columns, beta, y, columns);
 }
 
-// y [cout, T·s]: one GEMM gives every (output channel, tap) column, then the overlap-add.
-void GpuSpeechDecoder::trans_conv_enqueue(const GpuSpeechDecoderWeights::TransConv& tc, float* overlap, const float* x,
-                                          int T, float* y) {
-    const int cols = tc.cout * tc.k;
-    gemm(true, false, cols, T, tc.cin, tc.w, cols, x, T, 0.0f, aux_.get(), T);
-    CUDA_CHECK_KERNEL(kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, overlap, y, context_.launch()));
+// y [cout, S·T·s]: one GEMM gives every (output channel, tap) column, then the overlap-add.
+void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
+                                     size_t overlap_at, const float* x, int T, float* y) {
+    const int cols = tc.cout * tc.k, columns = states.count * T;
+    gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
+    CUDA_CHECK_KERNEL(kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, states,
+                                                      overlap_at, y, context_.launch()));
 }
 
-// x [C, T] += gamma ⊙ pw2(gelu(pw1(LayerNorm(dwconv(x))))), channel-major throughout.
-void GpuSpeechDecoder::convnext_enqueue(const GpuSpeechDecoderWeights::ConvNeXt& cx, float* tail, float* x, int T) {
+// x [C, S·T] += gamma ⊙ pw2(gelu(pw1(LayerNorm(dwconv(x))))), channel-major throughout.
+void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::ConvNeXt& cx,
+                                   size_t tail_at, float* x, int T) {
     const kernels::Launch l = context_.launch();
-    const int C = cx.channels, C4 = 4 * C;
+    const int C = cx.channels, C4 = 4 * C, columns = states.count * T;
     float* dw = y_.get() == x ? x_.get() : y_.get();  // the other signal buffer
-    CUDA_CHECK_KERNEL(kernels::depthwise_conv_carry(tail, cx.k - 1, chunk_, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l));
-    CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, T, cx.norm_w, cx.norm_b, kConvNeXtNormEps, col_.get(), l, cx.pw1_row));
-    gemm(false, false, C4, T, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), T, 0.0f, aux_.get(), T);  // [4C, T]
-    CUDA_CHECK_KERNEL(kernels::gelu_ones(aux_.get(), C4, T, l, cx.pw2_row));  // [pw2_row, T]: gelu rows, ones, zeros
-    gemm(false, false, C, T, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), T, 0.0f, dw, T);          // [C, T]
-    CUDA_CHECK_KERNEL(kernels::scaled_add_channels(x, dw, cx.gamma, C, T, l));
+    CUDA_CHECK_KERNEL(
+        kernels::depthwise_conv_carry(states, tail_at, cx.k - 1, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l));
+    CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, columns, cx.norm_w, cx.norm_b, kConvNeXtNormEps, col_.get(),
+                                                   l, cx.pw1_row));
+    gemm(false, false, C4, columns, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), columns, 0.0f, aux_.get(),
+         columns);                                                             // [4C, S·T]
+    CUDA_CHECK_KERNEL(kernels::gelu_ones(aux_.get(), C4, columns, l, cx.pw2_row));  // gelu rows, ones, zeros
+    gemm(false, false, C, columns, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), columns, 0.0f, dw, columns);  // [C, S·T]
+    CUDA_CHECK_KERNEL(kernels::scaled_add_channels(x, dw, cx.gamma, C, columns, l));
 }
 
-// x [latent, n] -> x [latent, n] through the time-major transformer.
-void GpuSpeechDecoder::transformer_enqueue(int n, float* x) {
+// x [latent, S·n] -> x [latent, S·n] through the time-major transformer (rows [S·n, D]).
+void DecoderPass::transformer_enqueue(kernels::DecoderStates states, int n, float* x) {
     const GpuSpeechDecoderWeights& w = *weights_;
     const DecoderConfig& d = w.config();
     const kernels::Launch l = context_.launch();
     const int latent = d.latent_dim, D = d.hidden_size, I = d.intermediate_size;
     const int qd = d.num_heads * d.head_dim, kvd = d.num_kv_heads * d.head_dim, qkvd = qd + 2 * kvd;
+    const int rows = states.count * n;
+    const int ring = layout_.ring_rows;
     float* h = h_.get();
     const int widest = std::max(std::max(latent, D), std::max(qd, I));
-    if (options_.small_kernels && kernels::small_linear_fits(n, widest) && D % 4 == 0 && latent % 4 == 0 &&
+    if (options_.small_kernels && kernels::small_linear_fits(rows, widest) && D % 4 == 0 && latent % 4 == 0 &&
         qd % 4 == 0 && I % 4 == 0) {
         // Few rows: one fused launch per product (RMSNorm prologue, residual/SwiGLU epilogue).
         using E = kernels::SmallLinearEpilogue;
-        CUDA_CHECK_KERNEL(kernels::small_linear(x, n, latent, true, nullptr, 0.0f, w.tr_input_w, D, w.tr_input_b,
+        CUDA_CHECK_KERNEL(kernels::small_linear(x, rows, latent, true, nullptr, 0.0f, w.tr_input_w, D, w.tr_input_b,
                                                 E::SMALL_LINEAR_STORE, nullptr, h, false, l));
         for (size_t li = 0; li < w.layers.size(); ++li) {
             const GpuSpeechDecoderWeights::Layer& L = w.layers[li];
-            CUDA_CHECK_KERNEL(kernels::small_linear(h, n, D, false, L.input_norm, d.rms_norm_eps, L.qkv, qkvd, nullptr,
-                                                    E::SMALL_LINEAR_STORE, nullptr, qkv_.get(), false, l));
-            CUDA_CHECK_KERNEL(kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
-                                                     k_ring_[li], v_ring_[li], ring_rows_, l));
-            CUDA_CHECK_KERNEL(kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li],
-                                                        v_ring_[li], ring_rows_, d.sliding_window, position_, att_.get(), l));
-            CUDA_CHECK_KERNEL(kernels::small_linear(att_.get(), n, qd, false, nullptr, 0.0f, L.o, D, nullptr, E::SMALL_LINEAR_SCALED_ADD,
-                                                    L.attn_scale, h, false, l));
-            CUDA_CHECK_KERNEL(kernels::small_linear(h, n, D, false, L.post_norm, d.rms_norm_eps, L.gate_up, I, nullptr,
-                                                    E::SMALL_LINEAR_SWIGLU, nullptr, act_.get(), false, l));
-            CUDA_CHECK_KERNEL(kernels::small_linear(act_.get(), n, I, false, nullptr, 0.0f, L.down, D, nullptr,
+            CUDA_CHECK_KERNEL(kernels::small_linear(h, rows, D, false, L.input_norm, d.rms_norm_eps, L.qkv, qkvd,
+                                                    nullptr, E::SMALL_LINEAR_STORE, nullptr, qkv_.get(), false, l));
+            CUDA_CHECK_KERNEL(kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq,
+                                                     states, layout_.k_ring[li], layout_.v_ring[li], ring, l));
+            CUDA_CHECK_KERNEL(kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, states,
+                                                        layout_.k_ring[li], layout_.v_ring[li], ring, d.sliding_window,
+                                                        att_.get(), l));
+            CUDA_CHECK_KERNEL(kernels::small_linear(att_.get(), rows, qd, false, nullptr, 0.0f, L.o, D, nullptr,
+                                                    E::SMALL_LINEAR_SCALED_ADD, L.attn_scale, h, false, l));
+            CUDA_CHECK_KERNEL(kernels::small_linear(h, rows, D, false, L.post_norm, d.rms_norm_eps, L.gate_up, I,
+                                                    nullptr, E::SMALL_LINEAR_SWIGLU, nullptr, act_.get(), false, l));
+            CUDA_CHECK_KERNEL(kernels::small_linear(act_.get(), rows, I, false, nullptr, 0.0f, L.down, D, nullptr,
                                                     E::SMALL_LINEAR_SCALED_ADD, L.mlp_scale, h, false, l));
         }
-        CUDA_CHECK_KERNEL(kernels::small_linear(h, n, D, false, w.tr_norm, d.rms_norm_eps, w.tr_output_w, latent, w.tr_output_b,
-                                                E::SMALL_LINEAR_STORE, nullptr, x, true, l));
+        CUDA_CHECK_KERNEL(kernels::small_linear(h, rows, D, false, w.tr_norm, d.rms_norm_eps, w.tr_output_w, latent,
+                                                w.tr_output_b, E::SMALL_LINEAR_STORE, nullptr, x, true, l));
         return;
     }
-    gemm(true, true, n, D, latent, x, n, w.tr_input_w, latent, 0.0f, h, D);  // [n, D]
-    CUDA_CHECK_KERNEL(kernels::bias_add(h, n, D, w.tr_input_b, false, l));
+    gemm(true, true, rows, D, latent, x, rows, w.tr_input_w, latent, 0.0f, h, D);  // [S·n, D]
+    CUDA_CHECK_KERNEL(kernels::bias_add(h, rows, D, w.tr_input_b, false, l));
     for (size_t li = 0; li < w.layers.size(); ++li) {
         const GpuSpeechDecoderWeights::Layer& L = w.layers[li];
-        CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, n, D, L.input_norm, d.rms_norm_eps, xn_.get(), l));
-        gemm(false, true, n, qkvd, D, xn_.get(), D, L.qkv, D, 0.0f, qkv_.get(), qkvd);
-        CUDA_CHECK_KERNEL(kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq, position_,
-                                                 k_ring_[li], v_ring_[li], ring_rows_, l));
-        CUDA_CHECK_KERNEL(kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, k_ring_[li], v_ring_[li],
-                                                    ring_rows_, d.sliding_window, position_, att_.get(), l));
-        gemm(false, true, n, D, qd, att_.get(), qd, L.o, qd, 0.0f, tmp_.get(), D);
-        CUDA_CHECK_KERNEL(kernels::scaled_residual_rows(h, tmp_.get(), L.attn_scale, n, D, l));
-        CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, n, D, L.post_norm, d.rms_norm_eps, xn_.get(), l));
-        gemm(false, true, n, 2 * I, D, xn_.get(), D, L.gate_up, D, 0.0f, gu_.get(), 2 * I);
-        CUDA_CHECK_KERNEL(kernels::swiglu_rows(gu_.get(), n, I, act_.get(), l));
-        gemm(false, true, n, D, I, act_.get(), I, L.down, I, 0.0f, tmp_.get(), D);
-        CUDA_CHECK_KERNEL(kernels::scaled_residual_rows(h, tmp_.get(), L.mlp_scale, n, D, l));
+        CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, rows, D, L.input_norm, d.rms_norm_eps, xn_.get(), l));
+        gemm(false, true, rows, qkvd, D, xn_.get(), D, L.qkv, D, 0.0f, qkv_.get(), qkvd);
+        CUDA_CHECK_KERNEL(kernels::rope_kv_store(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, w.inv_freq,
+                                                 states, layout_.k_ring[li], layout_.v_ring[li], ring, l));
+        CUDA_CHECK_KERNEL(kernels::window_attention(qkv_.get(), n, d.num_heads, d.num_kv_heads, d.head_dim, states,
+                                                    layout_.k_ring[li], layout_.v_ring[li], ring, d.sliding_window,
+                                                    att_.get(), l));
+        gemm(false, true, rows, D, qd, att_.get(), qd, L.o, qd, 0.0f, tmp_.get(), D);
+        CUDA_CHECK_KERNEL(kernels::scaled_residual_rows(h, tmp_.get(), L.attn_scale, rows, D, l));
+        CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, rows, D, L.post_norm, d.rms_norm_eps, xn_.get(), l));
+        gemm(false, true, rows, 2 * I, D, xn_.get(), D, L.gate_up, D, 0.0f, gu_.get(), 2 * I);
+        CUDA_CHECK_KERNEL(kernels::swiglu_rows(gu_.get(), rows, I, act_.get(), l));
+        gemm(false, true, rows, D, I, act_.get(), I, L.down, I, 0.0f, tmp_.get(), D);
+        CUDA_CHECK_KERNEL(kernels::scaled_residual_rows(h, tmp_.get(), L.mlp_scale, rows, D, l));
     }
-    CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, n, D, w.tr_norm, d.rms_norm_eps, xn_.get(), l));
-    gemm(false, true, latent, n, D, w.tr_output_w, D, xn_.get(), D, 0.0f, x, n);  // [latent, n]
-    CUDA_CHECK_KERNEL(kernels::bias_add(x, latent, n, w.tr_output_b, true, l));
+    CUDA_CHECK_KERNEL(kernels::rms_norm_rows(h, rows, D, w.tr_norm, d.rms_norm_eps, xn_.get(), l));
+    gemm(false, true, latent, rows, D, w.tr_output_w, D, xn_.get(), D, 0.0f, x, rows);  // [latent, S·n]
+    CUDA_CHECK_KERNEL(kernels::bias_add(x, latent, rows, w.tr_output_b, true, l));
 }
 
-void GpuSpeechDecoder::mark(const char* stage) {
+void DecoderPass::mark(const char* stage) {
     if (!marks_) return;
     cudaEvent_t e = nullptr;
     CUDA_CHECK(cudaEventCreate(&e));
@@ -574,17 +627,20 @@ std::vector<std::pair<std::string, float>> GpuSpeechDecoder::chunk_profile(int n
     OwnerGuard::Scope owner(context_.guard(), "decoder chunk profile");
     DeviceScope scope(context_.device());
     std::vector<std::pair<const char*, cudaEvent_t>> marks;
-    marks_ = &marks;
+    pass_->marks_set(&marks);
     std::vector<std::pair<std::string, float>> out;
     try {
-        mark("start");
+        cudaEvent_t start = nullptr;
+        CUDA_CHECK(cudaEventCreate(&start));
+        marks.push_back({"start", start});
+        CUDA_CHECK(cudaEventRecord(start, context_.stream()));
         chunk_enqueue(n);
     } catch (...) {
-        marks_ = nullptr;
+        pass_->marks_set(nullptr);
         for (auto& m : marks) cudaEventDestroy(m.second);
         throw;
     }
-    marks_ = nullptr;
+    pass_->marks_set(nullptr);
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
     for (size_t i = 1; i < marks.size(); ++i) {
         float ms = 0.0f;
@@ -595,68 +651,72 @@ std::vector<std::pair<std::string, float>> GpuSpeechDecoder::chunk_profile(int n
     return out;
 }
 
-void GpuSpeechDecoder::chunk_enqueue(int n) {
+void DecoderPass::enqueue(kernels::DecoderStates states, int n) {
+    QTTS_ASSERT(n >= 1 && n <= layout_.max_chunk_frames && states.count >= 1 && states.count * n <= max_frames_);
     const GpuSpeechDecoderWeights& w = *weights_;
     const DecoderConfig& d = w.config();
+    const DecoderStateLayout& at = layout_;
     const kernels::Launch l = context_.launch();
     const int cd = d.codebook_dim, half = cd / 2;
+    const int frames = states.count * n;  // all streams' frames, stream-major
     float* cur = x_.get();
     float* other = y_.get();
 
-    // 1. RVQ dequantize: z [cd, n] = [W_first | W_rest] · [q_sem | q_acoustic]ᵀ
-    CUDA_CHECK_KERNEL(kernels::rvq_gather(codes_dev_.get(), n, d.num_quantizers, w.codebooks, d.codebook_size, half, aux_.get(), l));
-    gemm(false, true, cd, n, cd, w.rvq_proj, cd, aux_.get(), cd, 0.0f, other, n);
+    // 1. RVQ dequantize: z [cd, S·n] = [W_first | W_rest] · [q_sem | q_acoustic]ᵀ
+    CUDA_CHECK_KERNEL(kernels::rvq_gather(codes_dev_.get(), frames, d.num_quantizers, w.codebooks, d.codebook_size,
+                                          half, aux_.get(), l));
+    gemm(false, true, cd, frames, cd, w.rvq_proj, cd, aux_.get(), cd, 0.0f, other, frames);
 
-    // 2. pre_conv (causal k3) -> [latent, n]
-    conv_enqueue(w.pre_conv, pre_conv_tail_, other, n, {}, cur, 0.0f);
+    // 2. pre_conv (causal k3) -> [latent, S·n]
+    conv_enqueue(states, w.pre_conv, at.pre_conv_tail, other, n, {}, cur, 0.0f);
     mark("rvq + pre_conv");
 
     // 3. transformer
-    transformer_enqueue(n, cur);
+    transformer_enqueue(states, n, cur);
     mark("transformer");
 
     // 4. upsampling: transposed conv ×r, then ConvNeXt
-    int T = n;
+    int T = n;  // columns per stream
     for (size_t i = 0; i < w.upsample.size(); ++i) {
-        trans_conv_enqueue(w.upsample[i], upsample_overlap_[i], cur, T, other);
+        trans_conv_enqueue(states, w.upsample[i], at.upsample_overlap[i], cur, T, other);
         std::swap(cur, other);
         T *= w.upsample[i].stride;
-        convnext_enqueue(w.convnext[i], convnext_tail_[i], cur, T);
+        convnext_enqueue(states, w.convnext[i], at.convnext_tail[i], cur, T);
     }
     mark("upsample + convnext");
 
     // 5. decoder.0
-    conv_enqueue(w.conv_in, conv_in_tail_, cur, T, {}, other, 0.0f);
+    conv_enqueue(states, w.conv_in, at.conv_in_tail, cur, T, {}, other, 0.0f);
     std::swap(cur, other);
     mark("conv_in");
 
     // 6. blocks: SnakeBeta -> transposed conv ×r -> 3 residual units
     for (size_t b = 0; b < w.blocks.size(); ++b) {
         const GpuSpeechDecoderWeights::Block& blk = w.blocks[b];
-        CUDA_CHECK_KERNEL(kernels::snake_apply(cur, blk.upsample.cin, T, blk.snake, other, l));
-        trans_conv_enqueue(blk.upsample, block_overlap_[b], other, T, cur);
+        CUDA_CHECK_KERNEL(kernels::snake_apply(cur, blk.upsample.cin, states.count * T, blk.snake, other, l));
+        trans_conv_enqueue(states, blk.upsample, at.block_overlap[b], other, T, cur);
         T *= blk.upsample.stride;
         for (size_t u = 0; u < blk.units.size(); ++u) {
             const GpuSpeechDecoderWeights::ResidualUnit& ru = blk.units[u];
             // x += conv2(snake2(conv1(snake1(x))))  (conv2's GEMM accumulates into x)
-            conv_enqueue(ru.conv1, unit_tail_[b][u], cur, T, ru.act1, other, 0.0f);
-            conv_enqueue(ru.conv2, nullptr, other, T, ru.act2, cur, 1.0f);
+            conv_enqueue(states, ru.conv1, at.unit_tail[b][u], cur, T, ru.act1, other, 0.0f);
+            conv_enqueue(states, ru.conv2, 0, other, T, ru.act2, cur, 1.0f);
         }
         if (b + 1 < w.blocks.size()) mark(b == 0 ? "block 0" : b == 1 ? "block 1" : "block 2");
     }
 
     mark("block 3");
 
-    // 7. SnakeBeta -> conv k7 -> 1 channel -> clamp
+    // 7. SnakeBeta -> conv k7 -> 1 channel -> clamp: pcm [S, n·spf]
     const GpuSpeechDecoderWeights::Conv& co = w.conv_out;
     if (kernels::conv_out_direct_fits(co.cin, co.tail())) {
-        CUDA_CHECK_KERNEL(kernels::conv_out_carry(conv_out_tail_, co.tail(), chunk_, cur, co.cin, T, co.k, co.dilation, w.snake_out,
-                                                  co.w, pcm_dev_.get(), l));
+        CUDA_CHECK_KERNEL(kernels::conv_out_carry(states, at.conv_out_tail, co.tail(), cur, co.cin, T, co.k,
+                                                  co.dilation, w.snake_out, co.w, pcm_dev_.get(), l));
     } else {
-        conv_enqueue(co, conv_out_tail_, cur, T, w.snake_out, pcm_dev_.get(), 0.0f);
-        CUDA_CHECK_KERNEL(kernels::clamp_unit(pcm_dev_.get(), T, l));
+        conv_enqueue(states, co, at.conv_out_tail, cur, T, w.snake_out, pcm_dev_.get(), 0.0f);
+        CUDA_CHECK_KERNEL(kernels::clamp_unit(pcm_dev_.get(), states.count * T, l));
     }
-    CUDA_CHECK_KERNEL(kernels::position_advance(position_, n, chunk_, l));
+    CUDA_CHECK_KERNEL(kernels::position_advance(states, n, l));
     mark("output conv");
 }
 

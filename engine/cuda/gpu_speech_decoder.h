@@ -12,8 +12,9 @@
 // chunk reads one and writes the other, chosen by the parity of a device chunk counter, so the
 // tail update rides in the im2col launch), transposed-conv overlap tails, a K/V ring of
 // (window - 1 + max_chunk_frames) rows per attention layer, the absolute position and the chunk
-// counter, all in ONE device allocation (reset() is one memset) — plus scratch for
-// max_chunk_frames frames, all allocated in the constructor. A chunk of n frames is one
+// counter, all in ONE device block (DecoderStateLayout; reset() is one memset) — plus a
+// DecoderPass with scratch for max_chunk_frames frames, all allocated in the constructor. The
+// same block can also be advanced by a batched pass of several streams (GpuBatchDecoder). A chunk of n frames is one
 // device-resident sequence of kernels reading the position from device memory, so it is
 // captured once per configured chunk size into a CUDA graph (default sizes {1, 2, 4}) and
 // replayed; other sizes, or graphs off (the cuda_graphs option), run the same kernels
@@ -166,14 +167,91 @@ struct GpuSpeechDecoderOptions {
     bool small_kernels = false;
 };
 
+// Where each piece of one stream's carried state lives in its device block (byte offsets from
+// the block's start; kernels/decoder.cuh DecoderStates). The same for every stream decoded with
+// the same weights and largest chunk, which is what lets one pass serve several streams.
+struct DecoderStateLayout {
+    size_t bytes = 0;   // the whole block
+    int ring_rows = 0;  // K/V ring rows per attention layer: window - 1 + the largest chunk
+    int max_chunk_frames = 0;
+    size_t pre_conv_tail = 0;          // [2, C, L] tails (two slots) ...
+    std::vector<size_t> k_ring, v_ring;  // per layer [ring_rows, kv·hd]
+    std::vector<size_t> upsample_overlap, convnext_tail;
+    size_t conv_in_tail = 0;
+    std::vector<size_t> block_overlap;
+    std::vector<std::vector<size_t>> unit_tail;  // [block][unit]
+    size_t conv_out_tail = 0;
+
+    static DecoderStateLayout make(const GpuSpeechDecoderWeights& weights, int max_chunk_frames);
+    bool operator==(const DecoderStateLayout& o) const;
+};
+
+// The kernels of one decoder pass: n frames for each of S streams (S·n <= max_frames), reading
+// codes_device() [S·n, nq] (stream-major) and writing pcm_device() [S, n·spf], with the scratch
+// for max_frames frames. It owns no stream state: enqueue() is handed the table of the streams'
+// state blocks. Shared by GpuSpeechDecoder (S = 1) and GpuBatchDecoder (S streams).
+// Threading: the owner thread of the context.
+class DecoderPass {
+public:
+    DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
+                const DecoderStateLayout& layout, int max_frames, const GpuSpeechDecoderOptions& options);
+    DecoderPass(const DecoderPass&) = delete;
+    DecoderPass& operator=(const DecoderPass&) = delete;
+
+    // Every kernel of the pass, asynchronous on the context stream (graph-capturable); every
+    // stream advances by n frames. n <= the layout's max_chunk_frames, states.count·n <= max_frames.
+    void enqueue(kernels::DecoderStates states, int n);
+    int32_t* codes_device() { return codes_dev_.get(); }
+    const float* pcm_device() const { return pcm_dev_.get(); }
+    int max_frames() const { return max_frames_; }
+    size_t scratch_bytes() const { return scratch_bytes_; }
+    const DecoderStateLayout& layout() const { return layout_; }
+    const GpuSpeechDecoderWeights* weights() const { return weights_.get(); }
+    const GpuSpeechDecoderOptions& options() const { return options_; }
+    // Stage boundary events for chunk_profile (null: none).
+    void marks_set(std::vector<std::pair<const char*, cudaEvent_t>>* marks) { marks_ = marks; }
+
+private:
+    void mark(const char* stage);
+    void transformer_enqueue(kernels::DecoderStates states, int n, float* x);
+    // conv over [tail | snake(x)] for T frames per stream: y [cout, S·T] (= or += when beta is 1).
+    void conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv, size_t tail_at,
+                      const float* x, int T, kernels::SnakeParams snake, float* y, float beta);
+    void trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
+                            size_t overlap_at, const float* x, int T, float* y);
+    void convnext_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::ConvNeXt& cx, size_t tail_at,
+                          float* x, int T);
+    void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+              float beta, float* C, int ldc) {
+        sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, options_.tf32);
+    }
+
+    std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
+    GpuContext& context_;
+    const DecoderStateLayout layout_;
+    const int max_frames_;
+    const GpuSpeechDecoderOptions options_;
+    std::vector<std::pair<const char*, cudaEvent_t>>* marks_ = nullptr;
+    DeviceArray<float> x_, y_, col_, aux_;  // signals, im2col / GEMM operands
+    DeviceArray<float> h_, xn_, qkv_, att_, tmp_, gu_, act_;  // transformer rows
+    DeviceArray<int32_t> codes_dev_;
+    DeviceArray<float> pcm_dev_;
+    size_t scratch_bytes_ = 0;
+};
+
 class GpuSpeechDecoder {
 public:
+    // `shared_pass`: scratch shared with other decoders of the same weights, layout and options on
+    // this context (they run one after another on its stream, so one scratch serves them all;
+    // cuda/gpu_decoder_pool.cpp shares one per pool); null: a pass of its own.
     GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> weights, GpuContext& context,
-                     GpuSpeechDecoderOptions options = {});
+                     GpuSpeechDecoderOptions options = {}, std::shared_ptr<DecoderPass> shared_pass = nullptr);
     GpuSpeechDecoder(const GpuSpeechDecoder&) = delete;
     GpuSpeechDecoder& operator=(const GpuSpeechDecoder&) = delete;
 
     const DecoderConfig& config() const { return weights_->config(); }
+    const std::shared_ptr<const GpuSpeechDecoderWeights>& weights() const { return weights_; }
+    const GpuSpeechDecoderOptions& options() const { return options_; }
     GpuContext& context() { return context_; }
     int samples_per_frame() const { return weights_->samples_per_frame(); }
     int max_chunk_frames() const { return options_.max_chunk_frames; }
@@ -181,7 +259,7 @@ public:
     bool graphs_enabled() const { return graphs_enabled_; }
     const std::vector<GraphStats>& graph_stats() const { return graph_stats_; }
     size_t state_bytes() const { return state_.bytes(); }
-    size_t scratch_bytes() const { return scratch_bytes_; }
+    size_t scratch_bytes() const { return pass_->scratch_bytes(); }
 
     // Decodes n frames (codes [n, num_quantizers] row-major, host memory) following everything
     // decoded since the last reset() and appends n × samples_per_frame() samples to *pcm_out.
@@ -204,56 +282,33 @@ public:
     std::vector<std::pair<std::string, float>> chunk_profile(int n);
 
     // ---- for fused chunk graphs (cuda/fused_chunks.h): the codes come from the device ----------
-    int32_t* codes_device() { return codes_dev_.get(); }   // chunk input [max_chunk_frames, nq]
-    const float* pcm_device() const { return pcm_dev_.get(); }  // chunk output [max_chunk_frames · spf]
+    int32_t* codes_device() { return pass_->codes_device(); }   // chunk input [max_chunk_frames, nq]
+    const float* pcm_device() const { return pass_->pcm_device(); }  // chunk output [max_chunk_frames · spf]
     // Enqueues the kernels of one chunk of n frames on the context stream, for a capture the
     // caller has begun (owner thread).
     void chunk_enqueue_for_capture(int n);
-    // Host bookkeeping after a fused replay decoded n frames (frames_done()).
+    // Host bookkeeping after a fused replay or a batched pass decoded n frames (frames_done()).
     void frames_decoded_add(int n) { frames_done_ += n; }
 
+    // ---- for batched passes (cuda/gpu_batch_decoder.h) -------------------------------------------
+    const DecoderStateLayout& layout() const { return layout_; }
+    char* state_block() { return static_cast<char*>(state_.get()); }  // device
+
 private:
-    void chunk_enqueue(int n);  // every kernel of one chunk (graph-capturable)
-    void mark(const char* stage);  // stage boundary event (chunk_profile only)
-    void transformer_enqueue(int n, float* x);
-    void conv_enqueue(const GpuSpeechDecoderWeights::Conv& conv, float* tail, const float* x, int T,
-                      kernels::SnakeParams snake, float* y, float beta);
-    void trans_conv_enqueue(const GpuSpeechDecoderWeights::TransConv& tc, float* overlap, const float* x, int T,
-                            float* y);
-    void convnext_enqueue(const GpuSpeechDecoderWeights::ConvNeXt& cx, float* tail, float* x, int T);
-    void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-              float beta, float* C, int ldc) {
-        sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, options_.tf32);
-    }
+    void chunk_enqueue(int n) { pass_->enqueue({states_.get(), 1}, n); }  // graph-capturable
 
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     GpuContext& context_;
     GpuSpeechDecoderOptions options_;
+    DecoderStateLayout layout_;
     bool graphs_enabled_ = false;
-    int ring_rows_ = 0;
     int64_t frames_done_ = 0;
 
-    // State (one allocation): position, then every tail and ring.
-    DeviceBuffer state_;
-    int64_t* position_ = nullptr;  // frames decoded (position of the next frame)
-    int64_t* chunk_ = nullptr;     // chunks decoded (its parity selects the conv tail slots)
-    std::vector<std::pair<const char*, cudaEvent_t>>* marks_ = nullptr;
-    float* pre_conv_tail_ = nullptr;
-    std::vector<float*> k_ring_, v_ring_;  // per layer [ring_rows, kv·hd]
-    std::vector<float*> upsample_overlap_, convnext_tail_;
-    float* conv_in_tail_ = nullptr;
-    std::vector<float*> block_overlap_;
-    std::vector<std::vector<float*>> unit_tail_;
-    float* conv_out_tail_ = nullptr;
-
-    // Scratch for max_chunk_frames frames.
-    DeviceArray<float> x_, y_, col_, aux_;  // signals, im2col / GEMM operands
-    DeviceArray<float> h_, xn_, qkv_, att_, tmp_, gu_, act_;  // transformer rows
-    DeviceArray<int32_t> codes_dev_;
-    DeviceArray<float> pcm_dev_;
+    DeviceBuffer state_;               // this stream's state block (layout_), reset() is one memset
+    DeviceArray<char*> states_;        // [1]: the table the kernels read, pointing at state_
+    std::shared_ptr<DecoderPass> pass_;  // scratch for max_chunk_frames frames, perhaps shared
     PinnedArray<int32_t> codes_host_;
     PinnedArray<float> pcm_host_;
-    size_t scratch_bytes_ = 0;
 
     std::map<int, GraphExec> graphs_;
     std::vector<GraphStats> graph_stats_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <list>
@@ -15,6 +16,7 @@
 #include "engine/common/log.h"
 #include "engine/model/make_model.h"
 #include "engine/runtime/engine_debug.h"
+#include "engine/runtime/scheduler.h"
 #include "engine/runtime/speech_model.h"
 #include "engine/runtime/utterance.h"
 #include "engine/text/request_check.h"
@@ -180,6 +182,12 @@ public:
     bool waiting_for_text_ = false;        // engine thread only
     uint64_t served_round_ = 0;            // engine thread only: the last round that serviced it
     size_t text_seen_ = 0;                 // engine thread only
+    // Scheduling (engine thread only; scheduler.h): the stream's real-time listener, whether it
+    // waited for text or for its reader since its last chunk (a gap then is not the engine's),
+    // and its place in the current round.
+    PlayClock clock_;
+    bool excused_ = false;
+    ScheduleKey key_;
 
 private:
     std::atomic<bool> gen_done_{false};
@@ -210,11 +218,23 @@ struct Engine::Impl {
     std::atomic<double> rtf{0.0};      // recent real-time factor of the rounds (EngineLoad::rtf)
     std::atomic<uint64_t> fault_stream{0};  // test seam: this stream's next chunk fails (engine_debug.h)
     std::atomic<bool> fault_fatal{false};   // test seam: the backend is lost at the next round
+    std::atomic<int64_t> chunk_delay_us{0};  // test seam: a slow backend (engine_chunk_delay_set)
+    std::atomic<bool> trace_on{false};       // test seam: the service order (engine_trace_start)
+    std::mutex trace_mutex;
+    std::vector<EngineTraceEntry> trace;     // under trace_mutex
+    size_t trace_capacity = 0;               // under trace_mutex
     std::string label;                      // the engine's name in log lines
     int batch_max = 0;                      // streams one batched LM step takes (0: the backend does not batch)
     uint64_t round = 0;                     // engine rounds so far (StreamImpl::served_round_)
     std::atomic<bool> failed{false};        // the backend failed for good (see Engine::healthy)
     std::string failure;                    // why; written once before `failed` is set
+    const Clock::time_point t0 = Clock::now();  // the engine clock's zero (PlayClock times)
+    CapacityMeter capacity_meter;           // engine thread only
+    std::atomic<double> capacity{0.0};      // capacity_meter's value, for submit (admission)
+    // This round's figures (engine thread only), added to the stats at its end.
+    int64_t round_batch = 0;
+    int64_t round_underruns = 0;
+    double round_underrun_s = 0.0;
 
     std::mutex wake_mutex;
     std::condition_variable wake_cv;
@@ -222,6 +242,8 @@ struct Engine::Impl {
 
     mutable std::mutex stats_mutex;
     EngineStats stats;
+
+    double now_s() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
     void wake() {
         {
@@ -243,6 +265,7 @@ struct Engine::Impl {
         {
             std::lock_guard<std::mutex> lock(stats_mutex);
             stats.active_streams = admitted.load();
+            if (s.clock_.underruns > 0) ++stats.streams_lagged;
             if (reason == StopReason::STOP_CANCELLED) ++stats.cancelled;
             else if (reason == StopReason::STOP_ERROR) ++stats.errors;
             else ++stats.completed;
@@ -271,9 +294,15 @@ struct Engine::Impl {
             s.text_close_applied_ = true;
             got_text = true;
         }
-        if (s.waiting_for_text_ && !got_text) return false;
-        const int k = s.utterance_->frames() == 0 ? options.first_chunk_frames : options.chunk_frames;
-        if (s.ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) return false;  // reader is behind: backpressure
+        if (s.waiting_for_text_ && !got_text) {
+            s.excused_ = true;
+            return false;
+        }
+        const int k = chunk_size(s);
+        if (s.ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) {  // reader is behind: backpressure
+            s.excused_ = true;
+            return false;
+        }
         if (fault_stream.load(std::memory_order_relaxed) == s.id()) {
             fault_stream.store(0);
             model->backend_fault_raise();
@@ -292,8 +321,15 @@ struct Engine::Impl {
         }
         s.waiting_for_text_ = status == UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT && frames.empty();
         if (!frames.empty()) {
+            const double gap = play_clock_publish(s.clock_, now_s(), int64_t(pcm.size()), s.excused_ || was_waiting);
+            s.excused_ = false;
+            if (gap > 0.0) {
+                ++round_underruns;
+                round_underrun_s += gap;
+            }
             s.publish(pcm, frames);
             s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
+            seams_after_chunk(s, int32_t(frames.size()));
         }
         if (s.waiting_for_text_ && !was_waiting) s.event_emit(StreamEventKind::STREAM_EVENT_WAITING);
         if (status == UtteranceStatus::UTTERANCE_DONE) {
@@ -303,11 +339,48 @@ struct Engine::Impl {
         return !frames.empty() || finished;
     }
 
+    int chunk_size(const StreamImpl& s) const {
+        return s.utterance_->frames() == 0 ? options.first_chunk_frames : options.chunk_frames;
+    }
+
+    // Nothing to make for the stream now: it waits for text (and none came), or its reader is
+    // behind (the ring has no room for its next chunk). Engine thread.
+    bool held(StreamImpl& s) const {
+        const bool text_pending = s.text_queue_.size_approx() > 0 || (s.text_closed_.load() && !s.text_close_applied_);
+        if (s.waiting_for_text_ && !text_pending) return true;
+        return s.ring_.available_write() < size_t(chunk_size(s)) * SAMPLES_PER_FRAME;
+    }
+
+    // The round's order (scheduler.h): first chunks, then by earliest deadline (the stream whose
+    // listener runs dry first), then held streams; a stable sort keeps ties in arrival order. The
+    // passes of the round, and the batched step's choice of streams, follow it. Engine thread.
+    void schedule(std::list<std::shared_ptr<StreamImpl>>& active) {
+        for (auto& s : active) {
+            s->key_.first_chunk = s->utterance_->frames() == 0;
+            s->key_.held = held(*s);
+            s->key_.deadline_s = play_clock_deadline(s->clock_);
+        }
+        active.sort([](const std::shared_ptr<StreamImpl>& a, const std::shared_ptr<StreamImpl>& b) {
+            return schedule_before(a->key_, b->key_);
+        });
+    }
+
+    // Test seams after a chunk that made audio (engine_debug.h); nothing when they are off.
+    void seams_after_chunk(const StreamImpl& s, int32_t frames) {
+        if (trace_on.load(std::memory_order_relaxed)) {
+            std::lock_guard<std::mutex> lock(trace_mutex);
+            if (trace.size() < trace_capacity) trace.push_back(EngineTraceEntry{round, s.id(), frames});
+        }
+        if (const int64_t us = chunk_delay_us.load(std::memory_order_relaxed); us > 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+
     // Batched LM step (CUDA): the streams whose next chunk is a steady one and can be made now get
     // its frames computed together in one device step; service() then reads and decodes each
     // stream's frames as usual. A newcomer's first chunk (time to first audio) runs alone, at
     // once. Streams waiting for text, for their reader, or between sentences are left to
-    // service(). Engine thread.
+    // service(). The list is in the round's order, so when more streams could join than one step
+    // takes, the most urgent ones do. Engine thread.
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.chunk_frames;
         std::vector<ChunkGenerator*> generators;
@@ -323,8 +396,9 @@ struct Engine::Impl {
             }
         }
         if (generators.size() < 2) return;  // one stream takes its own (faster) single-stream step
+        int decoded = 0;  // chunks the batched decoder pass made audio for
         try {
-            model->batch_run(generators, k);
+            decoded = model->batch_run(generators, k);
         } catch (const std::exception& e) {
             // The step's streams end with the error (their device state is unknown); the others go on
             // if the device still works.
@@ -336,9 +410,11 @@ struct Engine::Impl {
             if (!model->backend_recover()) backend_lost(active, e.what());
             return;
         }
+        round_batch = int64_t(generators.size());
         std::lock_guard<std::mutex> lock(stats_mutex);
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
+        stats.batch_decoded_chunks += decoded;
     }
 
     // The backend cannot work any more (a sticky device error after `what`): every other admitted
@@ -361,10 +437,22 @@ struct Engine::Impl {
     std::shared_ptr<Stream> submit(const SpeechRequest& request, const SpeechRequestDebug& debug) {
         if (failed.load()) fail(ErrorCode::ERROR_CUDA, "{}", failure);
         PreparedSpeech prepared = model->prepare(request, debug);  // throws on a bad request
-        if (admitted.fetch_add(1) >= options.max_streams) {
+        // The slot is taken first, so concurrent submits see each other in the count.
+        const int64_t before = admitted.fetch_add(1);
+        if (before >= options.max_streams) {
             admitted.fetch_sub(1);
+            refusal_count(false);
             fail(ErrorCode::ERROR_BUSY, "the engine is at its limit of {} concurrent streams; retry later",
                  options.max_streams);
+        }
+        const double measured = capacity.load(std::memory_order_relaxed);
+        if (options.admission && !admission_allows(before, measured, options.admission_headroom)) {
+            admitted.fetch_sub(1);
+            refusal_count(true);
+            fail(ErrorCode::ERROR_BUSY,
+                 "the engine is at its real-time capacity: {} streams admitted, and it sustains about {:.1f} streams at "
+                 "real time (measured; admission headroom {}); retry later",
+                 before, measured, options.admission_headroom);
         }
         const size_t ring = size_t(std::max(1.0, options.ring_seconds) * SAMPLE_RATE) +
                             size_t(std::max(options.chunk_frames, options.first_chunk_frames)) * SAMPLES_PER_FRAME;
@@ -382,6 +470,11 @@ struct Engine::Impl {
         return stream;
     }
 
+    void refusal_count(bool capacity_refusal) {
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        ++(capacity_refusal ? stats.refused_capacity : stats.refused_limit);
+    }
+
     void run() {
         std::list<std::shared_ptr<StreamImpl>> active;
         std::vector<float> pcm;
@@ -395,6 +488,7 @@ struct Engine::Impl {
                     active.clear();
                 }
             }
+            const double work_start_s = now_s();  // a newcomer's prompt prefill is engine work too
             std::shared_ptr<StreamImpl> incoming;
             while (intake.try_dequeue(incoming)) {
                 queued.fetch_sub(1);
@@ -416,9 +510,13 @@ struct Engine::Impl {
             int64_t round_frames = 0;   // frames made this round, all streams
             int64_t round_streams = 0;  // streams that made frames this round
             ++round;
+            round_batch = 0;
+            round_underruns = 0;
+            round_underrun_s = 0.0;
             // A round: first chunks first (time to first audio does not wait for the others'
             // chunks), then the batched LM step of the streams due together (CUDA), then every
-            // other stream's chunk.
+            // other stream's chunk; each pass in deadline order (schedule).
+            schedule(active);
             const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
             const auto every = [](const StreamImpl&) { return true; };
             service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
@@ -426,6 +524,7 @@ struct Engine::Impl {
             if (!failed.load()) service_pass(active, every, pcm, frames, progressed, round_frames, round_streams);
             if (failed.load()) active.clear();
             rtf_update(active.empty(), round_start, round_frames, round_streams);
+            round_finish(active, work_start_s, round_frames);
             if (!progressed) {
                 std::unique_lock<std::mutex> lock(wake_mutex);
                 wake_cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return wake_flag || stop.load(); });
@@ -473,6 +572,37 @@ struct Engine::Impl {
         }
     }
 
+    // After a round: the capacity measurement, the scheduling gauges and counters in the stats.
+    // Engine thread.
+    void round_finish(std::list<std::shared_ptr<StreamImpl>>& active, double work_start_s, int64_t round_frames) {
+        const double now = now_s();
+        if (round_frames > 0)
+            capacity_meter.round_add(now - work_start_s, double(round_frames) * SAMPLES_PER_FRAME / SAMPLE_RATE);
+        capacity.store(capacity_meter.capacity(), std::memory_order_relaxed);
+        double lag_max = 0.0;
+        double lag_sum = 0.0;
+        int64_t playing = 0;
+        int64_t waiting_first = 0;
+        for (auto& s : active) {
+            if (s->clock_.started) {
+                const double lag = play_clock_lag(s->clock_, now, held(*s));
+                lag_max = std::max(lag_max, lag);
+                lag_sum += lag;
+                ++playing;
+            } else if (!s->waiting_for_text_) {
+                ++waiting_first;
+            }
+        }
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        stats.underruns += round_underruns;
+        stats.underrun_seconds += round_underrun_s;
+        stats.batch_size = round_batch;
+        stats.queue_depth = std::max<int64_t>(0, queued.load()) + waiting_first;
+        stats.lag_max_s = lag_max;
+        stats.lag_mean_s = playing > 0 ? lag_sum / double(playing) : 0.0;
+        stats.capacity = capacity_meter.capacity();
+    }
+
     // EngineLoad::rtf after one round: the round's wall time over the audio an average stream got
     // from it. A serial engine's round grows with its streams, so this is what each of its
     // listeners sees. A round where nothing was made (every stream waiting for text, or for its
@@ -499,6 +629,8 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (options.max_streams < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "max_streams must be >= 1, or MAX_STREAMS_AUTO (0: as many as fit)");
     const bool streams_fit = options.max_streams == MAX_STREAMS_AUTO;
+    if (!std::isfinite(options.admission_headroom) || options.admission_headroom < 0.05 || options.admission_headroom > 4.0)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "admission_headroom must be from 0.05 to 4, got {}", options.admission_headroom);
     const std::string dir = options.model_dir.empty() ? default_model_dir() : options.model_dir;
     BackendOptions mo = options.backend;
     // CUDA: one generator state (KV caches, graphs) per admitted stream, all made at load, so a
@@ -599,6 +731,30 @@ void engine_fault_inject_fatal(Engine& engine) {
     auto& impl = EngineDebug::impl(engine);
     impl.fault_fatal.store(true);
     impl.wake();
+}
+
+void engine_chunk_delay_set(Engine& engine, std::chrono::microseconds delay) {
+    EngineDebug::impl(engine).chunk_delay_us.store(std::max<int64_t>(0, delay.count()));
+}
+
+void engine_trace_start(Engine& engine, size_t capacity) {
+    auto& impl = EngineDebug::impl(engine);
+    {
+        std::lock_guard<std::mutex> lock(impl.trace_mutex);
+        impl.trace.clear();
+        impl.trace.reserve(capacity);
+        impl.trace_capacity = capacity;
+    }
+    impl.trace_on.store(true);
+}
+
+std::vector<EngineTraceEntry> engine_trace_take(Engine& engine) {
+    auto& impl = EngineDebug::impl(engine);
+    std::lock_guard<std::mutex> lock(impl.trace_mutex);
+    std::vector<EngineTraceEntry> out;
+    out.swap(impl.trace);
+    impl.trace.reserve(impl.trace_capacity);
+    return out;
 }
 
 }  // namespace qtts

@@ -7,6 +7,8 @@
 // Thread safety: as Engine::submit (any thread).
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -38,5 +40,20 @@ void engine_fault_inject(Engine& engine, uint64_t stream_id);
 // recoverable, so every stream of the engine ends with STOP_ERROR, Engine::healthy() turns false
 // and submit refuses (ERROR_CUDA). Works with or without running streams, on either backend.
 void engine_fault_inject_fatal(Engine& engine);
+
+// A slow backend, for admission tests: after each chunk that made audio the engine thread sleeps
+// `delay` (0 = off), so the engine's measured capacity drops as a slower device's would.
+void engine_chunk_delay_set(Engine& engine, std::chrono::microseconds delay);
+
+// The order in which the engine thread served streams: from engine_trace_start on, one entry per
+// chunk that made audio, in the order made, up to `capacity` entries (later ones are dropped);
+// engine_trace_take returns them and clears the list. Off until started.
+struct EngineTraceEntry {
+    uint64_t round = 0;      // the engine round that made it
+    uint64_t stream_id = 0;
+    int32_t frames = 0;
+};
+void engine_trace_start(Engine& engine, size_t capacity);
+std::vector<EngineTraceEntry> engine_trace_take(Engine& engine);
 
 }  // namespace qtts

@@ -258,7 +258,7 @@ std::shared_ptr<Stream> EnginePool::submit(const SpeechRequest& request) {
         if (engine && engine->healthy()) candidates[i] = RouteCandidate{true, engine->load()};
     }
     const std::vector<size_t> order = engine_route_order(candidates, impl_->rotation.fetch_add(1));
-    bool busy = false;
+    std::string busy;  // each refusing engine's reason: its stream limit or its real-time capacity
     for (const size_t i : order) {
         Engine& engine = *entries[i]->engine;
         try {
@@ -269,16 +269,14 @@ std::shared_ptr<Stream> EnginePool::submit(const SpeechRequest& request) {
             // Full, or lost since the look above: the next engine may take it. Anything else is
             // the request's fault and every engine would say the same.
             if (e.code() == ErrorCode::ERROR_BUSY) {
-                busy = true;
+                busy += (busy.empty() ? "" : "; ") + entries[i]->label + ": " + e.what();
                 continue;
             }
             if (!engine.healthy()) continue;
             throw;
         }
     }
-    if (busy)
-        fail(ErrorCode::ERROR_BUSY, "every engine is at its limit of {} concurrent streams; retry later",
-             impl_->max_streams == MAX_STREAMS_AUTO ? std::string("(as many as fit)") : std::to_string(impl_->max_streams));
+    if (!busy.empty()) fail(ErrorCode::ERROR_BUSY, "every engine is busy: {}", busy);
     fail(ErrorCode::ERROR_CUDA, "{}", impl_->failure_text());
 }
 

@@ -169,14 +169,19 @@ std::shared_ptr<const cpu::LmWeights> SpeechModel::lm_shared() const {
 const cpu_fast::FastLm& SpeechModel::fast_lm() const {
     std::call_once(fast_once_, [this] {
         const auto t0 = std::chrono::steady_clock::now();
-        fast_.weights = cpu_fast::FastLmWeights::load(checkpoint_, cpu_fast::weight_format_parse(options_.cpu_format));
+        fast_.weights = cpu_fast::FastLmWeights::load(checkpoint_, cpu_fast::weight_format_parse(options_.cpu_format),
+                                                      cpu_fast::pack_cache_dir_from_env());
         fast_.pool = std::make_shared<cpu_fast::ThreadPool>(options_.threads);
+        fast_.decoder = std::make_shared<const cpu_fast::FastSpeechDecoder>(
+            checkpoint_->speech_config.decoder, checkpoint_->decoder, cpu_fast::FAST_DECODER_FORMAT_DEFAULT, fast_.pool);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        QTTS_LOG_INFO("cpu-fast: {} weights, {:.0f} MB packed, {:.0f} MB read per frame, {} thread(s), {} kernels, "
-                      "packed in {:.0f} ms",
+        QTTS_LOG_INFO("cpu-fast: {} weights, {:.0f} MB packed, {:.0f} MB read per frame, {} decoder ({:.0f} MB), "
+                      "{} thread(s), {} kernels, packed in {:.0f} ms (pack cache: {})",
                       cpu_fast::weight_format_name(fast_.weights->format()), double(fast_.weights->packed_bytes()) / 1e6,
-                      double(fast_.weights->frame_bytes()) / 1e6, fast_.pool->size(),
-                      cpu_fast::matvec_isa_name(cpu_fast::matvec_isa_best()), ms);
+                      double(fast_.weights->frame_bytes()) / 1e6, cpu_fast::conv_format_name(fast_.decoder->format()),
+                      double(fast_.decoder->packed_bytes()) / 1e6, fast_.pool->size(),
+                      cpu_fast::matvec_isa_name(cpu_fast::matvec_isa_best()), ms,
+                      cpu_fast::pack_cache_status_name(fast_.weights->cache_status()));
     });
     return fast_;
 }
@@ -243,12 +248,9 @@ int SpeechModel::batch_max() const {
     return 0;
 }
 
-void SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const {
+int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_ && gpu_->batch_max() > 0) {
-        gpu_->batch_run(generators, frames);
-        return;
-    }
+    if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames);
 #endif
     (void)generators;
     (void)frames;

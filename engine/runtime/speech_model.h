@@ -93,9 +93,10 @@ public:
     // Batched LM steps (CUDA with BackendOptions::batching and states >= 2): the most streams one
     // step takes (0: no batching on this backend), and the step itself: the next chunk of each
     // generator (from generator_new(), each batch_ready(frames)) computed together; their
-    // chunk(frames) calls then take those frames. Owner thread.
+    // chunk(frames) calls then take those frames (and, where the backend decoded them in one
+    // batched pass, their audio); returns how many streams' chunks that pass decoded. Owner thread.
     int batch_max() const;
-    void batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const;
+    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const;
     // CUDA: hands every GPU object to the calling thread (load on one thread, generate on another).
     // No-op on the CPU backend.
     void owner_adopt() const;

@@ -26,6 +26,7 @@
 #include "engine/cpu/ops.h"
 #include "engine/model/weight_prep.h"
 #include "engine/cpu/speech_decoder.h"
+#include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_speech_decoder.h"
 #include "kernels/decoder.cuh"
 #include "engine/model/safetensors.h"
@@ -54,6 +55,46 @@ std::vector<float> to_host(const float* d, size_t n) {
     CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
     return v;
 }
+
+// State blocks for the kernels that read carried state (kernels/decoder.cuh DecoderStates): one
+// block per stream with the header (position, chunk counter) and the given float pieces at
+// 256-byte aligned offsets, and the device table of the blocks.
+struct StateBlocks {
+    std::vector<qc::DeviceBuffer> blocks;
+    std::vector<size_t> at;  // piece offsets (the same in every block)
+    qc::DeviceArray<char*> table;
+
+    // pieces[stream][piece]
+    StateBlocks(const std::vector<std::vector<std::vector<float>>>& pieces, const std::vector<int64_t>& positions,
+                const std::vector<int64_t>& chunks) {
+        size_t offset = qk::DECODER_STATE_HEADER_BYTES;
+        for (const auto& piece : pieces.front()) {
+            at.push_back(offset);
+            offset += (piece.size() * sizeof(float) + 255) / 256 * 256;
+        }
+        std::vector<char*> pointers;
+        for (size_t s = 0; s < pieces.size(); ++s) {
+            blocks.emplace_back(offset);
+            char* base = static_cast<char*>(blocks.back().get());
+            const int64_t header[2] = {positions[s], chunks[s]};
+            CUDA_CHECK(cudaMemcpy(base, header, sizeof(header), cudaMemcpyHostToDevice));
+            for (size_t i = 0; i < pieces[s].size(); ++i)
+                CUDA_CHECK(cudaMemcpy(base + at[i], pieces[s][i].data(), pieces[s][i].size() * sizeof(float),
+                                      cudaMemcpyHostToDevice));
+            pointers.push_back(base);
+        }
+        table = qc::DeviceArray<char*>(pointers.size());
+        CUDA_CHECK(cudaMemcpy(table.get(), pointers.data(), pointers.size() * sizeof(char*), cudaMemcpyHostToDevice));
+    }
+    qk::DecoderStates states() const { return {table.get(), int(blocks.size())}; }
+    std::vector<float> piece(size_t stream, size_t i, size_t floats) const {
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> v(floats);
+        CUDA_CHECK(cudaMemcpy(v.data(), static_cast<const char*>(blocks[stream].get()) + at[i], floats * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+        return v;
+    }
+};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -148,15 +189,13 @@ TEST_CASE("gpu decoder kernels: causal conv with tail and SnakeBeta", "[gpu][dec
     // write slot 1), same im2col.
     std::vector<float> tails2(size_t(2) * C * L, 0.0f);
     std::copy(tail.begin(), tail.end(), tails2.begin());
-    auto dtails2 = to_device(tails2);
-    qc::DeviceArray<int64_t> counter(1);
-    CUDA_CHECK(cudaMemset(counter.get(), 0, sizeof(int64_t)));
+    const StateBlocks block({{tails2}}, {0}, {0});
     qc::DeviceArray<float> col2(col.size());
-    qk::conv_im2col_carry(dtails2.get(), L, counter.get(), dx.get(), C, T, K, d, snake, col2.get(), l);
+    qk::conv_im2col_carry(block.states(), block.at[0], L, dx.get(), C, T, K, d, snake, col2.get(), l);
     qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col2.get(), T, 0.0f, y.get(),
                         T);
     const auto got2 = to_host(y.get(), y.size());
-    const auto got_tails2 = to_host(dtails2.get(), dtails2.size());
+    const auto got_tails2 = block.piece(0, 0, tails2.size());
     CHECK(qtts_test::max_abs_error(got2.data(), expect.data(), expect.size()) < 1e-4);
     CHECK(qtts_test::max_abs_error(got_tails2.data() + size_t(C) * L, expect_tail.data(), expect_tail.size()) < 1e-5);
     CHECK(qtts_test::max_abs_error(got_tails2.data(), tail.data(), tail.size()) == 0.0);  // read slot untouched
@@ -189,15 +228,12 @@ TEST_CASE("gpu decoder kernels: fused output conv (SnakeBeta, tail slots, clamp)
     wb.push_back(bias);
     std::vector<float> tails(size_t(2) * C * L, 0.0f);
     std::copy(tail.begin(), tail.end(), tails.begin() + ptrdiff_t(C) * L);  // counter 1: read slot 1
-    auto dx = to_device(x), dw = to_device(wb), dtails = to_device(tails), da = to_device(alpha),
-         db = to_device(inv_beta);
-    qc::DeviceArray<int64_t> counter(1);
-    const int64_t one = 1;
-    CUDA_CHECK(cudaMemcpy(counter.get(), &one, sizeof(one), cudaMemcpyHostToDevice));
+    auto dx = to_device(x), dw = to_device(wb), da = to_device(alpha), db = to_device(inv_beta);
+    const StateBlocks block({{tails}}, {0}, {1});
     qc::DeviceArray<float> y(static_cast<size_t>(T));
-    qk::conv_out_carry(dtails.get(), L, counter.get(), dx.get(), C, T, K, 1, {da.get(), db.get()}, dw.get(), y.get(), l);
+    qk::conv_out_carry(block.states(), block.at[0], L, dx.get(), C, T, K, 1, {da.get(), db.get()}, dw.get(), y.get(), l);
     const auto got = to_host(y.get(), y.size());
-    const auto got_tails = to_host(dtails.get(), dtails.size());
+    const auto got_tails = block.piece(0, 0, tails.size());
     std::vector<float> expect_tail(size_t(C) * L);
     for (int c = 0; c < C; ++c)
         std::copy_n(cat.begin() + ptrdiff_t(c) * (L + T) + T, L, expect_tail.begin() + ptrdiff_t(c) * L);
@@ -278,8 +314,8 @@ TEST_CASE("gpu decoder kernels: transposed conv with carried overlap, streamed",
     const int full_len = (T - 1) * s + K;
 
     auto dw = to_device(w), db = to_device(b);
-    qc::DeviceArray<float> overlap(size_t(Cout) * O), cols(size_t(Cout) * K * T), y(size_t(Cout) * T * s);
-    CUDA_CHECK(cudaMemset(overlap.get(), 0, overlap.bytes()));
+    const StateBlocks block({{std::vector<float>(size_t(Cout) * O, 0.0f)}}, {0}, {0});
+    qc::DeviceArray<float> cols(size_t(Cout) * K * T), y(size_t(Cout) * T * s);
     std::vector<float> got(size_t(Cout) * T * s);
     int t0 = 0;
     for (const int n : {T1, T2}) {
@@ -288,7 +324,7 @@ TEST_CASE("gpu decoder kernels: transposed conv with carried overlap, streamed",
         auto dx = to_device(xc);
         qc::sgemm_row_major(context(), true, false, Cout * K, n, Cin, dw.get(), Cout * K, dx.get(), n, 0.0f, cols.get(),
                             n);
-        qk::trans_conv_overlap_add(cols.get(), Cout, K, s, n, db.get(), overlap.get(), y.get(), l);
+        qk::trans_conv_overlap_add(cols.get(), Cout, K, s, n, db.get(), block.states(), block.at[0], y.get(), l);
         const auto part = to_host(y.get(), size_t(Cout) * n * s);
         for (int c = 0; c < Cout; ++c)
             std::copy_n(part.begin() + ptrdiff_t(c) * n * s, n * s, got.begin() + ptrdiff_t(c) * T * s + t0 * s);
@@ -299,7 +335,7 @@ TEST_CASE("gpu decoder kernels: transposed conv with carried overlap, streamed",
         for (int m = 0; m < T * s; ++m)
             err = std::max(err, double(std::fabs(got[size_t(c) * T * s + m] - full[size_t(c) * full_len + m])));
     // The carried overlap is the rest of the untrimmed output (without the bias).
-    const auto ov = to_host(overlap.get(), overlap.size());
+    const auto ov = block.piece(0, 0, size_t(Cout) * O);
     double ov_err = 0.0;
     for (int c = 0; c < Cout; ++c)
         for (int j = 0; j < O; ++j)
@@ -409,12 +445,12 @@ TEST_CASE("gpu decoder kernels: RoPE + sliding-window attention over the K/V rin
         std::copy_n(past_k.begin() + ptrdiff_t(j) * kvd, kvd, k_ring.begin() + ptrdiff_t(slot) * kvd);
         std::copy_n(past_v.begin() + ptrdiff_t(j) * kvd, kvd, v_ring.begin() + ptrdiff_t(slot) * kvd);
     }
-    auto dqkv = to_device(qkv), dk = to_device(k_ring), dv = to_device(v_ring), dfreq = to_device(inv_freq);
-    qc::DeviceArray<int64_t> dpos(1);
-    CUDA_CHECK(cudaMemcpy(dpos.get(), &p0, sizeof(int64_t), cudaMemcpyHostToDevice));
+    auto dqkv = to_device(qkv), dfreq = to_device(inv_freq);
+    const StateBlocks block({{k_ring, v_ring}}, {p0}, {0});
     qc::DeviceArray<float> out(size_t(n) * qd);
-    qk::rope_kv_store(dqkv.get(), n, heads, kv, hd, dfreq.get(), dpos.get(), dk.get(), dv.get(), ring, l);
-    qk::window_attention(dqkv.get(), n, heads, kv, hd, dk.get(), dv.get(), ring, window, dpos.get(), out.get(), l);
+    qk::rope_kv_store(dqkv.get(), n, heads, kv, hd, dfreq.get(), block.states(), block.at[0], block.at[1], ring, l);
+    qk::window_attention(dqkv.get(), n, heads, kv, hd, block.states(), block.at[0], block.at[1], ring, window,
+                         out.get(), l);
     const auto got = to_host(out.get(), out.size());
     const auto got_qkv = to_host(dqkv.get(), dqkv.size());
     double q_err = 0.0;
@@ -549,6 +585,41 @@ TEST_CASE("gpu decoder: graph replay and eager give bitwise identical samples", 
     CHECK(graphed.frames_done() == td->n);
 }
 
+TEST_CASE("gpu decoder: decoders sharing one scratch interleave chunks with their own samples", "[gpu][decoder]") {
+    TinyDecoder* td = tiny_decoder();
+    if (!td) {
+        WARN("reference golden decoder_long not available: skipped");
+        return;
+    }
+    qc::GpuSpeechDecoderOptions options;
+    options.max_chunk_frames = 8;
+    auto pass = std::make_shared<qc::DecoderPass>(td->gpu, context(), qc::DecoderStateLayout::make(*td->gpu, 8), 8,
+                                                  options);
+    qc::GpuSpeechDecoder a(td->gpu, context(), options, pass), b(td->gpu, context(), options, pass);
+    qc::GpuSpeechDecoder alone_a(td->gpu, context(), options), alone_b(td->gpu, context(), options);
+    const int nq = 16;
+    std::vector<float> pa, pb, qa, qb;
+    // a decodes from frame 0, b from frame 50, in alternating chunks (graphs for 1, 2, 4; 3 eager).
+    int fa = 0, fb = 50;
+    for (const int n : {4, 1, 3, 2, 4, 4}) {
+        a.decode(td->codes.data() + size_t(fa) * nq, n, &pa);
+        b.decode(td->codes.data() + size_t(fb) * nq, n, &pb);
+        alone_b.decode(td->codes.data() + size_t(fb) * nq, n, &qb);
+        alone_a.decode(td->codes.data() + size_t(fa) * nq, n, &qa);
+        fa += n;
+        fb += n;
+    }
+    REQUIRE(pa.size() == qa.size());
+    REQUIRE(pb.size() == qb.size());
+    CHECK(std::memcmp(pa.data(), qa.data(), pa.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(pb.data(), qb.data(), pb.size() * sizeof(float)) == 0);
+    // A pass made for another chunk size or other weights is refused.
+    qc::GpuSpeechDecoderOptions bigger = options;
+    bigger.max_chunk_frames = 16;
+    CHECK_THROWS_AS(qc::GpuSpeechDecoder(td->gpu, context(), bigger, pass), qtts::Error);
+    CHECK_THROWS_AS(qc::GpuSpeechDecoder(td->gpu_unpadded, context(), options, pass), qtts::Error);
+}
+
 TEST_CASE("gpu decoder: invalid codes are refused before the state changes; reset restarts", "[gpu][decoder]") {
     TinyDecoder* td = tiny_decoder();
     if (!td) {
@@ -578,6 +649,124 @@ TEST_CASE("gpu decoder: invalid codes are refused before the state changes; rese
     dec.decode(td->codes.data() + 4 * nq, n - 4, &again);
     REQUIRE(again.size() == first.size());
     CHECK(std::memcmp(again.data(), first.data(), again.size() * sizeof(float)) == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched passes (cuda/gpu_batch_decoder.h)
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Streams decoded in batched passes against twins decoded alone: `twins[i]` gets exactly the
+// frames `streams[i]` gets, one chunk at a time. Returns the largest absolute sample difference.
+struct BatchTwins {
+    std::vector<std::unique_ptr<qc::GpuSpeechDecoder>> batched, alone;
+    std::vector<int> next;  // next frame of each stream's code sequence
+};
+
+double batch_round(qc::GpuBatchDecoder& batch, BatchTwins& t, const std::vector<int>& members,
+                   const std::vector<int32_t>& codes, int total, int n) {
+    const int nq = 16, spf = t.alone.front()->samples_per_frame();
+    std::vector<qc::GpuSpeechDecoder*> decoders;
+    std::vector<int32_t> chunk;
+    for (const int m : members) {
+        decoders.push_back(t.batched[size_t(m)].get());
+        for (int f = 0; f < n; ++f) {
+            const int frame = (t.next[size_t(m)] + f) % total;
+            chunk.insert(chunk.end(), codes.begin() + ptrdiff_t(frame) * nq, codes.begin() + ptrdiff_t(frame + 1) * nq);
+        }
+    }
+    std::vector<float> pcm(members.size() * size_t(n) * spf, NAN);
+    batch.decode(decoders, chunk.data(), n, pcm.data());
+    double worst = 0.0;
+    for (size_t i = 0; i < members.size(); ++i) {
+        std::vector<float> expect;
+        t.alone[size_t(members[i])]->decode(chunk.data() + i * n * nq, n, &expect);
+        worst = std::max(worst, qtts_test::max_abs_error(pcm.data() + i * n * spf, expect.data(), expect.size()));
+        t.next[size_t(members[i])] = (t.next[size_t(members[i])] + n) % total;
+    }
+    return worst;
+}
+
+BatchTwins batch_twins(const std::shared_ptr<const qc::GpuSpeechDecoderWeights>& w, int streams,
+                       const std::vector<int32_t>& codes, int total) {
+    BatchTwins t;
+    for (int i = 0; i < streams; ++i) {
+        t.batched.push_back(std::make_unique<qc::GpuSpeechDecoder>(w, context()));
+        t.alone.push_back(std::make_unique<qc::GpuSpeechDecoder>(w, context()));
+        // Different starting points in the code sequence, then i + 1 frames decoded alone by both
+        // twins: every stream at its own position and tail-slot parity.
+        t.next.push_back((i * 7) % total);
+        const int primed = i + 1;
+        std::vector<int32_t> first;
+        for (int f = 0; f < primed; ++f) {
+            const int frame = (t.next.back() + f) % total;
+            first.insert(first.end(), codes.begin() + ptrdiff_t(frame) * 16, codes.begin() + ptrdiff_t(frame + 1) * 16);
+        }
+        std::vector<float> a, b;
+        t.batched.back()->decode(first.data(), primed, &a);
+        t.alone.back()->decode(first.data(), primed, &b);
+        t.next.back() = (t.next.back() + primed) % total;
+    }
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("gpu batched decoder: streams at different positions get their samples alone", "[gpu][decoder]") {
+    TinyDecoder* td = tiny_decoder();
+    if (!td) {
+        WARN("reference golden decoder_long not available: skipped");
+        return;
+    }
+    const int S = 5;
+    BatchTwins t = batch_twins(td->gpu, S, td->codes, td->n);
+    qc::GpuBatchDecoderOptions options;
+    options.max_streams = 6;
+    options.chunk_frames = {1, 2, 4};
+    options.buckets = {2, 4, 6};  // 5 streams run in bucket 6, 3 in bucket 4: rows left idle
+    qc::GpuBatchDecoder graphed(td->gpu, context(), t.batched.front()->layout(), options);
+    options.cuda_graphs = false;
+    qc::GpuBatchDecoder eager(td->gpu, context(), t.batched.front()->layout(), options);
+    CHECK(graphed.has_graph(6, 4) == t.batched.front()->graphs_enabled());
+    CHECK_FALSE(eager.has_graph(6, 4));
+
+    struct Round {
+        std::vector<int> members;
+        int n;
+        bool use_eager;
+    };
+    const std::vector<Round> rounds{
+        {{0, 1, 2, 3, 4}, 4, false}, {{4, 0, 2}, 1, false}, {{3, 1}, 2, false}, {{0, 1, 2, 3, 4}, 3, false},
+        {{2, 3, 4, 0, 1}, 4, true},  {{1, 4}, 4, false},    {{0, 1, 2, 3, 4}, 2, false}, {{3, 2, 1}, 4, true},
+    };
+    double worst = 0.0;
+    for (const Round& r : rounds) {
+        const double err = batch_round(r.use_eager ? eager : graphed, t, r.members, td->codes, td->n, r.n);
+        std::printf("batched decoder: %zu streams x %d frames (%s): max abs %.3g vs alone\n", r.members.size(), r.n,
+                    r.use_eager ? "eager" : "graph", err);
+        worst = std::max(worst, err);
+    }
+    CHECK(worst <= 1e-5);
+    for (int i = 0; i < S; ++i) CHECK(t.batched[size_t(i)]->frames_done() == t.alone[size_t(i)]->frames_done());
+
+    // Refusals leave every state as it was: bad codes, a stream twice, too many frames, a
+    // decoder with another layout.
+    std::vector<int32_t> bad(size_t(2) * 16, 5);
+    bad[20] = 4096;
+    std::vector<float> pcm(size_t(2) * 1920);
+    const int64_t done0 = t.batched[0]->frames_done();
+    CHECK_THROWS_AS(graphed.decode({t.batched[0].get(), t.batched[1].get()}, bad.data(), 1, pcm.data()), qtts::Error);
+    bad[20] = 5;
+    CHECK_THROWS_AS(graphed.decode({t.batched[0].get(), t.batched[0].get()}, bad.data(), 1, pcm.data()), qtts::Error);
+    CHECK_THROWS_AS(graphed.decode({t.batched[0].get()}, bad.data(), 5, pcm.data()), qtts::Error);
+    qc::GpuSpeechDecoderOptions other_options;
+    other_options.max_chunk_frames = 8;
+    qc::GpuSpeechDecoder other(td->gpu, context(), other_options);
+    CHECK_THROWS_AS(graphed.decode({t.batched[0].get(), &other}, bad.data(), 1, pcm.data()), qtts::Error);
+    CHECK(t.batched[0]->frames_done() == done0);
+    // ... and the streams go on exactly.
+    CHECK(batch_round(graphed, t, {0, 1, 2, 3, 4}, td->codes, td->n, 4) <= 1e-5);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -616,6 +805,19 @@ TEST_CASE("gpu decoder: release-size random tokenizer streams with SNR >= 60 dB 
     std::printf("full-size decoder: %d frames, rms %.4f, GPU vs CPU SNR %.1f dB, max abs %.3g\n", n, rms, snr, err);
     REQUIRE(rms > 1e-3);
     CHECK(snr >= 60.0);
+
+    // Batched passes at release size: 4 streams (graphs, then eager for an odd chunk) against
+    // their twins decoded alone.
+    BatchTwins t = batch_twins(gpu_w, 4, codes, n);
+    qc::GpuBatchDecoderOptions options;
+    options.max_streams = 4;
+    options.chunk_frames = {4};
+    qc::GpuBatchDecoder batch(gpu_w, context(), t.batched.front()->layout(), options);
+    double worst = 0.0;
+    for (int r = 0; r < 4; ++r) worst = std::max(worst, batch_round(batch, t, {0, 1, 2, 3}, codes, n, 4));
+    worst = std::max(worst, batch_round(batch, t, {3, 1, 2}, codes, n, 3));
+    std::printf("full-size decoder: batched passes vs alone: max abs %.3g\n", worst);
+    CHECK(worst <= 1e-5);
 }
 
 #endif  // QTTS_HAVE_CUDA

@@ -455,8 +455,15 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
         CHECK(batched[i].error.empty());
         REQUIRE(!alone[i].codes.empty());
         CHECK(batched[i].codes == alone[i].codes);
-        CHECK(batched[i].pcm == alone[i].pcm);
+        // Batched decoder passes: the same samples up to the rounding of wider products.
+        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
+        const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
+        std::printf("stream %zu: %zu samples, max abs %.3g batched vs alone\n", i, alone[i].pcm.size(), err);
+        CHECK(err <= 1e-5);
     }
+    WARN("chunks decoded in batched passes: " << batched_stats.batch_decoded_chunks);
+    CHECK(batched_stats.batch_decoded_chunks > 0);
+    CHECK(unbatched_stats.batch_decoded_chunks == 0);
 }
 
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {

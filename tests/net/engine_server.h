@@ -42,8 +42,9 @@ struct EngineServer {
     }
 
     explicit EngineServer(const qtts::ServerOptions& options, const std::vector<qtts::EngineTarget>& targets = {})
-        : pool(pool_options(targets)), engine(first_loaded(pool)), service(pool, "default"), recorder(service),
-          server(recorder, options) {
+        : EngineServer(options, pool_options(targets)) {}
+    EngineServer(const qtts::ServerOptions& options, const qtts::EnginePoolOptions& engines)
+        : pool(engines), engine(first_loaded(pool)), service(pool, "default"), recorder(service), server(recorder, options) {
         server.start();
     }
     static qtts::Engine& first_loaded(const qtts::EnginePool& pool) {

@@ -84,6 +84,7 @@ TEST_CASE("several engines: one left out at start-up, requests spread, health an
     CHECK(metric_value(m, "qtts_engine_streams_total{engine=\"cpu#0\",outcome=\"completed\"}") == 2);
     CHECK(metric_value(m, "qtts_engine_streams_total{engine=\"cpu#1\",outcome=\"completed\"}") == 2);
     CHECK(metric_value(m, "qtts_engine_audio_seconds_total{engine=\"cpu#1\"}") > 0);
+    CHECK(metric_value(m, "qtts_engine_batch_decoded_chunks_total{engine=\"cpu#1\"}") == 0);  // CPU: no batching
 
     // At the same time: the second goes to the engine without a stream.
     auto a = ws_waiting_start(s, 1);
@@ -161,4 +162,52 @@ TEST_CASE("several engines: an engine lost mid-run ends its stream with an error
     CHECK_THAT(refused.body, Catch::Contains("no engine serves"));
     // Nothing is left running.
     CHECK(wait_until([&] { return s.server.active_streams() == 0; }));
+}
+
+TEST_CASE("admission control: 429 `capacity` while the engine's real-time capacity is used; /metrics says so", "[net]") {
+    qtts::log();
+    qtts::EnginePoolOptions engines = EngineServer::pool_options({{"cpu", 0}});
+    engines.engine.admission = true;
+    engines.engine.admission_headroom = 1.0;
+    EngineServer s(EngineServer::server_options(2.0), engines);
+    const std::string label = s.pool.status()[0].label;
+    const auto series = [&](const std::string& name, const std::string& extra = "") {
+        return name + "{engine=\"" + label + "\"" + extra + "}";
+    };
+    // A slow backend: 0.5 s per chunk of at most 0.32 s of audio carries less than one stream at
+    // real time, and a listener of the one stream it has runs dry before every chunk but the first.
+    qtts::engine_chunk_delay_set(s.engine, std::chrono::milliseconds(500));
+    HttpResult first;
+    std::thread client([&] { first = curl_post(s.port(), "/v1/audio/speech", speech_body("Hi there.", "pcm", true, 3, "")); });
+    REQUIRE(wait_until([&] { return s.engine.stats().underruns >= 1; }, std::chrono::milliseconds(30000)));
+
+    const HttpResult refused = curl_post(s.port(), "/v1/audio/speech", speech_body("Second.", "pcm", false, 4, ""));
+    CHECK(refused.status == 429);
+    CHECK(json::parse(refused.body)["error"]["code"] == "capacity");
+    CHECK_THAT(refused.body, Catch::Contains("real-time capacity"));
+    CHECK_THAT(refused.headers, Catch::Contains("Retry-After: 1"));
+    std::string m = metrics_get(s);
+    CHECK(metric_value(m, series("qtts_engine_refused_total", ",reason=\"capacity\"")) == 1);
+    CHECK(metric_value(m, series("qtts_engine_refused_total", ",reason=\"max_streams\"")) == 0);
+    CHECK(metric_value(m, "qtts_errors_total{type=\"busy\"}") == 1);
+    const double capacity = metric_value(m, series("qtts_engine_capacity_streams"));
+    CHECK(capacity > 0.0);
+    CHECK(capacity < 1.1);
+    CHECK(metric_value(m, series("qtts_engine_stream_lag_max_seconds")) >= 0.42);  // dry 0.42 s or more before chunk 2
+    CHECK(metric_value(m, series("qtts_engine_stream_lag_mean_seconds")) >= 0.42);  // the one stream
+    CHECK(metric_value(m, series("qtts_engine_batch_size")) == 0);                   // no batched step on the CPU
+    CHECK(metric_value(m, series("qtts_engine_queue_depth")) == 0);
+
+    client.join();
+    CHECK(first.status == 200);
+    m = metrics_get(s);
+    // 2 s of audio in chunks of 1 + 4 x 6 frames: each of the 6 later chunks came late.
+    CHECK(metric_value(m, series("qtts_engine_underruns_total")) == 6);
+    CHECK(metric_value(m, series("qtts_engine_underrun_seconds_total")) >= 0.42 + 5 * 0.18);
+    CHECK(metric_value(m, series("qtts_engine_lagged_streams_total")) == 1);
+
+    // The load is gone (and the backend fast again): requests are admitted.
+    qtts::engine_chunk_delay_set(s.engine, std::chrono::microseconds(0));
+    CHECK(curl_post(s.port(), "/v1/audio/speech", speech_body("Third.", "wav", false, 5, "")).status == 200);
+    CHECK(metric_value(metrics_get(s), series("qtts_engine_refused_total", ",reason=\"capacity\"")) == 1);
 }

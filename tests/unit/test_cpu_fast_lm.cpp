@@ -11,6 +11,8 @@
 // agreement is reported, not asserted (a changed pick changes everything after it).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <cstdio>
 #include <map>
 #include <string>
@@ -197,7 +199,12 @@ TEST_CASE("cpu-fast through the runtime: chosen by name, chunks with audio, same
     }
     CHECK(codes[0] == codes[1]);
     REQUIRE(pcm[0].size() == pcm[1].size());
-    CHECK(qtts_test::max_abs_error(pcm[0].data(), pcm[1].data(), pcm[0].size()) == 0.0);  // same codes, same decoder
+    // Same codes; the fast decoder (fp32 weights by default) differs from the reference decoder
+    // only in the order of its fp32 sums and in its sine: far above the 50 dB floor.
+    const double err = qtts_test::rel_error(pcm[0].data(), pcm[1].data(), pcm[0].size());
+    const double snr = err > 0 ? -20.0 * std::log10(err) : 999.0;
+    std::printf("cpu-fast through the runtime: audio SNR vs the cpu backend %.1f dB\n", snr);
+    CHECK(snr >= 100.0);
 }
 
 TEST_CASE("cpu-fast configuration errors are clear", "[cpu_fast][runtime]") {

@@ -197,7 +197,8 @@ TEST_CASE("a pool of CPU engines: labels, round-robin when idle, the least-loade
         FAIL("a fifth stream was accepted by two engines of 2 streams each");
     } catch (const Error& e) {
         CHECK(e.code() == ErrorCode::ERROR_BUSY);
-        CHECK_THAT(e.what(), Catch::Contains("every engine is at its limit of 2"));
+        CHECK_THAT(e.what(), Catch::Contains("every engine is busy"));
+        CHECK_THAT(e.what(), Catch::Contains("at its limit of 2 concurrent streams"));
     }
     // A bad request is refused at once, as by one engine, and not counted as busy.
     try {
