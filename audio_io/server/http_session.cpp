@@ -445,7 +445,10 @@ private:
             request_read();
             return;
         }
-        watch_read();
+        // Bytes while the response is still going out: the client's next request (pipelined, or
+        // sent the moment it read this response's last byte, before write_on ran here). No
+        // further read is armed: response_done() parses what is buffered; a read armed now would
+        // wait for bytes the client will only send after its answer (a keep-alive hang).
     }
 
     void audio_on(std::vector<AudioPiece> pieces, size_t bytes, int64_t samples) {
