@@ -247,6 +247,37 @@ void GpuGeneratorPool::batch_enable(int streams) {
                   options_.device, batch_->max_streams(), buckets.size(), o.chunk_frames.size(),
                   free_before > free_after ? (free_before - free_after) / 1e6 : 0.0);
     batch_decoder_enable();
+    states_trim();
+}
+
+size_t GpuGeneratorPool::memory_over() const {
+    const size_t margin = gpu_memory_margin(options_.gpu_memory_limit);
+    const size_t free = device_free_bytes();
+    size_t over = free < margin ? margin - free : 0;
+    if (options_.gpu_memory_limit > 0) {
+        const size_t wanted = memory_used() + margin;
+        if (wanted > options_.gpu_memory_limit) over = std::max(over, wanted - options_.gpu_memory_limit);
+    }
+    return over;
+}
+
+void GpuGeneratorPool::states_trim() {
+    const int before = created_;
+    while (memory_over() > 0 && idle_.size() > 1 && options_.states_fit) {
+        idle_.pop_back();  // its buffers, graphs and decoder go back to the device now
+        --created_;
+    }
+    if (created_ < before)
+        QTTS_LOG_WARN("GPU memory on device {}: the batched steps left less than the {:.0f} MiB margin{}; {} of {} "
+                      "stream slots given back, {} left",
+                      options_.device, mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text(),
+                      before - created_, before, created_);
+    if (const size_t over = memory_over(); over > 0)
+        fail(ErrorCode::ERROR_CUDA,
+             "GPU {} is {:.0f} MiB short for {} stream slot(s) with batched steps beside a {:.0f} MiB margin{}: "
+             "lower the stream count (--max-streams), leave it out (as many as fit), turn batching off or raise "
+             "--gpu-memory-limit",
+             options_.device, mib(over), created_, mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text());
 }
 
 void GpuGeneratorPool::batch_decoder_enable() {

@@ -87,7 +87,10 @@ public:
     // streams, with a graph per bucket (2, 4, 8, 12, 16, 24, 32, 48, 64 up to `streams`, and
     // `streams`) and chunk size, captured now; with the states' own decoders attached, also a
     // GpuBatchDecoder (cuda/gpu_batch_decoder.h) with a graph per stream count up to 16, then
-    // every fourth, and chunk size. Owner thread; called once at load, after decoders_attach.
+    // every fourth, and chunk size. Owner thread; called once at load, after decoders_attach and
+    // states_grow. What the batch takes was not in the room states_grow fitted the slots to: when
+    // the memory (limit or device) is now short of the margin, idle slots are given back
+    // (states_fit; at least one stays, logged), else ERROR_CUDA says what is missing.
     void batch_enable(int streams);
     int batch_max() const { return batch_ ? batch_->max_streams() : 0; }
     bool batch_decoding() const { return bool(batch_decoder_); }
@@ -111,6 +114,8 @@ private:
     void state_release(std::unique_ptr<GpuGenerator> state);  // from a finished utterance
 
     size_t memory_room() const;  // what states may take now (memory_plan.h gpu_memory_room)
+    size_t memory_over() const;  // how far the memory in use is past the limit or margin (0: within)
+    void states_trim();          // batch_enable's tail: slots given back until memory_over() is 0
     std::string limit_text() const;
     size_t context_bytes_per_position() const;
     void context_fit_first();  // lowers options_.max_context when one stream would not fit

@@ -140,11 +140,12 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
             }
         }
         model->gpu_->states_grow(opts.states);
-        // What the memory allowed (states_fit: perhaps fewer states; perhaps a lowered context):
-        // from here on the options say what was made (warm-up, batching, stream_slots()).
+        if (opts.batching) model->gpu_->batch_enable(model->gpu_->states_created());
+        // What the memory allowed (states_fit: perhaps fewer states, some given back to the batched
+        // steps; perhaps a lowered context): from here on the options say what was made (warm-up,
+        // stream_slots()).
         model->options_.states = model->gpu_->states_created();
         model->options_.max_context = model->gpu_->max_context();
-        if (opts.batching) model->gpu_->batch_enable(opts.states);
 #else
         fail(ErrorCode::ERROR_INTERNAL, "the CUDA backend was chosen in a build without CUDA");
 #endif
