@@ -181,6 +181,7 @@ public:
     std::unique_ptr<Utterance> utterance_;  // engine thread only
     bool waiting_for_text_ = false;        // engine thread only
     uint64_t served_round_ = 0;            // engine thread only: the last round that serviced it
+    uint64_t batched_round_ = 0;           // engine thread only: the last round whose batched step it was in
     size_t text_seen_ = 0;                 // engine thread only
     // Scheduling (engine thread only; scheduler.h): the stream's real-time listener, whether it
     // waited for text or for its reader since its last chunk (a gap then is not the engine's),
@@ -369,18 +370,56 @@ struct Engine::Impl {
     void seams_after_chunk(const StreamImpl& s, int32_t frames) {
         if (trace_on.load(std::memory_order_relaxed)) {
             std::lock_guard<std::mutex> lock(trace_mutex);
-            if (trace.size() < trace_capacity) trace.push_back(EngineTraceEntry{round, s.id(), frames});
+            if (trace.size() < trace_capacity) trace.push_back(EngineTraceEntry{round, s.id(), frames, s.batched_round_ == round});
         }
         if (const int64_t us = chunk_delay_us.load(std::memory_order_relaxed); us > 0)
             std::this_thread::sleep_for(std::chrono::microseconds(us));
     }
 
-    // Batched LM step (CUDA): the streams whose next chunk is a steady one and can be made now get
-    // its frames computed together in one device step; service() then reads and decodes each
-    // stream's frames as usual. A newcomer's first chunk (time to first audio) runs alone, at
-    // once. Streams waiting for text, for their reader, or between sentences are left to
-    // service(). The list is in the round's order, so when more streams could join than one step
-    // takes, the most urgent ones do. Engine thread.
+    // Batched LM steps (CUDA), two per round. First the newcomers: each starts its first segment
+    // (its prompt prefill, alone), then their first chunks are made in one step, so that a round
+    // with several new requests pays one frame step for all of them instead of one each. Then the
+    // streams whose next chunk is a steady one and can be made now. service() then reads (and,
+    // where the batched decoder pass did not, decodes) each stream's frames as usual. A lone
+    // newcomer or steady stream takes its own, faster, single-stream path in service(). Streams
+    // waiting for text, for their reader, or between sentences are left to service(). The list is
+    // in the round's order, so when more streams could join than one step takes, the most urgent
+    // ones do. Engine thread.
+    void first_batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
+        const int k = options.first_chunk_frames;
+        const auto newcomer = [this, k](const StreamImpl& s) {
+            return !s.cancelled_.load() && !s.waiting_for_text_ && s.utterance_->frames() == 0 &&
+                   s.served_round_ != round && s.ring_.available_write() >= size_t(k) * SAMPLES_PER_FRAME;
+        };
+        if (std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); }) < 2) return;
+        std::vector<ChunkGenerator*> generators;
+        std::vector<StreamImpl*> members;
+        for (auto it = active.begin(); it != active.end() && int(generators.size()) < batch_max;) {
+            StreamImpl& s = **it;
+            if (!newcomer(s)) {
+                ++it;
+                continue;
+            }
+            try {
+                if (ChunkGenerator* g = s.utterance_->first_candidate(k)) {
+                    generators.push_back(g);
+                    members.push_back(&s);
+                }
+                ++it;
+            } catch (const std::exception& e) {  // its prefill failed: that stream ends, as in service()
+                QTTS_LOG_WARN("stream {} failed: {}", s.id(), e.what());
+                finish(s, StopReason::STOP_ERROR, e.what());
+                it = active.erase(it);
+                if (!model->backend_recover()) {
+                    backend_lost(active, e.what());
+                    return;
+                }
+            }
+        }
+        // One candidate alone makes its chunk in service() with its own graph (prefill done).
+        if (generators.size() >= 2) batch_run(active, generators, members, k);
+    }
+
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.chunk_frames;
         std::vector<ChunkGenerator*> generators;
@@ -395,13 +434,18 @@ struct Engine::Impl {
                 members.push_back(s.get());
             }
         }
-        if (generators.size() < 2) return;  // one stream takes its own (faster) single-stream step
+        if (generators.size() >= 2) batch_run(active, generators, members, k);
+    }
+
+    // One batched step of `frames` frames for `members` (their generators), then the stats. A
+    // failed step ends its streams with the error (their device state is unknown); the others go
+    // on if the device still works. Engine thread.
+    void batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
+                   const std::vector<StreamImpl*>& members, int frames) {
         int decoded = 0;  // chunks the batched decoder pass made audio for
         try {
-            decoded = model->batch_run(generators, k);
+            decoded = model->batch_run(generators, frames);
         } catch (const std::exception& e) {
-            // The step's streams end with the error (their device state is unknown); the others go on
-            // if the device still works.
             QTTS_LOG_WARN("a batched step of {} streams failed: {}", generators.size(), e.what());
             for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
             active.remove_if([&members](const std::shared_ptr<StreamImpl>& s) {
@@ -410,7 +454,8 @@ struct Engine::Impl {
             if (!model->backend_recover()) backend_lost(active, e.what());
             return;
         }
-        round_batch = int64_t(generators.size());
+        for (StreamImpl* s : members) s->batched_round_ = round;
+        round_batch = std::max(round_batch, int64_t(generators.size()));
         std::lock_guard<std::mutex> lock(stats_mutex);
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
@@ -514,12 +559,14 @@ struct Engine::Impl {
             round_underruns = 0;
             round_underrun_s = 0.0;
             // A round: first chunks first (time to first audio does not wait for the others'
-            // chunks), then the batched LM step of the streams due together (CUDA), then every
-            // other stream's chunk; each pass in deadline order (schedule).
+            // chunks; with two newcomers or more, made in one batched step, CUDA), then the
+            // batched LM step of the streams due together (CUDA), then every other stream's
+            // chunk; each pass in deadline order (schedule).
             schedule(active);
             const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
             const auto every = [](const StreamImpl&) { return true; };
-            service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
+            if (batch_max >= 2) first_batch_step(active);
+            if (!failed.load()) service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
             if (!failed.load() && batch_max >= 2) batch_step(active);
             if (!failed.load()) service_pass(active, every, pcm, frames, progressed, round_frames, round_streams);
             if (failed.load()) active.clear();

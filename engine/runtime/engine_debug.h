@@ -52,6 +52,7 @@ struct EngineTraceEntry {
     uint64_t round = 0;      // the engine round that made it
     uint64_t stream_id = 0;
     int32_t frames = 0;
+    bool batched = false;    // its frames were made in a batched step (CUDA) with other streams'
 };
 void engine_trace_start(Engine& engine, size_t capacity);
 std::vector<EngineTraceEntry> engine_trace_take(Engine& engine);

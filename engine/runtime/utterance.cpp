@@ -95,6 +95,12 @@ ChunkGenerator* Utterance::batch_candidate(int frames) {
     return !done_ && generating_ && generator_->batch_ready(frames) ? generator_.get() : nullptr;
 }
 
+ChunkGenerator* Utterance::first_candidate(int frames) {
+    if (done_ || frames_ > 0 || prepared_.incremental) return nullptr;
+    if (!generating_ && !segment_start()) return nullptr;
+    return batch_candidate(frames);
+}
+
 UtteranceStatus Utterance::chunk(int frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes) {
     QTTS_ASSERT(frames >= 1 && pcm);
     if (done_) return UtteranceStatus::UTTERANCE_DONE;

@@ -40,6 +40,13 @@ public:
     // continues the current segment for all `frames` frames (ChunkGenerator::batch_ready), else
     // null (between segments, done, or the backend does not batch).
     ChunkGenerator* batch_candidate(int frames);
+    // Batched first chunks (the engine's newcomers): an utterance with complete text that has made
+    // no frames starts its first segment now (the prompt prefill, alone) and returns
+    // batch_candidate(frames), so that its first chunk can be made in a batched step with other
+    // newcomers' and emitted by chunk(frames) as usual. Null when it has frames already, is
+    // incremental (its text comes through the engine's service pass) or has no segment to start
+    // (chunk() then ends it). Throws what the prefill throws.
+    ChunkGenerator* first_candidate(int frames);
 
     // Incremental text (prepared with incremental = true).
     void text_append(const std::string& text);

@@ -466,6 +466,74 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
     CHECK(unbatched_stats.batch_decoded_chunks == 0);
 }
 
+TEST_CASE("newcomers of one round make their first chunks in one batched step, each as alone",
+          "[gpu][runtime][engine][batch]") {
+    // A long stream keeps the engine busy (a 30 ms pause after each of its chunks, the slow-device
+    // seam), so three requests submitted during a pause all arrive for the same round: their
+    // prefills run one by one, their first chunks in one batched step (and one decoder pass).
+    // The same requests on an engine without batching are the reference.
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("A long stream keeps the engine busy while the others arrive.", 40, kGreedySeed),
+        qtts_test::greedy_request("First newcomer.", 12, kGreedySeed + 1),
+        qtts_test::greedy_request("The second newcomer says more than that.", 20, kGreedySeed + 2),
+        qtts_test::greedy_request("Third newcomer, sampled.", 16, 5150),
+    };
+    requests[3].greedy = false;
+    struct Heard {
+        std::vector<float> pcm;
+        std::vector<FrameCodes> codes;
+        std::vector<qtts::EngineTraceEntry> trace;
+        uint64_t id = 0;
+    };
+    auto speak_all = [&](bool batching) {
+        EngineOptions o = tiny_cuda_engine_options(4);
+        o.backend.batching = batching;
+        Engine engine(o);
+        qtts::engine_trace_start(engine, 4096);
+        qtts::engine_chunk_delay_set(engine, 30ms);
+        std::vector<std::shared_ptr<Stream>> streams{engine.submit(requests[0])};
+        std::vector<Heard> heard(requests.size());
+        std::vector<std::thread> readers;
+        readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
+        while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
+        for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
+        for (size_t i = 1; i < requests.size(); ++i)
+            readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
+        for (auto& r : readers) r.join();
+        const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
+        for (size_t i = 0; i < streams.size(); ++i) {
+            REQUIRE(streams[i]->error().empty());
+            heard[i].codes = codes_of(*streams[i]);
+            heard[i].id = streams[i]->id();
+            for (const auto& t : trace)
+                if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
+            REQUIRE(!heard[i].trace.empty());
+        }
+        return heard;
+    };
+    const std::vector<Heard> alone = speak_all(false);
+    const std::vector<Heard> batched = speak_all(true);
+    // The newcomers' first chunks: one frame each, in the same round, made by a batched step.
+    const uint64_t first_round = batched[1].trace.front().round;
+    for (size_t i = 1; i < batched.size(); ++i) {
+        INFO("newcomer " << i);
+        const qtts::EngineTraceEntry& first = batched[i].trace.front();
+        CHECK(first.frames == qtts::FIRST_CHUNK_FRAMES_DEFAULT);
+        CHECK(first.round == first_round);
+        CHECK(first.batched);
+        CHECK_FALSE(alone[i].trace.front().batched);
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("stream " << i);
+        REQUIRE(!alone[i].codes.empty());
+        CHECK(batched[i].codes == alone[i].codes);
+        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
+        const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
+        std::printf("stream %zu: %zu samples, max abs %.3g batched first chunks vs alone\n", i, alone[i].pcm.size(), err);
+        CHECK(err <= 1e-5);
+    }
+}
+
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
     Engine engine(tiny_cuda_engine_options(2));
     REQUIRE(engine.backend_name() == "cuda:0");
