@@ -78,6 +78,8 @@ build() {
         # The long decoder scenario (3 MB) for test_gpu_decoder's golden cases.
         cp "$ref/golden/tiny-customvoice--decoder_long.safetensors" "$stage/ref/golden/"
     fi
+    # The commit the binaries were built from (the device's copy of the tree may not carry .git).
+    git -C "$ROOT" describe --always --dirty --abbrev=7 >"$stage/ref/commit.txt" 2>/dev/null || echo '?' >"$stage/ref/commit.txt"
     tar -C "$stage" -cf - bin lib ref | xz -T2 -9 >"$DIST/payload.tar.xz"  # -9: the payload and the tree must stay under the 64 MiB carry limit
     rm -rf "$stage"
     ls -la "$DIST"
@@ -112,7 +114,7 @@ device() {
     export QTTS_LOG_LEVEL=${QTTS_LOG_LEVEL:-info}
     # At most a few files come back from the device: summary.txt, tests.log, bench.log, bench-*.json.
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$summary"
-    note "unpacked in $((SECONDS - t0)) s; commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+    note "unpacked in $((SECONDS - t0)) s; binaries built from commit $(cat "$q/ref/commit.txt" 2>/dev/null || echo '?')"
 
     local failed=0
     run_test() {  # name label [env...]
