@@ -512,12 +512,8 @@ void CpuSpeechDecoder::chunk_decode(DecoderState& state, const int32_t* codes, i
 // ---------------------------------------------------------------------------------------------
 
 void CpuSpeechDecoder::decode(DecoderState& state, const int32_t* codes, int n, std::vector<float>* pcm_out) const {
-    if (n < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: negative frame count {}", n);
-    if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: pcm_out is null");
-    if (n == 0) return;
-    if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "speech decoder: codes is null for {} frames", n);
+    if (!speech_decode_args_check(config_, codes, n, pcm_out, "speech decoder")) return;
     state_check(state);
-    speech_codes_validate(config_, codes, n, "speech decoder");
     const size_t base = pcm_out->size();
     pcm_out->resize(base + size_t(n) * samples_per_frame_);
     const int nq = config_.num_quantizers;

@@ -503,12 +503,8 @@ void FastSpeechDecoder::chunk_decode(FastDecoderState& state, const int32_t* cod
 // ---------------------------------------------------------------------------------------------
 
 void FastSpeechDecoder::decode(FastDecoderState& state, const int32_t* codes, int n, std::vector<float>* pcm_out) const {
-    if (n < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "fast speech decoder: negative frame count {}", n);
-    if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "fast speech decoder: pcm_out is null");
-    if (n == 0) return;
-    if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "fast speech decoder: codes is null for {} frames", n);
+    if (!speech_decode_args_check(config_, codes, n, pcm_out, "fast speech decoder")) return;
     state_check(state);
-    speech_codes_validate(config_, codes, n, "fast speech decoder");
     const size_t base = pcm_out->size();
     pcm_out->resize(base + size_t(n) * samples_per_frame_);
     const int nq = config_.num_quantizers;

@@ -434,11 +434,7 @@ void GpuSpeechDecoder::reset() {
 
 void GpuSpeechDecoder::decode(const int32_t* codes, int n, std::vector<float>* pcm_out) {
     context_.guard().check("GpuSpeechDecoder::decode");
-    if (n < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: negative frame count {}", n);
-    if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: pcm_out is null");
-    if (n == 0) return;
-    if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: codes is null for {} frames", n);
-    speech_codes_validate(config(), codes, n, "GPU speech decoder");
+    if (!speech_decode_args_check(config(), codes, n, pcm_out, "GPU speech decoder")) return;
     DeviceScope scope(context_.device());
     const int nq = config().num_quantizers, spf = samples_per_frame();
     for (int done = 0; done < n;) {

@@ -52,6 +52,16 @@ std::vector<float> rvq_codebook_normalised(Tensor embedding_sum, Tensor cluster_
     return book;
 }
 
+bool speech_decode_args_check(const DecoderConfig& config, const int32_t* codes, int n, const void* pcm_out,
+                              const char* who) {
+    if (n < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{}: negative frame count {}", who, n);
+    if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{}: pcm_out is null", who);
+    if (n == 0) return false;
+    if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{}: codes is null for {} frames", who, n);
+    speech_codes_validate(config, codes, n, who);
+    return true;
+}
+
 void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who) {
     const int nq = config.num_quantizers;
     for (int t = 0; t < n; ++t) {

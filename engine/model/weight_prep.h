@@ -42,6 +42,12 @@ std::vector<float> rvq_codebook_normalised(Tensor embedding_sum, Tensor cluster_
 // their state).
 void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, int n, const char* who);
 
+// The argument checks at the top of every speech decoder's decode(codes, n, pcm_out): n >= 0, an
+// output, codes for n > 0 frames, each in range (speech_codes_validate); ERROR_INVALID_ARGUMENT
+// naming `who`. False when there is nothing to decode (n == 0).
+bool speech_decode_args_check(const DecoderConfig& config, const int32_t* codes, int n, const void* pcm_out,
+                              const char* who);
+
 // Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout both
 // decoders implement (one semantic quantizer, even codebook_dim, grouped heads, even head_dim)
 // and the weights hold as many layers, blocks and codebooks as the config says.

@@ -389,6 +389,33 @@ EngineOptions tiny_cuda_engine_options(int streams) {
     options.max_streams = streams;
     return options;
 }
+
+// What a test's reader heard from one stream of an engine, and how the engine made it.
+struct Heard {
+    std::vector<float> pcm;
+    std::vector<FrameCodes> codes;
+    std::string error;
+    std::vector<qtts::EngineTraceEntry> trace;  // its chunks, when the test traced the engine
+    uint64_t id = 0;
+};
+
+// Every stream of a batching engine as on an engine without batching: no error, the same codes,
+// the same samples up to the rounding of the batched decoder's wider products.
+void same_speech(const std::vector<Heard>& batched, const std::vector<Heard>& alone) {
+    REQUIRE(batched.size() == alone.size());
+    for (size_t i = 0; i < alone.size(); ++i) {
+        INFO("stream " << i);
+        CHECK(alone[i].error.empty());
+        CHECK(batched[i].error.empty());
+        REQUIRE(!alone[i].codes.empty());
+        CHECK(batched[i].codes == alone[i].codes);
+        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
+        const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
+        std::printf("stream %zu: %zu samples, max abs %.3g batched vs alone\n", i, alone[i].pcm.size(), err);
+        CHECK(err <= 1e-5);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as without batching",
@@ -404,11 +431,6 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
     };
     requests[3].greedy = false;  // seeded sampling: the per-stream random stream must survive batching
     requests[4].greedy = false;
-    struct Heard {
-        std::vector<float> pcm;
-        std::vector<FrameCodes> codes;
-        std::string error;
-    };
     auto speak_all = [&](bool batching, EngineStats* stats) {
         EngineOptions o = tiny_cuda_engine_options(4);
         o.backend.batching = batching;
@@ -449,18 +471,7 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
     for (size_t n = 0; n < unbatched_stats.batch_histogram.size(); ++n) CHECK(unbatched_stats.batch_histogram[n] == 0);
     WARN("batched steps: " << batched_steps);
     CHECK(batched_steps > 0);  // the streams did share steps
-    for (size_t i = 0; i < requests.size(); ++i) {
-        INFO("stream " << i);
-        CHECK(alone[i].error.empty());
-        CHECK(batched[i].error.empty());
-        REQUIRE(!alone[i].codes.empty());
-        CHECK(batched[i].codes == alone[i].codes);
-        // Batched decoder passes: the same samples up to the rounding of wider products.
-        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
-        const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
-        std::printf("stream %zu: %zu samples, max abs %.3g batched vs alone\n", i, alone[i].pcm.size(), err);
-        CHECK(err <= 1e-5);
-    }
+    same_speech(batched, alone);
     WARN("chunks decoded in batched passes: " << batched_stats.batch_decoded_chunks);
     CHECK(batched_stats.batch_decoded_chunks > 0);
     CHECK(unbatched_stats.batch_decoded_chunks == 0);
@@ -479,12 +490,6 @@ TEST_CASE("newcomers of one round make their first chunks in one batched step, e
         qtts_test::greedy_request("Third newcomer, sampled.", 16, 5150),
     };
     requests[3].greedy = false;
-    struct Heard {
-        std::vector<float> pcm;
-        std::vector<FrameCodes> codes;
-        std::vector<qtts::EngineTraceEntry> trace;
-        uint64_t id = 0;
-    };
     auto speak_all = [&](bool batching) {
         EngineOptions o = tiny_cuda_engine_options(4);
         o.backend.batching = batching;
@@ -502,7 +507,7 @@ TEST_CASE("newcomers of one round make their first chunks in one batched step, e
         for (auto& r : readers) r.join();
         const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
         for (size_t i = 0; i < streams.size(); ++i) {
-            REQUIRE(streams[i]->error().empty());
+            heard[i].error = streams[i]->error();
             heard[i].codes = codes_of(*streams[i]);
             heard[i].id = streams[i]->id();
             for (const auto& t : trace)
@@ -523,15 +528,7 @@ TEST_CASE("newcomers of one round make their first chunks in one batched step, e
         CHECK(first.batched);
         CHECK_FALSE(alone[i].trace.front().batched);
     }
-    for (size_t i = 0; i < requests.size(); ++i) {
-        INFO("stream " << i);
-        REQUIRE(!alone[i].codes.empty());
-        CHECK(batched[i].codes == alone[i].codes);
-        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
-        const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
-        std::printf("stream %zu: %zu samples, max abs %.3g batched first chunks vs alone\n", i, alone[i].pcm.size(), err);
-        CHECK(err <= 1e-5);
-    }
+    same_speech(batched, alone);
 }
 
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
