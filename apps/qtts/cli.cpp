@@ -107,6 +107,13 @@ size_t gpu_memory_limit_option(const Args& args) {
     }
 }
 
+int max_context_option(const Args& args) {
+    const long long positions = args.get_int("max-context", qtts::BackendOptions{}.max_context);
+    if (positions < 1 || positions > (1 << 20))
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--max-context must be 1..{} positions, got {}", 1 << 20, positions);
+    return int(positions);
+}
+
 std::map<std::string, Command>& command_registry() {
     static std::map<std::string, Command> registry;
     return registry;

@@ -57,6 +57,14 @@ constexpr const char* GPU_MEMORY_LIMIT_HELP =
     "  --gpu-memory-limit S  CUDA: the most device memory qtts may take (e.g. 6G, 3000M; binary units);\n"
     "                        stream slots and their context are fitted to it (default: the free memory)\n";
 
+// --max-context N (say, serve, bench-serve): CUDA talker positions per stream slot (prompt +
+// frames: 12.5 a second of audio), the one place the option is read. Fewer positions take less
+// device memory per slot, so more streams fit. BackendOptions' default when absent.
+int max_context_option(const Args& args);
+constexpr const char* MAX_CONTEXT_HELP =
+    "  --max-context N       CUDA: positions per stream (prompt + 12.5 per second of audio; default 4096);\n"
+    "                        fewer take less device memory per stream, so more streams fit\n";
+
 // Options every command accepts (log level); returns the remaining arguments.
 std::vector<std::string> apply_common_options(const std::vector<std::string>& args);
 

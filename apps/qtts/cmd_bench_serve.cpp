@@ -75,6 +75,7 @@ void usage() {
         "  --admission on|off     the engine's admission control (default off: every request up to --max-streams)\n"
         "  --timeout-s T          a stream that makes no progress for T s is cancelled and counted (default 60)\n"
         "  --json FILE            write the results as JSON\n"
+        "%s%s"
         " closed loop:\n"
         "  --concurrency LIST     client threads per level (default 1,4,10,16,32,64)\n"
         "  --requests N           requests per level (default max(2 x concurrency, 8))\n"
@@ -84,7 +85,8 @@ void usage() {
         "  --arrivals A           poisson (default) or fixed intervals\n"
         "  --prebuffer-ms M       audio a player buffers before it starts (default 100)\n"
         "  --period-ms P          a player takes P ms of audio every P ms (default 20)\n",
-        qtts::FIRST_CHUNK_FRAMES_DEFAULT, qtts::CHUNK_FRAMES_DEFAULT);
+        qtts::FIRST_CHUNK_FRAMES_DEFAULT, qtts::CHUNK_FRAMES_DEFAULT, qtts_cli::GPU_MEMORY_LIMIT_HELP,
+        qtts_cli::MAX_CONTEXT_HELP);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -572,7 +574,8 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     const qtts_cli::Args args(argv,
                               {"model", "preset", "cache", "backend", "device", "max-streams", "first-chunk-frames",
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
-                               "duration", "arrivals", "prebuffer-ms", "period-ms", "admission"},
+                               "duration", "arrivals", "prebuffer-ms", "period-ms", "admission", "gpu-memory-limit",
+                               "max-context"},
                               {"help", "paced", "no-batching"});
     if (args.has("help")) {
         usage();
@@ -591,6 +594,8 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     eo.first_chunk_frames = o.first_chunk_frames;
     eo.chunk_frames = o.chunk_frames;
     eo.backend.batching = !args.has("no-batching");
+    eo.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
+    eo.backend.max_context = qtts_cli::max_context_option(args);
     const std::string admission = args.get_or("admission", "off");
     if (admission != "on" && admission != "off")
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--admission expects on or off, got '{}'", admission);

@@ -102,7 +102,7 @@ void print_usage() {
         "  --no-fused-chunks     CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --no-warm-up          CUDA backend: skip the load-time warm-up (~0.2-0.5 s sooner to start;\n"
         "                        the first audio then comes ~10 ms later)\n"
-        "%s"
+        "%s%s"
         "  --play                speak through the default audio device while generating\n"
         "  --audio-device D      output device: index, part of a name, or null (discard at real-time pace)\n"
         "  --voice FILE.qv       Base models: a saved voice (qtts voice create)\n"
@@ -110,14 +110,14 @@ void print_usage() {
         "                        checked (exists, decodes, 1-30 s of sound) before the model loads\n"
         "  --ref-text T          transcript of --ref-audio (in-context cloning)\n"
         "  --x-vector-only       Base models: use only the speaker x-vector\n",
-        qtts_cli::GPU_MEMORY_LIMIT_HELP);
+        qtts_cli::GPU_MEMORY_LIMIT_HELP, qtts_cli::MAX_CONTEXT_HELP);
 }
 
 int cmd_say(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"out", "model", "speaker", "language", "instruct", "seed", "max-frames", "text-layout",
                          "input-ids", "instruct-ids", "codes-out", "sample-format", "chunk-frames", "backend", "cpu-format", "threads", "device",
-                         "audio-device", "voice", "ref-audio", "ref-text", "gpu-memory-limit"},
+                         "audio-device", "voice", "ref-audio", "ref-text", "gpu-memory-limit", "max-context"},
                         {"help", "greedy", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "play", "x-vector-only", "raw-tokens",
                          "no-warm-up"});
     if (args.has("help")) {
@@ -183,6 +183,7 @@ int cmd_say(const std::vector<std::string>& argv) {
     options.backend.fused_chunks = !args.has("no-fused-chunks");
     options.backend.warm_up = !args.has("no-warm-up");
     options.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
+    options.backend.max_context = qtts_cli::max_context_option(args);
     options.max_streams = 1;
     options.model_dir = qtts_cli::model_dir_or_default(args);
 

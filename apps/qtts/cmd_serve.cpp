@@ -51,11 +51,11 @@ void print_usage() {
         "                         capacity is used (default on)\n"
         "  --admission-headroom F fraction of the measured capacity admitted streams may use (default 0.9;\n"
         "                         0.05..4)\n"
-        "%s"
+        "%s%s"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"
         "GET /metrics, WebSocket /v1/audio/stream. The server listens while the model loads (/livez 200,\n"
         "/readyz 503 until it is ready). Stop with Ctrl-C (SIGINT) or SIGTERM (graceful drain, above).\n",
-        qtts_cli::GPU_MEMORY_LIMIT_HELP);
+        qtts_cli::GPU_MEMORY_LIMIT_HELP, qtts_cli::MAX_CONTEXT_HELP);
 }
 
 int int_option(const qtts_cli::Args& args, const char* name, long long fallback, long long lo, long long hi) {
@@ -76,7 +76,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "cpu-format", "threads", "device", "devices",
-                         "engines", "gpu-memory-limit", "admission", "admission-headroom"},
+                         "engines", "gpu-memory-limit", "max-context", "admission", "admission-headroom"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching"});
     if (args.has("help")) {
         print_usage();
@@ -124,6 +124,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     // (at most 16); the server's own limit stays 16 and the engine refuses the rest (429).
     engine_options.max_streams = args.has("max-streams") ? options.max_streams : qtts::MAX_STREAMS_AUTO;
     engine_options.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
+    engine_options.backend.max_context = qtts_cli::max_context_option(args);
     // Several engines: checked here, before the server listens (the pool checks the same rule).
     if (args.has("engines") && args.has("devices"))
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--engines and --devices both name the engines; give one of them");

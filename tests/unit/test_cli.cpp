@@ -232,6 +232,27 @@ TEST_CASE("qtts say: cpu-fast runs in either format; a bad backend, format or th
     }
 }
 
+TEST_CASE("say and bench-serve take --max-context and --gpu-memory-limit; bad values are clear errors", "[cli]") {
+    // Accepted (the CPU backend has no context to size: the options are checked and passed on).
+    const Run ok = qtts_run("say \"Hi.\" --max-frames 2 --backend cpu --max-context 512 --gpu-memory-limit 6G -o " +
+                            temp_path("context.wav"));
+    INFO(ok.err);
+    CHECK(ok.exit_code == 0);
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"say \"Hi.\" --max-context 0 -o " + temp_path("bad.wav"), "--max-context must be 1..1048576 positions, got 0"},
+        {"say \"Hi.\" --max-context many -o " + temp_path("bad.wav"), "option --max-context expects an integer"},
+        {"say \"Hi.\" --gpu-memory-limit 6Q -o " + temp_path("bad.wav"), "--gpu-memory-limit"},
+        {"bench-serve --max-context -3", "--max-context must be 1..1048576 positions, got -3"},
+        {"bench-serve --gpu-memory-limit lots", "--gpu-memory-limit"},
+    };
+    for (const auto& [command, message] : cases) {
+        const Run r = qtts_run(command);
+        INFO(command << ": " << r.err);
+        CHECK(r.exit_code != 0);
+        CHECK_THAT(r.err, Catch::Contains(message));
+    }
+}
+
 TEST_CASE("qtts serve refuses bad engine lists before it listens, naming the problem", "[cli]") {
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"--engines ''", "the engine list is empty"},
