@@ -407,6 +407,8 @@ TEST_CASE("deadline order: a newcomer with little audio buffered is served befor
     const std::vector<bool> ordered = rounds_in_order(trace, newcomer->id(), ahead->id());
     CHECK(ordered.size() >= 5);
     CHECK(std::count(ordered.begin(), ordered.end(), false) == 0);
+    // The CPU backend takes no batched steps (newcomers' or steady): no chunk says otherwise.
+    CHECK(std::none_of(trace.begin(), trace.end(), [](const EngineTraceEntry& t) { return t.batched; }));
 }
 
 TEST_CASE("deadline order: a stream back from waiting for text goes before a newer stream far ahead", "[engine][scheduling]") {
