@@ -514,14 +514,8 @@ void CpuSpeechDecoder::chunk_decode(DecoderState& state, const int32_t* codes, i
 void CpuSpeechDecoder::decode(DecoderState& state, const int32_t* codes, int n, std::vector<float>* pcm_out) const {
     if (!speech_decode_args_check(config_, codes, n, pcm_out, "speech decoder")) return;
     state_check(state);
-    const size_t base = pcm_out->size();
-    pcm_out->resize(base + size_t(n) * samples_per_frame_);
-    const int nq = config_.num_quantizers;
-    for (int done = 0; done < n;) {
-        const int m = std::min(options_.max_chunk_frames, n - done);
-        chunk_decode(state, codes + size_t(done) * nq, m, pcm_out->data() + base + size_t(done) * samples_per_frame_);
-        done += m;
-    }
+    speech_decode_chunked(codes, n, config_.num_quantizers, options_.max_chunk_frames, samples_per_frame_, pcm_out,
+                          [&](const int32_t* chunk, int m, float* pcm) { chunk_decode(state, chunk, m, pcm); });
 }
 
 std::vector<float> CpuSpeechDecoder::decode_full(const int32_t* codes, int n) const {

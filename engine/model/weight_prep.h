@@ -48,6 +48,21 @@ void speech_codes_validate(const DecoderConfig& config, const int32_t* codes, in
 bool speech_decode_args_check(const DecoderConfig& config, const int32_t* codes, int n, const void* pcm_out,
                               const char* who);
 
+// Appends n frames of audio to *pcm_out in chunks of at most max_chunk frames: `chunk(codes of the
+// chunk, m, where its m * samples_per_frame samples go)` decodes one (the CPU decoders' loop).
+template <typename ChunkFn>
+void speech_decode_chunked(const int32_t* codes, int n, int num_quantizers, int max_chunk, int samples_per_frame,
+                           std::vector<float>* pcm_out, ChunkFn&& chunk) {
+    const size_t base = pcm_out->size();
+    pcm_out->resize(base + size_t(n) * size_t(samples_per_frame));
+    for (int done = 0; done < n;) {
+        const int m = n - done < max_chunk ? n - done : max_chunk;
+        chunk(codes + size_t(done) * size_t(num_quantizers), m,
+              pcm_out->data() + base + size_t(done) * size_t(samples_per_frame));
+        done += m;
+    }
+}
+
 // Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout both
 // decoders implement (one semantic quantizer, even codebook_dim, grouped heads, even head_dim)
 // and the weights hold as many layers, blocks and codebooks as the config says.
