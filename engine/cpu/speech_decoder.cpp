@@ -15,10 +15,6 @@ namespace qtts::cpu {
 
 namespace {
 
-constexpr int kConvNeXtKernel = 7;
-constexpr float kConvNeXtNormEps = 1e-6f;
-constexpr int kResidualDilations[3] = {1, 3, 9};
-
 ConvTail conv_tail_new(int channels, int len) {
     ConvTail tail;
     tail.channels = channels;
@@ -183,7 +179,7 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
         const ConvNeXtWeights& cw = w.upsample_convnext[i];
         ConvNeXt cx;
         cx.dwconv = conv_load(cw.dwconv, 1, latent);
-        if (cx.dwconv.k != kConvNeXtKernel || cx.dwconv.cout != latent)
+        if (cx.dwconv.k != SPEECH_DECODER_CONVNEXT_KERNEL || cx.dwconv.cout != latent)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder ConvNeXt {} depthwise conv has an unexpected shape", i);
         cx.norm_w = speech_weight_f32(cw.norm_w, latent, "convnext norm.weight");
         cx.norm_b = speech_weight_f32(cw.norm_b, latent, "convnext norm.bias");
@@ -201,17 +197,16 @@ CpuSpeechDecoder::CpuSpeechDecoder(const DecoderConfig& config, const SpeechDeco
     for (size_t i = 0; i < d.upsample_rates.size(); ++i) {
         const int r = d.upsample_rates[i];
         const DecoderBlockWeights& bw = w.blocks[i];
-        if (bw.units.size() != 3) fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} has {} residual units, expected 3", i, bw.units.size());
         Block blk;
         blk.snake = snake_load(bw.snake);
         blk.upsample = trans_conv_load(bw.upsample, r);
         if (blk.upsample.cin != C || int(blk.snake.log_alpha.size()) != C)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} expects {} input channels", i, C);
-        for (size_t u = 0; u < 3; ++u) {
+        for (size_t u = 0; u < size_t(SPEECH_DECODER_RESIDUAL_UNITS); ++u) {
             const ResidualUnitWeights& uw = bw.units[u];
             ResidualUnit ru;
             ru.act1 = snake_load(uw.act1);
-            ru.conv1 = conv_load(uw.conv1, kResidualDilations[u], 1);
+            ru.conv1 = conv_load(uw.conv1, SPEECH_DECODER_RESIDUAL_DILATIONS[u], 1);
             ru.act2 = snake_load(uw.act2);
             ru.conv2 = conv_load(uw.conv2, 1, 1);
             if (ru.conv2.k != 1) fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} unit {}: conv2 must be 1x1", i, u);
@@ -426,7 +421,7 @@ void CpuSpeechDecoder::convnext_forward(const ConvNeXt& cx, ConvTail& tail, Deco
     causal_conv(cx.dwconv, tail, s.x.data(), T, s.concat, s.y.data());  // [C, T]
     s.tmp.resize(size_t(T) * C);
     transpose(s.y.data(), C, T, s.tmp.data());  // [T, C]
-    layer_norm(s.tmp.data(), T, C, cx.norm_w.data(), cx.norm_b.data(), kConvNeXtNormEps, s.tmp.data());
+    layer_norm(s.tmp.data(), T, C, cx.norm_w.data(), cx.norm_b.data(), SPEECH_DECODER_CONVNEXT_EPS, s.tmp.data());
     s.tmp2.resize(size_t(T) * C4);
     linear(s.tmp.data(), T, C, cx.pw1_w.data(), cx.pw1_b.data(), C4, s.tmp2.data());  // [T, 4C]
     for (float& v : s.tmp2) v = gelu_erf(v);

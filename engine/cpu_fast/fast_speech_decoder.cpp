@@ -13,10 +13,6 @@ namespace qtts::cpu_fast {
 
 namespace {
 
-constexpr int CONVNEXT_KERNEL = 7;
-constexpr float CONVNEXT_NORM_EPS = 1e-6f;
-constexpr int RESIDUAL_DILATIONS[3] = {1, 3, 9};
-
 TimeTail time_tail_new(int rows, int channels) {
     TimeTail tail;
     tail.rows = rows;
@@ -155,13 +151,14 @@ FastSpeechDecoder::FastSpeechDecoder(const DecoderConfig& config, const SpeechDe
         upsample_conv_.push_back(trans_conv_load(w.upsample_conv[i], r));
         const ConvNeXtWeights& cw = w.upsample_convnext[i];
         if (!cw.dwconv.w || cw.dwconv.w->shape.size() != 3 || cw.dwconv.w->shape[0] != latent ||
-            cw.dwconv.w->shape[1] != 1 || cw.dwconv.w->shape[2] != CONVNEXT_KERNEL)
+            cw.dwconv.w->shape[1] != 1 || cw.dwconv.w->shape[2] != SPEECH_DECODER_CONVNEXT_KERNEL)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder ConvNeXt {} depthwise conv has an unexpected shape", i);
         ConvNeXt cx;
         const std::vector<float> dw = tensor_to_f32(*cw.dwconv.w);  // [C, 1, 7]
-        cx.dw_w.resize(size_t(CONVNEXT_KERNEL) * latent);
+        cx.dw_w.resize(size_t(SPEECH_DECODER_CONVNEXT_KERNEL) * latent);
         for (int c = 0; c < latent; ++c)
-            for (int k = 0; k < CONVNEXT_KERNEL; ++k) cx.dw_w[size_t(k) * latent + c] = dw[size_t(c) * CONVNEXT_KERNEL + k];
+            for (int k = 0; k < SPEECH_DECODER_CONVNEXT_KERNEL; ++k)
+                cx.dw_w[size_t(k) * latent + c] = dw[size_t(c) * SPEECH_DECODER_CONVNEXT_KERNEL + k];
         cx.dw_b = cw.dwconv.b ? speech_weight_f32(cw.dwconv.b, latent, "convnext dwconv.bias")
                               : std::vector<float>(size_t(latent), 0.0f);
         cx.norm_w = speech_weight_f32(cw.norm_w, latent, "convnext norm.weight");
@@ -178,19 +175,17 @@ FastSpeechDecoder::FastSpeechDecoder(const DecoderConfig& config, const SpeechDe
     for (size_t i = 0; i < d.upsample_rates.size(); ++i) {
         const int r = d.upsample_rates[i];
         const DecoderBlockWeights& bw = w.blocks[i];
-        if (bw.units.size() != 3)
-            fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} has {} residual units, expected 3", i, bw.units.size());
         Block blk;
         blk.snake = snake_load(bw.snake);
         blk.upsample = trans_conv_load(bw.upsample, r);
         if (blk.upsample.cols.cin != C || int(blk.snake.alpha.size()) != C)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} expects {} input channels", i, C);
         C = blk.upsample.cout;
-        for (size_t u = 0; u < 3; ++u) {
+        for (size_t u = 0; u < size_t(SPEECH_DECODER_RESIDUAL_UNITS); ++u) {
             const ResidualUnitWeights& uw = bw.units[u];
             Unit unit;
             unit.act1 = snake_load(uw.act1);
-            unit.conv1 = conv_load(uw.conv1, RESIDUAL_DILATIONS[u]);
+            unit.conv1 = conv_load(uw.conv1, SPEECH_DECODER_RESIDUAL_DILATIONS[u]);
             unit.act2 = snake_load(uw.act2);
             unit.conv2 = conv_load(uw.conv2, 1);
             if (unit.conv2.k != 1) fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} unit {}: conv2 must be 1x1", i, u);
@@ -258,7 +253,7 @@ FastDecoderState FastSpeechDecoder::state_new() const {
     for (size_t i = 0; i < upsample_conv_.size(); ++i) {
         const TransConv& up = upsample_conv_[i];
         s.upsample_overlap.push_back(time_tail_new(up.k - up.stride, up.cout));
-        s.convnext.push_back(time_tail_new(CONVNEXT_KERNEL - 1, config_.latent_dim));
+        s.convnext.push_back(time_tail_new(SPEECH_DECODER_CONVNEXT_KERNEL - 1, config_.latent_dim));
     }
     s.conv_in = time_tail_new((conv_in_.k - 1) * conv_in_.dilation, conv_in_.cin);
     for (const Block& blk : blocks_) {
@@ -430,13 +425,13 @@ void FastSpeechDecoder::convnext_forward(const ConvNeXt& cx, TimeTail& tail, Fas
     for (int t = 0; t < T; ++t) {  // depthwise causal k7
         float* yr = s.y.data() + size_t(t) * C;
         std::copy(cx.dw_b.begin(), cx.dw_b.end(), yr);
-        for (int k = 0; k < CONVNEXT_KERNEL; ++k) {
+        for (int k = 0; k < SPEECH_DECODER_CONVNEXT_KERNEL; ++k) {
             const float* xr = s.concat.data() + size_t(t + k) * C;
             const float* wk = cx.dw_w.data() + size_t(k) * C;
             for (int c = 0; c < C; ++c) yr[c] += wk[c] * xr[c];
         }
     }
-    cpu::layer_norm(s.y.data(), T, C, cx.norm_w.data(), cx.norm_b.data(), CONVNEXT_NORM_EPS, s.y.data());
+    cpu::layer_norm(s.y.data(), T, C, cx.norm_w.data(), cx.norm_b.data(), SPEECH_DECODER_CONVNEXT_EPS, s.y.data());
     s.wide.resize(size_t(T) * 4 * C);
     conv_gemm(*pool_, cx.pw1, s.y.data(), size_t(C), T, s.wide.data(), size_t(4) * C);  // [T, 4C]
     for (float& v : s.wide) v = cpu::gelu_erf(v);

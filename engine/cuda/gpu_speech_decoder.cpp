@@ -17,8 +17,6 @@ namespace qtts::cuda {
 
 namespace {
 
-constexpr float kConvNeXtNormEps = 1e-6f;
-constexpr int kResidualDilations[3] = {1, 3, 9};
 constexpr int kMaxWindow = 1024;  // kernels/decoder.cu MAX_WINDOW
 
 void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
@@ -221,18 +219,16 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     for (size_t i = 0; i < d.upsample_rates.size(); ++i) {
         const int r = d.upsample_rates[i];
         const DecoderBlockWeights& bw = w.blocks[i];
-        if (bw.units.size() != 3)
-            fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} has {} residual units, expected 3", i, bw.units.size());
         Block blk;
         blk.snake = snake_make(bw.snake, C);
         blk.upsample = trans_conv_make(bw.upsample, r, "decoder block upsample");
         if (blk.upsample.cin != C) fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} expects {} input channels", i, C);
         C = blk.upsample.cout;
-        for (size_t u = 0; u < 3; ++u) {
+        for (size_t u = 0; u < size_t(SPEECH_DECODER_RESIDUAL_UNITS); ++u) {
             const ResidualUnitWeights& uw = bw.units[u];
             ResidualUnit ru;
             ru.act1 = snake_make(uw.act1, C);
-            ru.conv1 = conv_make(uw.conv1, kResidualDilations[u], "residual conv1");
+            ru.conv1 = conv_make(uw.conv1, SPEECH_DECODER_RESIDUAL_DILATIONS[u], "residual conv1");
             ru.act2 = snake_make(uw.act2, C);
             ru.conv2 = conv_make(uw.conv2, 1, "residual conv2");
             if (ru.conv1.cin != C || ru.conv1.cout != C || ru.conv2.cin != C || ru.conv2.cout != C || ru.conv2.k != 1)
@@ -538,7 +534,7 @@ void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeec
     float* dw = y_.get() == x ? x_.get() : y_.get();  // the other signal buffer
     CUDA_CHECK_KERNEL(
         kernels::depthwise_conv_carry(states, tail_at, cx.k - 1, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l));
-    CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, columns, cx.norm_w, cx.norm_b, kConvNeXtNormEps, col_.get(),
+    CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, columns, cx.norm_w, cx.norm_b, SPEECH_DECODER_CONVNEXT_EPS, col_.get(),
                                                    l, cx.pw1_row));
     gemm(false, false, C4, columns, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), columns, 0.0f, aux_.get(),
          columns);                                                             // [4C, S·T]

@@ -90,6 +90,10 @@ void speech_decoder_layout_check(const DecoderConfig& d, const SpeechDecoderWeig
         w.upsample_conv.size() != d.upsampling_ratios.size() || w.upsample_convnext.size() != d.upsampling_ratios.size() ||
         int(w.rvq_rest_embedding_sum.size()) != d.num_quantizers - 1)
         fail(ErrorCode::ERROR_SHAPE, "{}: the weights do not match the decoder config (layers/blocks/quantizers)", who);
+    for (size_t i = 0; i < w.blocks.size(); ++i)
+        if (w.blocks[i].units.size() != size_t(SPEECH_DECODER_RESIDUAL_UNITS))
+            fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} has {} residual units, expected {}", i,
+                 w.blocks[i].units.size(), SPEECH_DECODER_RESIDUAL_UNITS);
 }
 
 }  // namespace qtts

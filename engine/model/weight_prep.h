@@ -63,9 +63,18 @@ void speech_decode_chunked(const int32_t* codes, int n, int num_quantizers, int 
     }
 }
 
-// Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout both
+// The speech decoder's fixed structure (the same in every checkpoint, not in its config), for
+// every implementation (CPU reference, cpu-fast, CUDA): the upsampler's ConvNeXt depthwise kernel
+// and LayerNorm epsilon, and each decoder block's residual units with their dilations.
+constexpr int SPEECH_DECODER_CONVNEXT_KERNEL = 7;
+constexpr float SPEECH_DECODER_CONVNEXT_EPS = 1e-6f;
+constexpr int SPEECH_DECODER_RESIDUAL_UNITS = 3;
+constexpr int SPEECH_DECODER_RESIDUAL_DILATIONS[SPEECH_DECODER_RESIDUAL_UNITS] = {1, 3, 9};
+
+// Throws (ERROR_UNSUPPORTED / ERROR_SHAPE, naming `who`) unless the config has the layout the
 // decoders implement (one semantic quantizer, even codebook_dim, grouped heads, even head_dim)
-// and the weights hold as many layers, blocks and codebooks as the config says.
+// and the weights hold as many layers, blocks, residual units per block and codebooks as the
+// config (and the fixed structure above) says.
 void speech_decoder_layout_check(const DecoderConfig& config, const SpeechDecoderWeights& weights, const char* who);
 
 }  // namespace qtts
