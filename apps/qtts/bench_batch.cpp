@@ -2,10 +2,12 @@
 //
 // For each bucket b of LIST, b streams (the bench prompt, seeded sampling with a different seed
 // each, EOS masked) are prefilled and bound to one GpuBatch, then `frames` frames are replayed in
-// graphs of `chunk` frames and timed with GPU events. Two product paths are measured side by
-// side: gemv for every product ("gemv") and tensor cores for every product over at least 8 rows
-// ("tensor"); "auto" is the batch's default choice (tensor cores from GpuBatchOptions::wide_rows
-// rows). Reported per bucket and path: step time per frame, audio seconds per wall second of LM
+// graphs of `chunk` frames and timed with GPU events. Product paths measured side by side: gemv
+// for every product ("gemv"); split cuBLAS GEMMs (split, GEMM, combine: three launches) for every
+// product over at least 4 rows ("split", the default before the one-launch kernel); "auto" is the
+// batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
+// skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "from2" as auto with tensor
+// cores from 2 rows. Reported per bucket and path: step time per frame, audio seconds per wall second of LM
 // work (b x 80 ms / step), the bytes a step must read (weights once + every stream's talker KV
 // cache) and the bandwidth that achieves, and the graph's nodes and device memory.
 #include "apps/qtts/bench_batch.h"
@@ -38,7 +40,8 @@ using Clock = std::chrono::steady_clock;
 
 struct PathSpec {
     const char* name;
-    int wide_rows;
+    int wide_rows;        // 0: the default
+    int skinny_max_rows;  // -1: the default
 };
 
 }  // namespace
@@ -92,16 +95,19 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                 chunk, L);
     std::printf("  %-7s %-7s %10s %12s %10s %10s %8s %10s\n", "bucket", "path", "step ms", "audio-s/s", "GB/step",
                 "TB/s", "nodes", "graph MB");
-    for (const PathSpec path : {PathSpec{"gemv", 1 << 20}, PathSpec{"tensor", 8}, PathSpec{"auto", 0}}) {
+    for (const PathSpec path : {PathSpec{"gemv", 1 << 20, 0}, PathSpec{"split", 4, 0}, PathSpec{"auto", 0, -1},
+                                PathSpec{"from2", 2, -1}}) {
         qc::GpuBatchOptions options;
         options.buckets = sizes;
         options.chunk_frames = {chunk};
         if (path.wide_rows > 0) options.wide_rows = path.wide_rows;
+        if (path.skinny_max_rows >= 0) options.skinny_max_rows = path.skinny_max_rows;
         const auto t0 = Clock::now();
         qc::GpuBatch batch(weights, context, max_context, options);
         batch.capture();
         const double capture_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         out["paths"][path.name] = {{"wide_rows", options.wide_rows},
+                                   {"skinny_max_rows", options.skinny_max_rows},
                                    {"capture_ms", capture_ms},
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};

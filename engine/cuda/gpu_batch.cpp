@@ -35,6 +35,9 @@ void gpu_batch_options_validate(const GpuBatchOptions& o) {
     for (const int f : o.chunk_frames)
         if (f < 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batch chunk frames {} must be >= 1", f);
     if (o.wide_rows < 1) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "wide_rows {} must be >= 1", o.wide_rows);
+    if (o.skinny_max_rows < 0 || o.skinny_max_rows > k::SKINNY_MAX_ROWS)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_max_rows {} must be in 0..{}", o.skinny_max_rows,
+             k::SKINNY_MAX_ROWS);
 }
 
 GpuBatch::GpuBatch(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, int max_context,
@@ -99,8 +102,9 @@ GpuBatch::GpuBatch(std::shared_ptr<const GpuLmWeights> weights, GpuContext& cont
     host_talker_seqs_ = PinnedArray<k::AttentionSeq>(size_t(B));
     host_predictor_seqs_ = PinnedArray<k::AttentionSeq>(size_t(B));
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-    QTTS_LOG_INFO("GPU batch on device {}: up to {} streams, {:.1f} MB of step buffers (tensor cores from {} rows)",
-                  context_.device(), B, total / 1e6, options_.wide_rows);
+    QTTS_LOG_INFO("GPU batch on device {}: up to {} streams, {:.1f} MB of step buffers (tensor cores from {} rows, "
+                  "one launch per product up to {} rows)",
+                  context_.device(), B, total / 1e6, options_.wide_rows, options_.skinny_max_rows);
 }
 
 int GpuBatch::bucket_for(int n) const {
@@ -160,8 +164,13 @@ void GpuBatch::product(const k::GemvArgs& a) {
         gemv_launch(a, l);
         return;
     }
-    // Tensor cores: rows split into bf16 hi + lo halves ([2 rows, in]), one GEMM against the
-    // stacked weights, then the halves summed with the product's output rule.
+    // Tensor cores, few rows: one launch (split, products and output rule inside).
+    if (a.rows <= options_.skinny_max_rows && k::skinny_supported(a)) {
+        CUDA_CHECK_KERNEL(k::skinny_product(a, l));
+        return;
+    }
+    // Tensor cores, many rows: rows split into bf16 hi + lo halves ([2 rows, in]), one GEMM
+    // against the stacked weights, then the halves summed with the product's output rule.
     const bool swiglu = a.output == k::GemvOutput::GEMV_OUTPUT_SWIGLU;
     QTTS_ASSERT(!swiglu || a.w2 == a.w + size_t(a.out) * a.in);  // gate rows, then up rows
     const int out = swiglu ? 2 * a.out : a.out;

@@ -11,8 +11,9 @@
 // sampling settings share one step, and each gets the codes it would get alone:
 //   * products: the gemv kernel computes every row exactly as in a batch of one (rows in groups
 //     of 8, same arithmetic), so narrow batches are bitwise equal to batch 1; batches of at least
-//     `wide_rows` rows use tensor cores (split hi/lo bf16 activations into one cuBLAS GEMM, as
-//     prefill does), equal to fp32-level accuracy (~1e-6 relative);
+//     `wide_rows` rows use tensor cores with split hi/lo bf16 activations, equal to fp32-level
+//     accuracy (~1e-6 relative): up to `skinny_max_rows` rows in one launch (kernels/skinny.cuh),
+//     wider ones as one cuBLAS GEMM between a split and a combine launch, as prefill does;
 //   * attention: one launch over all rows, each with its own cache and position;
 //   * sampling: one block per row, Philox keyed by the stream's seed, codebook and frame.
 // A stream that draws end-of-speech, reaches its frame_end or fills its cache sets its stop flag
@@ -39,6 +40,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/batch.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/skinny.cuh"
 
 namespace qtts::cuda {
 
@@ -47,6 +49,9 @@ struct GpuBatchOptions {
     std::vector<int> chunk_frames = {1};  // frames per replay, captured for every bucket
     bool cuda_graphs = true;
     int wide_rows = 4;  // products over at least this many rows use tensor cores; fewer: gemv (measured: docs/performance.md)
+    // Tensor-core products over at most this many rows run as one launch (kernels/skinny.cuh);
+    // wider ones as split hi/lo + cuBLAS GEMM + combine. 0: always cuBLAS. At most SKINNY_MAX_ROWS.
+    int skinny_max_rows = kernels::SKINNY_MAX_ROWS;
 };
 
 // Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;

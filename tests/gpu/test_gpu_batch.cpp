@@ -210,14 +210,18 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         int chunk;
         bool graphs;
         int wide_rows;
+        int skinny_max_rows;  // tensor-core products up to this many rows in one launch; more: split cuBLAS
         std::vector<int> order;
         bool bitwise;  // gemv everywhere: bitwise equal logits
     };
+    const int skinny = qtts::kernels::SKINNY_MAX_ROWS;
     const std::vector<Case> cases = {
-        {"gemv, bucket 8 (3 idle rows), graphs, 1-frame chunks", {1, 2, 4, 8}, {1}, 1, true, 1 << 20, {0, 1, 2, 3, 4}, true},
-        {"gemv, exact bucket 5, eager, reversed rows", {5}, {1}, 1, false, 1 << 20, {4, 3, 2, 1, 0}, true},
-        {"tensor cores for every product, bucket 16, 4-frame graphs", {16}, {4}, 4, true, 1, {2, 0, 4, 1, 3}, false},
-        {"tensor cores from 8 rows (the predictor's first pass), bucket 6", {6}, {3}, 3, true, 8, {1, 3, 0, 2, 4}, false},
+        {"gemv, bucket 8 (3 idle rows), graphs, 1-frame chunks", {1, 2, 4, 8}, {1}, 1, true, 1 << 20, skinny, {0, 1, 2, 3, 4}, true},
+        {"gemv, exact bucket 5, eager, reversed rows", {5}, {1}, 1, false, 1 << 20, skinny, {4, 3, 2, 1, 0}, true},
+        {"one-launch tensor-core products for every product, bucket 16, 4-frame graphs", {16}, {4}, 4, true, 1, skinny, {2, 0, 4, 1, 3}, false},
+        {"split cuBLAS products for every product, bucket 16, 4-frame graphs", {16}, {4}, 4, true, 1, 0, {2, 0, 4, 1, 3}, false},
+        {"tensor cores from 8 rows (the predictor's first pass), bucket 6", {6}, {3}, 3, true, 8, skinny, {1, 3, 0, 2, 4}, false},
+        {"one launch up to 8 rows, split cuBLAS past (the predictor's first pass of bucket 6: 12 rows), eager", {6}, {3}, 3, false, 4, 8, {3, 1, 4, 0, 2}, false},
     };
     for (const Case& c : cases) {
         SECTION(c.name) {
@@ -226,6 +230,7 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
             o.chunk_frames = c.chunks;
             o.cuda_graphs = c.graphs;
             o.wide_rows = c.wide_rows;
+            o.skinny_max_rows = c.skinny_max_rows;
             const BatchRun run = run_batched(specs, c.order, FRAMES, c.chunk, o);
             for (size_t i = 0; i < specs.size(); ++i)
                 check_codes(run.codes[i], alone[i].codes, FRAMES, specs[i].frame_end, "stream " + std::to_string(i));
@@ -304,6 +309,11 @@ TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
     bad.buckets = {129};
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.buckets = {};
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.buckets = {2};
+    bad.skinny_max_rows = qtts::kernels::SKINNY_MAX_ROWS + 1;
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.skinny_max_rows = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
 
     qc::GpuBatchOptions o;

@@ -21,6 +21,7 @@
 #include "kernels/linear.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/skinny.cuh"
 #include "kernels/sampling.cuh"
 #include "kernels/swiglu.cuh"
 #include "engine/model/safetensors.h"
@@ -180,6 +181,148 @@ TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
         }
     }
+}
+
+TEST_CASE("skinny tensor-core products match the CPU linear in every input/output mode", "[gpu][skinny]") {
+    struct Shape {
+        int out, in, rows, ldx_pad, ldy_pad;
+    };
+    // The batched step's shapes (1.7B talker and predictor), odd feature counts (a partial
+    // 16-feature tile), inputs that end inside a warp's 32-input step (1096, 72, 200: some lanes
+    // past the end) or give some warps no step at all (72), row counts that leave part of an
+    // 8-row tile empty (every n-tile count 1..8: 1, 5, 17, 24, 31, 41, 64), padded strides.
+    const Shape shapes[] = {{4096, 2048, 16, 0, 0}, {2048, 6144, 8, 0, 0}, {3072, 2048, 4, 0, 0},
+                            {1024, 3072, 24, 4, 3}, {61, 64, 5, 0, 0},     {2050, 1096, 31, 8, 1},
+                            {33, 128, 17, 0, 7},    {100, 576, 1, 4, 0},   {1024, 1024, 32, 0, 0},
+                            {77, 72, 41, 4, 2},     {2048, 2048, 64, 0, 0}, {40, 200, 47, 0, 0}};
+    for (const Shape s : shapes) {
+        const uint64_t seed = fresh_seed();
+        INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " ldx +" << s.ldx_pad << " ldy +" << s.ldy_pad
+                    << " seed " << seed);
+        const int ldx = s.in + s.ldx_pad, ldy = s.out + s.ldy_pad;
+        const auto w_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed, -0.05f, 0.05f));
+        const auto w2_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed + 1, -0.05f, 0.05f));
+        const auto w = from_bf16(w_bf), w2 = from_bf16(w2_bf);
+        const auto x_strided = random_floats(size_t(s.rows + 1) * ldx, seed + 2, -2.0f, 2.0f);  // one spare row
+        std::vector<float> x(size_t(s.rows) * s.in);
+        for (int r = 0; r < s.rows; ++r) std::copy_n(x_strided.begin() + long(r) * ldx, s.in, x.begin() + long(r) * s.in);
+        const auto bias = random_floats(size_t(s.out), seed + 3);
+        const auto norm_w = random_floats(size_t(s.in), seed + 4, 0.5f, 1.5f);
+        const auto residual = random_floats(size_t(s.rows + 1) * ldy, seed + 5);
+        auto d_w = upload(w_bf), d_w2 = upload(w2_bf);
+        auto d_x = upload(x_strided), d_bias = upload(bias), d_norm = upload(norm_w);
+
+        k::GemvArgs a;
+        a.w = d_w.get();
+        a.out = s.out;
+        a.in = s.in;
+        a.rows = s.rows;
+        a.x = d_x.get();
+        a.ldx = ldx;
+        a.ldy = ldy;
+        // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched,
+        // and the counters are back at zero.
+        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before) {
+            a.y = d_y.get();
+            REQUIRE(k::skinny_supported(a));
+            k::skinny_product(a, context().launch());
+            const auto y_all = download(d_y, before.size());
+            std::vector<float> y(size_t(s.rows) * s.out);
+            for (size_t i = 0; i < y_all.size(); ++i) {
+                const size_t r = i / size_t(ldy), c = i % size_t(ldy);
+                if (r < size_t(s.rows) && c < size_t(s.out))
+                    y[r * size_t(s.out) + c] = y_all[i];
+                else if (std::memcmp(&y_all[i], &before[i], sizeof(float)) != 0)
+                    FAIL("element " << i << " (row " << r << ", column " << c << ") outside the output was written");
+            }
+            return y;
+        };
+        const std::vector<float> nan_y(size_t(s.rows + 1) * ldy, std::numeric_limits<float>::quiet_NaN());
+
+        SECTION("plain input, store with bias; the same bits twice, and the last row's bits alone") {
+            auto d_y = upload(nan_y);
+            a.bias = d_bias.get();
+            const auto y = run(d_y, nan_y);
+            std::vector<float> ref(y.size());
+            qtts::cpu::linear(x.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+            auto d_y2 = upload(nan_y);
+            const auto again = run(d_y2, nan_y);
+            CHECK(std::memcmp(again.data(), y.data(), y.size() * sizeof(float)) == 0);
+            // A row's result does not depend on the other rows of the batch (a stream's codes
+            // must not depend on who shares its step): the last row as a batch of one.
+            k::GemvArgs alone = a;
+            alone.x = d_x.get() + size_t(s.rows - 1) * ldx;
+            alone.rows = 1;
+            auto d_alone = poisoned(size_t(ldy));
+            alone.y = d_alone.get();
+            k::skinny_product(alone, context().launch());
+            const auto last = download(d_alone, size_t(s.out));
+            CHECK(std::memcmp(last.data(), y.data() + size_t(s.rows - 1) * s.out, size_t(s.out) * sizeof(float)) == 0);
+        }
+        SECTION("RMSNorm input, residual add with bias") {
+            auto d_y = upload(residual);
+            a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
+            a.norm_w = d_norm.get();
+            a.eps = 1e-6f;
+            a.bias = d_bias.get();
+            a.output = k::GemvOutput::GEMV_OUTPUT_ADD;
+            const auto y = run(d_y, residual);
+            std::vector<float> xn(x.size()), ref(y.size());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            for (int r = 0; r < s.rows; ++r)
+                for (int c = 0; c < s.out; ++c) ref[size_t(r) * s.out + c] += residual[size_t(r) * ldy + c];
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+        }
+        SECTION("RMSNorm input, SwiGLU output") {
+            auto d_y = upload(nan_y);
+            a.w2 = d_w2.get();
+            a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
+            a.norm_w = d_norm.get();
+            a.output = k::GemvOutput::GEMV_OUTPUT_SWIGLU;
+            const auto y = run(d_y, nan_y);
+            std::vector<float> xn(x.size()), g(y.size()), u(y.size()), ref(y.size());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), nullptr, s.out, g.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, w2.data(), nullptr, s.out, u.data());
+            qtts::cpu::swiglu(g.data(), u.data(), ref.size(), ref.data());
+            REQUIRE(all_finite(y));
+            CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("skinny products refuse what they cannot take", "[gpu][skinny]") {
+    auto d_w = upload(std::vector<uint16_t>(64 * 128, 0x3f80));
+    auto d_x = upload(std::vector<float>(80 * 128, 1.0f));
+    auto d_y = poisoned(80 * 64);
+    k::GemvArgs a;
+    a.w = d_w.get();
+    a.out = 64;
+    a.in = 128;
+    a.rows = 8;
+    a.x = d_x.get();
+    a.ldx = 128;
+    a.y = d_y.get();
+    a.ldy = 64;
+    CHECK(k::skinny_supported(a));
+    k::GemvArgs bad = a;
+    bad.rows = k::SKINNY_MAX_ROWS + 1;
+    CHECK_FALSE(k::skinny_supported(bad));
+    bad = a;
+    bad.in = 100;  // not a multiple of 8
+    bad.ldx = 100;
+    CHECK_FALSE(k::skinny_supported(bad));
+    bad = a;
+    bad.ldx = 130;  // rows not 16-byte aligned
+    CHECK_FALSE(k::skinny_supported(bad));
+    bad = a;
+    bad.input = k::GemvInput::GEMV_INPUT_GATHER;
+    CHECK_FALSE(k::skinny_supported(bad));
+    CHECK_THROWS_AS(k::skinny_product(bad, context().launch()), k::KernelError);
 }
 
 TEST_CASE("gemv computes every row of a wide batch exactly as alone", "[gpu][gemv][batch]") {

@@ -1,0 +1,243 @@
+// One-launch tensor-core products over a few rows (see skinny.cuh for the design).
+#include "kernels/skinny.cuh"
+
+#include <atomic>
+
+#include "kernels/check.cuh"
+
+namespace qtts::kernels {
+
+namespace {
+
+constexpr int SK_TILE_WARPS = 8;  // warps sharing one 16-feature tile; they split the inputs
+constexpr int SK_FEATURES = 16;   // output features per tile (the m of m16n8k16)
+constexpr int SK_STEP = 32;       // inputs per warp step: two m16n8k16 products per 8 rows
+constexpr int SK_PREFETCH = 4;    // weight steps a warp keeps in flight (registers)
+
+// Shared memory: every warp's sums, [tiles x 8 warps][nt][32 lanes][4] floats.
+constexpr size_t skinny_smem(int nt, int tiles) {
+    return size_t(tiles) * SK_TILE_WARPS * size_t(nt) * 32 * 4 * sizeof(float);
+}
+
+// D += A · B for one m16n8k16 tile (bf16 in, fp32 accumulate; sm_80+).
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values as bf16 pairs hi (round to nearest) and lo (the rest, rounded): v ~ hi + lo.
+// The first value goes to the low half (the lower input index of an mma fragment register).
+__device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(v0 - hf.x, v1 - hf.y);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// Weights are read once: keep them out of L1, which holds the x rows every warp re-reads.
+__device__ __forceinline__ uint4 load_weights(const bf16_t* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// NT: n-tiles of 8 x rows (rows <= 8 NT). TILES: 1, or 2 for SwiGLU (tile 0 = gate rows of W,
+// tile 1 = the same up rows of W2).
+template <int NT, int TILES>
+__global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(GemvArgs a) {
+    extern __shared__ __align__(16) float sk_sums[];
+    __shared__ float ss_part[SK_TILE_WARPS][NT * 8];  // tile 0's warps: sums of squares of the rows
+    __shared__ float row_scale[NT * 8];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp / SK_TILE_WARPS, kw = warp % SK_TILE_WARPS;
+    const int g = lane / 4, q = lane % 4;
+    const int f0 = blockIdx.x * SK_FEATURES;
+    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+
+    // This lane's weight rows: g and g + 8 of the tile, from input 8q on (rows past `out` read the
+    // last row; their sums are never stored).
+    const bf16_t* w = (TILES == 2 && tile == 1) ? a.w2 : a.w;
+    const bf16_t* w0 = w + size_t(min(f0 + g, a.out - 1)) * size_t(a.in) + 8 * q;
+    const bf16_t* w8 = w + size_t(min(f0 + g + 8, a.out - 1)) * size_t(a.in) + 8 * q;
+    const int steps = (a.in + SK_STEP - 1) / SK_STEP;
+    const int mine = kw < steps ? (steps - 1 - kw) / SK_TILE_WARPS + 1 : 0;  // this warp's: kw, kw + 8, ...
+    // Input offset of this lane's 8-input piece in the warp's j-th step (>= in: past the end).
+    const auto piece = [&](int j) { return (kw + j * SK_TILE_WARPS) * SK_STEP + 8 * q; };
+    const auto load_step = [&](int j, uint4 (&dst)[2]) {
+        const int k = piece(j);
+        if (j < mine && k < a.in) {
+            dst[0] = load_weights(w0 + k);
+            dst[1] = load_weights(w8 + k);
+        } else {
+            dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+
+    uint4 wcur[SK_PREFETCH][2];
+#pragma unroll
+    for (int i = 0; i < SK_PREFETCH; ++i) load_step(i, wcur[i]);
+    pdl_wait();  // the weights above are constant; x comes from the previous kernel
+    pdl_trigger();
+
+    float acc[NT][4];
+    float sumsq[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        sumsq[n] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    }
+
+    for (int j0 = 0; j0 < mine; j0 += SK_PREFETCH) {
+#pragma unroll
+        for (int i = 0; i < SK_PREFETCH; ++i) {
+            if (j0 + i < mine) {  // warp-uniform: every lane runs the mma below
+                const int k = piece(j0 + i);
+                const bool inside = k < a.in;
+                float4 nw0 = make_float4(1.f, 1.f, 1.f, 1.f), nw1 = nw0;
+                if (norm && inside) {
+                    nw0 = *reinterpret_cast<const float4*>(a.norm_w + k);
+                    nw1 = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int r = n * 8 + g;
+                    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+                    if (inside && r < a.rows) {
+                        const float* xr = a.x + size_t(r) * size_t(a.ldx) + k;
+                        x0 = *reinterpret_cast<const float4*>(xr);
+                        x1 = *reinterpret_cast<const float4*>(xr + 4);
+                    }
+                    if (norm) {
+                        sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
+                                    x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                        x0 = make_float4(x0.x * nw0.x, x0.y * nw0.y, x0.z * nw0.z, x0.w * nw0.w);
+                        x1 = make_float4(x1.x * nw1.x, x1.y * nw1.y, x1.z * nw1.z, x1.w * nw1.w);
+                    }
+                    uint32_t hi[4], lo[4];
+                    split_pair(x0.x, x0.y, hi[0], lo[0]);
+                    split_pair(x0.z, x0.w, hi[1], lo[1]);
+                    split_pair(x1.x, x1.y, hi[2], lo[2]);
+                    split_pair(x1.z, x1.w, hi[3], lo[3]);
+                    const uint4& r0 = wcur[i][0];
+                    const uint4& r8 = wcur[i][1];
+                    mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
+                    mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
+                    mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
+                    mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+                }
+                load_step(j0 + i + SK_PREFETCH, wcur[i]);  // a ring: this slot takes the step SK_PREFETCH on
+            }
+        }
+    }
+
+    // The warps' sums, and tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp).
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+        *reinterpret_cast<float4*>(sk_sums + ((warp * NT + n) * 32 + lane) * 4) =
+            make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+    if (norm) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            float s = sumsq[n];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            if (tile == 0 && q == 0) ss_part[kw][n * 8 + g] = s;
+        }
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < a.rows) {
+        float scale = 1.0f;
+        if (norm) {
+            float s = 0.0f;
+#pragma unroll
+            for (int v = 0; v < SK_TILE_WARPS; ++v) s += ss_part[v][threadIdx.x];
+            scale = 1.0f / sqrtf(s / float(a.in) + a.eps);
+        }
+        row_scale[threadIdx.x] = scale;
+    }
+    __syncthreads();
+
+    // Tile t's full sum for feature m (0..15) and row r: the C fragment of m16n8 holds (m, r) at
+    // lane (m % 8) * 4 + (r % 8) / 2, element (m / 8) * 2 + r % 2; warps added in order.
+    const auto full_sum = [&](int t, int m, int r) {
+        const int idx = ((r / 8) * 32 + (m % 8) * 4 + (r % 8) / 2) * 4 + (m / 8) * 2 + r % 2;
+        float v = 0.0f;
+#pragma unroll
+        for (int v8 = 0; v8 < SK_TILE_WARPS; ++v8) v += sk_sums[(t * SK_TILE_WARPS + v8) * NT * 32 * 4 + idx];
+        return v;
+    };
+    for (int o = threadIdx.x; o < SK_FEATURES * a.rows; o += blockDim.x) {
+        const int m = o % SK_FEATURES, r = o / SK_FEATURES, f = f0 + m;
+        if (f >= a.out) continue;
+        float* y = a.y + size_t(r) * size_t(a.ldy) + f;
+        const float scale = row_scale[r];
+        if (TILES == 2) {
+            *y = silu_ref(full_sum(0, m, r) * scale) * (full_sum(1, m, r) * scale);
+        } else {
+            const float v = full_sum(0, m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
+            if (a.output == GemvOutput::GEMV_OUTPUT_ADD)
+                *y += v;
+            else
+                *y = v;
+        }
+    }
+}
+
+template <int NT, int TILES>
+void skinny_launch(const GemvArgs& a, const Launch& l) {
+    constexpr size_t smem = skinny_smem(NT, TILES);
+    static std::atomic<uint64_t> raised{0};
+    smem_limit_raise(skinny_kernel<NT, TILES>, smem, raised);
+    const dim3 grid((a.out + SK_FEATURES - 1) / SK_FEATURES);
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(TILES * SK_TILE_WARPS * 32), smem, skinny_kernel<NT, TILES>, a));
+}
+
+template <int TILES>
+void skinny_dispatch(const GemvArgs& a, const Launch& l) {
+    switch ((a.rows + 7) / 8) {
+        case 1: return skinny_launch<1, TILES>(a, l);
+        case 2: return skinny_launch<2, TILES>(a, l);
+        case 3: return skinny_launch<3, TILES>(a, l);
+        case 4: return skinny_launch<4, TILES>(a, l);
+        case 5:
+        case 6: return skinny_launch<6, TILES>(a, l);
+        default: return skinny_launch<8, TILES>(a, l);
+    }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool skinny_supported(const GemvArgs& a) {
+    if (a.rows < 1 || a.rows > SKINNY_MAX_ROWS || a.in <= 0 || a.in % 8 != 0 || a.out <= 0) return false;
+    if (a.input == GemvInput::GEMV_INPUT_GATHER || !a.x || !a.w || !a.y) return false;
+    if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU && !a.w2) return false;
+    if (a.input == GemvInput::GEMV_INPUT_RMSNORM && (!a.norm_w || !aligned16(a.norm_w))) return false;
+    // 16-byte loads of weight rows and input rows.
+    return aligned16(a.w) && (!a.w2 || aligned16(a.w2)) && aligned16(a.x) && a.ldx % 4 == 0 && a.ldx >= a.in &&
+           a.ldy >= a.out;
+}
+
+void skinny_product(const GemvArgs& a, const Launch& l) {
+    if (!skinny_supported(a))
+        check_fail("skinny_product",
+                   "unsupported arguments (rows 1..64, in a positive multiple of 8, 16-byte aligned rows, no "
+                   "gathered input, pointers set)",
+                   __func__, __FILE__, __LINE__);
+    if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
+        skinny_dispatch<2>(a, l);
+    else
+        skinny_dispatch<1>(a, l);
+}
+
+}  // namespace qtts::kernels
