@@ -12,12 +12,10 @@ namespace {
 constexpr int SK_TILE_WARPS = 8;  // warps sharing one 16-feature tile; they split the inputs
 constexpr int SK_FEATURES = 16;   // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;       // inputs per warp step: two m16n8k16 products per 8 rows
-constexpr int SK_PREFETCH = 4;    // weight steps a warp keeps in flight (registers)
+constexpr int SK_PREFETCH = 4;    // weight steps a warp keeps in flight (registers), up to 4 x-row tiles
 
-// Shared memory: every warp's sums, [tiles x 8 warps][nt][32 lanes][4] floats.
-constexpr size_t skinny_smem(int nt, int tiles) {
-    return size_t(tiles) * SK_TILE_WARPS * size_t(nt) * 32 * 4 * sizeof(float);
-}
+// Shared memory: every warp's sums, [8 warps][nt][32 lanes][4] floats.
+constexpr size_t skinny_smem(int nt) { return size_t(SK_TILE_WARPS) * size_t(nt) * 32 * 4 * sizeof(float); }
 
 // D += A · B for one m16n8k16 tile (bf16 in, fp32 accumulate; sm_80+).
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -48,25 +46,30 @@ __device__ __forceinline__ uint4 load_weights(const bf16_t* p) {
     return v;
 }
 
-// NT: n-tiles of 8 x rows (rows <= 8 NT). TILES: 1, or 2 for SwiGLU (tile 0 = gate rows of W,
-// tile 1 = the same up rows of W2).
-template <int NT, int TILES>
-__global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(GemvArgs a) {
+// NT: n-tiles of 8 x rows (rows <= 8 NT). The tile's 16 weight rows are 16 features of W; with
+// `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
+// products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
+// rows of W2 (tile rows 8-15), so a lane holds a feature's gate and up sums together.
+template <int NT>
+__global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
-    __shared__ float ss_part[SK_TILE_WARPS][NT * 8];  // tile 0's warps: sums of squares of the rows
+    __shared__ float ss_part[SK_TILE_WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp / SK_TILE_WARPS, kw = warp % SK_TILE_WARPS;
+    const int kw = warp;
     const int g = lane / 4, q = lane % 4;
-    const int f0 = blockIdx.x * SK_FEATURES;
+    const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
+    const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
+    const int f0 = blockIdx.x * features;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    constexpr int PF = NT >= 6 ? 2 : SK_PREFETCH;  // weight steps in flight (fewer when x rows need the registers)
 
-    // This lane's weight rows: g and g + 8 of the tile, from input 8q on (rows past `out` read the
-    // last row; their sums are never stored).
-    const bf16_t* w = (TILES == 2 && tile == 1) ? a.w2 : a.w;
-    const bf16_t* w0 = w + size_t(min(f0 + g, a.out - 1)) * size_t(a.in) + 8 * q;
-    const bf16_t* w8 = w + size_t(min(f0 + g + 8, a.out - 1)) * size_t(a.in) + 8 * q;
+    // This lane's weight rows, tile rows g and g + 8 (rows past `out` read the last row; their
+    // sums are never stored).
+    const size_t in = size_t(a.in);
+    const bf16_t* w0 = a.w + size_t(min(f0 + g, a.out - 1)) * in;
+    const bf16_t* w8 = swiglu ? a.w2 + size_t(min(f0 + g, a.out - 1)) * in : a.w + size_t(min(f0 + g + 8, a.out - 1)) * in;
     const int steps = (a.in + SK_STEP - 1) / SK_STEP;
     const int mine = kw < steps ? (steps - 1 - kw) / SK_TILE_WARPS + 1 : 0;  // this warp's: kw, kw + 8, ...
     // Input offset of this lane's 8-input piece in the warp's j-th step (>= in: past the end).
@@ -75,15 +78,22 @@ __global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(Gemv
         const int k = piece(j);
         if (j < mine && k < a.in) {
             dst[0] = load_weights(w0 + k);
-            dst[1] = load_weights(w8 + k);
+            dst[1] = upper ? load_weights(w8 + k) : make_uint4(0u, 0u, 0u, 0u);
         } else {
             dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
         }
     };
 
-    uint4 wcur[SK_PREFETCH][2];
+    // The tile's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
+    // one range, two for SwiGLU), so the loads below mostly hit L2.
+    if (threadIdx.x == 0) {
+        const uint32_t bytes = uint32_t(size_t(min(features, a.out - f0)) * in * sizeof(bf16_t));
+        prefetch_l2(a.w + size_t(f0) * in, bytes);
+        if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
+    }
+    uint4 wcur[PF][2];
 #pragma unroll
-    for (int i = 0; i < SK_PREFETCH; ++i) load_step(i, wcur[i]);
+    for (int i = 0; i < PF; ++i) load_step(i, wcur[i]);
     pdl_wait();  // the weights above are constant; x comes from the previous kernel
     pdl_trigger();
 
@@ -96,31 +106,49 @@ __global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(Gemv
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
     }
 
-    for (int j0 = 0; j0 < mine; j0 += SK_PREFETCH) {
+    // x (and the norm weight) for XG steps at a time, all loads issued before their products, so
+    // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
+    // stay within the registers).
+    constexpr int XG = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
+    static_assert(PF % XG == 0, "x groups must tile the weight ring");
+    for (int j0 = 0; j0 < mine; j0 += PF) {
 #pragma unroll
-        for (int i = 0; i < SK_PREFETCH; ++i) {
-            if (j0 + i < mine) {  // warp-uniform: every lane runs the mma below
-                const int k = piece(j0 + i);
-                const bool inside = k < a.in;
-                float4 nw0 = make_float4(1.f, 1.f, 1.f, 1.f), nw1 = nw0;
+        for (int h = 0; h < PF; h += XG) {
+            float4 xv[XG][NT][2];
+            float4 nw[XG][2];
+#pragma unroll
+            for (int s = 0; s < XG; ++s) {
+                const int k = piece(j0 + h + s);
+                const bool inside = j0 + h + s < mine && k < a.in;
+                nw[s][0] = nw[s][1] = make_float4(1.f, 1.f, 1.f, 1.f);
                 if (norm && inside) {
-                    nw0 = *reinterpret_cast<const float4*>(a.norm_w + k);
-                    nw1 = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
+                    nw[s][0] = *reinterpret_cast<const float4*>(a.norm_w + k);
+                    nw[s][1] = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
                 }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     const int r = n * 8 + g;
-                    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+                    xv[s][n][0] = xv[s][n][1] = make_float4(0.f, 0.f, 0.f, 0.f);
                     if (inside && r < a.rows) {
                         const float* xr = a.x + size_t(r) * size_t(a.ldx) + k;
-                        x0 = *reinterpret_cast<const float4*>(xr);
-                        x1 = *reinterpret_cast<const float4*>(xr + 4);
+                        xv[s][n][0] = *reinterpret_cast<const float4*>(xr);
+                        xv[s][n][1] = *reinterpret_cast<const float4*>(xr + 4);
                     }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < XG; ++s) {
+                const int i = h + s;
+                if (j0 + i >= mine) break;  // warp-uniform: every lane runs the mma below
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    float4 x0 = xv[s][n][0], x1 = xv[s][n][1];
                     if (norm) {
                         sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
                                     x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-                        x0 = make_float4(x0.x * nw0.x, x0.y * nw0.y, x0.z * nw0.z, x0.w * nw0.w);
-                        x1 = make_float4(x1.x * nw1.x, x1.y * nw1.y, x1.z * nw1.z, x1.w * nw1.w);
+                        const float4 n0 = nw[s][0], n1 = nw[s][1];
+                        x0 = make_float4(x0.x * n0.x, x0.y * n0.y, x0.z * n0.z, x0.w * n0.w);
+                        x1 = make_float4(x1.x * n1.x, x1.y * n1.y, x1.z * n1.z, x1.w * n1.w);
                     }
                     uint32_t hi[4], lo[4];
                     split_pair(x0.x, x0.y, hi[0], lo[0]);
@@ -134,7 +162,7 @@ __global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(Gemv
                     mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
                     mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
                 }
-                load_step(j0 + i + SK_PREFETCH, wcur[i]);  // a ring: this slot takes the step SK_PREFETCH on
+                load_step(j0 + i + PF, wcur[i]);  // a ring: this slot takes the step PF on
             }
         }
     }
@@ -150,7 +178,7 @@ __global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(Gemv
             float s = sumsq[n];
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
-            if (tile == 0 && q == 0) ss_part[kw][n * 8 + g] = s;
+            if (q == 0) ss_part[kw][n * 8 + g] = s;
         }
     }
     __syncthreads();
@@ -166,24 +194,24 @@ __global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(Gemv
     }
     __syncthreads();
 
-    // Tile t's full sum for feature m (0..15) and row r: the C fragment of m16n8 holds (m, r) at
+    // The full sum of tile row m (0..15) and x row r: the C fragment of m16n8 holds (m, r) at
     // lane (m % 8) * 4 + (r % 8) / 2, element (m / 8) * 2 + r % 2; warps added in order.
-    const auto full_sum = [&](int t, int m, int r) {
+    const auto full_sum = [&](int m, int r) {
         const int idx = ((r / 8) * 32 + (m % 8) * 4 + (r % 8) / 2) * 4 + (m / 8) * 2 + r % 2;
         float v = 0.0f;
 #pragma unroll
-        for (int v8 = 0; v8 < SK_TILE_WARPS; ++v8) v += sk_sums[(t * SK_TILE_WARPS + v8) * NT * 32 * 4 + idx];
+        for (int v8 = 0; v8 < SK_TILE_WARPS; ++v8) v += sk_sums[v8 * NT * 32 * 4 + idx];
         return v;
     };
-    for (int o = threadIdx.x; o < SK_FEATURES * a.rows; o += blockDim.x) {
-        const int m = o % SK_FEATURES, r = o / SK_FEATURES, f = f0 + m;
+    for (int o = threadIdx.x; o < features * a.rows; o += blockDim.x) {
+        const int m = o % features, r = o / features, f = f0 + m;
         if (f >= a.out) continue;
         float* y = a.y + size_t(r) * size_t(a.ldy) + f;
         const float scale = row_scale[r];
-        if (TILES == 2) {
-            *y = silu_ref(full_sum(0, m, r) * scale) * (full_sum(1, m, r) * scale);
+        if (swiglu) {
+            *y = silu_ref(full_sum(m, r) * scale) * (full_sum(m + 8, r) * scale);
         } else {
-            const float v = full_sum(0, m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
+            const float v = full_sum(m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
             if (a.output == GemvOutput::GEMV_OUTPUT_ADD)
                 *y += v;
             else
@@ -192,26 +220,13 @@ __global__ void __launch_bounds__(TILES * SK_TILE_WARPS * 32) skinny_kernel(Gemv
     }
 }
 
-template <int NT, int TILES>
-void skinny_launch(const GemvArgs& a, const Launch& l) {
-    constexpr size_t smem = skinny_smem(NT, TILES);
+template <int NT>
+void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
+    constexpr size_t smem = skinny_smem(NT);
     static std::atomic<uint64_t> raised{0};
-    smem_limit_raise(skinny_kernel<NT, TILES>, smem, raised);
-    const dim3 grid((a.out + SK_FEATURES - 1) / SK_FEATURES);
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(TILES * SK_TILE_WARPS * 32), smem, skinny_kernel<NT, TILES>, a));
-}
-
-template <int TILES>
-void skinny_dispatch(const GemvArgs& a, const Launch& l) {
-    switch ((a.rows + 7) / 8) {
-        case 1: return skinny_launch<1, TILES>(a, l);
-        case 2: return skinny_launch<2, TILES>(a, l);
-        case 3: return skinny_launch<3, TILES>(a, l);
-        case 4: return skinny_launch<4, TILES>(a, l);
-        case 5:
-        case 6: return skinny_launch<6, TILES>(a, l);
-        default: return skinny_launch<8, TILES>(a, l);
-    }
+    smem_limit_raise(skinny_kernel<NT>, smem, raised);
+    const dim3 grid((a.out + features - 1) / features);
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(SK_TILE_WARPS * 32), smem, skinny_kernel<NT>, a, features));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -228,16 +243,28 @@ bool skinny_supported(const GemvArgs& a) {
            a.ldy >= a.out;
 }
 
-void skinny_product(const GemvArgs& a, const Launch& l) {
+void skinny_product(const GemvArgs& a, const Launch& l, int features) {
     if (!skinny_supported(a))
         check_fail("skinny_product",
                    "unsupported arguments (rows 1..64, in a positive multiple of 8, 16-byte aligned rows, no "
                    "gathered input, pointers set)",
                    __func__, __FILE__, __LINE__);
+    if (features != 0 && features != SK_FEATURES / 2 && features != SK_FEATURES)
+        check_fail("skinny_product", "features per block must be 0 (the default), 8 or 16", __func__, __FILE__,
+                   __LINE__);
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
-        skinny_dispatch<2>(a, l);
-    else
-        skinny_dispatch<1>(a, l);
+        features = SK_FEATURES / 2;
+    else if (features == 0)
+        features = SK_FEATURES;
+    switch ((a.rows + 7) / 8) {
+        case 1: return skinny_launch<1>(a, features, l);
+        case 2: return skinny_launch<2>(a, features, l);
+        case 3: return skinny_launch<3>(a, features, l);
+        case 4: return skinny_launch<4>(a, features, l);
+        case 5:
+        case 6: return skinny_launch<6>(a, features, l);
+        default: return skinny_launch<8>(a, features, l);
+    }
 }
 
 }  // namespace qtts::kernels

@@ -35,6 +35,9 @@ constexpr int SKINNY_MAX_ROWS = 64;
 bool skinny_supported(const GemvArgs& args);
 
 // Throws kernels::KernelError (kernels/check.cuh) on a bad launch or unsupported arguments.
-void skinny_product(const GemvArgs& args, const Launch& launch);
+// `features`: output features per block, 16 (0: the default) or 8 (twice the blocks, half of each
+// tensor-core tile idle; for products with few features: measured in the kernel lab). SwiGLU
+// products always take 8 (gate and up rows fill the tile).
+void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0);
 
 }  // namespace qtts::kernels

@@ -6,7 +6,8 @@
 //       on random inputs (the seed is printed; --seed repeats a run), then timed: median of 50
 //       single launches, L2 flushed before each.
 //   qtts-kernel-lab frame --model DIR [--device N]
-//       each kernel of a frame alone on the checkpoint's shapes: a graph of 64 launches, replayed.
+//       each kernel of a frame alone on the checkpoint's shapes: a graph of 64 launches, replayed;
+//       also the batched step's one-launch tensor-core products at 4-32 rows.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,6 +36,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/sampling.cuh"
+#include "kernels/skinny.cuh"
 
 namespace {
 
@@ -278,6 +280,54 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
     if (w.predictor_proj_w) {
         gemv("predictor input projection (gather)", w.predictor_proj_w, nullptr, P.hidden, T.hidden, 1,
              GI::GEMV_INPUT_GATHER, nullptr, GO::GEMV_OUTPUT_STORE);
+    }
+    // The batched step's one-launch tensor-core products (kernels/skinny.cuh) on the same shapes,
+    // at 4-32 rows, with 16 and 8 output features per block (the SwiGLU product always takes 8).
+    {
+        const int max_rows = 32;
+        const size_t widest_in = size_t(std::max({T.hidden, T.q_dim(), T.intermediate, P.hidden, P.intermediate}));
+        const size_t widest_out = size_t(std::max({T.qkv_dim(), T.intermediate, w.codec_vocab, P.qkv_dim(), w.predictor_vocab}));
+        auto xs = make(size_t(max_rows) * widest_in), ys = make(size_t(max_rows) * widest_out);
+        auto skinny = [&](const std::string& name, const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in,
+                          k::GemvInput input, const float* norm, k::GemvOutput output) {
+            for (const int rows : {4, 8, 16, 32}) {
+                for (const int features : {16, 8}) {
+                    if (wt2 && features == 16) continue;
+                    k::GemvArgs a;
+                    a.w = wt;
+                    a.w2 = wt2;
+                    a.out = out_rows;
+                    a.in = in;
+                    a.rows = rows;
+                    a.input = input;
+                    a.x = xs.get();
+                    a.ldx = in;
+                    a.norm_w = norm;
+                    a.output = output;
+                    a.y = ys.get();
+                    a.ldy = out_rows;
+                    const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);
+                    time("skinny " + name + " x" + std::to_string(rows) + " f" + std::to_string(features), bytes,
+                         [&, a, features] { k::skinny_product(a, ctx.launch(), features); });
+                }
+            }
+        };
+        for (int s = 0; s < 2; ++s) {
+            const qc::GpuStack& S = s == 0 ? T : P;
+            const std::string who = s == 0 ? "talker " : "predictor ";
+            const auto& L = S.layers[0];
+            skinny(who + "qkv", L.qkv, nullptr, S.qkv_dim(), S.hidden, GI::GEMV_INPUT_RMSNORM, L.input_norm,
+                   GO::GEMV_OUTPUT_STORE);
+            skinny(who + "o", L.o, nullptr, S.hidden, S.q_dim(), GI::GEMV_INPUT_PLAIN, nullptr, GO::GEMV_OUTPUT_ADD);
+            skinny(who + "gate/up", L.gate_up, L.gate_up + size_t(S.intermediate) * S.hidden, S.intermediate,
+                   S.hidden, GI::GEMV_INPUT_RMSNORM, L.post_norm, GO::GEMV_OUTPUT_SWIGLU);
+            skinny(who + "down", L.down, nullptr, S.hidden, S.intermediate, GI::GEMV_INPUT_PLAIN, nullptr,
+                   GO::GEMV_OUTPUT_ADD);
+        }
+        skinny("predictor lm_head", w.predictor_head[0], nullptr, w.predictor_vocab, P.hidden,
+               GI::GEMV_INPUT_RMSNORM, P.norm, GO::GEMV_OUTPUT_STORE);
+        skinny("codec head", w.codec_head, nullptr, w.codec_vocab, T.hidden, GI::GEMV_INPUT_PLAIN, nullptr,
+               GO::GEMV_OUTPUT_STORE);
     }
     time("rmsnorm (1 row)", 0.0, [&] { k::rmsnorm(x.get(), 1, T.hidden, T.hidden, T.norm, 1e-6f, y2.get(), T.hidden, ctx.launch()); });
     {

@@ -50,8 +50,9 @@ struct GpuBatchOptions {
     bool cuda_graphs = true;
     int wide_rows = 4;  // products over at least this many rows use tensor cores; fewer: gemv (measured: docs/performance.md)
     // Tensor-core products over at most this many rows run as one launch (kernels/skinny.cuh);
-    // wider ones as split hi/lo + cuBLAS GEMM + combine. 0: always cuBLAS. At most SKINNY_MAX_ROWS.
-    int skinny_max_rows = kernels::SKINNY_MAX_ROWS;
+    // wider ones as split hi/lo + cuBLAS GEMM + combine (faster from 32 rows on the H200:
+    // docs/performance.md). 0: always cuBLAS. At most SKINNY_MAX_ROWS.
+    int skinny_max_rows = 16;
 };
 
 // Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;

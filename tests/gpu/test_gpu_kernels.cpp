@@ -260,6 +260,15 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             k::skinny_product(alone, context().launch());
             const auto last = download(d_alone, size_t(s.out));
             CHECK(std::memcmp(last.data(), y.data() + size_t(s.rows - 1) * s.out, size_t(s.out) * sizeof(float)) == 0);
+            // 8 features per block (half tiles, twice the blocks): each feature's sums are made
+            // the same way, so the same bits.
+            auto d_half = upload(nan_y);
+            a.y = d_half.get();
+            k::skinny_product(a, context().launch(), 8);
+            const auto half_all = download(d_half, nan_y.size());
+            for (int r = 0; r < s.rows; ++r)
+                CHECK(std::memcmp(half_all.data() + size_t(r) * ldy, y.data() + size_t(r) * s.out,
+                                  size_t(s.out) * sizeof(float)) == 0);
         }
         SECTION("RMSNorm input, residual add with bias") {
             auto d_y = upload(residual);
@@ -323,6 +332,7 @@ TEST_CASE("skinny products refuse what they cannot take", "[gpu][skinny]") {
     bad.input = k::GemvInput::GEMV_INPUT_GATHER;
     CHECK_FALSE(k::skinny_supported(bad));
     CHECK_THROWS_AS(k::skinny_product(bad, context().launch()), k::KernelError);
+    CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 12), k::KernelError);  // 8 or 16 features per block
 }
 
 TEST_CASE("gemv computes every row of a wide batch exactly as alone", "[gpu][gemv][batch]") {
