@@ -9,13 +9,14 @@ namespace qtts::kernels {
 
 namespace {
 
-constexpr int SK_TILE_WARPS = 8;  // warps sharing one 16-feature tile; they split the inputs
+constexpr int SK_WARPS = 8;        // warps sharing one tile, splitting the inputs (16 for products with few blocks)
+constexpr int SK_FEW_BLOCKS = 256; // fewer blocks than this (about 2 per SM): 16 warps per block
 constexpr int SK_FEATURES = 16;   // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;       // inputs per warp step: two m16n8k16 products per 8 rows
-constexpr int SK_PREFETCH = 4;    // weight steps a warp keeps in flight (registers), up to 4 x-row tiles
+constexpr int SK_PREFETCH = 4;    // weight steps a warp keeps in flight (registers)
 
 // Shared memory: every warp's sums, [8 warps][nt][32 lanes][4] floats.
-constexpr size_t skinny_smem(int nt) { return size_t(SK_TILE_WARPS) * size_t(nt) * 32 * 4 * sizeof(float); }
+constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
 
 // D += A · B for one m16n8k16 tile (bf16 in, fp32 accumulate; sm_80+).
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -50,10 +51,12 @@ __device__ __forceinline__ uint4 load_weights(const bf16_t* p) {
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
 // rows of W2 (tile rows 8-15), so a lane holds a feature's gate and up sums together.
-template <int NT>
-__global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
+// WARPS: warps per block (8, or 16 when the product has few blocks: more loads in flight per SM
+// and half the steps per warp on long inputs).
+template <int NT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
-    __shared__ float ss_part[SK_TILE_WARPS][NT * 8];  // the warps' sums of squares of the rows
+    __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -63,7 +66,7 @@ __global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_ke
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
     const int f0 = blockIdx.x * features;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
-    constexpr int PF = NT >= 6 ? 2 : SK_PREFETCH;  // weight steps in flight (fewer when x rows need the registers)
+    constexpr int PF = SK_PREFETCH;
 
     // This lane's weight rows, tile rows g and g + 8 (rows past `out` read the last row; their
     // sums are never stored).
@@ -71,9 +74,9 @@ __global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_ke
     const bf16_t* w0 = a.w + size_t(min(f0 + g, a.out - 1)) * in;
     const bf16_t* w8 = swiglu ? a.w2 + size_t(min(f0 + g, a.out - 1)) * in : a.w + size_t(min(f0 + g + 8, a.out - 1)) * in;
     const int steps = (a.in + SK_STEP - 1) / SK_STEP;
-    const int mine = kw < steps ? (steps - 1 - kw) / SK_TILE_WARPS + 1 : 0;  // this warp's: kw, kw + 8, ...
+    const int mine = kw < steps ? (steps - 1 - kw) / WARPS + 1 : 0;  // this warp's: kw, kw + WARPS, ...
     // Input offset of this lane's 8-input piece in the warp's j-th step (>= in: past the end).
-    const auto piece = [&](int j) { return (kw + j * SK_TILE_WARPS) * SK_STEP + 8 * q; };
+    const auto piece = [&](int j) { return (kw + j * WARPS) * SK_STEP + 8 * q; };
     const auto load_step = [&](int j, uint4 (&dst)[2]) {
         const int k = piece(j);
         if (j < mine && k < a.in) {
@@ -187,7 +190,7 @@ __global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_ke
         if (norm) {
             float s = 0.0f;
 #pragma unroll
-            for (int v = 0; v < SK_TILE_WARPS; ++v) s += ss_part[v][threadIdx.x];
+            for (int v = 0; v < WARPS; ++v) s += ss_part[v][threadIdx.x];
             scale = 1.0f / sqrtf(s / float(a.in) + a.eps);
         }
         row_scale[threadIdx.x] = scale;
@@ -198,10 +201,10 @@ __global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_ke
     // lane (m % 8) * 4 + (r % 8) / 2, element (m / 8) * 2 + r % 2; warps added in order.
     const auto full_sum = [&](int m, int r) {
         const int idx = ((r / 8) * 32 + (m % 8) * 4 + (r % 8) / 2) * 4 + (m / 8) * 2 + r % 2;
-        float v = 0.0f;
+        float sum = 0.0f;
 #pragma unroll
-        for (int v8 = 0; v8 < SK_TILE_WARPS; ++v8) v += sk_sums[v8 * NT * 32 * 4 + idx];
-        return v;
+        for (int v = 0; v < WARPS; ++v) sum += sk_sums[v * NT * 32 * 4 + idx];
+        return sum;
     };
     for (int o = threadIdx.x; o < features * a.rows; o += blockDim.x) {
         const int m = o % features, r = o / features, f = f0 + m;
@@ -220,13 +223,24 @@ __global__ void __launch_bounds__(SK_TILE_WARPS * 32, NT >= 6 ? 1 : 2) skinny_ke
     }
 }
 
-template <int NT>
+template <int NT, int WARPS>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
-    constexpr size_t smem = skinny_smem(NT);
+    constexpr size_t smem = skinny_smem(NT, WARPS);
     static std::atomic<uint64_t> raised{0};
-    smem_limit_raise(skinny_kernel<NT>, smem, raised);
+    smem_limit_raise(skinny_kernel<NT, WARPS>, smem, raised);
     const dim3 grid((a.out + features - 1) / features);
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(SK_TILE_WARPS * 32), smem, skinny_kernel<NT>, a, features));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS>, a, features));
+}
+
+// 16 warps when the product has few blocks (the choice depends on the shape of W only, so a
+// row's result does not depend on how many rows share the launch).
+template <int NT>
+void skinny_launch_warps(const GemvArgs& a, int features, const Launch& l) {
+    const int blocks = (a.out + features - 1) / features;
+    if (blocks < SK_FEW_BLOCKS)
+        skinny_launch<NT, 2 * SK_WARPS>(a, features, l);
+    else
+        skinny_launch<NT, SK_WARPS>(a, features, l);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -246,7 +260,7 @@ bool skinny_supported(const GemvArgs& a) {
 void skinny_product(const GemvArgs& a, const Launch& l, int features) {
     if (!skinny_supported(a))
         check_fail("skinny_product",
-                   "unsupported arguments (rows 1..64, in a positive multiple of 8, 16-byte aligned rows, no "
+                   "unsupported arguments (rows 1..32, in a positive multiple of 8, 16-byte aligned rows, no "
                    "gathered input, pointers set)",
                    __func__, __FILE__, __LINE__);
     if (features != 0 && features != SK_FEATURES / 2 && features != SK_FEATURES)
@@ -257,13 +271,10 @@ void skinny_product(const GemvArgs& a, const Launch& l, int features) {
     else if (features == 0)
         features = SK_FEATURES;
     switch ((a.rows + 7) / 8) {
-        case 1: return skinny_launch<1>(a, features, l);
-        case 2: return skinny_launch<2>(a, features, l);
-        case 3: return skinny_launch<3>(a, features, l);
-        case 4: return skinny_launch<4>(a, features, l);
-        case 5:
-        case 6: return skinny_launch<6>(a, features, l);
-        default: return skinny_launch<8>(a, features, l);
+        case 1: return skinny_launch_warps<1>(a, features, l);
+        case 2: return skinny_launch_warps<2>(a, features, l);
+        case 3: return skinny_launch_warps<3>(a, features, l);
+        default: return skinny_launch_warps<4>(a, features, l);
     }
 }
 

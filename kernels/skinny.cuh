@@ -7,18 +7,21 @@
 // bf16 hi/lo halves, one cuBLAS GEMM, add the halves with the output rule): ~1500 dependent
 // launches per frame, bound by their latency rather than by the weight bytes. This kernel does
 // the same arithmetic in one launch and without scratch memory:
-//   * a block owns 16 output features (16 gate + 16 up for SwiGLU: two tiles) and the whole
-//     input dimension, for every row of x; the 8 warps of a tile take the 32-input steps in turn
-//     (warp w: steps w, w + 8, ...), so a block reads its weight rows front to back together;
-//   * weights go from global memory straight into mma.sync A fragments, one 16-byte load per
-//     lane and fragment row, SKINNY_PREFETCH steps ahead in registers (the first ones before the
-//     PDL wait, while the previous kernel finishes);
-//   * x rows are read from global memory (L2) as float4 pairs and split in registers into a bf16
-//     hi/lo pair, so the fp32 activations keep ~16 bits of mantissa against bf16 weights (as the
-//     split cuBLAS path and prefill do); the 1/rms of a row (RMSNorm input) is applied to the
-//     finished sums, as gemv does;
+//   * a block owns one 16-row tensor-core tile of W (16 output features; 8 gate + 8 up rows for
+//     SwiGLU, so one lane holds both sums of a feature) and the whole input dimension, for every
+//     row of x; its warps (8, or 16 when the product has fewer than 256 blocks: more loads in
+//     flight per SM, half the steps per warp) take the 32-input steps in turn (warp w: steps w,
+//     w + warps, ...), so a block reads its weight rows front to back together;
+//   * the block's weight rows are prefetched into L2 before the PDL wait (while the previous
+//     kernel finishes); each lane then loads them straight into mma.sync A fragments, one
+//     16-byte load per fragment row, four steps ahead in registers;
+//   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once, and
+//     split in registers into a bf16 hi/lo pair, so the fp32 activations keep ~16 bits of
+//     mantissa against bf16 weights (as the split cuBLAS path and prefill do); the 1/rms of a row
+//     (RMSNorm input) is applied to the finished sums, as gemv does;
 //   * the warps' sums meet in shared memory and are added in warp order, so results are
-//     deterministic, and a row's result does not depend on the other rows of the batch.
+//     deterministic, and a row's result does not depend on the other rows of the batch (the
+//     block shape depends on W's shape only).
 // Within a 32-input step the inputs are taken in a permuted order (any order gives the same
 // products as long as A and B agree): lane (g, q) holds inputs 8q .. 8q + 7 of its rows.
 // Requirements: in % 8 == 0, x rows and weight rows 16-byte aligned (ldx % 4 == 0), GATHER input
@@ -29,7 +32,7 @@
 
 namespace qtts::kernels {
 
-constexpr int SKINNY_MAX_ROWS = 64;
+constexpr int SKINNY_MAX_ROWS = 32;
 
 // Whether skinny_product takes these arguments (shape and input rules above).
 bool skinny_supported(const GemvArgs& args);
