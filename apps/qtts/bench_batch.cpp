@@ -7,9 +7,10 @@
 // product over at least 4 rows ("split", the default before the one-launch kernel); "auto" is the
 // batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
 // skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk32" as auto with one
-// launch up to 32 rows; "from2" as auto with tensor cores from 2 rows. Reported per bucket and path: step time per frame, audio seconds per wall second of LM
-// work (b x 80 ms / step), the bytes a step must read (weights once + every stream's talker KV
-// cache) and the bandwidth that achieves, and the graph's nodes and device memory.
+// launch up to 32 rows; "from4" as auto with tensor cores from 4 rows. Reported per bucket and
+// path: step time per frame, audio seconds per wall second of LM work (b x 80 ms / step), the
+// bytes a step must read (weights once + every stream's talker KV cache) and the bandwidth that
+// achieves, and the graph's nodes and device memory.
 #include "apps/qtts/bench_batch.h"
 
 #ifdef QTTS_HAVE_CUDA
@@ -96,7 +97,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     std::printf("  %-7s %-7s %10s %12s %10s %10s %8s %10s\n", "bucket", "path", "step ms", "audio-s/s", "GB/step",
                 "TB/s", "nodes", "graph MB");
     for (const PathSpec path : {PathSpec{"gemv", 1 << 20, 0}, PathSpec{"split", 4, 0}, PathSpec{"auto", 0, -1},
-                                PathSpec{"sk32", 4, 32}, PathSpec{"from2", 2, -1}}) {
+                                PathSpec{"sk32", 0, 32}, PathSpec{"from4", 4, -1}}) {
         qc::GpuBatchOptions options;
         options.buckets = sizes;
         options.chunk_frames = {chunk};

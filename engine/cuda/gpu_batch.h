@@ -48,7 +48,7 @@ struct GpuBatchOptions {
     std::vector<int> buckets = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64};  // batch sizes with graphs
     std::vector<int> chunk_frames = {1};  // frames per replay, captured for every bucket
     bool cuda_graphs = true;
-    int wide_rows = 4;  // products over at least this many rows use tensor cores; fewer: gemv (measured: docs/performance.md)
+    int wide_rows = 2;  // products over at least this many rows use tensor cores; fewer: gemv (measured: docs/performance.md)
     // Tensor-core products over at most this many rows run as one launch (kernels/skinny.cuh);
     // wider ones as split hi/lo + cuBLAS GEMM + combine (faster from 32 rows on the H200:
     // docs/performance.md). 0: always cuBLAS. At most SKINNY_MAX_ROWS.
