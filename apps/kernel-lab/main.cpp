@@ -230,23 +230,21 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         const double ms = time_on_stream(ctx.stream(), 5, [&] { qc::graph_replay(ctx, g); });
         out.push_back({name, ms * 1e3 / 64, bytes});
     };
+    // A product's arguments on the given x and y buffers.
+    auto product_args = [](const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in, int rows,
+                           k::GemvInput input, const float* norm, k::GemvOutput output, const float* xp, float* yp) {
+        k::GemvArgs a = qc::gemv_product(wt, out_rows, in, rows, xp, yp);
+        a.w2 = wt2;
+        a.input = input;
+        a.norm_w = norm;
+        a.output = output;
+        return a;
+    };
     auto gemv = [&](const char* name, const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in, int rows,
                     k::GemvInput input, const float* norm, k::GemvOutput output) {
-        k::GemvArgs a;
-        a.w = wt;
-        a.w2 = wt2;
-        a.out = out_rows;
-        a.in = in;
-        a.rows = rows;
-        a.input = input;
-        a.x = x.get();
-        a.ldx = in;
-        a.norm_w = norm;
+        k::GemvArgs a = product_args(wt, wt2, out_rows, in, rows, input, norm, output, x.get(), y.get());
         a.table = w.codec_embedding;
         a.index = d_ints.get() + 1;
-        a.output = output;
-        a.y = y.get();
-        a.ldy = out_rows;
         const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);
         time(name, bytes, [&, a] { k::gemv(a, ctx.launch()); });
     };
@@ -293,19 +291,8 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
             for (const int rows : {4, 8, 16, 32}) {
                 for (const int features : {16, 8}) {
                     if (wt2 && features == 16) continue;
-                    k::GemvArgs a;
-                    a.w = wt;
-                    a.w2 = wt2;
-                    a.out = out_rows;
-                    a.in = in;
-                    a.rows = rows;
-                    a.input = input;
-                    a.x = xs.get();
-                    a.ldx = in;
-                    a.norm_w = norm;
-                    a.output = output;
-                    a.y = ys.get();
-                    a.ldy = out_rows;
+                    const k::GemvArgs a =
+                        product_args(wt, wt2, out_rows, in, rows, input, norm, output, xs.get(), ys.get());
                     const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);
                     time("skinny " + name + " x" + std::to_string(rows) + " f" + std::to_string(features), bytes,
                          [&, a, features] { k::skinny_product(a, ctx.launch(), features); });

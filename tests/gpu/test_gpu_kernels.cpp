@@ -221,8 +221,7 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         a.x = d_x.get();
         a.ldx = ldx;
         a.ldy = ldy;
-        // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched,
-        // and the counters are back at zero.
+        // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched.
         const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before) {
             a.y = d_y.get();
             REQUIRE(k::skinny_supported(a));
