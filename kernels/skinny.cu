@@ -9,15 +9,14 @@ namespace qtts::kernels {
 
 namespace {
 
-constexpr int SK_WARPS = 8;        // warps sharing one tile, splitting the inputs (16 for products with few blocks)
-constexpr int SK_FEW_BLOCKS = 256; // fewer blocks than this (about 2 per SM): 16 warps per block
-constexpr int SK_FEATURES = 16;   // output features per tile (the m of m16n8k16)
-constexpr int SK_STEP = 32;       // inputs per warp step: two m16n8k16 products per 8 rows
-constexpr int SK_PREFETCH = 4;    // weight steps a warp keeps in flight (registers)
+constexpr int SK_WARPS = 8;          // warps of a block, splitting the inputs (twice as many for few blocks)
+constexpr int SK_FEW_BLOCKS = 256;   // products with fewer blocks (about 2 per SM) take 2 x SK_WARPS warps
+constexpr int SK_FEATURES = 16;      // output features per tile (the m of m16n8k16)
+constexpr int SK_STEP = 32;          // inputs per warp step: two m16n8k16 products per 8 rows
+constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight (registers)
 
-// Shared memory: every warp's sums, [8 warps][nt][32 lanes][4] floats.
+// Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
 constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
-
 // D += A · B for one m16n8k16 tile (bf16 in, fp32 accumulate; sm_80+).
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
@@ -59,8 +58,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int kw = warp;
+    const int kw = threadIdx.x / 32, lane = threadIdx.x % 32;  // kw: the warp, = its first input step
     const int g = lane / 4, q = lane % 4;
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
@@ -173,7 +171,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     // The warps' sums, and tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp).
 #pragma unroll
     for (int n = 0; n < NT; ++n)
-        *reinterpret_cast<float4*>(sk_sums + ((warp * NT + n) * 32 + lane) * 4) =
+        *reinterpret_cast<float4*>(sk_sums + ((kw * NT + n) * 32 + lane) * 4) =
             make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
     if (norm) {
 #pragma unroll
