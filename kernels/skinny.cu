@@ -1,8 +1,6 @@
 // One-launch tensor-core products over a few rows (see skinny.cuh for the design).
 #include "kernels/skinny.cuh"
 
-#include <atomic>
-
 #include "kernels/check.cuh"
 
 namespace qtts::kernels {
@@ -64,7 +62,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
     const int f0 = blockIdx.x * features;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
-    constexpr int PF = SK_PREFETCH;
 
     // This lane's weight rows, tile rows g and g + 8 (rows past `out` read the last row; their
     // sums are never stored).
@@ -92,9 +89,9 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
         prefetch_l2(a.w + size_t(f0) * in, bytes);
         if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
     }
-    uint4 wcur[PF][2];
+    uint4 wcur[SK_PREFETCH][2];
 #pragma unroll
-    for (int i = 0; i < PF; ++i) load_step(i, wcur[i]);
+    for (int i = 0; i < SK_PREFETCH; ++i) load_step(i, wcur[i]);
     pdl_wait();  // the weights above are constant; x comes from the previous kernel
     pdl_trigger();
 
@@ -111,10 +108,10 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
     // stay within the registers).
     constexpr int XG = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
-    static_assert(PF % XG == 0, "x groups must tile the weight ring");
-    for (int j0 = 0; j0 < mine; j0 += PF) {
+    static_assert(SK_PREFETCH % XG == 0, "x groups must tile the weight ring");
+    for (int j0 = 0; j0 < mine; j0 += SK_PREFETCH) {
 #pragma unroll
-        for (int h = 0; h < PF; h += XG) {
+        for (int h = 0; h < SK_PREFETCH; h += XG) {
             float4 xv[XG][NT][2];
             float4 nw[XG][2];
 #pragma unroll
@@ -163,7 +160,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
                     mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
                     mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
                 }
-                load_step(j0 + i + PF, wcur[i]);  // a ring: this slot takes the step PF on
+                load_step(j0 + i + SK_PREFETCH, wcur[i]);  // a ring: this slot takes the step SK_PREFETCH on
             }
         }
     }
@@ -224,8 +221,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
 template <int NT, int WARPS>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
     constexpr size_t smem = skinny_smem(NT, WARPS);
-    static std::atomic<uint64_t> raised{0};
-    smem_limit_raise(skinny_kernel<NT, WARPS>, smem, raised);
+    static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
     const dim3 grid((a.out + features - 1) / features);
     KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS>, a, features));
 }

@@ -9,9 +9,9 @@
 // (rebuilt every frame), the logits, and a table of rows (kernels/batch.cuh) that points each row
 // at its stream's buffers. So streams at different positions, with different prompts, voices and
 // sampling settings share one step, and each gets the codes it would get alone:
-//   * products: the gemv kernel computes every row exactly as in a batch of one (rows in groups
-//     of 8, same arithmetic), so narrow batches are bitwise equal to batch 1; batches of at least
-//     `wide_rows` rows use tensor cores with split hi/lo bf16 activations, equal to fp32-level
+//   * products: below `wide_rows` rows (default 2: one-row products) the gemv kernel computes
+//     every row exactly as in a batch of one (rows in groups of 8, same arithmetic, bitwise equal
+//     to batch 1, kept by the tests with a large wide_rows); from `wide_rows` rows tensor cores with split hi/lo bf16 activations, equal to fp32-level
 //     accuracy (~1e-6 relative): up to `skinny_max_rows` rows in one launch (kernels/skinny.cuh),
 //     wider ones as one cuBLAS GEMM between a split and a combine launch, as prefill does;
 //   * attention: one launch over all rows, each with its own cache and position;

@@ -15,6 +15,7 @@
 
 #include "engine/cpu/ops.h"
 #include "engine/cuda/gpu_context.h"
+#include "engine/cuda/gpu_lm_launch.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -83,6 +84,27 @@ uint64_t fresh_seed() {
 
 }  // namespace
 
+// A product's random weights from one seed, on the host (bf16 bits and their fp32 values) and the
+// device: W and W2 [out, in] in +-0.05 (seed, seed + 1), a bias [out] (seed + 3) and an RMSNorm
+// weight [in] in 0.5..1.5 (seed + 4); x and the residual take seed + 2 and seed + 5.
+struct RandomProduct {
+    std::vector<uint16_t> w_bf, w2_bf;
+    std::vector<float> w, w2, bias, norm_w;
+    DeviceArray<uint16_t> d_w, d_w2;
+    DeviceArray<float> d_bias, d_norm;
+    RandomProduct(int out, int in, uint64_t seed)
+        : w_bf(to_bf16(random_floats(size_t(out) * in, seed, -0.05f, 0.05f))),
+          w2_bf(to_bf16(random_floats(size_t(out) * in, seed + 1, -0.05f, 0.05f))),
+          w(from_bf16(w_bf)),
+          w2(from_bf16(w2_bf)),
+          bias(random_floats(size_t(out), seed + 3)),
+          norm_w(random_floats(size_t(in), seed + 4, 0.5f, 1.5f)),
+          d_w(upload(w_bf)),
+          d_w2(upload(w2_bf)),
+          d_bias(upload(bias)),
+          d_norm(upload(norm_w)) {}
+};
+
 TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]") {
     struct Shape {
         int out, in, rows;
@@ -94,65 +116,53 @@ TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]
     for (const Shape s : shapes) {
         const uint64_t seed = fresh_seed();
         INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " seed " << seed);
-        const auto w_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed, -0.05f, 0.05f));
-        const auto w2_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed + 1, -0.05f, 0.05f));
-        const auto w = from_bf16(w_bf), w2 = from_bf16(w2_bf);
+        const RandomProduct p(s.out, s.in, seed);
         const auto x = random_floats(size_t(s.rows) * s.in, seed + 2, -2.0f, 2.0f);
-        const auto bias = random_floats(size_t(s.out), seed + 3);
-        const auto norm_w = random_floats(size_t(s.in), seed + 4, 0.5f, 1.5f);
         const auto residual = random_floats(size_t(s.rows) * s.out, seed + 5);
-        auto d_w = upload(w_bf), d_w2 = upload(w2_bf);
-        auto d_x = upload(x), d_bias = upload(bias), d_norm = upload(norm_w);
+        auto d_x = upload(x);
 
-        k::GemvArgs a;
-        a.w = d_w.get();
-        a.out = s.out;
-        a.in = s.in;
-        a.rows = s.rows;
-        a.x = d_x.get();
-        a.ldx = s.in;
-        a.ldy = s.out;
+        k::GemvArgs a = qtts::cuda::gemv_product(p.d_w.get(), s.out, s.in, s.rows, d_x.get(), nullptr);
 
         SECTION("plain input, store with bias") {
             auto d_y = poisoned(size_t(s.rows) * s.out);
-            a.bias = d_bias.get();
+            a.bias = p.d_bias.get();
             a.y = d_y.get();
             k::gemv(a, context().launch());
             const auto y = download(d_y, size_t(s.rows) * s.out);
             std::vector<float> ref(y.size());
-            qtts::cpu::linear(x.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            qtts::cpu::linear(x.data(), s.rows, s.in, p.w.data(), p.bias.data(), s.out, ref.data());
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
         }
         SECTION("RMSNorm input, residual add") {
             auto d_y = upload(residual);
             a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
-            a.norm_w = d_norm.get();
+            a.norm_w = p.d_norm.get();
             a.eps = 1e-6f;
             a.output = k::GemvOutput::GEMV_OUTPUT_ADD;
             a.y = d_y.get();
             k::gemv(a, context().launch());
             const auto y = download(d_y, size_t(s.rows) * s.out);
             std::vector<float> xn(x.size()), ref(y.size());
-            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
-            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), nullptr, s.out, ref.data());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, p.norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, p.w.data(), nullptr, s.out, ref.data());
             for (size_t i = 0; i < ref.size(); ++i) ref[i] += residual[i];
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
         }
         SECTION("RMSNorm input, SwiGLU output") {
             auto d_y = poisoned(size_t(s.rows) * s.out);
-            a.w2 = d_w2.get();
+            a.w2 = p.d_w2.get();
             a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
-            a.norm_w = d_norm.get();
+            a.norm_w = p.d_norm.get();
             a.output = k::GemvOutput::GEMV_OUTPUT_SWIGLU;
             a.y = d_y.get();
             k::gemv(a, context().launch());
             const auto y = download(d_y, size_t(s.rows) * s.out);
             std::vector<float> xn(x.size()), g(y.size()), u(y.size()), ref(y.size());
-            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
-            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), nullptr, s.out, g.data());
-            qtts::cpu::linear(xn.data(), s.rows, s.in, w2.data(), nullptr, s.out, u.data());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, p.norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, p.w.data(), nullptr, s.out, g.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, p.w2.data(), nullptr, s.out, u.data());
             qtts::cpu::swiglu(g.data(), u.data(), ref.size(), ref.data());
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
@@ -169,14 +179,14 @@ TEST_CASE("gemv matches the CPU linear in every input/output mode", "[gpu][gemv]
             a.input = k::GemvInput::GEMV_INPUT_GATHER;
             a.table = d_table.get();
             a.index = d_ids.get();
-            a.bias = d_bias.get();
+            a.bias = p.d_bias.get();
             a.y = d_y.get();
             k::gemv(a, context().launch());
             const auto y = download(d_y, size_t(s.rows) * s.out);
             std::vector<float> xg(size_t(s.rows) * s.in), ref(y.size());
             for (int r = 0; r < s.rows; ++r)
                 std::copy_n(table.begin() + long(ids[size_t(r)]) * s.in, s.in, xg.begin() + long(r) * s.in);
-            qtts::cpu::linear(xg.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            qtts::cpu::linear(xg.data(), s.rows, s.in, p.w.data(), p.bias.data(), s.out, ref.data());
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
         }
@@ -201,24 +211,14 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " ldx +" << s.ldx_pad << " ldy +" << s.ldy_pad
                     << " seed " << seed);
         const int ldx = s.in + s.ldx_pad, ldy = s.out + s.ldy_pad;
-        const auto w_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed, -0.05f, 0.05f));
-        const auto w2_bf = to_bf16(random_floats(size_t(s.out) * s.in, seed + 1, -0.05f, 0.05f));
-        const auto w = from_bf16(w_bf), w2 = from_bf16(w2_bf);
+        const RandomProduct p(s.out, s.in, seed);
         const auto x_strided = random_floats(size_t(s.rows + 1) * ldx, seed + 2, -2.0f, 2.0f);  // one spare row
         std::vector<float> x(size_t(s.rows) * s.in);
         for (int r = 0; r < s.rows; ++r) std::copy_n(x_strided.begin() + long(r) * ldx, s.in, x.begin() + long(r) * s.in);
-        const auto bias = random_floats(size_t(s.out), seed + 3);
-        const auto norm_w = random_floats(size_t(s.in), seed + 4, 0.5f, 1.5f);
         const auto residual = random_floats(size_t(s.rows + 1) * ldy, seed + 5);
-        auto d_w = upload(w_bf), d_w2 = upload(w2_bf);
-        auto d_x = upload(x_strided), d_bias = upload(bias), d_norm = upload(norm_w);
+        auto d_x = upload(x_strided);
 
-        k::GemvArgs a;
-        a.w = d_w.get();
-        a.out = s.out;
-        a.in = s.in;
-        a.rows = s.rows;
-        a.x = d_x.get();
+        k::GemvArgs a = qtts::cuda::gemv_product(p.d_w.get(), s.out, s.in, s.rows, d_x.get(), nullptr);
         a.ldx = ldx;
         a.ldy = ldy;
         // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched.
@@ -241,10 +241,10 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
 
         SECTION("plain input, store with bias; the same bits twice, and the last row's bits alone") {
             auto d_y = upload(nan_y);
-            a.bias = d_bias.get();
+            a.bias = p.d_bias.get();
             const auto y = run(d_y, nan_y);
             std::vector<float> ref(y.size());
-            qtts::cpu::linear(x.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            qtts::cpu::linear(x.data(), s.rows, s.in, p.w.data(), p.bias.data(), s.out, ref.data());
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
             auto d_y2 = upload(nan_y);
@@ -273,14 +273,14 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         SECTION("RMSNorm input, residual add with bias") {
             auto d_y = upload(residual);
             a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
-            a.norm_w = d_norm.get();
+            a.norm_w = p.d_norm.get();
             a.eps = 1e-6f;
-            a.bias = d_bias.get();
+            a.bias = p.d_bias.get();
             a.output = k::GemvOutput::GEMV_OUTPUT_ADD;
             const auto y = run(d_y, residual);
             std::vector<float> xn(x.size()), ref(y.size());
-            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
-            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), bias.data(), s.out, ref.data());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, p.norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, p.w.data(), p.bias.data(), s.out, ref.data());
             for (int r = 0; r < s.rows; ++r)
                 for (int c = 0; c < s.out; ++c) ref[size_t(r) * s.out + c] += residual[size_t(r) * ldy + c];
             REQUIRE(all_finite(y));
@@ -288,15 +288,15 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         }
         SECTION("RMSNorm input, SwiGLU output") {
             auto d_y = upload(nan_y);
-            a.w2 = d_w2.get();
+            a.w2 = p.d_w2.get();
             a.input = k::GemvInput::GEMV_INPUT_RMSNORM;
-            a.norm_w = d_norm.get();
+            a.norm_w = p.d_norm.get();
             a.output = k::GemvOutput::GEMV_OUTPUT_SWIGLU;
             const auto y = run(d_y, nan_y);
             std::vector<float> xn(x.size()), g(y.size()), u(y.size()), ref(y.size());
-            qtts::cpu::rms_norm(x.data(), s.rows, s.in, norm_w.data(), 1e-6f, xn.data());
-            qtts::cpu::linear(xn.data(), s.rows, s.in, w.data(), nullptr, s.out, g.data());
-            qtts::cpu::linear(xn.data(), s.rows, s.in, w2.data(), nullptr, s.out, u.data());
+            qtts::cpu::rms_norm(x.data(), s.rows, s.in, p.norm_w.data(), 1e-6f, xn.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, p.w.data(), nullptr, s.out, g.data());
+            qtts::cpu::linear(xn.data(), s.rows, s.in, p.w2.data(), nullptr, s.out, u.data());
             qtts::cpu::swiglu(g.data(), u.data(), ref.size(), ref.data());
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
