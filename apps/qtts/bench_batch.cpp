@@ -11,6 +11,11 @@
 // path: step time per frame, audio seconds per wall second of LM work (b x 80 ms / step), the
 // bytes a step must read (weights once + every stream's talker KV cache) and the bandwidth that
 // achieves, and the graph's nodes and device memory.
+// Then the batched prefill (engine/cuda/gpu_prefill_batch.h): for each bucket b, b prompts started
+// one after another (GpuLm::generation_start each) against started together (prompt_load each, one
+// GpuPrefillBatch::run with the engine's row cap, generation_begin each), wall time with the
+// synchronisation, median of 5, at the bench prompt's length and at a ~120-position one (the
+// serving benchmark's sentences with the byte-level tokenizer of a random model are ~125).
 #include "apps/qtts/bench_batch.h"
 
 #ifdef QTTS_HAVE_CUDA
@@ -28,6 +33,7 @@
 #include "engine/common/error.h"
 #include "engine/cuda/event_timer.h"
 #include "engine/cuda/gpu_batch.h"
+#include "engine/cuda/gpu_prefill_batch.h"
 #include "engine/generation/sampling.h"
 #include "engine/model/weights.h"
 #include "engine/text/prompt.h"
@@ -44,6 +50,77 @@ struct PathSpec {
     int wide_rows;        // 0: the default
     int skinny_max_rows;  // -1: the default
 };
+
+// The bench prompt with its text `repeat` times (a longer prompt of the same kind).
+qtts::Prompt long_prompt(const qtts::ModelConfig& config, int repeat) {
+    qtts::Prompt p = bench_prompt(config);
+    qtts::Prompt longer = p;
+    longer.positions.clear();
+    // Positions with text (the spoken text's rows) repeated in place; the rest kept once.
+    std::vector<qtts::PromptPosition> text;
+    size_t first_text = p.positions.size();
+    for (size_t i = 0; i < p.positions.size(); ++i)
+        if (p.positions[i].text_id >= 0 && p.positions[i].codec == qtts::CodecSource::CODEC_SOURCE_NONE) {
+            first_text = std::min(first_text, i);
+            text.push_back(p.positions[i]);
+        }
+    for (size_t i = 0; i < p.positions.size(); ++i) {
+        if (i == first_text)
+            for (int r = 1; r < repeat; ++r) longer.positions.insert(longer.positions.end(), text.begin(), text.end());
+        longer.positions.push_back(p.positions[i]);
+    }
+    return longer;
+}
+
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights,
+                            const std::vector<std::unique_ptr<qc::GpuLm>>& streams, const std::vector<int>& sizes,
+                            qc::GpuGenerationSetup setup) {
+    const int chunk = streams.front()->options().prefill_chunk;
+    qc::GpuPrefillBatch prefill(weights, context, chunk, std::max(qc::PREFILL_BATCH_ROWS, chunk));
+    prefill.warm_up();
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("\n  prompt prefills + first draws, one after another vs together (%d rows per pass), median of 5:\n",
+                prefill.max_rows());
+    std::printf("  %-7s %-10s %12s %12s %8s\n", "streams", "positions", "alone ms", "together ms", "ratio");
+    for (const int repeat : {1, 5}) {
+        const qtts::Prompt prompt = long_prompt(weights->config(), repeat);
+        const int L = int(prompt.positions.size());
+        for (const int b : sizes) {
+            std::vector<double> alone, together;
+            for (int rep = 0; rep < 6; ++rep) {  // the first round warms up, not counted
+                auto t0 = Clock::now();
+                for (int i = 0; i < b; ++i) streams[size_t(i)]->generation_start(prompt, setup);
+                const double a = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+                t0 = Clock::now();
+                std::vector<qc::GpuLm*> lms;
+                std::vector<qc::GpuLm::PromptRows> loaded;
+                std::vector<int> positions;
+                for (int i = 0; i < b; ++i) {
+                    lms.push_back(streams[size_t(i)].get());
+                    loaded.push_back(lms.back()->prompt_load(prompt));
+                    positions.push_back(loaded.back().positions);
+                }
+                prefill.run(lms, positions);
+                for (int i = 0; i < b; ++i) lms[size_t(i)]->generation_begin(loaded[size_t(i)], setup);
+                context.synchronize();
+                const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+                if (rep > 0) {
+                    alone.push_back(a);
+                    together.push_back(t);
+                }
+            }
+            const double a = median_of(alone), t = median_of(together);
+            std::printf("  %-7d %-10d %12.2f %12.2f %8.2f\n", b, L, a, t, a / t);
+            rows.push_back({{"streams", b}, {"positions", L}, {"alone_ms", a}, {"together_ms", t}});
+        }
+    }
+    return rows;
+}
 
 }  // namespace
 
@@ -147,6 +224,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         batch.bind({});
     }
     out["batch"] = rows;
+    out["prefill"] = prefill_rows(context, weights, streams, sizes, setup);
     return out;
 }
 

@@ -51,6 +51,9 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
     family("qtts_engine_batch_decoded_chunks_total", "counter",
            "Stream chunks whose audio came out of a batched speech-decoder pass (CUDA).",
            [](const EngineStatus& e) { return e.stats.batch_decoded_chunks; });
+    family("qtts_engine_batch_started_total", "counter",
+           "Streams whose prompt prefill ran in a pass shared with other new streams (CUDA).",
+           [](const EngineStatus& e) { return e.stats.batch_started; });
     header_append(out, "qtts_engine_refused_total", "counter",
                   "New streams the engine refused (429): at its stream limit, or by admission control (capacity).");
     for (const EngineStatus& e : engines) {

@@ -256,6 +256,9 @@ struct EngineStats {
     // Stream chunks whose audio came out of a batched decoder pass (CUDA: the whole chunks of a
     // batched step's streams, decoded together).
     int64_t batch_decoded_chunks = 0;
+    // Streams whose first prompt prefill ran in a pass shared with other newcomers' (CUDA: the
+    // newcomers of one round start together).
+    int64_t batch_started = 0;
     // Refusals by submit with ERROR_BUSY: at max_streams, or by admission control (capacity).
     int64_t refused_limit = 0;
     int64_t refused_capacity = 0;

@@ -8,7 +8,6 @@
 #include <set>
 #include <string>
 
-#include <cublas_v2.h>
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
@@ -176,16 +175,12 @@ void GpuBatch::product(const k::GemvArgs& a) {
     const int out = swiglu ? 2 * a.out : a.out;
     QTTS_ASSERT(a.rows <= rows_cap_ && a.in <= max_in_ && out <= max_out_);
     const bool norm = a.input == k::GemvInput::GEMV_INPUT_RMSNORM;
-    CUDA_CHECK_KERNEL(k::rmsnorm_split_bf16(a.x, a.rows, a.in, a.ldx, norm ? a.norm_w : nullptr, a.eps, xb_, l));
-    const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(context_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, 2 * a.rows, a.in, &alpha, a.w,
-                              CUDA_R_16BF, a.in, xb_, CUDA_R_16BF, a.in, &beta, y2_, CUDA_R_32F, out,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     using E = k::LinearEpilogue;
     const E epilogue = swiglu ? E::LINEAR_EPILOGUE_SWIGLU
                               : (a.output == k::GemvOutput::GEMV_OUTPUT_ADD ? E::LINEAR_EPILOGUE_ADD
                                                                              : E::LINEAR_EPILOGUE_STORE);
-    CUDA_CHECK_KERNEL(k::linear_split_combine(y2_, out, a.rows, a.out, a.bias, epilogue, a.y, a.ldy, l));
+    linear_split(l, context_.cublas(), SplitScratch{xb_, y2_}, a.x, a.rows, a.in, a.ldx, norm ? a.norm_w : nullptr,
+                 a.eps, a.w, out, a.out, a.bias, epilogue, a.y, a.ldy, 2 * a.rows);
 }
 
 k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {

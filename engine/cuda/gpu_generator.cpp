@@ -20,20 +20,21 @@ GpuGenerationSetup setup_from(const GenerationParams& params, uint64_t seed) {
     return s;
 }
 
-GpuLmOptions lm_options(const BackendOptions& options) {
+}  // namespace
+
+GpuLmOptions gpu_lm_options(const BackendOptions& options) {
     GpuLmOptions lm;
     lm.max_context = options.max_context;
     if (options.prefill_chunk > 0) lm.prefill_chunk = options.prefill_chunk;
     return lm;
 }
-}  // namespace
 
 GpuGenerator::GpuGenerator(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context,
                            const BackendOptions& options)
     : context_(context),
       chunk_sizes_(options.chunk_sizes),
       fused_chunks_(options.fused_chunks),
-      lm_(std::move(weights), context, lm_options(options)),
+      lm_(std::move(weights), context, gpu_lm_options(options)),
       graphs_(lm_, options.cuda_graphs) {
     QTTS_ASSERT(!chunk_sizes_.empty());
     if (lm_.weights().num_code_groups > MAX_CODE_GROUPS)
@@ -81,6 +82,18 @@ void GpuGenerator::start(const Prompt& prompt, const GenerationParams& params, u
     generation_params_validate(params);
     lm_.generation_start(prompt, setup_from(params, seed));
     begin(params, int(prompt.positions.size()), prompt.text_tokens, prompt.text_complete);
+    lm_.codes_read(0, 1, host_codes_.data());
+}
+
+GpuLm::PromptRows GpuGenerator::start_load(const Prompt& prompt, const GenerationParams& params) {
+    generation_params_validate(params);
+    return lm_.prompt_load(prompt);
+}
+
+void GpuGenerator::start_finish(const Prompt& prompt, const GpuLm::PromptRows& rows, const GenerationParams& params,
+                                uint64_t seed) {
+    lm_.generation_begin(rows, setup_from(params, seed));
+    begin(params, rows.positions, prompt.text_tokens, prompt.text_complete);
     lm_.codes_read(0, 1, host_codes_.data());
 }
 

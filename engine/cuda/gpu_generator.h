@@ -36,6 +36,9 @@
 
 namespace qtts::cuda {
 
+// The LM state options a generator of `options` makes (its context, its prefill chunk).
+GpuLmOptions gpu_lm_options(const BackendOptions& options);
+
 class GpuGenerator {
 public:
     // Allocates the GPU state and captures one frame graph per options.chunk_sizes (when
@@ -46,6 +49,13 @@ public:
     void start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
                uint64_t seed, int text_tokens, bool text_closed = true);
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed);
+    // start(prompt, params, seed) in two halves around a prefill run elsewhere (several streams'
+    // prompts together: GpuGeneratorPool::batch_start): start_load() checks the parameters and the
+    // prompt (throws ERROR_INVALID_ARGUMENT with the state unchanged) and loads the prompt
+    // (GpuLm::prompt_load); after the prefill of its rows, start_finish() begins the segment.
+    GpuLm::PromptRows start_load(const Prompt& prompt, const GenerationParams& params);
+    void start_finish(const Prompt& prompt, const GpuLm::PromptRows& rows, const GenerationParams& params,
+                      uint64_t seed);
 
     // Up to `frames` (>= 1) frames: codes appended to *codes and, with a decoder attached, their
     // samples to *pcm (untouched without one; may then be null). See ChunkGenerator::chunk.

@@ -247,6 +247,9 @@ void GpuGeneratorPool::batch_enable(int streams) {
                   options_.device, batch_->max_streams(), buckets.size(), o.chunk_frames.size(),
                   free_before > free_after ? (free_before - free_after) / 1e6 : 0.0);
     batch_decoder_enable();
+    const int chunk = gpu_lm_options(options_).prefill_chunk;
+    prefill_batch_ = std::make_unique<GpuPrefillBatch>(weights_, *context_, chunk, std::max(PREFILL_BATCH_ROWS, chunk));
+    prefill_batch_->warm_up();
     states_trim();
 }
 
@@ -331,6 +334,36 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
     batch_decoder_->decode(decoders, batch_codes_.data(), frames, batch_pcm_.data());
     for (size_t i = 0; i < whole.size(); ++i) whole[i]->batch_pcm_set(batch_pcm_.data() + i * frames * spf, frames);
     return int(whole.size());
+}
+
+void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {
+    context_->guard().check("GpuGeneratorPool::batch_start");
+    QTTS_ASSERT(prefill_batch_);
+    struct Loaded {
+        GenerationStart* start;
+        GpuGenerator* state;
+        GpuLm::PromptRows rows;
+    };
+    std::vector<Loaded> loaded;
+    for (GenerationStart& s : starts) {
+        auto* lease = dynamic_cast<GpuChunkGenerator*>(s.generator);
+        QTTS_ASSERT(lease && lease->pool_.get() == this);
+        try {
+            loaded.push_back(Loaded{&s, lease->state_.get(), lease->state_->start_load(s.prompt, s.params)});
+        } catch (const Error& e) {
+            if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;  // the device, not this request
+            s.error = e.what();
+        }
+    }
+    if (loaded.empty()) return;
+    std::vector<GpuLm*> lms;
+    std::vector<int> positions;
+    for (const Loaded& l : loaded) {
+        lms.push_back(&l.state->lm());
+        positions.push_back(l.rows.positions);
+    }
+    prefill_batch_->run(lms, positions);
+    for (const Loaded& l : loaded) l.state->start_finish(l.start->prompt, l.rows, l.start->params, l.start->seed);
 }
 
 void GpuGeneratorPool::owner_adopt() { context_->guard().adopt(); }

@@ -27,6 +27,7 @@
 #include "engine/cuda/gpu_batch.h"
 #include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_generator.h"
+#include "engine/cuda/gpu_prefill_batch.h"
 #include "engine/generation/chunk_generator.h"
 #include "engine/generation/decoder_stream.h"
 
@@ -101,6 +102,13 @@ public:
     // not). Owner thread.
     // Returns the number of streams the batched decoder pass decoded (0: none).
     int batch_run(const std::vector<ChunkGenerator*>& generators, int frames);
+    // Segment starts of several generators (from acquire()) with their prompts prefilled together
+    // (cuda/gpu_prefill_batch.h) instead of one after another: each start's prompt and parameters
+    // are checked first, and one that is refused gets its `error` and is left out (its generator
+    // unchanged) while the others start; each started generator is then where start() leaves it.
+    // Throws (ERROR_CUDA) when the device step fails: every generator's state is then unknown.
+    // Owner thread; after batch_enable.
+    void batch_start(std::vector<GenerationStart>& starts);
 
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
@@ -134,6 +142,7 @@ private:
     std::vector<int> fused_sizes_;
     std::unique_ptr<GpuBatch> batch_;  // null without batching
     std::unique_ptr<GpuBatchDecoder> batch_decoder_;  // null without batching or own decoders
+    std::unique_ptr<GpuPrefillBatch> prefill_batch_;  // null without batching
     std::vector<int32_t> batch_codes_;  // [streams, frames, nq] for the batched decoder pass
     std::vector<float> batch_pcm_;      // [streams, frames · spf]
 };

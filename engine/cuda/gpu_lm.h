@@ -130,6 +130,7 @@ public:
     const GpuLmWeights& weights() const { return *weights_; }
     GpuContext& context() { return context_; }
     int max_context() const { return options_.max_context; }
+    const GpuLmOptions& options() const { return options_; }
     int code_capacity() const { return code_capacity_; }
     size_t state_bytes() const { return state_bytes_; }
 
@@ -154,8 +155,21 @@ public:
     // Prefill from a built prompt: every embedding is computed on the GPU.
     void generation_start(const Prompt& prompt, const GpuGenerationSetup& setup);
     // Benchmarks: the talker prefill over the first L rows of the prompt-embedding buffer (what
-    // the last generation_start() left there), enqueued without a sync; graph-capturable.
+    // the last generation_start() or prompt_load() left there), enqueued without a sync;
+    // graph-capturable.
     void prefill_enqueue(int L);
+    // generation_start(prompt, setup) in three parts, so that the middle one can run over several
+    // streams' rows at once (cuda/gpu_prefill_batch.h): prompt_load() checks the prompt (throws
+    // ERROR_INVALID_ARGUMENT before any device work, the stream unchanged) and builds its
+    // embeddings and text track on the device; then the talker prefill of those rows
+    // (prefill_enqueue(positions) alone, or GpuPrefillBatch::run); then generation_begin(): the
+    // stream's generation state and the codebook-0 draw of frame 0, enqueued (no sync).
+    struct PromptRows {
+        int positions = 0;  // prompt rows (talker positions)
+        int trailing = 0;   // text-track rows
+    };
+    PromptRows prompt_load(const Prompt& prompt);
+    void generation_begin(const PromptRows& rows, const GpuGenerationSetup& setup);
     // Appends text-track rows (projected on the GPU) for the streaming text layout.
     void trailing_append(const int32_t* text_ids, size_t n);
     int trailing_rows() const { return trailing_rows_; }
@@ -183,6 +197,8 @@ public:
     void codes_read_async(int first, int count, int32_t* pinned_out);
 
 private:
+    friend class GpuPrefillBatch;  // runs prefill passes over its rows and this stream's caches
+
     struct StackBuffers {
         float* x = nullptr;     // [rows, H] residual stream
         float* qkv = nullptr;   // [rows, qkv_dim]
@@ -198,14 +214,18 @@ private:
     kernels::Launch launch() const { return context_.launch(); }
     void stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host);
     void stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0);
-    void gemm_split(const bf16_t* w, int out, int in, int T);  // y2_ = [W xb_hi; W xb_lo]
     void linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out, int n,
                         const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy);
-    void talker_head(int row);
+    // Attention of talker layer `layer` for T prompt rows at positions pos0.. (qkv [T, qkv_dim]
+    // in, attn [T, q_dim] out): their keys and values stored in this stream's cache first.
+    void prefill_attention(int layer, float* qkv, float* attn, int T, int pos0);
+    void talker_head(const float* x_row);  // [H] -> hidden_, talker_logits_
     void predictor_pass(int group);
     void sample_enqueue(int group, int frame_offset, bool advance);
     void text_project(const int32_t* ids_dev, int n, float* out, int ldo);
     void prefill_device(const float* embeds_dev, int L);
+    PromptRows prompt_embed_device(const Prompt& prompt);
+    void generation_begin_device(const PromptRows& rows, const GpuGenerationSetup& setup);
     void state_upload(int L, int trailing, const GpuGenerationSetup& setup);
     void upload_ints(const int32_t* host, size_t n, int32_t* dev);
 

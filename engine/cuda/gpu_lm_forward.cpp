@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include <cublas_v2.h>
 
 #include "engine/common/error.h"
 #include "engine/cuda/gpu_lm_launch.h"
@@ -21,28 +20,17 @@ namespace k = ::qtts::kernels;
 
 // ---- building blocks ------------------------------------------------------------------------
 
-void GpuLm::gemm_split(const bf16_t* w, int out, int in, int T) {
-    // Row-major y2 [2T, out] = xb [2T, in] · W[out, in]^T, i.e. column-major y2^T = W^T(op T) · xb^T.
-    // cuBLAS picks a kernel per problem shape, and the first product of a shape in a process costs
-    // milliseconds (measured: +4..14 ms on the first request of each new prompt length, 1.7B), so
-    // the row count is rounded up to a multiple of 32 within the scratch's 2C rows: the rows past
-    // 2T read stale scratch and their results are never read. Prefill then meets at most 2C/32
-    // shapes, all of which the load-time warm-up runs.
-    const int rows = std::min((2 * T + 31) / 32 * 32, 2 * options_.prefill_chunk);
-    const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(context_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, CUDA_R_16BF, in,
-                              xb_, CUDA_R_16BF, in, &beta, y2_, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
-}
-
 // y[T, n] (epilogue) = W[out, in] · rmsnorm(x[T, in]) (norm_w null: x as given), through split
 // bf16 activations (hi + lo) and one cuBLAS GEMM: fp32-level accuracy at prefill sizes.
 void GpuLm::linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out,
                            int n, const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy) {
-    const k::Launch l = launch();
-    CUDA_CHECK_KERNEL(k::rmsnorm_split_bf16(x, T, in, in, norm_w, eps, xb_, l));
-    gemm_split(w, out, in, T);
-    CUDA_CHECK_KERNEL(k::linear_split_combine(y2_, out, T, n, bias, epilogue, y, ldy, l));
+    // cuBLAS picks a kernel per problem shape, and the first product of a shape in a process costs
+    // milliseconds (measured: +4..14 ms on the first request of each new prompt length, 1.7B), so
+    // the GEMM's row count is rounded up to a multiple of 32 within the scratch's 2C rows. Prefill
+    // then meets at most 2C/32 shapes, all of which the load-time warm-up runs.
+    const int gemm_rows = std::min((2 * T + 31) / 32 * 32, 2 * options_.prefill_chunk);
+    linear_split(launch(), context_.cublas(), SplitScratch{xb_, y2_}, x, T, in, in, norm_w, eps, w, out, n, bias,
+                 epilogue, y, ldy, gemm_rows);
 }
 
 void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host) {
@@ -57,31 +45,34 @@ void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const 
 }
 
 void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0) {
-    const k::Launch l = launch();
     const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
     using E = k::LinearEpilogue;
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const GpuStack::Layer& L = s.layers[i];
         linear_prefill(b.x, T, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr, E::LINEAR_EPILOGUE_STORE, b.qkv, QKV);
-
-        k::AttentionArgs a = attention_args(s, int(i), b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
-                                            partial_, counters_, T, nullptr, pos0);
-        a.append = false;
-        a.splits = k::attention_splits(pos0 + T);
-        CUDA_CHECK_KERNEL(k::kv_append(a, l));
-        CUDA_CHECK_KERNEL(k::attention(a, l));
-
+        prefill_attention(int(i), b.qkv, b.attn, T, pos0);
         linear_prefill(b.attn, T, QD, nullptr, 0.0f, L.o, H, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H);
         linear_prefill(b.x, T, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr, E::LINEAR_EPILOGUE_SWIGLU, b.mlp, I);
         linear_prefill(b.mlp, T, I, nullptr, 0.0f, L.down, H, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H);
     }
 }
 
-void GpuLm::talker_head(int row) {
+void GpuLm::prefill_attention(int layer, float* qkv, float* attn, int T, int pos0) {
+    const k::Launch l = launch();
+    const StackBuffers& b = talker_buf_;
+    k::AttentionArgs a = attention_args(weights_->talker, layer, qkv, attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
+                                        partial_, counters_, T, nullptr, pos0);
+    a.append = false;
+    a.splits = k::attention_splits(pos0 + T);
+    CUDA_CHECK_KERNEL(k::kv_append(a, l));
+    CUDA_CHECK_KERNEL(k::attention(a, l));
+}
+
+void GpuLm::talker_head(const float* x_row) {
     const k::Launch l = launch();
     const GpuStack& s = weights_->talker;
     const int H = s.hidden;
-    CUDA_CHECK_KERNEL(k::rmsnorm(talker_buf_.x + size_t(row) * H, 1, H, H, s.norm, s.eps, hidden_, H, l));
+    CUDA_CHECK_KERNEL(k::rmsnorm(x_row, 1, H, H, s.norm, s.eps, hidden_, H, l));
     gemv_launch(gemv_product(weights_->codec_head, weights_->codec_vocab, H, 1, hidden_, talker_logits_), l);
 }
 
@@ -146,7 +137,7 @@ void GpuLm::prefill_device(const float* embeds_dev, int L) {
         stack_prefill(weights_->talker, talker_buf_, T, c0);
         last = T - 1;
     }
-    talker_head(last);
+    talker_head(talker_buf_.x + size_t(last) * H);
     talker_length_ = L;
 }
 
@@ -179,7 +170,7 @@ void GpuLm::talker_step(const float* input) {
     CUDA_CHECK(cudaMemcpyAsync(talker_buf_.x, input, size_t(weights_->talker.hidden) * 4, cudaMemcpyHostToDevice,
                                context_.stream()));
     stack_decode(weights_->talker, talker_buf_, 1, nullptr, talker_length_);
-    talker_head(0);
+    talker_head(talker_buf_.x);
     ++talker_length_;
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
@@ -228,7 +219,7 @@ void GpuLm::talker_frame_enqueue() {
     f.ldo = w.talker.hidden;
     CUDA_CHECK_KERNEL(k::frame_embed(f, launch()));
     stack_decode(w.talker, talker_buf_, 1, &state_->position, 0);
-    talker_head(0);
+    talker_head(talker_buf_.x);
     sample_enqueue(0, 1, true);
 }
 

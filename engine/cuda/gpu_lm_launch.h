@@ -6,11 +6,15 @@
 
 #include <cstddef>
 
+#include <cublas_v2.h>
+
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gpu_lm.h"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/linear.cuh"
+#include "kernels/rmsnorm.cuh"
 #include "kernels/sampling.cuh"
 
 namespace qtts::cuda {
@@ -88,6 +92,29 @@ inline kernels::AttentionArgs attention_args(const GpuStack& s, int layer, float
 }
 
 inline void gemv_launch(const kernels::GemvArgs& a, const kernels::Launch& l) { CUDA_CHECK_KERNEL(kernels::gemv(a, l)); }
+
+// Scratch of the split tensor-core path: xb [gemm rows, in] bf16, y2 [gemm rows, out] fp32.
+struct SplitScratch {
+    bf16_t* xb = nullptr;
+    float* y2 = nullptr;
+};
+
+// y[T, n] (epilogue) = W[out, in] · rmsnorm(x[T, in]) (norm_w null: x as given) on tensor
+// cores at fp32-level accuracy: x split into bf16 hi rows [0, T) and lo rows [T, 2T) of xb, one
+// cuBLAS GEMM y2 = xb · W^T over `gemm_rows` >= 2T rows (the rows past 2T read stale scratch and
+// are never read: rounding the row count keeps cuBLAS to few problem shapes), then the halves
+// summed under the output rule (kernels/linear.cuh). The prefill passes and wide batched
+// products run through here.
+inline void linear_split(const kernels::Launch& l, cublasHandle_t cublas, const SplitScratch& s, const float* x,
+                         int T, int in, int ldx, const float* norm_w, float eps, const bf16_t* w, int out, int n,
+                         const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy, int gemm_rows) {
+    CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(x, T, in, ldx, norm_w, eps, s.xb, l));
+    // Row-major y2 [rows, out] = xb [rows, in] · W[out, in]^T, i.e. column-major y2^T = W^T(op T) · xb^T.
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, gemm_rows, in, &alpha, w, CUDA_R_16BF, in, s.xb,
+                              CUDA_R_16BF, in, &beta, s.y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUDA_CHECK_KERNEL(kernels::linear_split_combine(s.y2, out, T, n, bias, epilogue, y, ldy, l));
+}
 
 // Activations of one decode pass over `rows` rows (each [rows, width], dense).
 struct DecodeRows {

@@ -83,14 +83,38 @@ void GpuLm::generation_start(const float* prefill, int L, const float* trailing,
     if (T > 0)
         CUDA_CHECK(cudaMemcpyAsync(trailing_, trailing, size_t(T) * H * 4, cudaMemcpyHostToDevice, context_.stream()));
     prefill_device(embeds_, L);
-    state_upload(L, T, setup);
-    sample_enqueue(0, 0, false);
+    generation_begin_device(PromptRows{L, T}, setup);
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 
 void GpuLm::generation_start(const Prompt& prompt, const GpuGenerationSetup& setup) {
     check("GpuLm::generation_start");
     DeviceScope scope(context_.device());
+    const PromptRows rows = prompt_embed_device(prompt);
+    prefill_device(embeds_, rows.positions);
+    generation_begin_device(rows, setup);
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+GpuLm::PromptRows GpuLm::prompt_load(const Prompt& prompt) {
+    check("GpuLm::prompt_load");
+    DeviceScope scope(context_.device());
+    return prompt_embed_device(prompt);
+}
+
+void GpuLm::generation_begin(const PromptRows& rows, const GpuGenerationSetup& setup) {
+    check("GpuLm::generation_begin");
+    DeviceScope scope(context_.device());
+    QTTS_ASSERT(talker_length_ == rows.positions);  // the prefill of these rows ran
+    generation_begin_device(rows, setup);
+}
+
+void GpuLm::generation_begin_device(const PromptRows& rows, const GpuGenerationSetup& setup) {
+    state_upload(rows.positions, rows.trailing, setup);
+    sample_enqueue(0, 0, false);
+}
+
+GpuLm::PromptRows GpuLm::prompt_embed_device(const Prompt& prompt) {
     const k::Launch l = launch();
     const GpuLmWeights& w = *weights_;
     const int H = w.talker.hidden, G = w.num_code_groups, M = options_.max_context;
@@ -188,11 +212,8 @@ void GpuLm::generation_start(const Prompt& prompt, const GpuGenerationSetup& set
         CUDA_CHECK_KERNEL(k::rows_add(scratch_rows_, H, ints_ + o_ref_index, int(ref_rows.size()), H, ints_ + o_ref_rows, embeds_, H, l));
     }
     if (T > 0) text_project(ints_ + o_trailing, T, trailing_, H);
-
-    prefill_device(embeds_, L);
-    state_upload(L, T, setup);
-    sample_enqueue(0, 0, false);
-    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    talker_length_ = 0;  // until the prefill of these rows has run
+    return PromptRows{L, T};
 }
 
 void GpuLm::trailing_append(const int32_t* text_ids, size_t n) {

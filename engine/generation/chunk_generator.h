@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/generation/frame.h"
@@ -76,6 +77,16 @@ public:
         (void)frames;
         return false;
     }
+};
+
+// One segment start of a batched start (SpeechModel::batch_start): what ChunkGenerator::start
+// takes, for one generator, and what became of it.
+struct GenerationStart {
+    ChunkGenerator* generator = nullptr;
+    Prompt prompt;
+    GenerationParams params;
+    uint64_t seed = 0;
+    std::string error;  // set when this start was refused (its prompt or parameters); the others went on
 };
 
 }  // namespace qtts

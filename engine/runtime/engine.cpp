@@ -7,6 +7,7 @@
 #include <future>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <concurrentqueue.h>
@@ -376,9 +377,10 @@ struct Engine::Impl {
             std::this_thread::sleep_for(std::chrono::microseconds(us));
     }
 
-    // Batched LM steps (CUDA), two per round. First the newcomers: each starts its first segment
-    // (its prompt prefill, alone), then their first chunks are made in one step, so that a round
-    // with several new requests pays one frame step for all of them instead of one each. Then the
+    // Batched LM steps (CUDA), two per round. First the newcomers: their first segments start
+    // together (their prompt prefills in shared passes, SpeechModel::batch_start), then their
+    // first chunks are made in one step, so that a round with several new requests pays one
+    // prefill pass and one frame step for all of them instead of one each. Then the
     // streams whose next chunk is a steady one and can be made now. service() then reads (and,
     // where the batched decoder pass did not, decodes) each stream's frames as usual. A lone
     // newcomer or steady stream takes its own, faster, single-stream path in service(). Streams
@@ -392,6 +394,8 @@ struct Engine::Impl {
                    s.served_round_ != round && s.ring_.available_write() >= size_t(k) * SAMPLES_PER_FRAME;
         };
         if (std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); }) < 2) return;
+        first_batch_start(active, newcomer);
+        if (failed.load()) return;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
         for (auto it = active.begin(); it != active.end() && int(generators.size()) < batch_max;) {
@@ -418,6 +422,60 @@ struct Engine::Impl {
         }
         // One candidate alone makes its chunk in service() with its own graph (prefill done).
         if (generators.size() >= 2) batch_run(active, generators, members, k);
+    }
+
+    // The newcomers' first segment starts, run together (at most one batch of them, in the
+    // round's order). One left alone starts in first_candidate() as before. A start refused for
+    // its own request ends that stream with the reason; a failed device step ends them all, as a
+    // failed batched step does. Engine thread.
+    template <typename Newcomer>
+    void first_batch_start(std::list<std::shared_ptr<StreamImpl>>& active, const Newcomer& newcomer) {
+        std::vector<GenerationStart> starts;
+        std::vector<StreamImpl*> members;
+        for (auto it = active.begin(); it != active.end() && int(starts.size()) < batch_max;) {
+            StreamImpl& s = **it;
+            try {
+                if (newcomer(s))
+                    if (std::optional<GenerationStart> start = s.utterance_->first_request()) {
+                        starts.push_back(std::move(*start));
+                        members.push_back(&s);
+                    }
+                ++it;
+            } catch (const std::exception& e) {  // its prompt could not be built
+                finish(s, StopReason::STOP_ERROR, e.what());
+                it = active.erase(it);
+            }
+        }
+        if (starts.size() < 2) return;
+        const auto drop = [&active](const std::vector<StreamImpl*>& gone) {
+            active.remove_if([&gone](const std::shared_ptr<StreamImpl>& s) {
+                return std::find(gone.begin(), gone.end(), s.get()) != gone.end();
+            });
+        };
+        try {
+            model->batch_start(starts);
+        } catch (const std::exception& e) {
+            QTTS_LOG_WARN("a batched start of {} streams failed: {}", starts.size(), e.what());
+            for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
+            drop(members);
+            if (!model->backend_recover()) backend_lost(active, e.what());
+            return;
+        }
+        std::vector<StreamImpl*> refused;
+        int64_t started = 0;
+        for (size_t i = 0; i < starts.size(); ++i) {
+            if (!starts[i].error.empty()) {
+                QTTS_LOG_WARN("stream {} failed: {}", members[i]->id(), starts[i].error);
+                finish(*members[i], StopReason::STOP_ERROR, starts[i].error);
+                refused.push_back(members[i]);
+                continue;
+            }
+            members[i]->utterance_->first_started();
+            ++started;
+        }
+        drop(refused);
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        if (started >= 2) stats.batch_started += started;
     }
 
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {

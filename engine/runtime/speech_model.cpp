@@ -258,6 +258,17 @@ int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int f
     fail(ErrorCode::ERROR_INTERNAL, "batch_run on the {} backend, which does not batch", backend_name());
 }
 
+void SpeechModel::batch_start(std::vector<GenerationStart>& starts) const {
+#ifdef QTTS_HAVE_CUDA
+    if (gpu_ && gpu_->batch_max() > 0) {
+        gpu_->batch_start(starts);
+        return;
+    }
+#endif
+    (void)starts;
+    fail(ErrorCode::ERROR_INTERNAL, "batch_start on the {} backend, which does not batch", backend_name());
+}
+
 void SpeechModel::owner_adopt() const {
 #ifdef QTTS_HAVE_CUDA
     if (gpu_) gpu_->owner_adopt();

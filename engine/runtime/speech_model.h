@@ -97,6 +97,11 @@ public:
     // batched pass, their audio); returns how many streams' chunks that pass decoded. Owner thread.
     int batch_max() const;
     int batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const;
+    // Batched starts (same backends): the segment starts of several generators with their prompt
+    // prefills run together. A start whose prompt or parameters are refused gets its `error` (its
+    // generator unchanged) and the others start; throws when the device step fails (every
+    // generator's state unknown). Owner thread.
+    void batch_start(std::vector<GenerationStart>& starts) const;
     // CUDA: hands every GPU object to the calling thread (load on one thread, generate on another).
     // No-op on the CPU backend.
     void owner_adopt() const;

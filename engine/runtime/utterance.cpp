@@ -17,18 +17,39 @@ Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech pr
         generator_->reference_decode(base.ref_codes.data(), base.ref_frames);
 }
 
-bool Utterance::segment_start() {
-    if (next_segment_ >= prepared_.segments.size()) return false;
+GenerationStart Utterance::segment_request() const {
+    QTTS_ASSERT(next_segment_ < prepared_.segments.size());
+    GenerationStart start;
+    start.generator = generator_.get();
     PromptRequest req = prepared_.base;
     req.input_ids = prepared_.segments[next_segment_];
-    const Prompt prompt = prompt_build(model_->checkpoint().config, req);
-    GenerationParams params = prepared_.params;
-    if (prepared_.max_frames > 0) params.max_frames = int(std::max<int64_t>(1, prepared_.max_frames - frames_));
+    start.prompt = prompt_build(model_->checkpoint().config, req);
+    start.params = prepared_.params;
+    if (prepared_.max_frames > 0) start.params.max_frames = int(std::max<int64_t>(1, prepared_.max_frames - frames_));
     // Each segment draws from its own counter range so segments do not repeat each other.
-    generator_->start(prompt, params, prepared_.seed + 0x9E3779B97F4A7C15ull * next_segment_);
+    start.seed = prepared_.seed + 0x9E3779B97F4A7C15ull * next_segment_;
+    return start;
+}
+
+bool Utterance::segment_start() {
+    if (next_segment_ >= prepared_.segments.size()) return false;
+    const GenerationStart start = segment_request();
+    generator_->start(start.prompt, start.params, start.seed);
     ++next_segment_;
     generating_ = true;
     return true;
+}
+
+std::optional<GenerationStart> Utterance::first_request() const {
+    if (done_ || frames_ > 0 || prepared_.incremental || generating_ || next_segment_ >= prepared_.segments.size())
+        return std::nullopt;
+    return segment_request();
+}
+
+void Utterance::first_started() {
+    QTTS_ASSERT(!generating_ && next_segment_ < prepared_.segments.size());
+    ++next_segment_;
+    generating_ = true;
 }
 
 void Utterance::incremental_commit(bool all) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ public:
     // incremental (its text comes through the engine's service pass) or has no segment to start
     // (chunk() then ends it). Throws what the prefill throws.
     ChunkGenerator* first_candidate(int frames);
+    // Batched starts (SpeechModel::batch_start): the start of this utterance's first segment when
+    // first_candidate() would start one now (complete text, no frames, not started), for the
+    // engine to run together with other newcomers' starts; nothing is started here. After the
+    // backend started it, first_started() records it (first_candidate() then starts nothing).
+    std::optional<GenerationStart> first_request() const;
+    void first_started();
 
     // Incremental text (prepared with incremental = true).
     void text_append(const std::string& text);
@@ -57,6 +64,7 @@ public:
 
 private:
     bool segment_start();              // starts the next complete segment; false when none is left
+    GenerationStart segment_request() const;  // what segment_start() starts (a segment is left)
     bool incremental_start();          // starts the incremental utterance once text exists
     void incremental_commit(bool all);  // tokenizes pending text whose ids can no longer change
 

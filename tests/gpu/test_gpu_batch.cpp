@@ -17,6 +17,7 @@
 
 #include "engine/common/error.h"
 #include "engine/cuda/gpu_batch.h"
+#include "engine/cuda/gpu_prefill_batch.h"
 #include "engine/generation/sampling.h"
 #include "engine/model/make_model.h"
 #include "engine/model/weights.h"
@@ -100,11 +101,17 @@ qc::GpuGenerationSetup spec_setup(const StreamSpec& s) {
     return setup;
 }
 
-std::unique_ptr<qc::GpuLm> stream_start(const StreamSpec& s) {
+constexpr int PREFILL_CHUNK = 64;  // prompt rows per prefill pass of the tests' streams
+
+std::unique_ptr<qc::GpuLm> stream_new() {
     qc::GpuLmOptions o;
     o.max_context = MAX_CONTEXT;
-    o.prefill_chunk = 64;
-    auto lm = std::make_unique<qc::GpuLm>(test_weights(), context(), o);
+    o.prefill_chunk = PREFILL_CHUNK;
+    return std::make_unique<qc::GpuLm>(test_weights(), context(), o);
+}
+
+std::unique_ptr<qc::GpuLm> stream_start(const StreamSpec& s) {
+    auto lm = stream_new();
     lm->generation_start(spec_prompt(s), spec_setup(s));
     return lm;
 }
@@ -289,6 +296,99 @@ TEST_CASE("a stream joins a running batch; rows are re-bound between chunks", "[
     for (int i = 3; i < 5; ++i)
         check_codes(codes_of(*lms[size_t(i)], SECOND), alone[size_t(i)].codes, SECOND, 1 << 30,
                     "newcomer " + std::to_string(i));
+}
+
+TEST_CASE("prompts prefilled together give every stream its logits and codes alone", "[gpu][batch][prefill]") {
+    // The mixed streams plus two longer prompts: one past a prefill chunk (two passes, the second
+    // at position 64 with fewer members), one of ~50 rows. Row caps: all in one group; one chunk
+    // per group (every stream in its own group, the long one's second pass alone); groups of 1-3.
+    constexpr int FRAMES = 6;
+    std::vector<StreamSpec> specs = mixed_specs();
+    specs.push_back({90, 5, true, false, 66});
+    specs.push_back({40, 6, false, true, 77});
+    std::vector<int> positions_alone;
+    for (const StreamSpec& s : specs) positions_alone.push_back(int(spec_prompt(s).positions.size()));
+    REQUIRE(*std::max_element(positions_alone.begin(), positions_alone.end()) > PREFILL_CHUNK);
+    struct Start {
+        std::vector<float> logits;  // codebook-0 logits of frame 0 (the prefill's last row)
+        std::vector<int32_t> codes;
+    };
+    const int V = test_weights()->codec_vocab;
+    auto finish = [&](qc::GpuLm& lm) {
+        Start r;
+        r.logits.resize(size_t(V));
+        lm.talker_logits_read(r.logits.data());
+        for (int f = 0; f < FRAMES; ++f) lm.frame_step_enqueue();
+        r.codes = codes_of(lm, FRAMES);
+        return r;
+    };
+    std::vector<Start> alone;
+    for (const StreamSpec& s : specs) alone.push_back(finish(*stream_start(s)));
+
+    for (const int max_rows : {512, PREFILL_CHUNK, 100}) {
+        SECTION("at most " + std::to_string(max_rows) + " rows per pass") {
+            qc::GpuPrefillBatch prefill(test_weights(), context(), PREFILL_CHUNK, max_rows);
+            std::vector<std::unique_ptr<qc::GpuLm>> lms;
+            std::vector<qc::GpuLm*> streams;
+            std::vector<qc::GpuLm::PromptRows> rows;
+            std::vector<int> positions;
+            for (const StreamSpec& s : specs) {
+                lms.push_back(stream_new());
+                streams.push_back(lms.back().get());
+                rows.push_back(lms.back()->prompt_load(spec_prompt(s)));
+                positions.push_back(rows.back().positions);
+            }
+            CHECK(positions == positions_alone);
+            prefill.run(streams, positions);
+            for (size_t i = 0; i < specs.size(); ++i) lms[i]->generation_begin(rows[i], spec_setup(specs[i]));
+            for (size_t i = 0; i < specs.size(); ++i) {
+                const Start got = finish(*lms[i]);
+                const double rel = max_relative(got.logits, alone[i].logits);
+                INFO("stream " << i << " (" << positions[i] << " rows): max relative logit difference " << rel);
+                CHECK(rel <= 1e-5);
+                check_codes(got.codes, alone[i].codes, FRAMES, 1 << 30, "stream " + std::to_string(i));
+            }
+        }
+    }
+}
+
+TEST_CASE("a refused prompt leaves its stream as it was; batched prefill arguments are checked",
+          "[gpu][batch][prefill]") {
+    const StreamSpec spec{6, 1, false, true, 9};
+    qtts::Prompt bad = spec_prompt(spec);
+    const auto text = std::find_if(bad.positions.begin(), bad.positions.end(),
+                                   [](const qtts::PromptPosition& p) { return p.text_id >= 0; });
+    REQUIRE(text != bad.positions.end());
+    text->text_id = test_weights()->text_vocab + 5;
+    auto lm = stream_new();
+    try {
+        (void)lm->prompt_load(bad);
+        FAIL("an out-of-vocabulary text id was accepted");
+    } catch (const qtts::Error& e) {
+        CHECK(e.code() == qtts::ErrorCode::ERROR_INVALID_ARGUMENT);
+    }
+    // The same stream then starts a good prompt through a batched prefill, as alone.
+    auto reference = stream_start(spec);
+    qc::GpuPrefillBatch prefill(test_weights(), context(), PREFILL_CHUNK, 128);
+    const qc::GpuLm::PromptRows rows = lm->prompt_load(spec_prompt(spec));
+    auto other = stream_new();
+    const qc::GpuLm::PromptRows other_rows = other->prompt_load(spec_prompt(StreamSpec{}));
+    prefill.run({lm.get(), other.get()}, {rows.positions, other_rows.positions});
+    lm->generation_begin(rows, spec_setup(spec));
+    for (int f = 0; f < 4; ++f) {
+        lm->frame_step_enqueue();
+        reference->frame_step_enqueue();
+    }
+    check_codes(codes_of(*lm, 4), codes_of(*reference, 4), 4, 1 << 30, "after a refused prompt");
+
+    // A pass must hold a whole prompt chunk; streams must have that chunk size.
+    CHECK_THROWS_AS(qc::GpuPrefillBatch(test_weights(), context(), PREFILL_CHUNK, PREFILL_CHUNK - 1), qtts::Error);
+    qc::GpuLmOptions o;
+    o.max_context = MAX_CONTEXT;
+    o.prefill_chunk = PREFILL_CHUNK / 2;
+    qc::GpuLm other_chunk(test_weights(), context(), o);
+    (void)other_chunk.prompt_load(spec_prompt(spec));
+    CHECK_THROWS_AS(prefill.run({&other_chunk}, {rows.positions}), qtts::Error);
 }
 
 TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -477,12 +478,12 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
     CHECK(unbatched_stats.batch_decoded_chunks == 0);
 }
 
-TEST_CASE("newcomers of one round make their first chunks in one batched step, each as alone",
+TEST_CASE("newcomers of one round start together and make their first chunks in one batched step, each as alone",
           "[gpu][runtime][engine][batch]") {
     // A long stream keeps the engine busy (a 30 ms pause after each of its chunks, the slow-device
     // seam), so three requests submitted during a pause all arrive for the same round: their
-    // prefills run one by one, their first chunks in one batched step (and one decoder pass).
-    // The same requests on an engine without batching are the reference.
+    // prompt prefills run in one batched start, their first chunks in one batched step (and one
+    // decoder pass). The same requests on an engine without batching are the reference.
     std::vector<SpeechRequest> requests = {
         qtts_test::greedy_request("A long stream keeps the engine busy while the others arrive.", 40, kGreedySeed),
         qtts_test::greedy_request("First newcomer.", 12, kGreedySeed + 1),
@@ -490,7 +491,7 @@ TEST_CASE("newcomers of one round make their first chunks in one batched step, e
         qtts_test::greedy_request("Third newcomer, sampled.", 16, 5150),
     };
     requests[3].greedy = false;
-    auto speak_all = [&](bool batching) {
+    auto speak_all = [&](bool batching, EngineStats* stats) {
         EngineOptions o = tiny_cuda_engine_options(4);
         o.backend.batching = batching;
         Engine engine(o);
@@ -514,10 +515,14 @@ TEST_CASE("newcomers of one round make their first chunks in one batched step, e
                 if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
             REQUIRE(!heard[i].trace.empty());
         }
+        *stats = engine.stats();
         return heard;
     };
-    const std::vector<Heard> alone = speak_all(false);
-    const std::vector<Heard> batched = speak_all(true);
+    EngineStats alone_stats, batched_stats;
+    const std::vector<Heard> alone = speak_all(false, &alone_stats);
+    const std::vector<Heard> batched = speak_all(true, &batched_stats);
+    CHECK(batched_stats.batch_started == 3);  // the three newcomers' prefills ran together
+    CHECK(alone_stats.batch_started == 0);
     // The newcomers' first chunks: one frame each, in the same round, made by a batched step.
     const uint64_t first_round = batched[1].trace.front().round;
     for (size_t i = 1; i < batched.size(); ++i) {
@@ -529,6 +534,55 @@ TEST_CASE("newcomers of one round make their first chunks in one batched step, e
         CHECK_FALSE(alone[i].trace.front().batched);
     }
     same_speech(batched, alone);
+}
+
+TEST_CASE("utterances started together through the model speak as started alone; a refused start is left out",
+          "[gpu][runtime][batch]") {
+    BackendOptions o;
+    o.name = "cuda";
+    o.states = 4;
+    auto model = SpeechModel::load(tiny_model_dir(), o);
+    REQUIRE(model->batch_max() >= 2);
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("The first of three starts together with the others.", 14, kGreedySeed),
+        qtts_test::greedy_request("A second one, sampled.", 11, 99),
+        qtts_test::greedy_request("This one is refused on the device side.", 9, kGreedySeed),
+        qtts_test::greedy_request("And a short last one!", 12, kGreedySeed + 7),
+    };
+    requests[1].greedy = false;
+    std::vector<Spoken> alone;
+    for (const SpeechRequest& r : requests) alone.push_back(speak(model, r));
+
+    std::vector<std::unique_ptr<Utterance>> utterances;
+    std::vector<GenerationStart> starts;
+    for (const SpeechRequest& r : requests) {
+        utterances.push_back(std::make_unique<Utterance>(model, model->prepare(r)));
+        std::optional<GenerationStart> start = utterances.back()->first_request();
+        REQUIRE(start);
+        starts.push_back(std::move(*start));
+    }
+    CHECK_FALSE(utterances[0]->first_request() == std::nullopt);  // nothing started yet
+    // A prompt that passed the request checks but that the device side refuses: a text id past
+    // the vocabulary.
+    for (PromptPosition& p : starts[2].prompt.positions)
+        if (p.text_id >= 0) p.text_id = 1 << 30;
+    model->batch_start(starts);
+    for (size_t i = 0; i < starts.size(); ++i) {
+        INFO("utterance " << i);
+        CHECK(starts[i].error.empty() == (i != 2));
+        if (i != 2) utterances[i]->first_started();
+    }
+    CHECK_THAT(starts[2].error, Catch::Contains("outside the text vocabulary"));
+    for (size_t i = 0; i < utterances.size(); ++i) {
+        if (i == 2) continue;
+        INFO("utterance " << i);
+        CHECK(utterances[i]->first_request() == std::nullopt);  // started: first_candidate starts nothing
+        Spoken got;
+        int chunk = 1;
+        while (utterances[i]->chunk(chunk, &got.pcm, &got.codes) != UtteranceStatus::UTTERANCE_DONE) chunk = 4;
+        CHECK(got.codes == alone[i].codes);
+        CHECK(max_abs(got.pcm, alone[i].pcm) <= 1e-5);
+    }
 }
 
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {

@@ -1,0 +1,162 @@
+#include "engine/cuda/gpu_prefill_batch.h"
+
+#include <algorithm>
+#include <set>
+
+#include "engine/common/error.h"
+#include "engine/common/log.h"
+#include "engine/cuda/gpu_lm_launch.h"
+
+namespace qtts::cuda {
+
+namespace k = ::qtts::kernels;
+
+namespace {
+constexpr int GEMM_ROW_STEP = 64;  // GEMM row counts are rounded to this: few shapes to warm up
+}  // namespace
+
+GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, int chunk_rows,
+                                 int max_rows)
+    : weights_(std::move(weights)), context_(context), chunk_rows_(chunk_rows), max_rows_(max_rows) {
+    QTTS_ASSERT(weights_);
+    context_.guard().check("GpuPrefillBatch::GpuPrefillBatch");
+    if (chunk_rows_ < 1 || max_rows_ < chunk_rows_)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched prefill: {} rows per pass cannot hold a {}-row prompt chunk",
+             max_rows_, chunk_rows_);
+    DeviceScope scope(context_.device());
+    const GpuStack& T = weights_->talker;
+    const size_t R = size_t(max_rows_);
+    max_in_ = std::max({T.hidden, T.q_dim(), T.intermediate});
+    max_out_ = std::max({T.qkv_dim(), T.hidden, 2 * T.intermediate});
+    size_t total = 0;
+    auto carve = [&total](size_t bytes) {
+        const size_t off = align_up(total);
+        total = off + bytes;
+        return off;
+    };
+    const size_t o_x = carve(R * T.hidden * 4), o_qkv = carve(R * T.qkv_dim() * 4), o_attn = carve(R * T.q_dim() * 4),
+                 o_mlp = carve(R * T.intermediate * 4), o_xb = carve(2 * R * max_in_ * 2),
+                 o_y2 = carve(2 * R * max_out_ * 4);
+    memory_.allocate(total);
+    uint8_t* base = memory_.as<uint8_t>();
+    auto f32 = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
+    x_ = f32(o_x);
+    qkv_ = f32(o_qkv);
+    attn_ = f32(o_attn);
+    mlp_ = f32(o_mlp);
+    xb_ = reinterpret_cast<bf16_t*>(base + o_xb);
+    y2_ = f32(o_y2);
+    // Zeros: the GEMM rows past a pass's split rows read this scratch (results never read).
+    CUDA_CHECK(cudaMemsetAsync(memory_.get(), 0, total, context_.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    QTTS_LOG_INFO("GPU batched prefill on device {}: up to {} prompt rows per pass, {:.1f} MB", context_.device(),
+                  max_rows_, total / 1e6);
+}
+
+int GpuPrefillBatch::gemm_rows(int rows) const {
+    return std::min((2 * rows + GEMM_ROW_STEP - 1) / GEMM_ROW_STEP * GEMM_ROW_STEP, 2 * max_rows_);
+}
+
+void GpuPrefillBatch::run(const std::vector<GpuLm*>& streams, const std::vector<int>& positions) {
+    context_.guard().check("GpuPrefillBatch::run");
+    QTTS_ASSERT(streams.size() == positions.size());
+    DeviceScope scope(context_.device());
+    // Groups in the given order (the most urgent first), each within max_rows in its first pass.
+    std::vector<Member> group;
+    int group_rows = 0;
+    for (size_t i = 0; i < streams.size(); ++i) {
+        GpuLm* lm = streams[i];
+        QTTS_ASSERT(lm && &lm->weights() == weights_.get() && &lm->context() == &context_ &&
+                    lm->options().prefill_chunk == chunk_rows_);
+        QTTS_ASSERT(positions[i] >= 1 && positions[i] < lm->max_context());
+        const int first_rows = std::min(positions[i], chunk_rows_);
+        if (group_rows + first_rows > max_rows_) {
+            group_run(group);
+            group.clear();
+            group_rows = 0;
+        }
+        group.push_back(Member{lm, positions[i], 0, 0});
+        group_rows += first_rows;
+    }
+    if (!group.empty()) group_run(group);
+}
+
+void GpuPrefillBatch::group_run(std::vector<Member>& group) {
+    const int H = weights_->talker.hidden;
+    for (int pos0 = 0;; pos0 += chunk_rows_) {
+        // This pass: every member with prompt rows left, chunk_rows_ of them at most.
+        std::vector<Member> members;
+        int rows = 0;
+        for (const Member& m : group) {
+            if (m.positions <= pos0) continue;
+            Member p = m;
+            p.row = rows;
+            p.rows = std::min(chunk_rows_, m.positions - pos0);
+            rows += p.rows;
+            members.push_back(p);
+        }
+        if (members.empty()) return;
+        for (const Member& m : members)
+            CUDA_CHECK(cudaMemcpyAsync(x_ + size_t(m.row) * H, m.lm->embeds_ + size_t(pos0) * H,
+                                       size_t(m.rows) * H * 4, cudaMemcpyDeviceToDevice, context_.stream()));
+        pass(members, rows, pos0);
+        // A member whose prompt ends in this pass: its last row gives its hidden state and logits.
+        for (const Member& m : members)
+            if (pos0 + m.rows == m.positions) {
+                m.lm->talker_head(x_ + size_t(m.row + m.rows - 1) * H);
+                m.lm->talker_length_ = m.positions;
+            }
+    }
+}
+
+void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos0) {
+    const GpuStack& s = weights_->talker;
+    const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
+    const k::Launch l = context_.launch();
+    const SplitScratch scratch{xb_, y2_};
+    const int g = gemm_rows(rows);
+    cublasHandle_t cublas = context_.cublas();
+    using E = k::LinearEpilogue;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const GpuStack::Layer& L = s.layers[i];
+        linear_split(l, cublas, scratch, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr,
+                     E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
+        for (const Member& m : members)
+            m.lm->prefill_attention(int(i), qkv_ + size_t(m.row) * QKV, attn_ + size_t(m.row) * QD, m.rows, pos0);
+        linear_split(l, cublas, scratch, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, H, nullptr,
+                     E::LINEAR_EPILOGUE_ADD, x_, H, g);
+        linear_split(l, cublas, scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
+                     E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
+        linear_split(l, cublas, scratch, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, H, nullptr,
+                     E::LINEAR_EPILOGUE_ADD, x_, H, g);
+    }
+}
+
+void GpuPrefillBatch::warm_up() {
+    context_.guard().check("GpuPrefillBatch::warm_up");
+    DeviceScope scope(context_.device());
+    const GpuStack& s = weights_->talker;
+    const GpuStack::Layer& L = s.layers.front();
+    const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
+    const k::Launch l = context_.launch();
+    const SplitScratch scratch{xb_, y2_};
+    using E = k::LinearEpilogue;
+    // Every GEMM row count run() can use, with every product shape of a layer; outputs go to this
+    // object's scratch only (no stream is touched).
+    std::set<int> shapes;
+    for (int rows = 1; rows <= max_rows_; ++rows) shapes.insert(gemm_rows(rows));
+    for (const int g : shapes) {
+        const int rows = std::min(g / 2, max_rows_);
+        linear_split(l, context_.cublas(), scratch, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr,
+                     E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
+        linear_split(l, context_.cublas(), scratch, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, H, nullptr,
+                     E::LINEAR_EPILOGUE_STORE, x_, H, g);
+        linear_split(l, context_.cublas(), scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
+                     E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
+        linear_split(l, context_.cublas(), scratch, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, H, nullptr,
+                     E::LINEAR_EPILOGUE_STORE, x_, H, g);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+}  // namespace qtts::cuda
