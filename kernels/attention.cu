@@ -352,8 +352,37 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
 constexpr int ATTN_CACHED_THREADS = 256;  // two warps per scheduler: the score and value loops are latency-bound
 constexpr int ATTN_CACHED_WARPS = ATTN_CACHED_THREADS / 32;
 
+// Batched prefill: the arguments a launch of blockIdx.z's sequence alone would pass, and the
+// query tile within it (blockIdx.z counts the tiles of sequence 0, then of sequence 1, ...).
+__device__ __forceinline__ AttentionArgs prefill_seq_args(const AttentionArgs& batch, int* tile) {
+    int z = blockIdx.z, s = 0;
+    for (; s < batch.batch - 1; ++s) {
+        const int tiles = query_tiles(batch.prefill_seqs[s].T);
+        if (z < tiles) break;
+        z -= tiles;
+    }
+    const AttentionPrefillSeq q = batch.prefill_seqs[s];
+    AttentionArgs a = batch;
+    a.qkv = batch.qkv + size_t(q.row0) * batch.ld_qkv;
+    a.out = batch.out + size_t(q.row0) * batch.ld_out;
+    a.T = q.T;
+    a.pos_dev = nullptr;
+    a.pos_host = q.pos0;
+    a.splits = q.splits;
+    a.k_cache = q.k_cache + batch.seq_layer_offset;
+    a.v_cache = q.v_cache + batch.seq_layer_offset;
+    a.partial = q.partial;
+    a.counters = q.counters;
+    a.prefill_seqs = nullptr;
+    a.batch = 1;
+    *tile = z;
+    return a;
+}
+
+// One block of a prefill launch: query tile `tile` of the sequence `a` describes; nq_cap = the
+// query rows the launch sized its shared memory for.
 template <bool STAGE_KV>
-__global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(const AttentionArgs a) {
+__device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, int tile, int nq_cap) {
     extern __shared__ float4 attn_smem4[];
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
@@ -362,7 +391,6 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
     const int hd = a.head_dim, kld = STAGE_KV ? hd + 1 : hd;
     const int group = a.n_heads / a.n_kv;
     const int g = blockIdx.x;
-    const int nq_cap = min(a.T, ATTN_TILE) * group;
     const int cap = ATTN_KEYS_PER_SPLIT;
     float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
     float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
@@ -372,10 +400,7 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
     const int warp = threadIdx.x >> 5;
     const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
-    pdl_wait();  // the keys were appended by the previous kernel
-    pdl_trigger();
-    const int tile = blockIdx.z;
-    const SeqBuffers sb = seq_buffers(a, 0);  // prefill launches are never batched
+    const SeqBuffers sb = seq_buffers(a, 0);  // a is one sequence (a batch's: prefill_seq_args)
     const BlockSlice b = block_slice(a, sb, group, tile);
     if (int(blockIdx.y) >= b.active) return;  // no key of the context falls in this slice
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
@@ -428,18 +453,33 @@ __global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(c
     attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile);
 }
 
+template <bool STAGE_KV>
+__global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_kernel(const AttentionArgs a) {
+    pdl_wait();  // the keys were appended by the previous kernel
+    pdl_trigger();
+    attention_cached_block<STAGE_KV>(a, blockIdx.z, min(a.T, ATTN_TILE) * (a.n_heads / a.n_kv));
+}
+
+// grid: (n_kv, largest splits, every sequence's query tiles).
+template <bool STAGE_KV>
+__global__ void __launch_bounds__(ATTN_CACHED_THREADS) attention_cached_batched_kernel(const AttentionArgs batch) {
+    pdl_wait();
+    pdl_trigger();
+    int tile = 0;
+    const AttentionArgs a = prefill_seq_args(batch, &tile);
+    attention_cached_block<STAGE_KV>(a, tile, min(batch.T, ATTN_TILE) * (batch.n_heads / batch.n_kv));
+}
+
 size_t attention_cached_smem(const AttentionArgs& a, bool stage_kv) {
     const int nq_cap = std::min(a.T, ATTN_TILE) * (a.n_heads / a.n_kv);
     const size_t kv = stage_kv ? size_t(ATTN_KEYS_PER_SPLIT) * (2 * a.head_dim + 1) : 0;
     return (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + kv + ATTN_CACHED_WARPS * 128) * sizeof(float);
 }
 
-// grid: (T, n_kv); one warp per KV head row.
-__global__ void __launch_bounds__(32) kv_append_kernel(const AttentionArgs a) {
+// Key/value row t of the sequence `a` describes, KV head blockIdx.y; one warp.
+__device__ __forceinline__ void kv_append_row(const AttentionArgs& a, int t) {
     __shared__ float scratch[128];
-    pdl_wait();
-    pdl_trigger();
-    const int t = blockIdx.x, g = blockIdx.y, hd = a.head_dim;
+    const int g = blockIdx.y, hd = a.head_dim;
     const int r = position_read(a.pos_dev, a.pos_host) + t;
     const float* row = a.qkv + size_t(t) * a.ld_qkv;
     const size_t dst = (size_t(g) * a.max_ctx + r) * hd;
@@ -449,7 +489,48 @@ __global__ void __launch_bounds__(32) kv_append_kernel(const AttentionArgs a) {
     for (int d = threadIdx.x; d < hd; d += 32) a.v_cache[dst + d] = v_src[d];
 }
 
+// grid: (T, n_kv); one warp per KV head row.
+__global__ void __launch_bounds__(32) kv_append_kernel(const AttentionArgs a) {
+    pdl_wait();
+    pdl_trigger();
+    kv_append_row(a, blockIdx.x);
+}
+
+// grid: (every sequence's rows, n_kv): launch row blockIdx.x is row t of the sequence holding it.
+__global__ void __launch_bounds__(32) kv_append_batched_kernel(const AttentionArgs batch) {
+    pdl_wait();
+    pdl_trigger();
+    const int row = blockIdx.x;
+    int s = 0;
+    while (s < batch.batch - 1 && row >= batch.prefill_seqs[s].row0 + batch.prefill_seqs[s].T) ++s;
+    const AttentionPrefillSeq& q = batch.prefill_seqs[s];
+    AttentionArgs a = batch;
+    a.qkv = batch.qkv + size_t(q.row0) * batch.ld_qkv;
+    a.pos_dev = nullptr;
+    a.pos_host = q.pos0;
+    a.k_cache = q.k_cache + batch.seq_layer_offset;
+    a.v_cache = q.v_cache + batch.seq_layer_offset;
+    kv_append_row(a, row - q.row0);
+}
+
+// A batched prefill launch: the table and its host-side totals (each entry was checked by the
+// caller that wrote it).
+void attention_prefill_validate(const AttentionArgs& a) {
+    const bool ok = a.prefill_seqs && !a.seqs && !a.append && a.batch >= 1 && a.prefill_rows >= a.batch &&
+                    a.prefill_tiles >= a.batch && a.qkv && a.out && a.T >= 1 && a.n_kv >= 1 &&
+                    a.n_heads >= a.n_kv && a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP &&
+                    a.head_dim >= 2 && a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 &&
+                    a.splits <= ATTN_KEYS_PER_SPLIT && a.max_ctx >= 1;
+    if (!ok)
+        check_fail("attention", "invalid batched prefill arguments (a table of sequences, their row and tile totals)",
+                   __func__, __FILE__, __LINE__);
+}
+
 void attention_validate(const AttentionArgs& a) {
+    if (a.prefill_seqs) {
+        attention_prefill_validate(a);
+        return;
+    }
     const bool caches = a.seqs ? a.batch >= 1 && a.append : a.batch == 1 && a.k_cache && a.v_cache;
     const bool ok = caches && a.qkv && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
                     a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP && a.head_dim >= 2 &&
@@ -471,23 +552,30 @@ size_t attention_partial_floats(int n_heads, int T, int splits, int head_dim) {
 
 size_t attention_counter_count(int n_kv, int T) { return size_t(n_kv) * size_t(query_tiles(T)); }
 
+// A prefill launch of `kernel` (one of the four cached-key kernels) with `smem` bytes.
+template <typename Kernel>
+void prefill_launch(Kernel kernel, const AttentionArgs& a, dim3 grid, size_t smem, std::atomic<uint64_t>& raised,
+                    const Launch& l) {
+    smem_limit_raise(kernel, smem, raised);
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, kernel, a));
+}
+
 void attention(const AttentionArgs& a, const Launch& l) {
     attention_validate(a);
-    const dim3 grid(a.n_kv, a.splits, query_tiles(a.T) * a.batch);
+    const bool batched_prefill = a.prefill_seqs != nullptr;
+    const dim3 grid(a.n_kv, a.splits, batched_prefill ? a.prefill_tiles : query_tiles(a.T) * a.batch);
     if (!a.append) {
         // Prefill: keys already in the cache (kv_append), staged per block.
         // K/V staged in shared memory where the device has room for the slice, else read in place.
+        static std::atomic<uint64_t> raised[4];
         const size_t staged = attention_cached_smem(a, true);
         if (smem_fits(staged)) {
-            static std::atomic<uint64_t> raised{0};
-            smem_limit_raise(attention_cached_kernel<true>, staged, raised);
-            KERNEL_CUDA_CHECK(
-                launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), staged, attention_cached_kernel<true>, a));
+            if (batched_prefill) prefill_launch(attention_cached_batched_kernel<true>, a, grid, staged, raised[0], l);
+            else prefill_launch(attention_cached_kernel<true>, a, grid, staged, raised[1], l);
         } else {
             const size_t smem = attention_cached_smem(a, false);
-            static std::atomic<uint64_t> raised{0};
-            smem_limit_raise(attention_cached_kernel<false>, smem, raised);
-            KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_CACHED_THREADS), smem, attention_cached_kernel<false>, a));
+            if (batched_prefill) prefill_launch(attention_cached_batched_kernel<false>, a, grid, smem, raised[2], l);
+            else prefill_launch(attention_cached_kernel<false>, a, grid, smem, raised[3], l);
         }
         return;
     }
@@ -509,7 +597,10 @@ void attention(const AttentionArgs& a, const Launch& l) {
 void kv_append(const AttentionArgs& a, const Launch& l) {
     attention_validate(a);
     if (a.seqs) check_fail("kv_append", "batched launches append inside attention()", __func__, __FILE__, __LINE__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(a.T, a.n_kv), dim3(32), 0, kv_append_kernel, a));
+    if (a.prefill_seqs)
+        KERNEL_CUDA_CHECK(launch_kernel(l, dim3(a.prefill_rows, a.n_kv), dim3(32), 0, kv_append_batched_kernel, a));
+    else
+        KERNEL_CUDA_CHECK(launch_kernel(l, dim3(a.T, a.n_kv), dim3(32), 0, kv_append_kernel, a));
 }
 
 }  // namespace qtts::kernels

@@ -31,6 +31,22 @@ struct AttentionSeq {
     const int32_t* stopped = nullptr;
 };
 
+// One sequence of a batched prefill launch (device memory, written by the host before the
+// launch): what a launch of that sequence alone would take. Its rows are qkv/out rows
+// row0 .. row0 + T - 1 of the launch, at positions pos0 ..; its caches at layer 0
+// (AttentionArgs::seq_layer_offset selects the layer); splits = attention_splits(pos0 + T), with
+// its own split-K scratch when splits > 1.
+struct AttentionPrefillSeq {
+    float* k_cache = nullptr;
+    float* v_cache = nullptr;
+    int row0 = 0;
+    int T = 0;
+    int pos0 = 0;
+    int splits = 1;
+    float* partial = nullptr;
+    uint32_t* counters = nullptr;
+};
+
 struct AttentionArgs {
     const float* qkv = nullptr;    // [T, ld_qkv]: q heads, then k heads, then v heads (raw projections)
     int ld_qkv = 0;
@@ -59,6 +75,14 @@ struct AttentionArgs {
     const AttentionSeq* seqs = nullptr;
     int batch = 1;
     size_t seq_layer_offset = 0;  // floats from a sequence's layer-0 cache to this layer's
+    // Batched prefill (append = false; kv_append and attention): `batch` sequences of different
+    // lengths and positions, prefill_seqs[s] each (k_cache, v_cache, pos_*, partial and counters
+    // above are then unused). Host-side totals for the grids: every sequence's rows and query
+    // tiles (ceil(T / ATTN_TILE) each); T and splits above = the largest of any sequence (they
+    // size the launch). Each sequence's results are bitwise those of its own launch.
+    const AttentionPrefillSeq* prefill_seqs = nullptr;
+    int prefill_rows = 0;
+    int prefill_tiles = 0;
 };
 
 // Slices needed so that no slice exceeds ATTN_KEYS_PER_SPLIT keys at max_ctx.

@@ -14,7 +14,7 @@
 // Then the batched prefill (engine/cuda/gpu_prefill_batch.h): for each bucket b, b prompts started
 // one after another (GpuLm::generation_start each) against started together (prompt_load each, one
 // GpuPrefillBatch::run with the engine's row cap, generation_begin each), wall time with the
-// synchronisation, median of 5, at the bench prompt's length and at a ~120-position one (the
+// synchronisation, median of 5, at the bench prompt's length and with its sentence 5 times (the
 // serving benchmark's sentences with the byte-level tokenizer of a random model are ~125).
 #include "apps/qtts/bench_batch.h"
 
@@ -51,27 +51,6 @@ struct PathSpec {
     int skinny_max_rows;  // -1: the default
 };
 
-// The bench prompt with its text `repeat` times (a longer prompt of the same kind).
-qtts::Prompt long_prompt(const qtts::ModelConfig& config, int repeat) {
-    qtts::Prompt p = bench_prompt(config);
-    qtts::Prompt longer = p;
-    longer.positions.clear();
-    // Positions with text (the spoken text's rows) repeated in place; the rest kept once.
-    std::vector<qtts::PromptPosition> text;
-    size_t first_text = p.positions.size();
-    for (size_t i = 0; i < p.positions.size(); ++i)
-        if (p.positions[i].text_id >= 0 && p.positions[i].codec == qtts::CodecSource::CODEC_SOURCE_NONE) {
-            first_text = std::min(first_text, i);
-            text.push_back(p.positions[i]);
-        }
-    for (size_t i = 0; i < p.positions.size(); ++i) {
-        if (i == first_text)
-            for (int r = 1; r < repeat; ++r) longer.positions.insert(longer.positions.end(), text.begin(), text.end());
-        longer.positions.push_back(p.positions[i]);
-    }
-    return longer;
-}
-
 double median_of(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -88,7 +67,7 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
                 prefill.max_rows());
     std::printf("  %-7s %-10s %12s %12s %8s\n", "streams", "positions", "alone ms", "together ms", "ratio");
     for (const int repeat : {1, 5}) {
-        const qtts::Prompt prompt = long_prompt(weights->config(), repeat);
+        const qtts::Prompt prompt = bench_prompt(weights->config(), repeat);
         const int L = int(prompt.positions.size());
         for (const int b : sizes) {
             std::vector<double> alone, together;

@@ -38,12 +38,15 @@ std::string bench_model_dir(const Args& args, double* make_model_seconds) {
     return dir;
 }
 
-qtts::Prompt bench_prompt(const qtts::ModelConfig& config) {
+qtts::Prompt bench_prompt(const qtts::ModelConfig& config, int text_repeat) {
     qtts::PromptRequest request;
-    // "<|im_start|>assistant\n" + a fixed 22-token English text + "<|im_end|>\n<|im_start|>assistant\n"
-    request.input_ids = {151644, 77091, 198,  785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 2585,
-                         525,    498,   30,   9707, 1879, 11,   419,   374,   264, 1273, 13,    151645, 198,
-                         151644, 77091, 198};
+    // "<|im_start|>assistant\n" + a fixed 22-token English text (text_repeat times) +
+    // "<|im_end|>\n<|im_start|>assistant\n"
+    const std::vector<int32_t> text = {785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 2585,
+                                       525, 498,  30,    9707,  1879,  11,  419, 374,   264,  1273, 13};
+    request.input_ids = {151644, 77091, 198};
+    for (int r = 0; r < text_repeat; ++r) request.input_ids.insert(request.input_ids.end(), text.begin(), text.end());
+    for (const int32_t id : {151645, 198, 151644, 77091, 198}) request.input_ids.push_back(id);
     request.language = "english";
     request.layout = qtts::TextLayout::TEXT_LAYOUT_NON_STREAMING;
     if (config.type == qtts::ModelType::MODEL_TYPE_CUSTOM_VOICE && !config.talker.speaker_ids.empty())

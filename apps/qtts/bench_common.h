@@ -23,8 +23,9 @@ std::string bench_model_dir(const Args& args, double* make_model_seconds = nullp
 
 // The benchmarks' fixed request: "<|im_start|>assistant\n" + a 22-token English sentence +
 // "<|im_end|>\n<|im_start|>assistant\n", the model's first speaker (CustomVoice) or a fixed
-// x-vector (Base), non-streaming text layout.
-qtts::Prompt bench_prompt(const qtts::ModelConfig& config);
+// x-vector (Base), non-streaming text layout. text_repeat > 1: the sentence that many times (a
+// longer prompt of the same kind).
+qtts::Prompt bench_prompt(const qtts::ModelConfig& config, int text_repeat = 1);
 
 // Writes j (indented) to path and prints where; throws qtts::Error (ERROR_IO) when it cannot.
 void bench_json_write(const std::string& path, const nlohmann::json& j);

@@ -13,6 +13,7 @@ namespace k = ::qtts::kernels;
 
 namespace {
 constexpr int GEMM_ROW_STEP = 64;  // GEMM row counts are rounded to this: few shapes to warm up
+constexpr int TABLE_PASSES = 4;    // attention tables of this many full passes before a sync
 }  // namespace
 
 GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, int chunk_rows,
@@ -37,6 +38,8 @@ GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, Gp
     const size_t o_x = carve(R * T.hidden * 4), o_qkv = carve(R * T.qkv_dim() * 4), o_attn = carve(R * T.q_dim() * 4),
                  o_mlp = carve(R * T.intermediate * 4), o_xb = carve(2 * R * max_in_ * 2),
                  o_y2 = carve(2 * R * max_out_ * 4);
+    table_capacity_ = size_t(TABLE_PASSES) * R;  // a pass has at most one member per row
+    const size_t o_table = carve(table_capacity_ * sizeof(k::AttentionPrefillSeq));
     memory_.allocate(total);
     uint8_t* base = memory_.as<uint8_t>();
     auto f32 = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
@@ -46,6 +49,8 @@ GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, Gp
     mlp_ = f32(o_mlp);
     xb_ = reinterpret_cast<bf16_t*>(base + o_xb);
     y2_ = f32(o_y2);
+    table_ = reinterpret_cast<k::AttentionPrefillSeq*>(base + o_table);
+    host_table_ = PinnedArray<k::AttentionPrefillSeq>(table_capacity_);
     // Zeros: the GEMM rows past a pass's split rows read this scratch (results never read).
     CUDA_CHECK(cudaMemsetAsync(memory_.get(), 0, total, context_.stream()));
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
@@ -61,6 +66,8 @@ void GpuPrefillBatch::run(const std::vector<GpuLm*>& streams, const std::vector<
     context_.guard().check("GpuPrefillBatch::run");
     QTTS_ASSERT(streams.size() == positions.size());
     DeviceScope scope(context_.device());
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // no earlier table upload is in flight
+    table_used_ = 0;
     // Groups in the given order (the most urgent first), each within max_rows in its first pass.
     std::vector<Member> group;
     int group_rows = 0;
@@ -116,13 +123,30 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
     const SplitScratch scratch{xb_, y2_};
     const int g = gemm_rows(rows);
     cublasHandle_t cublas = context_.cublas();
+    // One attention launch (and one key/value append) per layer for every member, from a table
+    // of their caches, rows and positions; T and splits size the launch (the largest member's).
+    const k::AttentionPrefillSeq* table = table_upload(members, pos0);
+    int tiles = 0, longest = 0, splits = 1;
+    for (const Member& m : members) {
+        tiles += (m.rows + k::ATTN_TILE - 1) / k::ATTN_TILE;
+        longest = std::max(longest, m.rows);
+        splits = std::max(splits, k::attention_splits(pos0 + m.rows));
+    }
+    const int max_ctx = members.front().lm->talker_buf_.max_ctx;
     using E = k::LinearEpilogue;
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const GpuStack::Layer& L = s.layers[i];
         linear_split(l, cublas, scratch, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr,
                      E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
-        for (const Member& m : members)
-            m.lm->prefill_attention(int(i), qkv_ + size_t(m.row) * QKV, attn_ + size_t(m.row) * QD, m.rows, pos0);
+        k::AttentionArgs a = attention_args(s, int(i), qkv_, attn_, nullptr, nullptr, max_ctx, splits, nullptr,
+                                            nullptr, longest, nullptr, 0);
+        a.append = false;
+        a.prefill_seqs = table;
+        a.batch = int(members.size());
+        a.prefill_rows = rows;
+        a.prefill_tiles = tiles;
+        CUDA_CHECK_KERNEL(k::kv_append(a, l));
+        CUDA_CHECK_KERNEL(k::attention(a, l));
         linear_split(l, cublas, scratch, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, H, nullptr,
                      E::LINEAR_EPILOGUE_ADD, x_, H, g);
         linear_split(l, cublas, scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
@@ -130,6 +154,35 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
         linear_split(l, cublas, scratch, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, H, nullptr,
                      E::LINEAR_EPILOGUE_ADD, x_, H, g);
     }
+}
+
+const k::AttentionPrefillSeq* GpuPrefillBatch::table_upload(const std::vector<Member>& members, int pos0) {
+    const size_t n = members.size();
+    QTTS_ASSERT(n <= size_t(max_rows_));
+    if (table_used_ + n > table_capacity_) {  // every region taken: the earlier passes' uploads must land first
+        CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+        table_used_ = 0;
+    }
+    const size_t at = table_used_;
+    table_used_ += n;
+    const int max_ctx = members.front().lm->talker_buf_.max_ctx;
+    for (size_t i = 0; i < n; ++i) {
+        GpuLm& lm = *members[i].lm;
+        k::AttentionPrefillSeq& q = host_table_[at + i];
+        q.k_cache = lm.talker_buf_.k_cache;
+        q.v_cache = lm.talker_buf_.v_cache;
+        q.row0 = members[i].row;
+        q.T = members[i].rows;
+        q.pos0 = pos0;
+        q.splits = k::attention_splits(pos0 + q.T);  // as the stream's own prefill launch
+        q.partial = lm.partial_;
+        q.counters = lm.counters_;
+        // What attention() checks for a launch of one stream, checked here for each entry.
+        QTTS_ASSERT(lm.talker_buf_.max_ctx == max_ctx && pos0 + q.T <= max_ctx && q.T <= chunk_rows_);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(table_ + at, host_table_.get() + at, n * sizeof(k::AttentionPrefillSeq),
+                               cudaMemcpyHostToDevice, context_.stream()));
+    return table_ + at;
 }
 
 void GpuPrefillBatch::warm_up() {

@@ -13,7 +13,8 @@
 // each pass layer by layer:
 //   rows of every member   x [R, H]  (R = the members' rows this pass, stream after stream)
 //   qkv  = W_qkv · rmsnorm(x)                         one split-bf16 GEMM over R rows
-//   attn = attention(qkv) per member                  its own cache, positions pos0..pos0+T-1
+//   attn = attention(qkv), one launch for all members each over its own cache, positions
+//          pos0..pos0+T-1 (a table of the members: kernels/attention.cuh, AttentionPrefillSeq)
 //   x   += W_o · attn; x += W_down · swiglu(W_gate_up · rmsnorm(x))   GEMMs over R rows
 // and after a member's last pass its last row gives its hidden state and codebook-0 logits
 // (GpuLm's talker head), exactly what GpuLm::prefill_enqueue leaves. Each row's products are
@@ -69,6 +70,8 @@ private:
     void group_run(std::vector<Member>& group);
     void pass(const std::vector<Member>& members, int rows, int pos0);
     int gemm_rows(int rows) const;  // the GEMM's row count for `rows` split rows (2 per row), rounded
+    // The members' attention table for one pass, uploaded; returns it (device).
+    const kernels::AttentionPrefillSeq* table_upload(const std::vector<Member>& members, int pos0);
 
     std::shared_ptr<const GpuLmWeights> weights_;
     GpuContext& context_;
@@ -83,6 +86,12 @@ private:
     float* mlp_ = nullptr;   // [max_rows, I]
     bf16_t* xb_ = nullptr;   // [2 max_rows, max_in] split activations
     float* y2_ = nullptr;    // [2 max_rows, max_out] GEMM output
+    // Attention tables of the passes of a run(), one region each, consecutive; when full, the
+    // stream is synchronised and the regions reused.
+    kernels::AttentionPrefillSeq* table_ = nullptr;  // [table_capacity_]
+    PinnedArray<kernels::AttentionPrefillSeq> host_table_;
+    size_t table_capacity_ = 0;
+    size_t table_used_ = 0;
 };
 
 }  // namespace qtts::cuda

@@ -520,6 +520,31 @@ struct Engine::Impl {
         stats.batch_decoded_chunks += decoded;
     }
 
+    // Takes the streams submitted since the last call into `active` (each gets its utterance and
+    // its STARTED event; one whose utterance cannot be made ends with the error). Returns how
+    // many joined. Engine thread.
+    int intake_drain(std::list<std::shared_ptr<StreamImpl>>& active) {
+        int joined = 0;
+        std::shared_ptr<StreamImpl> incoming;
+        while (intake.try_dequeue(incoming)) {
+            queued.fetch_sub(1);
+            if (failed.load()) {  // submitted while the backend was being lost
+                finish(*incoming, StopReason::STOP_ERROR, failure);
+                continue;
+            }
+            try {
+                incoming->utterance_ = std::make_unique<Utterance>(model, incoming->prepared_);
+                incoming->event_emit(StreamEventKind::STREAM_EVENT_STARTED);
+                active.push_back(incoming);
+                ++joined;
+            } catch (const std::exception& e) {
+                finish(*incoming, StopReason::STOP_ERROR, e.what());
+                if (!model->backend_recover()) backend_lost(active, e.what());
+            }
+        }
+        return joined;
+    }
+
     // The backend cannot work any more (a sticky device error after `what`): every other admitted
     // stream ends with an error now, and submit() refuses new ones. Engine thread.
     void backend_lost(std::list<std::shared_ptr<StreamImpl>>& active, const std::string& what) {
@@ -592,22 +617,7 @@ struct Engine::Impl {
                 }
             }
             const double work_start_s = now_s();  // a newcomer's prompt prefill is engine work too
-            std::shared_ptr<StreamImpl> incoming;
-            while (intake.try_dequeue(incoming)) {
-                queued.fetch_sub(1);
-                if (failed.load()) {  // submitted while the backend was being lost
-                    finish(*incoming, StopReason::STOP_ERROR, failure);
-                    continue;
-                }
-                try {
-                    incoming->utterance_ = std::make_unique<Utterance>(model, incoming->prepared_);
-                    incoming->event_emit(StreamEventKind::STREAM_EVENT_STARTED);
-                    active.push_back(incoming);
-                } catch (const std::exception& e) {
-                    finish(*incoming, StopReason::STOP_ERROR, e.what());
-                    if (!model->backend_recover()) backend_lost(active, e.what());
-                }
-            }
+            intake_drain(active);
             bool progressed = false;
             const Clock::time_point round_start = Clock::now();
             int64_t round_frames = 0;   // frames made this round, all streams
@@ -617,14 +627,19 @@ struct Engine::Impl {
             round_underruns = 0;
             round_underrun_s = 0.0;
             // A round: first chunks first (time to first audio does not wait for the others'
-            // chunks; with two newcomers or more, made in one batched step, CUDA), then the
-            // batched LM step of the streams due together (CUDA), then every other stream's
-            // chunk; each pass in deadline order (schedule).
+            // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
+            // the first chunks of requests that arrived meanwhile (they have no audio yet; the
+            // steady streams have theirs buffered), then the batched LM step of the streams due
+            // together (CUDA), then every other stream's chunk; each pass in deadline order
+            // (schedule).
             schedule(active);
             const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
             const auto every = [](const StreamImpl&) { return true; };
-            if (batch_max >= 2) first_batch_step(active);
-            if (!failed.load()) service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
+            for (int phase = 0; phase < 2 && !failed.load(); ++phase) {
+                if (phase == 1 && intake_drain(active) == 0) break;
+                if (batch_max >= 2) first_batch_step(active);
+                if (!failed.load()) service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
+            }
             if (!failed.load() && batch_max >= 2) batch_step(active);
             if (!failed.load()) service_pass(active, every, pcm, frames, progressed, round_frames, round_streams);
             if (failed.load()) active.clear();

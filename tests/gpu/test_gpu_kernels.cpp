@@ -683,6 +683,146 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
     }
 }
 
+TEST_CASE("a batched prefill gives each sequence what its own prefill launch gives, bitwise",
+          "[gpu][attention][batch][prefill]") {
+    // Prompts of several streams in one kv_append + one attention launch (engine/cuda/
+    // gpu_prefill_batch.h): different lengths (1 to 128 rows, tiles cut short), positions (a
+    // first chunk, later chunks with split-K over 2-3 slices) and caches, at the second layer of
+    // each cache (seq_layer_offset). Alone: the same rows as that stream's own launches.
+    struct Mode {
+        int n_heads, n_kv, hd, max_ctx;
+        std::vector<int> T, pos0;
+    };
+    const Mode modes[] = {
+        {16, 8, 128, 512, {37, 1, 9, 128, 20}, {0, 40, 130, 0, 250}},  // 1.7B talker heads
+        {4, 2, 24, 384, {5, 64, 2}, {0, 64, 300}},                      // tiny model heads
+    };
+    constexpr int LAYERS = 2, LAYER = 1;
+    for (const Mode& m : modes) {
+        const uint64_t seed = fresh_seed();
+        const int S = int(m.T.size());
+        INFO("heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd << " sequences " << S << " seed " << seed);
+        const int qd = m.n_heads * m.hd, kvd = m.n_kv * m.hd, ld = qd + 2 * kvd;
+        const size_t layer_floats = size_t(m.n_kv) * m.max_ctx * m.hd, cache = LAYERS * layer_floats;
+        std::vector<int> row0(size_t(S), 0), splits(size_t(S), 1);
+        int rows = 0, tiles = 0, longest = 0, most_splits = 1;
+        for (int s = 0; s < S; ++s) {
+            row0[size_t(s)] = rows;
+            rows += m.T[size_t(s)];
+            tiles += (m.T[size_t(s)] + k::ATTN_TILE - 1) / k::ATTN_TILE;
+            longest = std::max(longest, m.T[size_t(s)]);
+            splits[size_t(s)] = k::attention_splits(m.pos0[size_t(s)] + m.T[size_t(s)]);
+            most_splits = std::max(most_splits, splits[size_t(s)]);
+        }
+        REQUIRE(most_splits >= 2);  // some sequence combines slices
+        const auto qkv = random_floats(size_t(rows) * ld, seed, -2.0f, 2.0f);
+        const auto qn = random_floats(size_t(m.hd), seed + 1, 0.5f, 1.5f);
+        const auto kn = random_floats(size_t(m.hd), seed + 2, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(m.hd / 2));
+        for (int i = 0; i < m.hd / 2; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / m.hd));
+        const auto caches = random_floats(2 * size_t(S) * cache, seed + 3);  // [S][k | v], LAYERS each
+        auto d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
+        auto base_args = [&]() {
+            k::AttentionArgs a;
+            a.ld_qkv = ld;
+            a.n_heads = m.n_heads;
+            a.n_kv = m.n_kv;
+            a.head_dim = m.hd;
+            a.q_norm = d_qn.get();
+            a.k_norm = d_kn.get();
+            a.eps = 1e-6f;
+            a.inv_freq = d_f.get();
+            a.max_ctx = m.max_ctx;
+            a.append = false;
+            a.ld_out = qd;
+            return a;
+        };
+        const auto k_of = [&](int s) { return caches.begin() + long(2 * s) * long(cache); };
+        // Alone: each sequence's own kv_append + attention on its own copy of its cache.
+        const size_t count = static_cast<size_t>(S);
+        std::vector<std::vector<float>> alone_out(count), alone_k(count), alone_v(count);
+        for (int s = 0; s < S; ++s) {
+            const int T = m.T[size_t(s)];
+            auto d_qkv = upload(std::vector<float>(qkv.begin() + long(row0[size_t(s)]) * ld,
+                                                   qkv.begin() + long(row0[size_t(s)] + T) * ld));
+            auto d_k = upload(std::vector<float>(k_of(s), k_of(s) + long(cache)));
+            auto d_v = upload(std::vector<float>(k_of(s) + long(cache), k_of(s) + 2 * long(cache)));
+            auto d_out = poisoned(size_t(T) * qd);
+            DeviceArray<float> d_partial(k::attention_partial_floats(m.n_heads, T, splits[size_t(s)], m.hd));
+            auto d_counters = upload(std::vector<uint32_t>(k::attention_counter_count(m.n_kv, T), 0u));
+            k::AttentionArgs a = base_args();
+            a.qkv = d_qkv.get();
+            a.T = T;
+            a.k_cache = d_k.get() + LAYER * layer_floats;
+            a.v_cache = d_v.get() + LAYER * layer_floats;
+            a.pos_host = m.pos0[size_t(s)];
+            a.out = d_out.get();
+            a.splits = splits[size_t(s)];
+            a.partial = d_partial.get();
+            a.counters = d_counters.get();
+            k::kv_append(a, context().launch());
+            k::attention(a, context().launch());
+            alone_out[size_t(s)] = download(d_out, size_t(T) * qd);
+            alone_k[size_t(s)] = download(d_k, cache);
+            alone_v[size_t(s)] = download(d_v, cache);
+        }
+        // Batched: one table, one kv_append and one attention; the attention twice (the split-K
+        // counters must be left at zero).
+        auto d_qkv = upload(qkv);
+        auto d_caches = upload(caches);
+        auto d_out = poisoned(size_t(rows) * qd);
+        std::vector<DeviceArray<float>> partials;
+        std::vector<DeviceArray<uint32_t>> counters;
+        std::vector<k::AttentionPrefillSeq> table(count);
+        for (int s = 0; s < S; ++s) {
+            const int T = m.T[size_t(s)];
+            partials.emplace_back(k::attention_partial_floats(m.n_heads, T, splits[size_t(s)], m.hd));
+            counters.push_back(upload(std::vector<uint32_t>(k::attention_counter_count(m.n_kv, T), 0u)));
+            k::AttentionPrefillSeq& q = table[size_t(s)];
+            q.k_cache = d_caches.get() + size_t(2 * s) * cache;
+            q.v_cache = d_caches.get() + size_t(2 * s + 1) * cache;
+            q.row0 = row0[size_t(s)];
+            q.T = T;
+            q.pos0 = m.pos0[size_t(s)];
+            q.splits = splits[size_t(s)];
+            q.partial = partials.back().get();
+            q.counters = counters.back().get();
+        }
+        auto d_table = upload(table);
+        k::AttentionArgs a = base_args();
+        a.qkv = d_qkv.get();
+        a.T = longest;
+        a.splits = most_splits;
+        a.seq_layer_offset = LAYER * layer_floats;
+        a.out = d_out.get();
+        a.prefill_seqs = d_table.get();
+        a.batch = S;
+        a.prefill_rows = rows;
+        a.prefill_tiles = tiles;
+        k::kv_append(a, context().launch());
+        k::attention(a, context().launch());
+        k::attention(a, context().launch());
+        const auto out = download(d_out, size_t(rows) * qd);
+        const auto caches_gpu = download(d_caches, caches.size());
+        REQUIRE(all_finite(out));
+        for (int s = 0; s < S; ++s) {
+            INFO("sequence " << s << ": T " << m.T[size_t(s)] << " pos0 " << m.pos0[size_t(s)] << " splits "
+                             << splits[size_t(s)]);
+            const auto& want = alone_out[size_t(s)];
+            CHECK(std::equal(want.begin(), want.end(), out.begin() + long(row0[size_t(s)]) * qd));
+            CHECK(std::equal(alone_k[size_t(s)].begin(), alone_k[size_t(s)].end(),
+                             caches_gpu.begin() + long(2 * s) * long(cache)));
+            CHECK(std::equal(alone_v[size_t(s)].begin(), alone_v[size_t(s)].end(),
+                             caches_gpu.begin() + long(2 * s + 1) * long(cache)));
+            const auto left = download(counters[size_t(s)], k::attention_counter_count(m.n_kv, m.T[size_t(s)]));
+            CHECK(std::all_of(left.begin(), left.end(), [](uint32_t v) { return v == 0u; }));
+        }
+        // Arguments without a table's totals are refused.
+        a.prefill_tiles = 0;
+        CHECK_THROWS(k::attention(a, context().launch()));
+    }
+}
+
 TEST_CASE("split-bf16 cuBLAS products with their epilogues match the CPU linear", "[gpu][linear]") {
     const uint64_t seed = fresh_seed();
     INFO("seed " << seed);
