@@ -411,6 +411,40 @@ TEST_CASE("deadline order: a newcomer with little audio buffered is served befor
     CHECK(std::none_of(trace.begin(), trace.end(), [](const EngineTraceEntry& t) { return t.batched; }));
 }
 
+TEST_CASE("a request that arrives while first chunks are made gets its first chunk before the steady chunks",
+          "[engine][scheduling]") {
+    EngineOptions options;
+    options.max_streams = 3;
+    Engine engine(options);
+    auto steady = engine.submit(qtts_test::greedy_request("A long sentence that keeps the first stream busy.", 200, kGreedySeed));
+    REQUIRE(wait_for([&] { return steady->metrics().frames >= 8; }));
+    // From here every chunk holds the engine thread 150 ms (the slow-device seam): `late` is
+    // submitted while the engine rests after `first`'s first chunk, inside a round's first-chunk
+    // phase, before that round's steady chunk.
+    engine_chunk_delay_set(engine, 150ms);
+    engine_trace_start(engine, 4096);
+    auto first = engine.submit(qtts_test::greedy_request("The first newcomer.", 6, kGreedySeed));
+    REQUIRE(wait_for([&] { return first->metrics().samples > 0; }));
+    auto late = engine.submit(qtts_test::greedy_request("A late one.", 6, kGreedySeed + 1));
+    REQUIRE(wait_for([&] { return late->metrics().samples > 0; }));
+    engine_chunk_delay_set(engine, 0us);
+    const auto trace = engine_trace_take(engine);
+    steady->cancel();
+    read_all(*first);
+    read_all(*late);
+    // In the trace: first's first chunk, then late's first chunk, in the same round, with no
+    // steady chunk between them.
+    const auto at = [&](uint64_t id) {
+        return std::find_if(trace.begin(), trace.end(), [id](const EngineTraceEntry& t) { return t.stream_id == id; });
+    };
+    const auto f = at(first->id()), l = at(late->id());
+    REQUIRE(f != trace.end());
+    REQUIRE(l != trace.end());
+    CHECK(l > f);
+    CHECK(l->round == f->round);
+    CHECK(std::none_of(f, l, [&](const EngineTraceEntry& t) { return t.stream_id == steady->id(); }));
+}
+
 TEST_CASE("deadline order: a stream back from waiting for text goes before a newer stream far ahead", "[engine][scheduling]") {
     EngineOptions options;
     options.max_streams = 2;
