@@ -33,6 +33,7 @@
 #include "engine/common/error.h"
 #include "engine/cuda/event_timer.h"
 #include "engine/cuda/gpu_batch.h"
+#include "engine/cuda/gpu_lm_launch.h"
 #include "engine/cuda/gpu_prefill_batch.h"
 #include "engine/generation/sampling.h"
 #include "engine/model/weights.h"
@@ -65,7 +66,8 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
     nlohmann::json rows = nlohmann::json::array();
     std::printf("\n  prompt prefills + first draws, one after another vs together (%d rows per pass), median of 5:\n",
                 prefill.max_rows());
-    std::printf("  %-7s %-10s %12s %12s %8s\n", "streams", "positions", "alone ms", "together ms", "ratio");
+    std::printf("  %-7s %-10s %12s %12s %8s %12s %10s\n", "streams", "positions", "alone ms", "together ms", "ratio",
+                "enqueue ms", "GPU ms");
     for (const int repeat : {1, 5}) {
         const qtts::Prompt prompt = bench_prompt(weights->config(), repeat);
         const int L = int(prompt.positions.size());
@@ -93,9 +95,84 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
                     together.push_back(t);
                 }
             }
+            // The prefill passes alone (no loads, no first draws): the host's time to enqueue them
+            // (run() returns before the GPU is done) and the GPU's time from first to last.
+            std::vector<qc::GpuLm*> lms;
+            std::vector<int> positions;
+            for (int i = 0; i < b; ++i) {
+                lms.push_back(streams[size_t(i)].get());
+                positions.push_back(L);
+            }
+            double enqueue_ms = 0.0;
+            const double gpu_ms = qc::time_on_stream(context.stream(), 1, [&] {
+                const auto t0 = Clock::now();
+                prefill.run(lms, positions);
+                enqueue_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+            });
             const double a = median_of(alone), t = median_of(together);
-            std::printf("  %-7d %-10d %12.2f %12.2f %8.2f\n", b, L, a, t, a / t);
-            rows.push_back({{"streams", b}, {"positions", L}, {"alone_ms", a}, {"together_ms", t}});
+            std::printf("  %-7d %-10d %12.2f %12.2f %8.2f %12.2f %10.2f\n", b, L, a, t, a / t, enqueue_ms, gpu_ms);
+            rows.push_back({{"streams", b},
+                            {"positions", L},
+                            {"alone_ms", a},
+                            {"together_ms", t},
+                            {"passes_enqueue_ms", enqueue_ms},
+                            {"passes_gpu_ms", gpu_ms}});
+        }
+    }
+    return rows;
+}
+
+// Where a prefill pass's time goes: each product of a talker layer (its real weights, zero
+// inputs) at the GEMM row counts of one ~121-position prompt (256) and of a full 512-row pass
+// (1024): the cuBLAS GEMM alone, and with its split and combine kernels (linear_split, what the
+// passes run); GPU time per call, median-free mean of 20 calls in a row.
+nlohmann::json prefill_products(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights) {
+    const qc::GpuStack& T = weights->talker;
+    const qc::GpuStack::Layer& L = T.layers.front();
+    const int H = T.hidden, I = T.intermediate, QD = T.q_dim(), QKV = T.qkv_dim();
+    const int max_rows2 = 2 * qc::PREFILL_BATCH_ROWS, max_in = std::max({H, QD, I}), max_out = std::max({QKV, H, 2 * I});
+    qc::DeviceArray<qc::bf16_t> xb(size_t(max_rows2) * max_in);
+    qc::DeviceArray<float> y2(size_t(max_rows2) * max_out), x(size_t(max_rows2 / 2) * max_in),
+        y(size_t(max_rows2 / 2) * max_out);
+    CUDA_CHECK(cudaMemsetAsync(xb.get(), 0, xb.bytes(), context.stream()));
+    CUDA_CHECK(cudaMemsetAsync(x.get(), 0, x.bytes(), context.stream()));
+    CUDA_CHECK(cudaMemsetAsync(y.get(), 0, y.bytes(), context.stream()));
+    using E = qtts::kernels::LinearEpilogue;
+    struct Product {
+        const char* name;
+        const qc::bf16_t* w;
+        int out, in, n;
+        const float* norm;
+        E epilogue;
+    };
+    const Product products[] = {{"qkv", L.qkv, QKV, H, QKV, L.input_norm, E::LINEAR_EPILOGUE_STORE},
+                                {"o", L.o, H, QD, H, nullptr, E::LINEAR_EPILOGUE_ADD},
+                                {"gate_up", L.gate_up, 2 * I, H, I, L.post_norm, E::LINEAR_EPILOGUE_SWIGLU},
+                                {"down", L.down, H, I, H, nullptr, E::LINEAR_EPILOGUE_ADD}};
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("\n  prefill products of one talker layer (GPU us per call; TFLOP/s of the GEMM's rows):\n");
+    std::printf("  %-8s %9s %10s %9s %12s\n", "product", "GEMM rows", "GEMM us", "TFLOP/s", "+split/comb");
+    const qtts::kernels::Launch l = context.launch();
+    for (const int rows2 : {256, 1024}) {
+        for (const Product& p : products) {
+            const float alpha = 1.0f, beta = 0.0f;
+            const auto gemm = [&] {
+                CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, p.out, rows2, p.in, &alpha, p.w,
+                                          CUDA_R_16BF, p.in, xb.get(), CUDA_R_16BF, p.in, &beta, y2.get(), CUDA_R_32F,
+                                          p.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            };
+            const auto full = [&] {
+                qc::linear_split(l, context.cublas(), qc::SplitScratch{xb.get(), y2.get()}, x.get(), rows2 / 2, p.in,
+                                 p.in, p.norm, T.eps, p.w, p.out, p.n, nullptr, p.epilogue, y.get(), p.n, rows2);
+            };
+            gemm();
+            full();
+            const double gemm_ms = qc::time_on_stream(context.stream(), 20, gemm);
+            const double full_ms = qc::time_on_stream(context.stream(), 20, full);
+            const double tflops = 2.0 * p.out * double(rows2) * p.in / (gemm_ms * 1e-3) / 1e12;
+            std::printf("  %-8s %9d %10.1f %9.0f %12.1f\n", p.name, rows2, gemm_ms * 1e3, tflops, full_ms * 1e3);
+            rows.push_back({{"product", p.name}, {"gemm_rows", rows2}, {"gemm_us", gemm_ms * 1e3}, {"tflops", tflops},
+                            {"linear_split_us", full_ms * 1e3}});
         }
     }
     return rows;
@@ -204,6 +281,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     }
     out["batch"] = rows;
     out["prefill"] = prefill_rows(context, weights, streams, sizes, setup);
+    out["prefill_products"] = prefill_products(context, weights);
     return out;
 }
 
