@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "kernels/check.cuh"
 #include "kernels/rope.cuh"
@@ -409,11 +410,32 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
     const float* k_base = k_s;  // row j = key k0 + j, stride kld
     const float* v_base = v_s;  // row j = key k0 + j, stride hd
     if (STAGE_KV) {
-        for (int i = threadIdx.x; i < n * hd; i += ATTN_CACHED_THREADS) {
-            const int r = i / hd, d = i % hd;
-            const size_t src = (head_base + size_t(k0 + r)) * hd + d;
-            k_s[r * kld + d] = a.k_cache[src];
-            v_s[r * hd + d] = a.v_cache[src];
+        // The slice's rows are contiguous in the cache: [n, hd] from row k0. Read as float4 where
+        // head_dim allows (the caches are 16-byte aligned), four per thread in flight: the copy
+        // is bound by L2 latency, not bandwidth (measured: the scalar copy took about half of a
+        // 121-row prefill block's time). Same values staged either way.
+        const size_t first = (head_base + size_t(k0)) * hd;
+        if ((hd & 3) == 0) {
+            const int hd4 = hd >> 2;
+            const float4* k_src = reinterpret_cast<const float4*>(a.k_cache + first);
+            const float4* v_src = reinterpret_cast<const float4*>(a.v_cache + first);
+#pragma unroll 4
+            for (int i = threadIdx.x; i < n * hd4; i += ATTN_CACHED_THREADS) {
+                const int r = i / hd4, d = (i % hd4) * 4;
+                const float4 kv = k_src[i], vv = v_src[i];
+                float* k_row = k_s + r * kld + d;  // padded rows (kld = hd + 1): scalar stores
+                k_row[0] = kv.x;
+                k_row[1] = kv.y;
+                k_row[2] = kv.z;
+                k_row[3] = kv.w;
+                *reinterpret_cast<float4*>(v_s + r * hd + d) = vv;
+            }
+        } else {
+            for (int i = threadIdx.x; i < n * hd; i += ATTN_CACHED_THREADS) {
+                const int r = i / hd, d = i % hd;
+                k_s[r * kld + d] = a.k_cache[first + i];
+                v_s[r * hd + d] = a.v_cache[first + i];
+            }
         }
     } else {
         k_base = a.k_cache + (head_base + size_t(k0)) * hd;
@@ -532,7 +554,10 @@ void attention_validate(const AttentionArgs& a) {
         return;
     }
     const bool caches = a.seqs ? a.batch >= 1 && a.append : a.batch == 1 && a.k_cache && a.v_cache;
-    const bool ok = caches && a.qkv && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
+    // Prefill launches read the cache as float4 when head_dim allows: 16-byte aligned caches.
+    const bool aligned = a.append || a.seqs || a.head_dim % 4 != 0 ||
+                         ((reinterpret_cast<uintptr_t>(a.k_cache) | reinterpret_cast<uintptr_t>(a.v_cache)) & 15) == 0;
+    const bool ok = caches && aligned && a.qkv && a.out && a.T >= 1 && a.n_kv >= 1 && a.n_heads >= a.n_kv &&
                     a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP && a.head_dim >= 2 &&
                     a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 && a.splits <= ATTN_KEYS_PER_SPLIT &&
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&

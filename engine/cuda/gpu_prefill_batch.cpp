@@ -1,6 +1,7 @@
 #include "engine/cuda/gpu_prefill_batch.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 
 #include "engine/common/error.h"
@@ -179,6 +180,7 @@ const k::AttentionPrefillSeq* GpuPrefillBatch::table_upload(const std::vector<Me
         q.counters = lm.counters_;
         // What attention() checks for a launch of one stream, checked here for each entry.
         QTTS_ASSERT(lm.talker_buf_.max_ctx == max_ctx && pos0 + q.T <= max_ctx && q.T <= chunk_rows_);
+        QTTS_ASSERT(((reinterpret_cast<uintptr_t>(q.k_cache) | reinterpret_cast<uintptr_t>(q.v_cache)) & 15) == 0);
     }
     CUDA_CHECK(cudaMemcpyAsync(table_ + at, host_table_.get() + at, n * sizeof(k::AttentionPrefillSeq),
                                cudaMemcpyHostToDevice, context_.stream()));
