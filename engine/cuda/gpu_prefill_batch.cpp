@@ -211,6 +211,23 @@ void GpuPrefillBatch::warm_up() {
         linear_split(l, context_.cublas(), scratch, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, H, nullptr,
                      E::LINEAR_EPILOGUE_STORE, x_, H, g);
     }
+    // The batched attention kernels too (one row against one key, on this object's scratch):
+    // a kernel's first launch loads its code, which takes device memory; that happens here, at
+    // start-up, inside what the memory plan measured, not at the first request.
+    k::AttentionPrefillSeq& q = host_table_[0];
+    q = k::AttentionPrefillSeq{};
+    q.k_cache = y2_;  // [n_kv, 1, head_dim] each, in the GEMM scratch
+    q.v_cache = y2_ + size_t(s.n_kv) * s.head_dim;
+    q.T = 1;
+    CUDA_CHECK(cudaMemcpyAsync(table_, host_table_.get(), sizeof(q), cudaMemcpyHostToDevice, context_.stream()));
+    k::AttentionArgs a = attention_args(s, 0, qkv_, attn_, nullptr, nullptr, 1, 1, nullptr, nullptr, 1, nullptr, 0);
+    a.append = false;
+    a.prefill_seqs = table_;
+    a.batch = 1;
+    a.prefill_rows = 1;
+    a.prefill_tiles = 1;
+    CUDA_CHECK_KERNEL(k::kv_append(a, l));
+    CUDA_CHECK_KERNEL(k::attention(a, l));
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 

@@ -55,8 +55,9 @@ public:
     // (distinct streams on this weights and context, prefill_chunk == chunk_rows()). Enqueued;
     // afterwards each stream is where GpuLm::prefill_enqueue(positions[i]) leaves it.
     void run(const std::vector<GpuLm*>& streams, const std::vector<int>& positions);
-    // Runs every GEMM shape run() can meet once, so that no request pays cuBLAS's first use of a
-    // shape (milliseconds each). Start-up; synchronous.
+    // Runs every GEMM shape run() can meet once, and the batched attention kernels, so that no
+    // request pays cuBLAS's first use of a shape (milliseconds each) or a kernel's first load
+    // (device memory past what start-up measured). Start-up; synchronous.
     void warm_up();
 
 private:
