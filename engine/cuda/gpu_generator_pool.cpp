@@ -250,7 +250,7 @@ void GpuGeneratorPool::batch_enable(int streams) {
     const int chunk = gpu_lm_options(options_).prefill_chunk;
     prefill_batch_ = std::make_unique<GpuPrefillBatch>(weights_, *context_, chunk, std::max(PREFILL_BATCH_ROWS, chunk));
     prefill_batch_->warm_up();
-    states_trim();
+    states_trim("the batched steps");
 }
 
 size_t GpuGeneratorPool::memory_over() const {
@@ -264,23 +264,24 @@ size_t GpuGeneratorPool::memory_over() const {
     return over;
 }
 
-void GpuGeneratorPool::states_trim() {
+void GpuGeneratorPool::states_trim(const char* what) {
     const int before = created_;
     while (memory_over() > 0 && idle_.size() > 1 && options_.states_fit) {
         idle_.pop_back();  // its buffers, graphs and decoder go back to the device now
         --created_;
     }
     if (created_ < before)
-        QTTS_LOG_WARN("GPU memory on device {}: the batched steps left less than the {:.0f} MiB margin{}; {} of {} "
-                      "stream slots given back, {} left",
-                      options_.device, mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text(),
+        QTTS_LOG_WARN("GPU memory on device {}: {} left less than the {:.0f} MiB margin{}; {} of {} stream slots "
+                      "given back, {} left",
+                      options_.device, what, mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text(),
                       before - created_, before, created_);
     if (const size_t over = memory_over(); over > 0)
         fail(ErrorCode::ERROR_CUDA,
-             "GPU {} is {:.0f} MiB short for {} stream slot(s) with batched steps beside a {:.0f} MiB margin{}: "
-             "lower the stream count (--max-streams), leave it out (as many as fit), turn batching off or raise "
+             "GPU {} is {:.0f} MiB short for {} stream slot(s) after {} beside a {:.0f} MiB margin{}: lower the "
+             "stream count (--max-streams), leave it out (as many as fit), turn batching off or raise "
              "--gpu-memory-limit",
-             options_.device, mib(over), created_, mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text());
+             options_.device, mib(over), created_, what, mib(gpu_memory_margin(options_.gpu_memory_limit)),
+             limit_text());
 }
 
 void GpuGeneratorPool::batch_decoder_enable() {

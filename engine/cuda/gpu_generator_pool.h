@@ -110,6 +110,12 @@ public:
     // Owner thread; after batch_enable.
     void batch_start(std::vector<GenerationStart>& starts);
 
+    // After start-up work that takes device memory the slot plan did not see (the warm-up's first
+    // kernel and library loads), gives idle slots back until the memory is within the limit and
+    // margin again (states_fit, at least one stays; logged), else ERROR_CUDA as states_grow says.
+    // Owner thread.
+    void memory_settle() { states_trim("the warm-up"); }
+
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
     void owner_adopt();
@@ -123,7 +129,9 @@ private:
 
     size_t memory_room() const;  // what states may take now (memory_plan.h gpu_memory_room)
     size_t memory_over() const;  // how far the memory in use is past the limit or margin (0: within)
-    void states_trim();          // batch_enable's tail: slots given back until memory_over() is 0
+    // Idle slots given back until memory_over() is 0 (states_fit), else ERROR_CUDA; `what` took
+    // the memory (for the log and the error).
+    void states_trim(const char* what);
     std::string limit_text() const;
     size_t context_bytes_per_position() const;
     void context_fit_first();  // lowers options_.max_context when one stream would not fit

@@ -171,7 +171,15 @@ std::shared_ptr<const SpeechModel> SpeechModel::load(const std::string& model_di
     if (!(opts.name == "auto" && choice.backend != LmBackend::LM_BACKEND_CUDA))
         QTTS_LOG_INFO("LM backend: {} ({})", model->backend_name(), choice.reason);
     model->decoder_ = std::make_unique<cpu::CpuSpeechDecoder>(*ckpt, cpu::CpuSpeechDecoderOptions{});
-    if (choice.backend == LmBackend::LM_BACKEND_CUDA && opts.warm_up) gpu_warm_up(model);
+    if (choice.backend == LmBackend::LM_BACKEND_CUDA && opts.warm_up) {
+        gpu_warm_up(model);
+#ifdef QTTS_HAVE_CUDA
+        // The warm-up loaded kernels and library code on first use, which takes device memory the
+        // slot plan did not see: within a memory limit, idle slots go back until it holds again.
+        model->gpu_->memory_settle();
+        model->options_.states = model->gpu_->states_created();
+#endif
+    }
     return model;
 }
 
