@@ -264,7 +264,7 @@ size_t GpuGeneratorPool::memory_over() const {
     return over;
 }
 
-void GpuGeneratorPool::states_trim(const char* what) {
+void GpuGeneratorPool::slots_give_back(const char* what) {
     const int before = created_;
     while (memory_over() > 0 && idle_.size() > 1 && options_.states_fit) {
         idle_.pop_back();  // its buffers, graphs and decoder go back to the device now
@@ -275,6 +275,10 @@ void GpuGeneratorPool::states_trim(const char* what) {
                       "given back, {} left",
                       options_.device, what, mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text(),
                       before - created_, before, created_);
+}
+
+void GpuGeneratorPool::states_trim(const char* what) {
+    slots_give_back(what);
     if (const size_t over = memory_over(); over > 0)
         fail(ErrorCode::ERROR_CUDA,
              "GPU {} is {:.0f} MiB short for {} stream slot(s) after {} beside a {:.0f} MiB margin{}: lower the "
@@ -282,6 +286,17 @@ void GpuGeneratorPool::states_trim(const char* what) {
              "--gpu-memory-limit",
              options_.device, mib(over), created_, what, mib(gpu_memory_margin(options_.gpu_memory_limit)),
              limit_text());
+}
+
+void GpuGeneratorPool::memory_settle() {
+    context_->guard().check("GpuGeneratorPool::memory_settle");
+    DeviceScope scope(options_.device);
+    slots_give_back("the warm-up");
+    if (const size_t over = memory_over(); over > 0)
+        QTTS_LOG_WARN("GPU memory on device {}: {:.0f} MiB into the {:.0f} MiB margin after the warm-up{} with {} "
+                      "stream slot(s){}",
+                      options_.device, mib(over), mib(gpu_memory_margin(options_.gpu_memory_limit)), limit_text(),
+                      created_, options_.states_fit ? "" : " (the stream count was given: none given back)");
 }
 
 void GpuGeneratorPool::batch_decoder_enable() {

@@ -112,9 +112,10 @@ public:
 
     // After start-up work that takes device memory the slot plan did not see (the warm-up's first
     // kernel and library loads), gives idle slots back until the memory is within the limit and
-    // margin again (states_fit, at least one stays; logged), else ERROR_CUDA as states_grow says.
+    // margin again (states_fit, at least one stays; logged). When that cannot be (a given stream
+    // count), it only warns: the margin is there for such growth, and load already succeeded.
     // Owner thread.
-    void memory_settle() { states_trim("the warm-up"); }
+    void memory_settle();
 
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
@@ -129,8 +130,9 @@ private:
 
     size_t memory_room() const;  // what states may take now (memory_plan.h gpu_memory_room)
     size_t memory_over() const;  // how far the memory in use is past the limit or margin (0: within)
-    // Idle slots given back until memory_over() is 0 (states_fit), else ERROR_CUDA; `what` took
-    // the memory (for the log and the error).
+    // Idle slots given back while memory_over() > 0 (states_fit; at least one stays; logged);
+    // `what` took the memory. states_trim then fails with ERROR_CUDA if still over.
+    void slots_give_back(const char* what);
     void states_trim(const char* what);
     std::string limit_text() const;
     size_t context_bytes_per_position() const;
