@@ -439,6 +439,24 @@ struct AttentionCase {
     int T, n_heads, n_kv, hd, max_ctx, pos0;
 };
 
+// What every attention launch of these tests shares: head shapes, q/k norms (eps 1e-6), the RoPE
+// table, the cache length and a dense output.
+k::AttentionArgs attention_heads(int n_heads, int n_kv, int hd, int max_ctx, const float* q_norm, const float* k_norm,
+                                 const float* inv_freq) {
+    k::AttentionArgs a;
+    a.ld_qkv = (n_heads + 2 * n_kv) * hd;
+    a.n_heads = n_heads;
+    a.n_kv = n_kv;
+    a.head_dim = hd;
+    a.q_norm = q_norm;
+    a.k_norm = k_norm;
+    a.eps = 1e-6f;
+    a.inv_freq = inv_freq;
+    a.max_ctx = max_ctx;
+    a.ld_out = n_heads * hd;
+    return a;
+}
+
 void attention_reference(const AttentionCase& c, const std::vector<float>& qkv, const std::vector<float>& qn,
                          const std::vector<float>& kn, const std::vector<float>& inv_freq_unused,
                          std::vector<float>& k_cache, std::vector<float>& v_cache, std::vector<float>& out) {
@@ -594,18 +612,8 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         auto d_pos = upload(pos), d_stopped = upload(stopped);
 
         auto base_args = [&](int T) {
-            k::AttentionArgs a;
-            a.ld_qkv = ld;
+            k::AttentionArgs a = attention_heads(m.n_heads, m.n_kv, m.hd, m.max_ctx, d_qn.get(), d_kn.get(), d_f.get());
             a.T = T;
-            a.n_heads = m.n_heads;
-            a.n_kv = m.n_kv;
-            a.head_dim = m.hd;
-            a.q_norm = d_qn.get();
-            a.k_norm = d_kn.get();
-            a.eps = 1e-6f;
-            a.inv_freq = d_f.get();
-            a.max_ctx = m.max_ctx;
-            a.ld_out = qd;
             a.splits = m.splits;
             return a;
         };
@@ -723,18 +731,8 @@ TEST_CASE("a batched prefill gives each sequence what its own prefill launch giv
         const auto caches = random_floats(2 * size_t(S) * cache, seed + 3);  // [S][k | v], LAYERS each
         auto d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
         auto base_args = [&]() {
-            k::AttentionArgs a;
-            a.ld_qkv = ld;
-            a.n_heads = m.n_heads;
-            a.n_kv = m.n_kv;
-            a.head_dim = m.hd;
-            a.q_norm = d_qn.get();
-            a.k_norm = d_kn.get();
-            a.eps = 1e-6f;
-            a.inv_freq = d_f.get();
-            a.max_ctx = m.max_ctx;
+            k::AttentionArgs a = attention_heads(m.n_heads, m.n_kv, m.hd, m.max_ctx, d_qn.get(), d_kn.get(), d_f.get());
             a.append = false;
-            a.ld_out = qd;
             return a;
         };
         const auto k_of = [&](int s) { return caches.begin() + long(2 * s) * long(cache); };
