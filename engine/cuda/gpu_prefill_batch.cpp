@@ -77,6 +77,7 @@ void GpuPrefillBatch::run(const std::vector<GpuLm*>& streams, const std::vector<
         QTTS_ASSERT(lm && &lm->weights() == weights_.get() && &lm->context() == &context_ &&
                     lm->options().prefill_chunk == chunk_rows_);
         QTTS_ASSERT(positions[i] >= 1 && positions[i] < lm->max_context());
+        QTTS_ASSERT(std::count(streams.begin(), streams.end(), lm) == 1);  // one table row per cache
         const int first_rows = std::min(positions[i], chunk_rows_);
         if (group_rows + first_rows > max_rows_) {
             group_run(group);
