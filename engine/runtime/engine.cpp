@@ -447,17 +447,12 @@ struct Engine::Impl {
             }
         }
         if (starts.size() < 2) return;
-        const auto drop = [&active](const std::vector<StreamImpl*>& gone) {
-            active.remove_if([&gone](const std::shared_ptr<StreamImpl>& s) {
-                return std::find(gone.begin(), gone.end(), s.get()) != gone.end();
-            });
-        };
         try {
             model->batch_start(starts);
         } catch (const std::exception& e) {
             QTTS_LOG_WARN("a batched start of {} streams failed: {}", starts.size(), e.what());
             for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
-            drop(members);
+            streams_remove(active, members);
             if (!model->backend_recover()) backend_lost(active, e.what());
             return;
         }
@@ -473,7 +468,7 @@ struct Engine::Impl {
             members[i]->utterance_->first_started();
             ++started;
         }
-        drop(refused);
+        streams_remove(active, refused);
         std::lock_guard<std::mutex> lock(stats_mutex);
         if (started >= 2) stats.batch_started += started;
     }
@@ -506,9 +501,7 @@ struct Engine::Impl {
         } catch (const std::exception& e) {
             QTTS_LOG_WARN("a batched step of {} streams failed: {}", generators.size(), e.what());
             for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
-            active.remove_if([&members](const std::shared_ptr<StreamImpl>& s) {
-                return std::find(members.begin(), members.end(), s.get()) != members.end();
-            });
+            streams_remove(active, members);
             if (!model->backend_recover()) backend_lost(active, e.what());
             return;
         }
@@ -518,6 +511,13 @@ struct Engine::Impl {
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
         stats.batch_decoded_chunks += decoded;
+    }
+
+    // Takes `gone` (streams already finished) out of `active`. Engine thread.
+    static void streams_remove(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<StreamImpl*>& gone) {
+        active.remove_if([&gone](const std::shared_ptr<StreamImpl>& s) {
+            return std::find(gone.begin(), gone.end(), s.get()) != gone.end();
+        });
     }
 
     // Takes the streams submitted since the last call into `active` (each gets its utterance and

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <random>
 
 #include "engine/common/error.h"
@@ -59,18 +58,6 @@ void gpu_warm_up(const std::shared_ptr<const SpeechModel>& model) {
     short_text.segments.push_back(model->assistant_ids("Warming up."));
     std::vector<std::unique_ptr<Utterance>> leased;
     for (int i = 0; i < options.states; ++i) leased.push_back(std::make_unique<Utterance>(model, short_text));
-    if (model->batch_max() >= 2 && leased.size() >= 2) {  // batching: they start together, as newcomers do
-        std::vector<GenerationStart> starts;
-        std::vector<Utterance*> starting;
-        for (auto& utterance : leased)
-            if (std::optional<GenerationStart> start = utterance->first_request()) {
-                starts.push_back(std::move(*start));
-                starting.push_back(utterance.get());
-            }
-        model->batch_start(starts);
-        for (size_t i = 0; i < starts.size(); ++i)
-            if (starts[i].error.empty()) starting[i]->first_started();
-    }
     for (auto& utterance : leased) speak(*utterance);
     leased.clear();  // the states go back to the pool
 

@@ -35,9 +35,13 @@ bool Utterance::segment_start() {
     if (next_segment_ >= prepared_.segments.size()) return false;
     const GenerationStart start = segment_request();
     generator_->start(start.prompt, start.params, start.seed);
+    segment_started();
+    return true;
+}
+
+void Utterance::segment_started() {
     ++next_segment_;
     generating_ = true;
-    return true;
 }
 
 std::optional<GenerationStart> Utterance::first_request() const {
@@ -48,8 +52,7 @@ std::optional<GenerationStart> Utterance::first_request() const {
 
 void Utterance::first_started() {
     QTTS_ASSERT(!generating_ && next_segment_ < prepared_.segments.size());
-    ++next_segment_;
-    generating_ = true;
+    segment_started();
 }
 
 void Utterance::incremental_commit(bool all) {

@@ -65,6 +65,7 @@ public:
 private:
     bool segment_start();              // starts the next complete segment; false when none is left
     GenerationStart segment_request() const;  // what segment_start() starts (a segment is left)
+    void segment_started();                   // the segment segment_request() described has started
     bool incremental_start();          // starts the incremental utterance once text exists
     void incremental_commit(bool all);  // tokenizes pending text whose ids can no longer change
 
