@@ -450,10 +450,7 @@ struct Engine::Impl {
         try {
             model->batch_start(starts);
         } catch (const std::exception& e) {
-            QTTS_LOG_WARN("a batched start of {} streams failed: {}", starts.size(), e.what());
-            for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
-            streams_remove(active, members);
-            if (!model->backend_recover()) backend_lost(active, e.what());
+            batch_failed(active, members, "start", e);
             return;
         }
         std::vector<StreamImpl*> refused;
@@ -499,10 +496,7 @@ struct Engine::Impl {
         try {
             decoded = model->batch_run(generators, frames);
         } catch (const std::exception& e) {
-            QTTS_LOG_WARN("a batched step of {} streams failed: {}", generators.size(), e.what());
-            for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
-            streams_remove(active, members);
-            if (!model->backend_recover()) backend_lost(active, e.what());
+            batch_failed(active, members, "step", e);
             return;
         }
         for (StreamImpl* s : members) s->batched_round_ = round;
@@ -511,6 +505,16 @@ struct Engine::Impl {
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
         stats.batch_decoded_chunks += decoded;
+    }
+
+    // A batched device call (`what`: "step", "start") for `members` failed: they end with its error
+    // (their device state is unknown); the others go on if the backend still works. Engine thread.
+    void batch_failed(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<StreamImpl*>& members,
+                      const char* what, const std::exception& e) {
+        QTTS_LOG_WARN("a batched {} of {} streams failed: {}", what, members.size(), e.what());
+        for (StreamImpl* s : members) finish(*s, StopReason::STOP_ERROR, e.what());
+        streams_remove(active, members);
+        if (!model->backend_recover()) backend_lost(active, e.what());
     }
 
     // Takes `gone` (streams already finished) out of `active`. Engine thread.
