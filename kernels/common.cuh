@@ -150,6 +150,13 @@ __device__ __forceinline__ uint16_t float_to_bf16(float f) {
     return uint16_t((u + rounding) >> 16);
 }
 
+// v as a bf16 pair: hi = bf16(v), lo = bf16(v - hi) (~16 mantissa bits together), the operands
+// of the split-bf16 products.
+__device__ __forceinline__ void bf16_split(float v, bf16_t* hi, bf16_t* lo) {
+    *hi = float_to_bf16(v);
+    *lo = float_to_bf16(v - bf16_to_float(*hi));
+}
+
 // Dot product of 8 bf16 weights (one 16-byte load) with 8 fp32 values.
 __device__ __forceinline__ float dot8(const uint4& w, const float4& a, const float4& b) {
     float s = bf16_lo(w.x) * a.x;

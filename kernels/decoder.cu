@@ -35,6 +35,20 @@ __device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta
     return v + inv_beta * (s * s);
 }
 
+// Where an im2col stores its columns: fp32 (`col`), or as bf16 hi/lo pairs for the split-bf16
+// products (`planes`: the hi plane, then the lo plane `plane` elements further).
+struct ColumnSink {
+    float* col = nullptr;
+    bf16_t* planes = nullptr;
+    size_t plane = 0;
+    __device__ __forceinline__ void put(size_t i, float v) const {
+        if (col)
+            col[i] = v;
+        else
+            bf16_split(v, planes + i, planes + plane + i);
+    }
+};
+
 __device__ __forceinline__ float gelu_erf_ref(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
 // Block-wide reductions (every thread gets the result); `shared` holds 32 floats.
@@ -75,7 +89,7 @@ __global__ void rvq_gather_kernel(const int32_t* codes, int nq, const float* cod
 }
 
 __global__ void conv_im2col_kernel(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
-                                   SnakeParams snake, float* col, int col_rows) {
+                                   SnakeParams snake, ColumnSink col, int col_rows) {
     pdl_wait();
     pdl_trigger();
     const long long rows = (long long)C * K;
@@ -85,7 +99,7 @@ __global__ void conv_im2col_kernel(const float* tail, int L, const float* x, int
         const long long r = i / T;
         const int t = int(i - r * T);
         if (r >= rows) {
-            col[i] = r == rows ? 1.0f : 0.0f;
+            col.put(size_t(i), r == rows ? 1.0f : 0.0f);
             continue;
         }
         const int c = int(r / K), k = int(r - (long long)c * K);
@@ -97,7 +111,7 @@ __global__ void conv_im2col_kernel(const float* tail, int L, const float* x, int
             v = x[size_t(c) * T + (s - L)];
             if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
         }
-        col[i] = v;
+        col.put(size_t(i), v);
     }
 }
 
@@ -130,6 +144,22 @@ __global__ void snake_kernel(const float* x, int C, int T, SnakeParams snake, fl
          i += (long long)gridDim.x * blockDim.x) {
         const int c = int(i / T);
         y[i] = snake_eval(x[i], snake.alpha[c], snake.inv_beta[c]);
+    }
+}
+
+// planes [2, C, T] = the bf16 hi/lo pair of snake(x) (x when snake.alpha is null).
+__global__ void split_planes_kernel(const float* x, int C, int T, SnakeParams snake, ColumnSink out) {
+    pdl_wait();
+    pdl_trigger();
+    const long long total = (long long)C * T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = x[i];
+        if (snake.alpha) {
+            const int c = int(i / T);
+            v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
+        }
+        out.put(size_t(i), v);
     }
 }
 
@@ -468,13 +498,13 @@ __device__ __forceinline__ TailSlots tail_slots(const DecoderStates& states, int
 
 // grid.y: the stream.
 __global__ void conv_im2col_carry_kernel(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T,
-                                         int K, int dilation, SnakeParams snake, float* col, int col_rows) {
+                                         int K, int dilation, SnakeParams snake, ColumnSink col, int col_rows) {
     pdl_wait();
     pdl_trigger();
     const int b = blockIdx.y, ld = states.count * T;
     const TailSlots slots = tail_slots(states, b, tails_at, C, L);
     const float* xb = x + size_t(b) * T;
-    float* colb = col + size_t(b) * T;
+    const size_t colb = size_t(b) * T;  // this stream's first column
     const long long rows = (long long)C * K;
     const long long col_total = (long long)col_rows * T;
     const long long total = col_total + (long long)C * L;
@@ -483,13 +513,13 @@ __global__ void conv_im2col_carry_kernel(DecoderStates states, size_t tails_at, 
         if (i < col_total) {
             const long long r = i / T;
             const int t = int(i - r * T);
-            float* dst = colb + r * ld + t;
+            const size_t dst = colb + size_t(r) * ld + t;
             if (r >= rows) {
-                *dst = r == rows ? 1.0f : 0.0f;
+                col.put(dst, r == rows ? 1.0f : 0.0f);
                 continue;
             }
             const int c = int(r / K), k = int(r - (long long)c * K);
-            *dst = carried_input(slots.tail, L, xb, ld, c, t + k * dilation, snake);
+            col.put(dst, carried_input(slots.tail, L, xb, ld, c, t + k * dilation, snake));
         } else {
             const long long j = i - col_total;
             const int c = int(j / L), jj = int(j - (long long)c * L);
@@ -645,15 +675,38 @@ void rvq_gather(const int32_t* codes, int n, int nq, const float* codebooks, int
                              nq, codebooks, size, half, g));
 }
 
-void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
-                 float* col, const Launch& l, int col_rows) {
+namespace {
+
+void im2col_launch(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
+                   ColumnSink col, const Launch& l, int col_rows, const char* what) {
     if (col_rows == 0) col_rows = C * K + 1;
-    if (T <= 0 || C <= 0 || K <= 0 || L != (K - 1) * dilation || (L > 0 && !tail) || !x || !col ||
+    if (T <= 0 || C <= 0 || K <= 0 || L != (K - 1) * dilation || (L > 0 && !tail) || !x || !(col.col || col.planes) ||
         col_rows < C * K + 1)
-        bad_args("conv_im2col", __func__);
+        bad_args(what, __func__);
     const long long total = (long long)col_rows * T;
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_kernel, tail, L, x, C, T, K,
-                             dilation, snake, col, col_rows));
+                                    dilation, snake, col, col_rows));
+}
+
+}  // namespace
+
+void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
+                 float* col, const Launch& l, int col_rows) {
+    im2col_launch(tail, L, x, C, T, K, dilation, snake, ColumnSink{col, nullptr, 0}, l, col_rows, "conv_im2col");
+}
+
+void conv_im2col_split(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
+                       SnakeParams snake, bf16_t* planes, const Launch& l, int col_rows) {
+    const size_t plane = size_t(col_rows == 0 ? C * K + 1 : col_rows) * size_t(T > 0 ? T : 0);
+    im2col_launch(tail, L, x, C, T, K, dilation, snake, ColumnSink{nullptr, planes, plane}, l, col_rows,
+                  "conv_im2col_split");
+}
+
+void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& l) {
+    if (C <= 0 || T <= 0 || !x || !planes || (snake.alpha && !snake.inv_beta)) bad_args("split_planes", __func__);
+    const size_t plane = size_t(C) * T;
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, split_planes_kernel, x, C, T,
+                                    snake, ColumnSink{nullptr, planes, plane}));
 }
 
 void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakeParams snake, const Launch& l) {
@@ -766,15 +819,33 @@ void position_advance(DecoderStates states, int n, const Launch& l) {
                                     position_advance_kernel, states, n));
 }
 
-void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
-                       int dilation, SnakeParams snake, float* col, const Launch& l, int col_rows) {
+namespace {
+
+void im2col_carry_launch(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                         int dilation, SnakeParams snake, ColumnSink col, const Launch& l, int col_rows,
+                         const char* what) {
     if (col_rows == 0) col_rows = C * K + 1;
     if (T <= 0 || C <= 0 || K <= 0 || L <= 0 || L != (K - 1) * dilation || !states_ok(states) ||
-        states.count > 65535 || !x || !col || col_rows < C * K + 1)
-        bad_args("conv_im2col_carry", __func__);
+        states.count > 65535 || !x || !(col.col || col.planes) || col_rows < C * K + 1)
+        bad_args(what, __func__);
     const long long total = (long long)col_rows * T + (long long)C * L;
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total), states.count), dim3(THREADS), 0, conv_im2col_carry_kernel,
                                     states, tails_at, L, x, C, T, K, dilation, snake, col, col_rows));
+}
+
+}  // namespace
+
+void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                       int dilation, SnakeParams snake, float* col, const Launch& l, int col_rows) {
+    im2col_carry_launch(states, tails_at, L, x, C, T, K, dilation, snake, ColumnSink{col, nullptr, 0}, l, col_rows,
+                        "conv_im2col_carry");
+}
+
+void conv_im2col_carry_split(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                             int dilation, SnakeParams snake, bf16_t* planes, const Launch& l, int col_rows) {
+    const size_t plane = size_t(col_rows == 0 ? C * K + 1 : col_rows) * size_t(T > 0 ? T : 0) * size_t(states.count);
+    im2col_carry_launch(states, tails_at, L, x, C, T, K, dilation, snake, ColumnSink{nullptr, planes, plane}, l,
+                        col_rows, "conv_im2col_carry_split");
 }
 
 void depthwise_conv_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,

@@ -3,10 +3,12 @@
 //
 // Layouts follow the CPU reference: convolution signals are channel-major x[C, T] (row c is
 // channel c over time), transformer activations are time-major h[T, D]. Dense convolutions are
-// an im2col (this file) followed by one cuBLAS SGEMM; the im2col reads the carried causal tail
-// directly (no concatenation copy), applies the SnakeBeta of the conv input on the fly (the
-// activation costs nothing extra: it is computed where the values are loaded anyway), and
-// appends a row of ones so that the bias rides along in the GEMM as an extra weight column.
+// an im2col (this file) followed by a cuBLAS product (SGEMM, or the split-bf16 pair of GEMMs
+// when the im2col writes bf16 hi/lo planes: engine/cuda/gpu_speech_decoder.h, DecoderMath); the
+// im2col reads the carried causal tail directly (no concatenation copy), applies the SnakeBeta
+// of the conv input on the fly (the activation costs nothing extra: it is computed where the
+// values are loaded anyway), and appends a row of ones so that the bias rides along in the GEMM
+// as an extra weight column.
 //
 // Every kernel starts with pdl_wait(), so all of them may be launched with programmatic
 // dependent launch. Positions are read from device memory (graph replay).
@@ -56,12 +58,18 @@ void rvq_gather(const int32_t* codes, int n, int nq, const float* codebooks, int
 //   col_rows = 0 means C·K + 1.
 void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
                  float* col, const Launch& launch, int col_rows = 0);
+// The same columns as bf16 hi/lo pairs for a split-bf16 product: planes [2, col_rows, T], the
+// hi plane (bf16(v)) then the lo plane (bf16(v - hi)).
+void conv_im2col_split(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
+                       SnakeParams snake, bf16_t* planes, const Launch& launch, int col_rows = 0);
 
 // New tail = last L columns of [tail | snake(x)] (in place; L <= 1024).
 void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakeParams snake, const Launch& launch);
 
 // y [C, T] = snake(x [C, T]) (y may alias x).
 void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, const Launch& launch);
+// planes [2, C, T] = the bf16 hi/lo pair of snake(x) (of x when snake.alpha is null).
+void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& launch);
 
 // Overlap-add of a causal transposed conv (stride s, kernel K, K - s <= T·s), T frames per stream:
 //   cols [Cout·K, S·T] (row co·K + k = contribution of input column t to output t·s + k),
@@ -127,6 +135,10 @@ void position_advance(DecoderStates states, int n, const Launch& launch);
 // conv_im2col + tail update in one launch; col [col_rows, S·T].
 void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                        int dilation, SnakeParams snake, float* col, const Launch& launch, int col_rows = 0);
+// The same with the columns as bf16 hi/lo pairs: planes [2, col_rows, S·T] (hi plane, then lo).
+void conv_im2col_carry_split(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
+                             int dilation, SnakeParams snake, bf16_t* planes, const Launch& launch,
+                             int col_rows = 0);
 // depthwise_conv + tail update (no activation) in one launch; y [C, S·T].
 void depthwise_conv_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                           int dilation, const float* w, const float* b, float* y, const Launch& launch);

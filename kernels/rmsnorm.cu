@@ -39,9 +39,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     for (int c = threadIdx.x; c < C; c += NORM_THREADS) {
         const float v = w ? (xr[c] * inv) * w[c] : xr[c];
         if (split) {
-            const bf16_t hi = float_to_bf16(v);
-            split[size_t(t) * C + c] = hi;
-            split[size_t(T + t) * C + c] = float_to_bf16(v - bf16_to_float(hi));
+            bf16_split(v, &split[size_t(t) * C + c], &split[size_t(T + t) * C + c]);
         } else {
             y[size_t(t) * ldy + c] = v;
         }

@@ -2,6 +2,7 @@
 //
 //   qtts bench-decoder [--model DIR] [--chunks 1,2,4,25] [--frames N] [--repeats R] [--device N]
 //                      [--no-cuda-graphs] [--json FILE] [--cache DIR] [--streams 2,8,32,64]
+//                      [--math fp32,bf16x3,tf32]
 //
 // Without --model a release-size random speech tokenizer (DecoderConfig defaults: decoder_dim
 // 1536, latent 1024, 8 transformer layers) is generated with make_model (cached). For every
@@ -11,12 +12,14 @@
 // (codes upload + chunk + PCM copy + sync) is reported next to it. Graphs on and off.
 // --streams: batched passes (cuda/gpu_batch_decoder.h) of S streams x each chunk size, wall time
 // per pass (codes in, samples out, sync), per stream-frame, and audio-seconds per second.
+// --math: each arithmetic of the convolution products in turn, with its SNR against fp32.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -52,7 +55,9 @@ void usage() {
         "  --repeats R        repeats per chunk size (default 3)\n"
         "  --device N         CUDA device (default 0)\n"
         "  --no-cuda-graphs   eager only\n"
-        "  --tf32             also measure TF32 products (speed, and SNR against fp32)\n"
+        "  --math LIST        arithmetic of the convolution products, measured in turn (fp32, tf32,\n"
+        "                     bf16x3; default: the engine's, bf16x3); each but fp32 also gets its SNR\n"
+        "                     and largest difference against fp32 products\n"
         "  --stages           also print a per-stage GPU time breakdown (eager)\n"
         "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
         "  --streams LIST     also time batched passes of that many streams per chunk size\n"
@@ -66,7 +71,7 @@ namespace qc = qtts::cuda;
 struct Row {
     int chunk = 0;
     bool graphs = false;
-    bool tf32 = false;
+    qc::DecoderMath math = qc::DecoderMath::DECODER_MATH_FP32;
     bool small = false;
     bool pdl = true;
     bool padded = true;
@@ -79,14 +84,13 @@ struct Row {
 // host around decode() (codes upload, the pass, samples back, sync); median of `repeats` x 8.
 nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<const qc::GpuSpeechDecoderWeights>& weights,
                              const std::vector<int>& streams, const std::vector<int>& chunks,
-                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs, bool tf32) {
+                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs) {
     const int nq = weights->config().num_quantizers, spf = weights->samples_per_frame();
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
     qc::GpuSpeechDecoderOptions one;
     one.max_chunk_frames = max_chunk;
     one.graph_chunk_sizes = {};
-    one.tf32 = tf32;
     std::vector<std::unique_ptr<qc::GpuSpeechDecoder>> decoders;
     for (int i = 0; i < max_streams; ++i) decoders.push_back(std::make_unique<qc::GpuSpeechDecoder>(weights, context, one));
     qc::GpuBatchDecoderOptions options;
@@ -94,10 +98,10 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
     options.chunk_frames = chunks;
     options.buckets = streams;
     options.cuda_graphs = graphs;
-    options.tf32 = tf32;
     qc::GpuBatchDecoder batch(weights, context, decoders.front()->layout(), options);
     nlohmann::json out = nlohmann::json::array();
     const double frame_s = double(spf) / qtts::SAMPLE_RATE;
+    const char* math = qc::decoder_math_name(weights->math());
     for (const int S : streams)
         for (const int n : chunks) {
             std::vector<qc::GpuSpeechDecoder*> members;
@@ -122,8 +126,8 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
             const double audio_per_s = double(S) * n * frame_s / (median / 1e3);
             std::printf("  batched %-3d streams x %-2d frames (%s, %s): %8.3f ms per pass, %7.4f ms per stream-frame, "
                         "%7.1f audio-s/s\n",
-                        S, n, graphs ? "graph" : "eager", tf32 ? "tf32" : "fp32", median, per_frame, audio_per_s);
-            out.push_back({{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"tf32", tf32},
+                        S, n, graphs ? "graph" : "eager", math, median, per_frame, audio_per_s);
+            out.push_back({{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"math", math},
                            {"graph", batch.has_graph(S, n)}, {"ms_per_pass", median},
                            {"ms_per_stream_frame", per_frame}, {"audio_s_per_s", audio_per_s}});
         }
@@ -154,8 +158,27 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     const auto ckpt = qtts::checkpoint_load(model_dir);
     const qtts::DecoderConfig& d = ckpt->speech_config.decoder;
 
+    std::vector<qc::DecoderMath> maths;
+    std::stringstream math_list(args.get_or("math", "bf16x3"));
+    for (std::string name; std::getline(math_list, name, ',');) {
+        qc::DecoderMath m{};
+        if (!qc::decoder_math_parse(name, &m))
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--math: unknown arithmetic '{}' (fp32, tf32, bf16x3)", name);
+        maths.push_back(m);
+    }
     qc::GpuContext context(device);
-    const auto weights = qc::GpuSpeechDecoderWeights::upload(*ckpt, device);
+    // One upload per arithmetic (the weights hold the products' operands); fp32 for the accuracy.
+    std::map<qc::DecoderMath, std::shared_ptr<const qc::GpuSpeechDecoderWeights>> uploads;
+    auto weights_for = [&](qc::DecoderMath m) {
+        auto& w = uploads[m];
+        if (!w) {
+            qc::GpuSpeechDecoderWeightOptions wo;
+            wo.math = m;
+            w = qc::GpuSpeechDecoderWeights::upload(*ckpt, device, wo);
+        }
+        return w;
+    };
+    const auto weights = weights_for(maths.front());
     const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
     const int nq = d.num_quantizers;
 
@@ -173,17 +196,20 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     struct Mode {
-        bool graphs, tf32, small, pdl, padded;
+        bool graphs;
+        qc::DecoderMath math;
+        bool small, pdl, padded;
     };
-    // The default configuration with graphs on and off, then variants with graphs on.
-    std::vector<Mode> modes{{true, false, false, true, true}, {false, false, false, true, true}};
+    // The first arithmetic with graphs on and off, then variants with graphs on, then the others.
+    const qc::DecoderMath first = maths.front();
+    std::vector<Mode> modes{{true, first, false, true, true}, {false, first, false, true, true}};
     if (args.has("variants")) {
-        modes.push_back({true, false, true, true, true});    // small-row transformer kernels
-        modes.push_back({true, false, false, false, true});  // no programmatic dependent launch
-        modes.push_back({true, false, true, false, true});
-        modes.push_back({true, false, false, true, false});  // unpadded weight rows
+        modes.push_back({true, first, true, true, true});    // small-row transformer kernels
+        modes.push_back({true, first, false, false, true});  // no programmatic dependent launch
+        modes.push_back({true, first, true, false, true});
+        modes.push_back({true, first, false, true, false});  // unpadded weight rows
     }
-    if (args.has("tf32")) modes.push_back({true, true, false, true, true});
+    for (size_t i = 1; i < maths.size(); ++i) modes.push_back({true, maths[i], false, true, true});
     std::shared_ptr<const qc::GpuSpeechDecoderWeights> unpadded;
     const bool pdl_default = context.pdl();
     for (const Mode& mode : modes) {
@@ -193,15 +219,15 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         options.max_chunk_frames = max_chunk;
         options.graph_chunk_sizes = chunks;
         options.cuda_graphs = graphs;
-        options.tf32 = mode.tf32;
         options.small_kernels = mode.small;
         context.pdl_set(mode.pdl && pdl_default);
         if (!mode.padded && !unpadded) {
             qc::GpuSpeechDecoderWeightOptions wo;
             wo.pad_rows = false;
+            wo.math = mode.math;
             unpadded = qc::GpuSpeechDecoderWeights::upload(*ckpt, device, wo);
         }
-        qc::GpuSpeechDecoder dec(mode.padded ? weights : unpadded, context, options);
+        qc::GpuSpeechDecoder dec(mode.padded ? weights_for(mode.math) : unpadded, context, options);
         if (graphs && !dec.graphs_enabled()) {
             std::printf("graphs disabled by the environment: eager only\n");
             continue;
@@ -244,7 +270,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
             Row row;
             row.chunk = chunk;
             row.graphs = dec.has_graph(chunk);
-            row.tf32 = mode.tf32;
+            row.math = mode.math;
             row.small = mode.small;
             row.pdl = mode.pdl && pdl_default;
             row.padded = mode.padded;
@@ -286,24 +312,33 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         }
     }
 
-    // TF32 accuracy: the same frames through fp32 and TF32 products (eager, chunks of 4).
-    double tf32_snr = -1.0;
-    if (args.has("tf32")) {
-        std::vector<float> ref, fast;
-        for (const bool tf32 : {false, true}) {
-            qc::GpuSpeechDecoderOptions options;
-            options.cuda_graphs = false;
-            options.tf32 = tf32;
-            qc::GpuSpeechDecoder dec(weights, context, options);
-            std::vector<float>& pcm = tf32 ? fast : ref;
-            for (int s = 0; s + 4 <= frames; s += 4) dec.decode(codes.data() + size_t(s) * nq, 4, &pcm);
-        }
-        double sig = 0.0, err = 0.0;
+    // Accuracy: the same frames through fp32 products and each other arithmetic (eager, chunks of 4).
+    nlohmann::json accuracy_json = nlohmann::json::array();
+    std::vector<std::string> accuracy_lines;
+    auto decode_all = [&](qc::DecoderMath m) {
+        qc::GpuSpeechDecoderOptions options;
+        options.cuda_graphs = false;
+        qc::GpuSpeechDecoder dec(weights_for(m), context, options);
+        std::vector<float> pcm;
+        for (int s = 0; s + 4 <= frames; s += 4) dec.decode(codes.data() + size_t(s) * nq, 4, &pcm);
+        return pcm;
+    };
+    std::vector<float> ref;
+    for (const qc::DecoderMath m : maths) {
+        if (m == qc::DecoderMath::DECODER_MATH_FP32) continue;
+        if (ref.empty()) ref = decode_all(qc::DecoderMath::DECODER_MATH_FP32);
+        const std::vector<float> got = decode_all(m);
+        double sig = 0.0, err = 0.0, worst = 0.0;
         for (size_t i = 0; i < ref.size(); ++i) {
+            const double e = double(got[i]) - ref[i];
             sig += double(ref[i]) * ref[i];
-            err += (double(fast[i]) - ref[i]) * (double(fast[i]) - ref[i]);
+            err += e * e;
+            worst = std::max(worst, std::fabs(e));
         }
-        tf32_snr = err > 0.0 ? 10.0 * std::log10(sig / err) : 300.0;
+        const double snr = err > 0.0 ? 10.0 * std::log10(sig / err) : 300.0;
+        accuracy_lines.push_back(fmt::format("  {} vs fp32 products: SNR {:.1f} dB, max abs difference {:.3g} over {} frames",
+                                                     qc::decoder_math_name(m), snr, worst, frames));
+        accuracy_json.push_back({{"math", qc::decoder_math_name(m)}, {"snr_db", snr}, {"max_abs", worst}, {"frames", frames}});
     }
 
     const double frame_ms = 1000.0 * weights->samples_per_frame() / double(qtts::SAMPLE_RATE);
@@ -314,20 +349,18 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
                 "pdl", "rows", "GPU ms/chunk", "GPU ms/frame", "decode ms/frm", "x realtime");
     for (const Row& r : rows)
         std::printf("  %-6d %-7s %-5s %-12s %-4s %-6s %14.3f %14.3f %14.3f %10.1f\n", r.chunk, r.graphs ? "on" : "off",
-                    r.tf32 ? "tf32" : "fp32", r.small ? "small-row" : "cublas", r.pdl ? "on" : "off",
+                    qc::decoder_math_name(r.math), r.small ? "small-row" : "cublas", r.pdl ? "on" : "off",
                     r.padded ? "pad4" : "odd", r.gpu_ms_per_chunk,
                     r.gpu_ms_per_frame, r.wall_ms_per_frame, frame_ms / r.gpu_ms_per_frame);
-    if (tf32_snr >= 0.0) std::printf("  TF32 vs fp32 products: SNR %.1f dB over %d frames\n", tf32_snr, frames);
+    for (const std::string& line : accuracy_lines) std::printf("%s\n", line.c_str());
 
     nlohmann::json batched_json = nlohmann::json::array();
     if (auto list = args.get("streams")) {
         const std::vector<int> streams = qtts_cli::bench_sizes(*list, "streams");
-        for (const bool tf32 : {false, true}) {
-            if (tf32 && !args.has("tf32")) continue;
-            for (const auto& r : bench_batched(context, weights, streams, chunks, codes, frames, repeats,
-                                               graphs_allowed, tf32))
+        for (const qc::DecoderMath m : maths)
+            for (const auto& r : bench_batched(context, weights_for(m), streams, chunks, codes, frames, repeats,
+                                               graphs_allowed))
                 batched_json.push_back(r);
-        }
     }
 
     if (auto path = args.get("json")) {
@@ -343,7 +376,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         for (const Row& r : rows)
             results.push_back({{"chunk", r.chunk},
                                {"graphs", r.graphs},
-                               {"tf32", r.tf32},
+                               {"math", qc::decoder_math_name(r.math)},
                                {"small_row_transformer", r.small},
                                {"pdl", r.pdl},
                                {"padded_rows", r.padded},
@@ -352,7 +385,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
                                {"decode_wall_ms_per_frame", r.wall_ms_per_frame}});
         out["results"] = results;
         out["graphs"] = graph_json;
-        if (tf32_snr >= 0.0) out["tf32_snr_db"] = tf32_snr;
+        if (!accuracy_json.empty()) out["accuracy_vs_fp32"] = accuracy_json;
         if (!stage_json.empty()) out["stages"] = stage_json;
         if (!batched_json.empty()) out["batched"] = batched_json;
         qtts_cli::bench_json_write(*path, out);
@@ -363,8 +396,8 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
 #endif
 
 int cmd_bench_decoder(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json", "streams"},
-                        {"help", "no-cuda-graphs", "tf32", "stages", "variants"});
+    qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json", "streams", "math"},
+                        {"help", "no-cuda-graphs", "stages", "variants"});
     if (args.has("help")) {
         usage();
         return 0;

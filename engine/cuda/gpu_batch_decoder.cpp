@@ -16,7 +16,6 @@ namespace {
 
 GpuSpeechDecoderOptions pass_options(const GpuBatchDecoderOptions& o) {
     GpuSpeechDecoderOptions p;
-    p.tf32 = o.tf32;
     p.cuda_graphs = o.cuda_graphs;
     return p;
 }

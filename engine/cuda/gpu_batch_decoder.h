@@ -40,9 +40,7 @@ struct GpuBatchDecoderOptions {
     int max_streams = 64;                  // S at most (sizes the scratch: max_streams · largest n frames)
     std::vector<int> chunk_frames{1, 2, 4};  // frames per stream in a pass; graphs for each
     std::vector<int> buckets;              // stream counts with graphs; empty: every count 2..max_streams
-    bool cuda_graphs = true;
-    // The products' arithmetic (as GpuSpeechDecoderOptions): fp32 SGEMM unless tf32.
-    bool tf32 = false;
+    bool cuda_graphs = true;  // (the products' arithmetic is the weights': DecoderMath)
 };
 
 class GpuBatchDecoder {

@@ -79,18 +79,16 @@ double mib(size_t bytes) { return double(bytes) / double(MIB); }
 std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const Checkpoint> checkpoint,
                                                            const BackendOptions& options) {
     std::shared_ptr<GpuGeneratorPool> pool(new GpuGeneratorPool(options));
-    pool->context_ = std::make_unique<GpuContext>(options.device);
     {
-        // What the device holds from here on beyond this baseline is this pool's (memory_used);
-        // the context's cuBLAS workspace counts as the pool's too. Other objects of the process
-        // (another model in a test) are in the baseline.
-        DeviceScope scope(options.device);
-        const size_t workspace = pool->context_->cublas_workspace_bytes();
-        const DeviceMemory now = cuda_memory(options.device);
-        pool->memory_base_ = now.used_bytes - std::min(now.used_bytes, workspace);
-        const size_t tracked = gpu_memory_use(options.device).current_bytes;
-        pool->tracked_base_ = tracked - std::min(tracked, workspace);
+        // What the device holds from here on beyond this baseline is this pool's (memory_used): its
+        // context's stream, cuBLAS handle and workspace and the first kernel loads included (the
+        // CUDA context itself exists once cuda_memory has asked). Other objects of the process
+        // (another model in a test) are in the baseline. (No device scope yet: the context checks
+        // the device number and says what is wrong with it.)
+        pool->memory_base_ = cuda_memory(options.device).used_bytes;
+        pool->tracked_base_ = gpu_memory_use(options.device).current_bytes;
     }
+    pool->context_ = std::make_unique<GpuContext>(options.device);
     pool->weights_ = GpuLmWeights::upload(std::move(checkpoint), options.device);
     QTTS_LOG_INFO("GPU memory on device {}: LM weights {:.0f} MiB; qtts holds {:.0f} MiB, {:.0f} MiB free{}",
                   options.device, mib(pool->weights_->device_bytes()), mib(pool->memory_used()),
@@ -312,7 +310,6 @@ void GpuGeneratorPool::batch_decoder_enable() {
     for (int b = 2; b <= o.max_streams; ++b)
         if (b <= 16 || b % 4 == 0 || b == o.max_streams) o.buckets.push_back(b);
     o.cuda_graphs = options_.cuda_graphs;
-    o.tf32 = any.options().tf32;
     batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *context_, any.layout(), o);
 }
 

@@ -139,7 +139,7 @@ private:
     void context_fit_first();  // lowers options_.max_context when one stream would not fit
 
     BackendOptions options_;  // max_context may be lowered before the first state (context_fit_first)
-    size_t memory_base_ = 0;   // device memory in use before this pool allocated (context made)
+    size_t memory_base_ = 0;   // device memory in use before this pool allocated (its context included)
     size_t tracked_base_ = 0;  // tracked allocations on the device before this pool's
     size_t slot_bytes_ = 0;
     std::unique_ptr<GpuContext> context_;  // first member: destroyed after everything built on it

@@ -23,10 +23,11 @@ void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert
 
 // Signal and scratch sizes of one chunk of n frames, walked through the stages.
 struct ScratchPlan {
-    size_t signal = 0, col = 0, aux = 0;
+    size_t signal = 0, col = 0, aux = 0, planes = 0;
     void signal_max(size_t v) { signal = std::max(signal, v); }
     void col_max(size_t v) { col = std::max(col, v); }
     void aux_max(size_t v) { aux = std::max(aux, v); }
+    void planes_max(size_t v) { planes = std::max(planes, v); }
 };
 
 }  // namespace
@@ -44,6 +45,60 @@ const float* GpuSpeechDecoderWeights::store(const std::vector<float>& host) {
     return p;
 }
 
+const uint16_t* GpuSpeechDecoderWeights::store(const std::vector<uint16_t>& host) {
+    DeviceArray<uint16_t> buffer(host.size());
+    CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    device_bytes_ += buffer.bytes();
+    const uint16_t* p = buffer.get();
+    buffers16_.push_back(std::move(buffer));
+    return p;
+}
+
+const char* decoder_math_name(DecoderMath math) {
+    switch (math) {
+        case DecoderMath::DECODER_MATH_FP32: return "fp32";
+        case DecoderMath::DECODER_MATH_TF32: return "tf32";
+        case DecoderMath::DECODER_MATH_BF16X3: return "bf16x3";
+    }
+    return "?";
+}
+
+bool decoder_math_parse(const std::string& name, DecoderMath* out) {
+    for (const DecoderMath m : {DecoderMath::DECODER_MATH_FP32, DecoderMath::DECODER_MATH_TF32, DecoderMath::DECODER_MATH_BF16X3})
+        if (name == decoder_math_name(m)) {
+            *out = m;
+            return true;
+        }
+    return false;
+}
+
+namespace {
+
+// Rows of fp32 values as bf16 pairs, each row three times as long: [hi | hi | lo] (a row-major
+// [rows, cols] matrix), or with `stacked` the whole hi matrix, again, then the lo matrix
+// ([3·rows, cols]): the `a3` operand of split_gemm_row_major.
+std::vector<uint16_t> split_triple(const std::vector<float>& v, size_t rows, size_t cols, bool stacked) {
+    QTTS_ASSERT(v.size() == rows * cols);
+    std::vector<uint16_t> out(3 * v.size());
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c) {
+            const float x = v[r * cols + c];
+            const uint16_t hi = f32_to_bf16(x), lo = f32_to_bf16(x - bf16_to_f32(hi));
+            if (stacked) {
+                out[r * cols + c] = hi;
+                out[(rows + r) * cols + c] = hi;
+                out[(2 * rows + r) * cols + c] = lo;
+            } else {
+                out[r * 3 * cols + c] = hi;
+                out[r * 3 * cols + cols + c] = hi;
+                out[r * 3 * cols + 2 * cols + c] = lo;
+            }
+        }
+    return out;
+}
+
+}  // namespace
+
 std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(const Checkpoint& checkpoint, int device,
                                                                                GpuSpeechDecoderWeightOptions options) {
     return upload(checkpoint.speech_config.decoder, checkpoint.decoder, device, std::move(options));
@@ -59,6 +114,8 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     GpuSpeechDecoderWeights& g = *out;
     g.config_ = d;
     g.device_ = device;
+    g.math_ = options.math;
+    const bool split = options.math == DecoderMath::DECODER_MATH_BF16X3;
 
     speech_decoder_layout_check(d, w, "GPU speech decoder");
     if (d.sliding_window < 1 || d.sliding_window > kMaxWindow)
@@ -90,9 +147,12 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     }
 
     // Weight rows with the bias column, padded to a multiple of 4 floats when asked.
-    auto row_len = [&](int cols_with_bias) { return options.pad_rows ? (cols_with_bias + 3) / 4 * 4 : cols_with_bias; };
-    // Dense conv: [cout, cin·k] + bias column.
-    auto conv_make = [&](const ConvWeights& cw, int dilation, const char* what) {
+    const int align = split ? 8 : 4;  // 16 bytes of bf16 / fp32
+    auto row_len = [&](int cols_with_bias) {
+        return options.pad_rows ? (cols_with_bias + align - 1) / align * align : cols_with_bias;
+    };
+    // Dense conv: [cout, cin·k] + bias column (fp32 `w` also under bf16x3 when `keep_f32`).
+    auto conv_make = [&](const ConvWeights& cw, int dilation, const char* what, bool keep_f32 = false) {
         if (!cw.w || cw.w->shape.size() != 3)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: conv '{}' is missing or not 3-D", what);
         Conv c;
@@ -109,7 +169,8 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
             std::copy_n(wt.begin() + ptrdiff_t(o * row), row, packed.begin() + ptrdiff_t(o) * c.row);
             packed[size_t(o) * c.row + row] = b[size_t(o)];
         }
-        c.w = g.store(packed);
+        if (split) c.planes = g.store(split_triple(packed, size_t(c.cout), size_t(c.row), false));
+        if (!split || keep_f32) c.w = g.store(packed);
         return c;
     };
     auto trans_conv_make = [&](const ConvWeights& cw, int stride, const char* what) {
@@ -124,7 +185,11 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
             fail(ErrorCode::ERROR_UNSUPPORTED,
                  "GPU speech decoder: transposed conv '{}' has kernel {} for stride {} (supported: stride..2·stride)", what,
                  c.k, stride);
-        c.w = g.store(tensor_to_f32(*cw.w));
+        const std::vector<float> wt = tensor_to_f32(*cw.w);
+        if (split)
+            c.planes = g.store(split_triple(wt, size_t(c.cin), size_t(c.cout) * c.k, true));
+        else
+            c.w = g.store(wt);
         c.b = g.store(speech_weight_f32(cw.b, c.cout, what));
         return c;
     };
@@ -239,14 +304,15 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         g.samples_per_frame_ *= r;
     }
     g.snake_out = snake_make(w.snake_out, C);
-    g.conv_out = conv_make(w.conv_out, 1, "decoder.6");
+    g.conv_out = conv_make(w.conv_out, 1, "decoder.6", true);
     if (g.conv_out.cin != C || g.conv_out.cout != 1)
         fail(ErrorCode::ERROR_SHAPE, "speech decoder output conv is {}->{}, expected {}->1", g.conv_out.cin,
              g.conv_out.cout, C);
 
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    QTTS_LOG_INFO("GPU speech decoder weights on device {}: {:.1f} MB fp32 in {} buffers, uploaded in {:.2f} s", device,
-                  g.device_bytes_ / 1e6, g.buffers_.size(), seconds);
+    QTTS_LOG_INFO("GPU speech decoder weights on device {}: {:.1f} MB in {} buffers, {} products, uploaded in {:.2f} s",
+                  device, g.device_bytes_ / 1e6, g.buffers_.size() + g.buffers16_.size(), decoder_math_name(g.math_),
+                  seconds);
     return out;
 }
 
@@ -311,9 +377,17 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     const int N = max_frames_;
     ScratchPlan plan;
     const int cd = d.codebook_dim;
+    const bool split = w.math() == DecoderMath::DECODER_MATH_BF16X3;
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
-        plan.col_max(size_t(c.row) * T);
+        if (split && c.planes)
+            plan.planes_max(2 * size_t(c.row) * T);  // [2, row, T] bf16 hi/lo columns
+        else
+            plan.col_max(size_t(c.row) * T);
         plan.signal_max(size_t(c.cout) * T);
+    };
+    auto trans_plan = [&](const GpuSpeechDecoderWeights::TransConv& tc, size_t T) {
+        plan.aux_max(size_t(tc.cout) * tc.k * T);
+        if (split) plan.planes_max(2 * size_t(tc.cin) * T);  // its input as hi/lo planes
     };
     plan.aux_max(size_t(N) * cd);
     plan.signal_max(size_t(cd) * N);
@@ -321,7 +395,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     size_t T = size_t(N);
     for (size_t i = 0; i < w.upsample.size(); ++i) {
         const auto& up = w.upsample[i];
-        plan.aux_max(size_t(up.cout) * up.k * T);
+        trans_plan(up, T);
         T *= size_t(up.stride);
         plan.signal_max(size_t(up.cout) * T);
         plan.col_max(size_t(w.convnext[i].pw1_row) * T);
@@ -330,7 +404,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     conv_plan(w.conv_in, int(T));
     for (const auto& blk : w.blocks) {
         plan.signal_max(size_t(blk.upsample.cin) * T);
-        plan.aux_max(size_t(blk.upsample.cout) * blk.upsample.k * T);
+        trans_plan(blk.upsample, T);
         T *= size_t(blk.upsample.stride);
         for (const auto& ru : blk.units) {
             conv_plan(ru.conv1, int(T));
@@ -342,6 +416,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     y_ = DeviceArray<float>(plan.signal);
     col_ = DeviceArray<float>(plan.col);
     aux_ = DeviceArray<float>(plan.aux);
+    if (plan.planes > 0) planes_ = DeviceArray<uint16_t>(plan.planes);
     const int D = d.hidden_size, I = d.intermediate_size, qd = d.num_heads * d.head_dim;
     const int kvd = d.num_kv_heads * d.head_dim;
     h_ = DeviceArray<float>(size_t(N) * D);
@@ -353,7 +428,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     act_ = DeviceArray<float>(size_t(N) * I);
     codes_dev_ = DeviceArray<int32_t>(size_t(N) * d.num_quantizers);
     pcm_dev_ = DeviceArray<float>(size_t(N) * w.samples_per_frame());
-    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + h_.bytes() + xn_.bytes() + qkv_.bytes() +
+    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + planes_.bytes() + h_.bytes() + xn_.bytes() + qkv_.bytes() +
                      att_.bytes() + tmp_.bytes() + gu_.bytes() + act_.bytes() + codes_dev_.bytes() + pcm_dev_.bytes();
     // Defined contents for the (unused) tails of partially filled buffers; capture reads nothing.
     CUDA_CHECK(cudaMemsetAsync(codes_dev_.get(), 0, codes_dev_.bytes(), context_.stream()));
@@ -389,8 +464,7 @@ GpuSpeechDecoder::GpuSpeechDecoder(std::shared_ptr<const GpuSpeechDecoderWeights
       pass_(shared_pass ? std::move(shared_pass)
                         : std::make_shared<DecoderPass>(weights_, context_, layout_, options_.max_chunk_frames, options_)) {
     if (!(pass_->layout() == layout_) || pass_->weights() != weights_.get() ||
-        pass_->max_frames() < options_.max_chunk_frames || pass_->options().tf32 != options_.tf32 ||
-        pass_->options().small_kernels != options_.small_kernels)
+        pass_->max_frames() < options_.max_chunk_frames || pass_->options().small_kernels != options_.small_kernels)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT,
              "GpuSpeechDecoder: the shared pass was made for other weights, chunk sizes or options");
     DeviceScope scope(context_.device());
@@ -502,12 +576,36 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
                              N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
 }
 
+void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K, const uint16_t* a3, int lda,
+                          const uint16_t* b2, float beta, float* C, int ldc) {
+    const float one = 1.0f;
+    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    // Column-major Cᵀ = Bᵀ·op(A)ᵀ, as sgemm_row_major. [A_hi | A_hi]·[B_hi; B_lo] first ...
+    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, op_a, N, M, 2 * K, &one, b2, CUDA_R_16BF, N, a3,
+                              CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // ... then A_lo·B_hi added (A_lo: K columns further, or 2K rows further when transposed).
+    const uint16_t* a_lo = a3 + (trans_a ? size_t(2) * K * lda : size_t(2) * K);
+    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, op_a, N, M, K, &one, b2, CUDA_R_16BF, N, a_lo, CUDA_R_16BF,
+                              lda, &one, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // y [cout, S·T] (= or += when beta is 1) conv(snake(x) with each stream's carried tail).
 void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv,
                                size_t tail_at, const float* x, int T, kernels::SnakeParams snake, float* y,
                                float beta) {
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
+    if (conv.planes) {
+        if (L > 0)
+            CUDA_CHECK_KERNEL(kernels::conv_im2col_carry_split(states, tail_at, L, x, conv.cin, T, conv.k,
+                                                               conv.dilation, snake, planes_.get(), l, rows));
+        else
+            CUDA_CHECK_KERNEL(kernels::conv_im2col_split(nullptr, 0, x, conv.cin, columns, conv.k, conv.dilation, snake,
+                                                         planes_.get(), l, rows));
+        split_gemm_row_major(context_, false, conv.cout, columns, rows, conv.planes, 3 * rows, planes_.get(), beta, y,
+                             columns);
+        return;
+    }
     if (L > 0)
         CUDA_CHECK_KERNEL(kernels::conv_im2col_carry(states, tail_at, L, x, conv.cin, T, conv.k, conv.dilation, snake,
                                                      col_.get(), l, rows));
@@ -519,9 +617,20 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
 
 // y [cout, S·T·s]: one GEMM gives every (output channel, tap) column, then the overlap-add.
 void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
-                                     size_t overlap_at, const float* x, int T, float* y) {
+                                     size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y) {
     const int cols = tc.cout * tc.k, columns = states.count * T;
-    gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
+    if (tc.planes) {
+        CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch()));
+        split_gemm_row_major(context_, true, cols, columns, tc.cin, tc.planes, cols, planes_.get(), 0.0f, aux_.get(),
+                             columns);
+    } else {
+        if (snake.alpha) {  // activated into the other signal buffer (x is the current one)
+            float* act = x == x_.get() ? y_.get() : x_.get();
+            CUDA_CHECK_KERNEL(kernels::snake_apply(x, tc.cin, columns, snake, act, context_.launch()));
+            x = act;
+        }
+        gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
+    }
     CUDA_CHECK_KERNEL(kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, states,
                                                       overlap_at, y, context_.launch()));
 }
@@ -670,7 +779,7 @@ void DecoderPass::enqueue(kernels::DecoderStates states, int n) {
     // 4. upsampling: transposed conv ×r, then ConvNeXt
     int T = n;  // columns per stream
     for (size_t i = 0; i < w.upsample.size(); ++i) {
-        trans_conv_enqueue(states, w.upsample[i], at.upsample_overlap[i], cur, T, other);
+        trans_conv_enqueue(states, w.upsample[i], at.upsample_overlap[i], cur, T, {}, other);
         std::swap(cur, other);
         T *= w.upsample[i].stride;
         convnext_enqueue(states, w.convnext[i], at.convnext_tail[i], cur, T);
@@ -685,8 +794,7 @@ void DecoderPass::enqueue(kernels::DecoderStates states, int n) {
     // 6. blocks: SnakeBeta -> transposed conv ×r -> 3 residual units
     for (size_t b = 0; b < w.blocks.size(); ++b) {
         const GpuSpeechDecoderWeights::Block& blk = w.blocks[b];
-        CUDA_CHECK_KERNEL(kernels::snake_apply(cur, blk.upsample.cin, states.count * T, blk.snake, other, l));
-        trans_conv_enqueue(states, blk.upsample, at.block_overlap[b], other, T, cur);
+        trans_conv_enqueue(states, blk.upsample, at.block_overlap[b], cur, T, blk.snake, cur);  // x read before y written
         T *= blk.upsample.stride;
         for (size_t u = 0; u < blk.units.size(); ++u) {
             const GpuSpeechDecoderWeights::ResidualUnit& ru = blk.units[u];

@@ -1,10 +1,12 @@
 // The speech-tokenizer decoder (codes -> 24 kHz audio, model doc §8) on the GPU: the CUDA twin
-// of cpu/speech_decoder.h, fp32 throughout (cuBLAS SGEMM without TF32 for every product), and
-// streamed exactly the same way: every causal stage carries what it needs from the past, so
+// of cpu/speech_decoder.h, fp32 activations throughout, its convolution products on tensor cores
+// as split-bf16 pairs (DecoderMath; cuBLAS SGEMM for the fp32 reference mode), and streamed
+// exactly the same way: every causal stage carries what it needs from the past, so
 // decoding frames in chunks of any size gives the samples of one pass over all frames.
 //
-// GpuSpeechDecoderWeights: every decoder tensor uploaded once as fp32 (read-only after upload;
-// one upload can serve many GpuSpeechDecoder streams on the same device). Dense convs are
+// GpuSpeechDecoderWeights: every decoder tensor uploaded once as fp32, the convolution products'
+// weights as bf16 hi/lo pairs instead under bf16x3 (read-only after upload; one upload can serve
+// many GpuSpeechDecoder streams on the same device). Dense convs are
 // stored as [C_out, C_in·K + 1] with the bias as the last column (the im2col appends a row of
 // ones), Q/K/V and gate/up are stacked, SnakeBeta alpha/inv_beta precomputed as the CPU does.
 //
@@ -59,26 +61,52 @@ namespace qtts::cuda {
 void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
                      const float* B, int ldb, float beta, float* C, int ldc, bool tf32 = false);
 
+// The same product from bf16 hi/lo pairs on tensor cores with fp32 accumulation ("bf16x3"):
+//   C[M, N] = A_hi·B_hi + A_hi·B_lo + A_lo·B_hi (+ beta · C)
+// as two GEMMs, [A_hi | A_hi]·[B_hi; B_lo] and then A_lo·B_hi added. `a3` holds A three times
+// along K (hi, hi, lo: rows [M, 3K] with lda >= 3K, or with trans_a the blocks stacked [3K, M]);
+// `b2` is [2K, N] (hi rows, then lo rows, leading dimension N). The lo·lo term is left out:
+// about 16 mantissa bits per operand, against fp32's 24 and TF32's 11.
+void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K, const uint16_t* a3, int lda,
+                          const uint16_t* b2, float beta, float* C, int ldc);
+
+// The arithmetic of the decoder's convolution products (the im2col convs and the transposed
+// convs: ~95% of its FLOPs). The transformer, the RVQ projection and the ConvNeXt pointwise
+// layers stay fp32 (TF32 under DECODER_MATH_TF32).
+enum class DecoderMath {
+    DECODER_MATH_FP32,    // cuBLAS SGEMM
+    DECODER_MATH_TF32,    // TF32 tensor cores: measured 53.5 dB SNR against fp32, kept for measurements
+    DECODER_MATH_BF16X3,  // split-bf16 tensor-core products (split_gemm_row_major)
+};
+const char* decoder_math_name(DecoderMath math);  // "fp32", "tf32", "bf16x3"
+bool decoder_math_parse(const std::string& name, DecoderMath* out);
+
 struct GpuSpeechDecoderWeightOptions {
     // Pad the rows of the im2col-GEMM weights ([C_out, C_in·K + 1] and the ConvNeXt pointwise
-    // layers) with zero columns to a multiple of 4 floats, so that cuBLAS sees 16-byte aligned
-    // leading dimensions. Results are the same up to float rounding.
+    // layers) with zero columns to a multiple of 4 floats (8 under DECODER_MATH_BF16X3), so that
+    // cuBLAS sees 16-byte aligned leading dimensions. Results are the same up to float rounding.
     bool pad_rows = true;
+    // The default: bf16x3, measured against fp32 in docs/cuda.md ("Split-bf16 products").
+    DecoderMath math = DecoderMath::DECODER_MATH_BF16X3;
 };
 
 class GpuSpeechDecoderWeights {
 public:
     // A dense conv (groups 1): w [cout, row], row >= cin·k + 1: the weights, the bias (0 when
     // none) in column cin·k, zeros after it.
+    // Under DECODER_MATH_BF16X3 the product's weights are bf16 pairs in `planes` and `w` is null
+    // (but for the output conv, whose direct kernel reads `w`).
     struct Conv {
         int cin = 0, cout = 0, k = 0, dilation = 1, row = 0;
         const float* w = nullptr;
+        const uint16_t* planes = nullptr;  // [cout, 3·row] bf16: each row's hi, hi again, lo
         int tail() const { return (k - 1) * dilation; }
     };
     struct TransConv {
         int cin = 0, cout = 0, k = 0, stride = 0;
-        const float* w = nullptr;  // [cin, cout·k] (the checkpoint layout)
-        const float* b = nullptr;  // [cout]
+        const float* w = nullptr;          // [cin, cout·k] (the checkpoint layout)
+        const uint16_t* planes = nullptr;  // [3·cin, cout·k] bf16: hi rows, hi rows again, lo rows
+        const float* b = nullptr;          // [cout]
         int overlap() const { return k - stride; }
     };
     struct Layer {
@@ -121,6 +149,7 @@ public:
                                                                  GpuSpeechDecoderWeightOptions options = {});
 
     const DecoderConfig& config() const { return config_; }
+    DecoderMath math() const { return math_; }
     int device() const { return device_; }
     int samples_per_frame() const { return samples_per_frame_; }
     size_t device_bytes() const { return device_bytes_; }
@@ -146,21 +175,21 @@ public:
 private:
     GpuSpeechDecoderWeights() = default;
     const float* store(const std::vector<float>& host);  // uploads and keeps the allocation
+    const uint16_t* store(const std::vector<uint16_t>& host);
 
     DecoderConfig config_;
+    DecoderMath math_ = DecoderMath::DECODER_MATH_FP32;
     int device_ = 0;
     int samples_per_frame_ = 0;
     size_t device_bytes_ = 0;
     std::vector<DeviceArray<float>> buffers_;
+    std::vector<DeviceArray<uint16_t>> buffers16_;
 };
 
 struct GpuSpeechDecoderOptions {
     int max_chunk_frames = 25;              // frames per internal chunk (sizes the scratch)
     std::vector<int> graph_chunk_sizes{1, 2, 4};  // one CUDA graph per size (<= max_chunk_frames)
     bool cuda_graphs = true;                // false: everything eager
-    // Products on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation). Off by default:
-    // kept to measure its speed and accuracy (qtts bench-decoder --tf32), not for production.
-    bool tf32 = false;
     // Chunks of up to 8 frames run the transformer's products as fused small-row kernels
     // (kernels::small_linear) instead of cuBLAS + separate norm/epilogue kernels. Off by default:
     // measured 3-9% slower per frame than cuBLAS on the H200 (see docs/cuda.md).
@@ -217,14 +246,18 @@ private:
     // conv over [tail | snake(x)] for T frames per stream: y [cout, S·T] (= or += when beta is 1).
     void conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv, size_t tail_at,
                       const float* x, int T, kernels::SnakeParams snake, float* y, float beta);
+    // The transposed conv of snake(x) (x when snake.alpha is null): y [cout, S·T·stride]; x is
+    // read before y is written, so y may be x.
     void trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
-                            size_t overlap_at, const float* x, int T, float* y);
+                            size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y);
     void convnext_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::ConvNeXt& cx, size_t tail_at,
                           float* x, int T);
     void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
               float beta, float* C, int ldc) {
-        sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, options_.tf32);
+        sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc,
+                        weights_->math() == DecoderMath::DECODER_MATH_TF32);
     }
+    bool split_products() const { return weights_->math() == DecoderMath::DECODER_MATH_BF16X3; }
 
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     GpuContext& context_;
@@ -233,6 +266,7 @@ private:
     const GpuSpeechDecoderOptions options_;
     std::vector<std::pair<const char*, cudaEvent_t>>* marks_ = nullptr;
     DeviceArray<float> x_, y_, col_, aux_;  // signals, im2col / GEMM operands
+    DeviceArray<uint16_t> planes_;          // bf16 hi/lo operands of the split products (bf16x3)
     DeviceArray<float> h_, xn_, qkv_, att_, tmp_, gu_, act_;  // transformer rows
     DeviceArray<int32_t> codes_dev_;
     DeviceArray<float> pcm_dev_;

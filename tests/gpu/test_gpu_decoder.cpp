@@ -1,9 +1,12 @@
 // The GPU speech decoder (cuda/gpu_speech_decoder.h) against the CPU reference decoder:
-//   * kernels: causal conv with carried tail + SnakeBeta (im2col + SGEMM), transposed conv with
-//     carried overlap, depthwise conv, channel LayerNorm, RMSNorm, RoPE + sliding-window
-//     attention over the K/V ring — each against the CPU ops on random non-zero inputs;
+//   * kernels: causal conv with carried tail + SnakeBeta (im2col + SGEMM), the split-bf16
+//     products (bf16 hi/lo planes written by the im2col and split_planes, split_gemm_row_major),
+//     transposed conv with carried overlap, depthwise conv, channel LayerNorm, RMSNorm, RoPE +
+//     sliding-window attention over the K/V ring — each against the CPU ops on random non-zero
+//     inputs;
 //   * the tiny reference speech tokenizer, golden scenario decoder_long: GPU streaming at chunk
-//     sizes 1, 2, 4, 25 equals the CPU full decode and the golden audio_full (1e-3 absolute);
+//     sizes 1, 2, 4, 25 equals the CPU full decode and the golden audio_full (1e-3 absolute and
+//     60 dB with the default bf16x3 products, 1e-5 with fp32 products);
 //   * graph replay vs eager: bitwise identical samples; invalid codes leave the state alone;
 //   * a release-size random speech tokenizer: GPU streaming vs CPU full decode, SNR >= 60 dB.
 #include <catch2/catch.hpp>
@@ -199,6 +202,144 @@ TEST_CASE("gpu decoder kernels: causal conv with tail and SnakeBeta", "[gpu][dec
     CHECK(qtts_test::max_abs_error(got2.data(), expect.data(), expect.size()) < 1e-4);
     CHECK(qtts_test::max_abs_error(got_tails2.data() + size_t(C) * L, expect_tail.data(), expect_tail.size()) < 1e-5);
     CHECK(qtts_test::max_abs_error(got_tails2.data(), tail.data(), tail.size()) == 0.0);  // read slot untouched
+}
+
+namespace {
+
+// The bf16 pair of v as the split kernels make it (round to nearest even, twice).
+std::pair<uint16_t, uint16_t> bf16_pair(float v) {
+    const uint16_t hi = qtts::f32_to_bf16(v);
+    return {hi, qtts::f32_to_bf16(v - qtts::bf16_to_f32(hi))};
+}
+
+// Mismatches between planes [2, count] and the bf16 pairs of `values` [count].
+size_t pair_mismatches(const qc::DeviceArray<uint16_t>& planes, const std::vector<float>& values) {
+    CUDA_CHECK(cudaStreamSynchronize(context().stream()));
+    std::vector<uint16_t> got(2 * values.size());
+    CUDA_CHECK(cudaMemcpy(got.data(), planes.get(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+        const auto [hi, lo] = bf16_pair(values[i]);
+        bad += got[i] != hi || got[values.size() + i] != lo;
+    }
+    return bad;
+}
+
+// A three times along K as bf16 pairs: rows [hi | hi | lo] ([M, 3K]), or stacked hi; hi; lo
+// ([3K, M] from A stored [K, M]) — the `a3` operand of split_gemm_row_major, built on the host.
+qc::DeviceArray<uint16_t> a3_device(const std::vector<float>& a, size_t rows, size_t cols, bool stacked) {
+    std::vector<uint16_t> out(3 * a.size());
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c) {
+            const auto [hi, lo] = bf16_pair(a[r * cols + c]);
+            const size_t at = stacked ? r * cols + c : r * 3 * cols + c, step = stacked ? rows * cols : cols;
+            out[at] = hi;
+            out[at + step] = hi;
+            out[at + 2 * step] = lo;
+        }
+    qc::DeviceArray<uint16_t> d(out.size());
+    CUDA_CHECK(cudaMemcpy(d.get(), out.data(), out.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    return d;
+}
+
+}  // namespace
+
+TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes, split GEMMs) match the CPU",
+          "[gpu][decoder]") {
+    // Odd sizes; the weight rows padded to a multiple of 8 as the bf16x3 upload does.
+    const int C = 13, Cout = 11, K = 7, d = 2, T = 29, L = (K - 1) * d, rows = (C * K + 1 + 7) / 8 * 8;
+    const uint64_t seed = 4711;
+    std::printf("split-bf16 products: seed %llu, C %d, Cout %d, K %d, T %d, rows %d\n", (unsigned long long)seed, C,
+                Cout, K, T, rows);
+    const qk::Launch l = context().launch();
+    auto x = qtts_test::random_floats(size_t(C) * T, seed);
+    auto tail = qtts_test::random_floats(size_t(C) * L, seed + 1);
+    auto w = qtts_test::random_floats(size_t(Cout) * rows, seed + 2, -0.3f, 0.3f);  // bias in column C·K
+    for (int o = 0; o < Cout; ++o)
+        for (int j = C * K + 1; j < rows; ++j) w[size_t(o) * rows + j] = 0.0f;
+    auto log_alpha = qtts_test::random_floats(size_t(C), seed + 3, -0.5f, 0.5f);
+    auto log_beta = qtts_test::random_floats(size_t(C), seed + 4, -0.5f, 0.5f);
+    std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
+    for (int c = 0; c < C; ++c) {
+        alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
+        inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+    }
+    auto dx = to_device(x), dtail = to_device(tail), da = to_device(alpha), db = to_device(inv_beta);
+    const qk::SnakeParams snake{da.get(), db.get()};
+
+    // The fp32 columns, and the same columns as planes (poisoned first): exactly their bf16 pairs.
+    qc::DeviceArray<float> col(size_t(rows) * T);
+    qk::conv_im2col(dtail.get(), L, dx.get(), C, T, K, d, snake, col.get(), l, rows);
+    const auto cols = to_host(col.get(), col.size());
+    qc::DeviceArray<uint16_t> planes(2 * cols.size());
+    CUDA_CHECK(cudaMemset(planes.get(), 0xff, planes.bytes()));
+    qk::conv_im2col_split(dtail.get(), L, dx.get(), C, T, K, d, snake, planes.get(), l, rows);
+    CHECK(pair_mismatches(planes, cols) == 0);
+
+    // The product against the CPU (double sums of the fp32 operands), then accumulated (beta 1).
+    std::vector<float> expect(size_t(Cout) * T);
+    for (int o = 0; o < Cout; ++o)
+        for (int t = 0; t < T; ++t) {
+            double sum = 0.0;
+            for (int j = 0; j < rows; ++j) sum += double(w[size_t(o) * rows + j]) * cols[size_t(j) * T + t];
+            expect[size_t(o) * T + t] = float(sum);
+        }
+    const auto dw3 = a3_device(w, size_t(Cout), size_t(rows), false);
+    qc::DeviceArray<float> y(expect.size());
+    const std::vector<float> nan(expect.size(), std::nanf(""));
+    CUDA_CHECK(cudaMemcpy(y.get(), nan.data(), y.bytes(), cudaMemcpyHostToDevice));  // beta 0 must not read it
+    qc::split_gemm_row_major(context(), false, Cout, T, rows, dw3.get(), 3 * rows, planes.get(), 0.0f, y.get(), T);
+    auto got = to_host(y.get(), y.size());
+    const double err = qtts_test::rel_error(got.data(), expect.data(), expect.size());
+    qc::split_gemm_row_major(context(), false, Cout, T, rows, dw3.get(), 3 * rows, planes.get(), 1.0f, y.get(), T);
+    got = to_host(y.get(), y.size());
+    std::vector<float> twice(expect);
+    for (float& v : twice) v *= 2.0f;
+    const double err_acc = qtts_test::rel_error(got.data(), twice.data(), twice.size());
+    // What one bf16 operand alone would give (the bar the split must clear by far): ~1e-3.
+    std::printf("  conv product: relative error %.3g (accumulated %.3g)\n", err, err_acc);
+    CHECK(err < 2e-5);
+    CHECK(err_acc < 2e-5);
+
+    // The streaming im2col (tail slots) writes the planes of its fp32 twin's columns.
+    std::vector<float> tails2(size_t(2) * C * L, 0.0f);
+    std::copy(tail.begin(), tail.end(), tails2.begin());
+    const StateBlocks block_f32({{tails2}}, {0}, {0}), block_split({{tails2}}, {0}, {0});
+    qk::conv_im2col_carry(block_f32.states(), block_f32.at[0], L, dx.get(), C, T, K, d, snake, col.get(), l, rows);
+    CUDA_CHECK(cudaMemset(planes.get(), 0xff, planes.bytes()));
+    qk::conv_im2col_carry_split(block_split.states(), block_split.at[0], L, dx.get(), C, T, K, d, snake, planes.get(),
+                                l, rows);
+    CHECK(pair_mismatches(planes, to_host(col.get(), col.size())) == 0);
+    const auto new_tail_f32 = block_f32.piece(0, 0, tails2.size()), new_tail_split = block_split.piece(0, 0, tails2.size());
+    CHECK(std::memcmp(new_tail_f32.data(), new_tail_split.data(), tails2.size() * sizeof(float)) == 0);
+
+    // A transposed conv's product: W [Cin, Cout·Kt] transposed, its input snake(x) as planes.
+    const int Cin = C, cols_t = Cout * 6, N = T;
+    auto wt = qtts_test::random_floats(size_t(Cin) * cols_t, seed + 5, -0.3f, 0.3f);
+    qc::DeviceArray<float> act(size_t(Cin) * N);
+    qk::snake_apply(dx.get(), Cin, N, snake, act.get(), l);
+    const auto acts = to_host(act.get(), act.size());
+    qc::DeviceArray<uint16_t> planes_t(2 * acts.size());
+    CUDA_CHECK(cudaMemset(planes_t.get(), 0xff, planes_t.bytes()));
+    qk::split_planes(dx.get(), Cin, N, snake, planes_t.get(), l);
+    CHECK(pair_mismatches(planes_t, acts) == 0);
+    std::vector<float> expect_t(size_t(cols_t) * N);
+    for (int j = 0; j < cols_t; ++j)
+        for (int t = 0; t < N; ++t) {
+            double sum = 0.0;
+            for (int c = 0; c < Cin; ++c) sum += double(wt[size_t(c) * cols_t + j]) * acts[size_t(c) * N + t];
+            expect_t[size_t(j) * N + t] = float(sum);
+        }
+    const auto dwt3 = a3_device(wt, size_t(Cin), size_t(cols_t), true);
+    qc::DeviceArray<float> yt(expect_t.size());
+    qc::split_gemm_row_major(context(), true, cols_t, N, Cin, dwt3.get(), cols_t, planes_t.get(), 0.0f, yt.get(), N);
+    const auto got_t = to_host(yt.get(), yt.size());
+    const double err_t = qtts_test::rel_error(got_t.data(), expect_t.data(), expect_t.size());
+    std::printf("  transposed product: relative error %.3g\n", err_t);
+    CHECK(err_t < 2e-5);
+    // No activation: the planes of x itself.
+    qk::split_planes(dx.get(), Cin, N, {}, planes_t.get(), l);
+    CHECK(pair_mismatches(planes_t, x) == 0);
 }
 
 TEST_CASE("gpu decoder kernels: fused output conv (SnakeBeta, tail slots, clamp)", "[gpu][decoder]") {
@@ -475,6 +616,7 @@ struct TinyDecoder {
     std::unique_ptr<qtts::cpu::CpuSpeechDecoder> cpu;
     std::shared_ptr<const qc::GpuSpeechDecoderWeights> gpu;
     std::shared_ptr<const qc::GpuSpeechDecoderWeights> gpu_unpadded;  // pad_rows = false
+    std::shared_ptr<const qc::GpuSpeechDecoderWeights> gpu_fp32;      // SGEMM products
     std::vector<int32_t> codes;
     std::vector<float> audio_full;  // golden
     int n = 0;
@@ -492,6 +634,9 @@ TinyDecoder* tiny_decoder() {
     td->gpu = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
     gpu_options.pad_rows = false;
     td->gpu_unpadded = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
+    gpu_options.pad_rows = true;
+    gpu_options.math = qc::DecoderMath::DECODER_MATH_FP32;
+    td->gpu_fp32 = qc::GpuSpeechDecoderWeights::upload(*td->ckpt, context().device(), gpu_options);
     const auto file = qtts::SafetensorsFile::open(golden);
     const qtts::TensorView& ct = file->get("codes");
     td->n = int(ct.shape[0]);
@@ -526,19 +671,23 @@ TEST_CASE("gpu decoder: tiny reference tokenizer streams exactly at chunk sizes 
     REQUIRE(cpu_full.size() == td->audio_full.size());
     qc::GpuSpeechDecoder dec(td->gpu, context());
     REQUIRE(dec.samples_per_frame() == 1920);
-    // The non-default paths: small-row transformer kernels, unpadded weight rows.
+    REQUIRE(td->gpu->math() == qc::DecoderMath::DECODER_MATH_BF16X3);  // the default
+    // The non-default paths: small-row transformer kernels, unpadded weight rows, fp32 products
+    // (SGEMM: the CPU's arithmetic, so within float rounding of it).
     qc::GpuSpeechDecoderOptions small_options;
     small_options.small_kernels = true;
     qc::GpuSpeechDecoder dec_small(td->gpu, context(), small_options);
     qc::GpuSpeechDecoder dec_unpadded(td->gpu_unpadded, context());
+    qc::GpuSpeechDecoder dec_fp32(td->gpu_fp32, context());
     for (const int chunk : {1, 2, 4, 25}) {
-        for (qc::GpuSpeechDecoder* other : {&dec_small, &dec_unpadded}) {
+        for (qc::GpuSpeechDecoder* other : {&dec_small, &dec_unpadded, &dec_fp32}) {
             other->reset();
             const auto pcm_other = gpu_stream(*other, td->codes, td->n, {chunk});
             const double err = qtts_test::max_abs_error(pcm_other.data(), cpu_full.data(), pcm_other.size());
-            std::printf("  %s chunk %2d: max abs %.3g vs CPU\n", other == &dec_small ? "small-row" : "unpadded", chunk,
+            std::printf("  %s chunk %2d: max abs %.3g vs CPU\n",
+                        other == &dec_small ? "small-row" : other == &dec_unpadded ? "unpadded" : "fp32 products", chunk,
                         err);
-            CHECK(err <= 1e-3);
+            CHECK(err <= (other == &dec_fp32 ? 1e-5 : 1e-3));
         }
         dec.reset();
         const auto t0 = std::chrono::steady_clock::now();
@@ -553,6 +702,7 @@ TEST_CASE("gpu decoder: tiny reference tokenizer streams exactly at chunk sizes 
         CAPTURE(chunk);
         CHECK(err_cpu <= 1e-3);
         CHECK(err_golden <= 1e-3);
+        CHECK(snr_db(pcm, cpu_full) >= 60.0);
     }
     // Irregular chunks too.
     dec.reset();
