@@ -291,21 +291,27 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         options.max_chunk_frames = max_chunk;
         options.cuda_graphs = false;
         qc::GpuSpeechDecoder dec(weights, context, options);
-        std::printf("\nstage breakdown (eager, median of 5 chunks, GPU ms per chunk):\n");
+        std::printf("\nstage breakdown (eager, median of 5 chunks, GPU ms per chunk, summed by kind):\n");
         for (const int chunk : chunks) {
-            std::vector<std::vector<std::pair<std::string, float>>> runs;
+            std::vector<std::string> names;                  // kinds in first-launch order
+            std::map<std::string, std::vector<double>> sums;  // kind -> per-run sum
             for (int r = 0; r < 6; ++r) {
                 dec.codes_upload(codes.data() + size_t((r * chunk) % std::max(1, frames - chunk)) * nq, chunk);
-                auto p = dec.chunk_profile(chunk);
-                if (r > 0) runs.push_back(std::move(p));  // first run: warm-up
+                const auto pieces = dec.chunk_profile(chunk);
+                if (r == 0) continue;  // warm-up
+                std::map<std::string, double> run;
+                for (const auto& [name, ms] : pieces) {
+                    if (!run.count(name) && !sums.count(name)) names.push_back(name);
+                    run[name] += ms;
+                }
+                for (const auto& [name, ms] : run) sums[name].push_back(ms);
             }
             std::printf("  chunk %d:", chunk);
             nlohmann::json stages = nlohmann::json::object();
-            for (size_t i = 0; i < runs[0].size(); ++i) {
-                std::vector<double> v;
-                for (const auto& run : runs) v.push_back(run[i].second);
-                std::printf("  %s %.3f", runs[0][i].first.c_str(), qtts_cli::bench_median(v));
-                stages[runs[0][i].first] = qtts_cli::bench_median(v);
+            for (const std::string& name : names) {
+                const double ms = qtts_cli::bench_median(sums[name]);
+                std::printf("  %s %.3f;", name.c_str(), ms);
+                stages[name] = ms;
             }
             std::printf("\n");
             stage_json.push_back({{"chunk", chunk}, {"stages_ms", stages}});

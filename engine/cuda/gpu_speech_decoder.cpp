@@ -602,8 +602,10 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
         else
             CUDA_CHECK_KERNEL(kernels::conv_im2col_split(nullptr, 0, x, conv.cin, columns, conv.k, conv.dilation, snake,
                                                          planes_.get(), l, rows));
+        mark("conv im2col");
         split_gemm_row_major(context_, false, conv.cout, columns, rows, conv.planes, 3 * rows, planes_.get(), beta, y,
                              columns);
+        mark("conv products");
         return;
     }
     if (L > 0)
@@ -612,7 +614,9 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
     else  // nothing carried: the streams' columns are one signal
         CUDA_CHECK_KERNEL(kernels::conv_im2col(nullptr, 0, x, conv.cin, columns, conv.k, conv.dilation, snake,
                                                col_.get(), l, rows));
+    mark("conv im2col");
     gemm(false, false, conv.cout, columns, rows, conv.w, rows, col_.get(), columns, beta, y, columns);
+    mark("conv products");
 }
 
 // y [cout, S·T·s]: one GEMM gives every (output channel, tap) column, then the overlap-add.
@@ -621,6 +625,7 @@ void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpe
     const int cols = tc.cout * tc.k, columns = states.count * T;
     if (tc.planes) {
         CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch()));
+        mark("transposed conv input");
         split_gemm_row_major(context_, true, cols, columns, tc.cin, tc.planes, cols, planes_.get(), 0.0f, aux_.get(),
                              columns);
     } else {
@@ -629,10 +634,13 @@ void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpe
             CUDA_CHECK_KERNEL(kernels::snake_apply(x, tc.cin, columns, snake, act, context_.launch()));
             x = act;
         }
+        mark("transposed conv input");
         gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
     }
+    mark("transposed conv products");
     CUDA_CHECK_KERNEL(kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, states,
                                                       overlap_at, y, context_.launch()));
+    mark("transposed conv overlap-add");
 }
 
 // x [C, S·T] += gamma ⊙ pw2(gelu(pw1(LayerNorm(dwconv(x))))), channel-major throughout.
@@ -767,10 +775,10 @@ void DecoderPass::enqueue(kernels::DecoderStates states, int n) {
     CUDA_CHECK_KERNEL(kernels::rvq_gather(codes_dev_.get(), frames, d.num_quantizers, w.codebooks, d.codebook_size,
                                           half, aux_.get(), l));
     gemm(false, true, cd, frames, cd, w.rvq_proj, cd, aux_.get(), cd, 0.0f, other, frames);
+    mark("rvq");
 
     // 2. pre_conv (causal k3) -> [latent, S·n]
     conv_enqueue(states, w.pre_conv, at.pre_conv_tail, other, n, {}, cur, 0.0f);
-    mark("rvq + pre_conv");
 
     // 3. transformer
     transformer_enqueue(states, n, cur);
@@ -783,13 +791,12 @@ void DecoderPass::enqueue(kernels::DecoderStates states, int n) {
         std::swap(cur, other);
         T *= w.upsample[i].stride;
         convnext_enqueue(states, w.convnext[i], at.convnext_tail[i], cur, T);
+        mark("convnext");
     }
-    mark("upsample + convnext");
 
     // 5. decoder.0
     conv_enqueue(states, w.conv_in, at.conv_in_tail, cur, T, {}, other, 0.0f);
     std::swap(cur, other);
-    mark("conv_in");
 
     // 6. blocks: SnakeBeta -> transposed conv ×r -> 3 residual units
     for (size_t b = 0; b < w.blocks.size(); ++b) {
@@ -802,10 +809,7 @@ void DecoderPass::enqueue(kernels::DecoderStates states, int n) {
             conv_enqueue(states, ru.conv1, at.unit_tail[b][u], cur, T, ru.act1, other, 0.0f);
             conv_enqueue(states, ru.conv2, 0, other, T, ru.act2, cur, 1.0f);
         }
-        if (b + 1 < w.blocks.size()) mark(b == 0 ? "block 0" : b == 1 ? "block 1" : "block 2");
     }
-
-    mark("block 3");
 
     // 7. SnakeBeta -> conv k7 -> 1 channel -> clamp: pcm [S, n·spf]
     const GpuSpeechDecoderWeights::Conv& co = w.conv_out;

@@ -311,8 +311,10 @@ public:
     // the samples land in the device PCM buffer. Asynchronous on the context stream.
     void chunk_run(int n);
     bool has_graph(int n) const { return graphs_enabled_ && graphs_.count(n) != 0; }
-    // One eager chunk of n frames on the uploaded codes with CUDA events between the stages:
-    // (stage, GPU ms) pairs. Advances the stream like chunk_run (synchronous).
+    // One eager chunk of n frames on the uploaded codes with CUDA events between its pieces:
+    // (what ran, GPU ms) pairs in launch order, a name once per piece ("conv im2col", "conv
+    // products", "transposed conv input", "convnext", "transformer", ...: sum them by name).
+    // Advances the stream like chunk_run (synchronous).
     std::vector<std::pair<std::string, float>> chunk_profile(int n);
 
     // ---- for fused chunk graphs (cuda/fused_chunks.h): the codes come from the device ----------
