@@ -88,33 +88,6 @@ __global__ void rvq_gather_kernel(const int32_t* codes, int nq, const float* cod
     }
 }
 
-__global__ void conv_im2col_kernel(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
-                                   SnakeParams snake, ColumnSink col, int col_rows) {
-    pdl_wait();
-    pdl_trigger();
-    const long long rows = (long long)C * K;
-    const long long total = (long long)col_rows * T;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / T;
-        const int t = int(i - r * T);
-        if (r >= rows) {
-            col.put(size_t(i), r == rows ? 1.0f : 0.0f);
-            continue;
-        }
-        const int c = int(r / K), k = int(r - (long long)c * K);
-        const int s = t + k * dilation;
-        float v;
-        if (s < L) {
-            v = tail[size_t(c) * L + s];
-        } else {
-            v = x[size_t(c) * T + (s - L)];
-            if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
-        }
-        col.put(size_t(i), v);
-    }
-}
-
 // One block per channel: read every new tail value, then write (in place).
 __global__ void conv_tail_update_kernel(float* tail, int L, const float* x, int T, SnakeParams snake) {
     pdl_wait();
@@ -496,36 +469,40 @@ __device__ __forceinline__ TailSlots tail_slots(const DecoderStates& states, int
     return {tails + size_t(slot) * C * L, tails + size_t(1 - slot) * C * L};
 }
 
-// grid.y: the stream.
-__global__ void conv_im2col_carry_kernel(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T,
-                                         int K, int dilation, SnakeParams snake, ColumnSink col, int col_rows) {
+constexpr int IM2COL_TILE = 128;  // output columns (and threads) per im2col block
+
+// im2col of one stream (grid.y; a single signal without `carry`): a block takes one input channel
+// (or, as channel C, the ones row and the zero padding rows) and IM2COL_TILE output columns,
+// stages the window [tail | snake(x)] those columns read once in shared memory (each input value
+// is activated once, not once per tap) and writes the channel's K rows from it. With `carry` the
+// block holding the stream's last columns also writes the next tail (the window's last L values)
+// into the other slot. x: this stream's columns at stride ld (S·T, or T alone).
+template <bool CARRY>
+__global__ void __launch_bounds__(IM2COL_TILE)
+    conv_im2col_tiled_kernel(DecoderStates states, size_t tails_at, const float* plain_tail, int L, const float* x,
+                             int C, int T, int K, int dilation, SnakeParams snake, ColumnSink col, int col_rows) {
+    extern __shared__ float window[];  // [IM2COL_TILE + L]
     pdl_wait();
     pdl_trigger();
-    const int b = blockIdx.y, ld = states.count * T;
-    const TailSlots slots = tail_slots(states, b, tails_at, C, L);
-    const float* xb = x + size_t(b) * T;
-    const size_t colb = size_t(b) * T;  // this stream's first column
-    const long long rows = (long long)C * K;
-    const long long col_total = (long long)col_rows * T;
-    const long long total = col_total + (long long)C * L;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        if (i < col_total) {
-            const long long r = i / T;
-            const int t = int(i - r * T);
-            const size_t dst = colb + size_t(r) * ld + t;
-            if (r >= rows) {
-                col.put(dst, r == rows ? 1.0f : 0.0f);
-                continue;
-            }
-            const int c = int(r / K), k = int(r - (long long)c * K);
-            col.put(dst, carried_input(slots.tail, L, xb, ld, c, t + k * dilation, snake));
-        } else {
-            const long long j = i - col_total;
-            const int c = int(j / L), jj = int(j - (long long)c * L);
-            slots.next[j] = carried_input(slots.tail, L, xb, ld, c, T + jj, snake);
-        }
+    const int tiles = (T + IM2COL_TILE - 1) / IM2COL_TILE;
+    const int c = blockIdx.x / tiles, tile = blockIdx.x - c * tiles;
+    const int t0 = tile * IM2COL_TILE, here = min(IM2COL_TILE, T - t0), j = threadIdx.x;
+    const int b = CARRY ? int(blockIdx.y) : 0, ld = CARRY ? states.count * T : T;
+    const size_t first = size_t(b) * T + t0;  // this block's first output column
+    if (c == C) {  // the bias row of ones, then the padding rows of zeros
+        if (j < here)
+            for (int r = C * K; r < col_rows; ++r) col.put(size_t(r) * ld + first + j, r == C * K ? 1.0f : 0.0f);
+        return;
     }
+    TailSlots slots{plain_tail, nullptr};
+    if (CARRY) slots = tail_slots(states, b, tails_at, C, L);
+    const float* xb = x + size_t(b) * T;
+    for (int i = j; i < here + L; i += IM2COL_TILE) window[i] = carried_input(slots.tail, L, xb, ld, c, t0 + i, snake);
+    __syncthreads();
+    if (j < here)
+        for (int k = 0; k < K; ++k) col.put(size_t(c * K + k) * ld + first + j, window[j + k * dilation]);
+    if (CARRY && tile == tiles - 1)  // the window ends at column T + L of [tail | x]: the next tail
+        for (int i = j; i < L; i += IM2COL_TILE) slots.next[size_t(c) * L + i] = window[here + i];
 }
 
 // grid.y: the stream.
@@ -680,11 +657,13 @@ namespace {
 void im2col_launch(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
                    ColumnSink col, const Launch& l, int col_rows, const char* what) {
     if (col_rows == 0) col_rows = C * K + 1;
-    if (T <= 0 || C <= 0 || K <= 0 || L != (K - 1) * dilation || (L > 0 && !tail) || !x || !(col.col || col.planes) ||
-        col_rows < C * K + 1)
+    if (T <= 0 || C <= 0 || K <= 0 || L < 0 || L > MAX_TAIL || L != (K - 1) * dilation || (L > 0 && !tail) || !x ||
+        !(col.col || col.planes) || col_rows < C * K + 1)
         bad_args(what, __func__);
-    const long long total = (long long)col_rows * T;
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total)), dim3(THREADS), 0, conv_im2col_kernel, tail, L, x, C, T, K,
+    const long long blocks = (long long)(C + 1) * ((T + IM2COL_TILE - 1) / IM2COL_TILE);
+    if (blocks > 0x7fffffffLL) bad_args(what, __func__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(unsigned(blocks)), dim3(IM2COL_TILE), size_t(IM2COL_TILE + L) * sizeof(float),
+                                    conv_im2col_tiled_kernel<false>, DecoderStates{}, size_t(0), tail, L, x, C, T, K,
                                     dilation, snake, col, col_rows));
 }
 
@@ -825,12 +804,14 @@ void im2col_carry_launch(DecoderStates states, size_t tails_at, int L, const flo
                          int dilation, SnakeParams snake, ColumnSink col, const Launch& l, int col_rows,
                          const char* what) {
     if (col_rows == 0) col_rows = C * K + 1;
-    if (T <= 0 || C <= 0 || K <= 0 || L <= 0 || L != (K - 1) * dilation || !states_ok(states) ||
+    if (T <= 0 || C <= 0 || K <= 0 || L <= 0 || L > MAX_TAIL || L != (K - 1) * dilation || !states_ok(states) ||
         states.count > 65535 || !x || !(col.col || col.planes) || col_rows < C * K + 1)
         bad_args(what, __func__);
-    const long long total = (long long)col_rows * T + (long long)C * L;
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for(total), states.count), dim3(THREADS), 0, conv_im2col_carry_kernel,
-                                    states, tails_at, L, x, C, T, K, dilation, snake, col, col_rows));
+    const long long blocks = (long long)(C + 1) * ((T + IM2COL_TILE - 1) / IM2COL_TILE);
+    if (blocks > 0x7fffffffLL) bad_args(what, __func__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(unsigned(blocks), unsigned(states.count)), dim3(IM2COL_TILE),
+                                    size_t(IM2COL_TILE + L) * sizeof(float), conv_im2col_tiled_kernel<true>, states,
+                                    tails_at, nullptr, L, x, C, T, K, dilation, snake, col, col_rows));
 }
 
 }  // namespace
