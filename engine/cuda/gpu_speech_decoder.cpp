@@ -36,23 +36,18 @@ struct ScratchPlan {
 // Weights
 // ---------------------------------------------------------------------------------------------
 
-const float* GpuSpeechDecoderWeights::store(const std::vector<float>& host) {
-    DeviceArray<float> buffer(host.size());
-    CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+template <typename T>
+const T* GpuSpeechDecoderWeights::store_in(const std::vector<T>& host, std::vector<DeviceArray<T>>* buffers) {
+    DeviceArray<T> buffer(host.size());
+    CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     device_bytes_ += buffer.bytes();
-    const float* p = buffer.get();
-    buffers_.push_back(std::move(buffer));
+    const T* p = buffer.get();
+    buffers->push_back(std::move(buffer));
     return p;
 }
 
-const uint16_t* GpuSpeechDecoderWeights::store(const std::vector<uint16_t>& host) {
-    DeviceArray<uint16_t> buffer(host.size());
-    CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    device_bytes_ += buffer.bytes();
-    const uint16_t* p = buffer.get();
-    buffers16_.push_back(std::move(buffer));
-    return p;
-}
+const float* GpuSpeechDecoderWeights::store(const std::vector<float>& host) { return store_in(host, &buffers_); }
+const uint16_t* GpuSpeechDecoderWeights::store(const std::vector<uint16_t>& host) { return store_in(host, &buffers16_); }
 
 const char* decoder_math_name(DecoderMath math) {
     switch (math) {

@@ -176,6 +176,8 @@ private:
     GpuSpeechDecoderWeights() = default;
     const float* store(const std::vector<float>& host);  // uploads and keeps the allocation
     const uint16_t* store(const std::vector<uint16_t>& host);
+    template <typename T>
+    const T* store_in(const std::vector<T>& host, std::vector<DeviceArray<T>>* buffers);
 
     DecoderConfig config_;
     DecoderMath math_ = DecoderMath::DECODER_MATH_FP32;

@@ -242,6 +242,21 @@ qc::DeviceArray<uint16_t> a3_device(const std::vector<float>& a, size_t rows, si
     return d;
 }
 
+// C [M, N] = op(A) [M, K] · B [K, N] in double sums of the fp32 operands (A [M, K], or [K, M]
+// with trans_a).
+std::vector<float> product_reference(const std::vector<float>& a, bool trans_a, const std::vector<float>& b, int M,
+                                     int N, int K) {
+    std::vector<float> c(size_t(M) * N);
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+            double sum = 0.0;
+            for (int k = 0; k < K; ++k)
+                sum += double(trans_a ? a[size_t(k) * M + m] : a[size_t(m) * K + k]) * b[size_t(k) * N + n];
+            c[size_t(m) * N + n] = float(sum);
+        }
+    return c;
+}
+
 }  // namespace
 
 TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes, split GEMMs) match the CPU",
@@ -277,13 +292,7 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     CHECK(pair_mismatches(planes, cols) == 0);
 
     // The product against the CPU (double sums of the fp32 operands), then accumulated (beta 1).
-    std::vector<float> expect(size_t(Cout) * T);
-    for (int o = 0; o < Cout; ++o)
-        for (int t = 0; t < T; ++t) {
-            double sum = 0.0;
-            for (int j = 0; j < rows; ++j) sum += double(w[size_t(o) * rows + j]) * cols[size_t(j) * T + t];
-            expect[size_t(o) * T + t] = float(sum);
-        }
+    const std::vector<float> expect = product_reference(w, false, cols, Cout, T, rows);
     const auto dw3 = a3_device(w, size_t(Cout), size_t(rows), false);
     qc::DeviceArray<float> y(expect.size());
     const std::vector<float> nan(expect.size(), std::nanf(""));
@@ -323,13 +332,7 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     CUDA_CHECK(cudaMemset(planes_t.get(), 0xff, planes_t.bytes()));
     qk::split_planes(dx.get(), Cin, N, snake, planes_t.get(), l);
     CHECK(pair_mismatches(planes_t, acts) == 0);
-    std::vector<float> expect_t(size_t(cols_t) * N);
-    for (int j = 0; j < cols_t; ++j)
-        for (int t = 0; t < N; ++t) {
-            double sum = 0.0;
-            for (int c = 0; c < Cin; ++c) sum += double(wt[size_t(c) * cols_t + j]) * acts[size_t(c) * N + t];
-            expect_t[size_t(j) * N + t] = float(sum);
-        }
+    const std::vector<float> expect_t = product_reference(wt, true, acts, cols_t, N, Cin);
     const auto dwt3 = a3_device(wt, size_t(Cin), size_t(cols_t), true);
     qc::DeviceArray<float> yt(expect_t.size());
     qc::split_gemm_row_major(context(), true, cols_t, N, Cin, dwt3.get(), cols_t, planes_t.get(), 0.0f, yt.get(), N);
