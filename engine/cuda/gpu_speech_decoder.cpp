@@ -59,7 +59,8 @@ const char* decoder_math_name(DecoderMath math) {
 }
 
 bool decoder_math_parse(const std::string& name, DecoderMath* out) {
-    for (const DecoderMath m : {DecoderMath::DECODER_MATH_FP32, DecoderMath::DECODER_MATH_TF32, DecoderMath::DECODER_MATH_BF16X3})
+    for (const DecoderMath m :
+         {DecoderMath::DECODER_MATH_FP32, DecoderMath::DECODER_MATH_TF32, DecoderMath::DECODER_MATH_BF16X3})
         if (name == decoder_math_name(m)) {
             *out = m;
             return true;
@@ -141,7 +142,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         g.rvq_proj = g.store(proj);
     }
 
-    // Weight rows with the bias column, padded to a multiple of 4 floats when asked.
+    // Weight rows with the bias column, padded to 16 bytes when asked (4 floats, 8 bf16 values).
     const int align = split ? 8 : 4;  // 16 bytes of bf16 / fp32
     auto row_len = [&](int cols_with_bias) {
         return options.pad_rows ? (cols_with_bias + align - 1) / align * align : cols_with_bias;
@@ -423,8 +424,9 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     act_ = DeviceArray<float>(size_t(N) * I);
     codes_dev_ = DeviceArray<int32_t>(size_t(N) * d.num_quantizers);
     pcm_dev_ = DeviceArray<float>(size_t(N) * w.samples_per_frame());
-    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + planes_.bytes() + h_.bytes() + xn_.bytes() + qkv_.bytes() +
-                     att_.bytes() + tmp_.bytes() + gu_.bytes() + act_.bytes() + codes_dev_.bytes() + pcm_dev_.bytes();
+    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + planes_.bytes() + h_.bytes() +
+                     xn_.bytes() + qkv_.bytes() + att_.bytes() + tmp_.bytes() + gu_.bytes() + act_.bytes() +
+                     codes_dev_.bytes() + pcm_dev_.bytes();
     // Defined contents for the (unused) tails of partially filled buffers; capture reads nothing.
     CUDA_CHECK(cudaMemsetAsync(codes_dev_.get(), 0, codes_dev_.bytes(), context_.stream()));
 }
