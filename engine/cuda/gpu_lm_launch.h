@@ -116,6 +116,28 @@ inline void linear_split(const kernels::Launch& l, cublasHandle_t cublas, const 
     CUDA_CHECK_KERNEL(kernels::linear_split_combine(s.y2, out, T, n, bias, epilogue, y, ldy, l));
 }
 
+// The same product under the STORE and ADD rules without bias, as two GEMMs straight into y:
+// y (=, or += for ADD) W·x_hi, then y += W·x_lo; no fp32 [2T, out] scratch and no combine pass,
+// whose traffic was a third of these products' time in the prefill passes. Both GEMMs run over
+// gemm_rows / 2 >= T rows (few problem shapes, as above), so y must hold that many rows at ldy
+// (those past T get values from scratch rows and are never read).
+inline void linear_split_direct(const kernels::Launch& l, cublasHandle_t cublas, bf16_t* xb, const float* x, int T,
+                                int in, int ldx, const float* norm_w, float eps, const bf16_t* w, int out,
+                                kernels::LinearEpilogue epilogue, float* y, int ldy, int gemm_rows) {
+    QTTS_ASSERT((epilogue == kernels::LinearEpilogue::LINEAR_EPILOGUE_STORE ||
+                 epilogue == kernels::LinearEpilogue::LINEAR_EPILOGUE_ADD) &&
+                gemm_rows >= 2 * T && gemm_rows % 2 == 0);
+    CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(x, T, in, ldx, norm_w, eps, xb, l));
+    const int rows = gemm_rows / 2;
+    const float one = 1.0f, first = epilogue == kernels::LinearEpilogue::LINEAR_EPILOGUE_ADD ? 1.0f : 0.0f;
+    // Row-major y [rows, out] (+)= xb_half [rows, in] · W[out, in]^T (column-major as in linear_split).
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, CUDA_R_16BF, in, xb, CUDA_R_16BF,
+                              in, &first, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, CUDA_R_16BF, in,
+                              xb + size_t(T) * in, CUDA_R_16BF, in, &one, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
 // Activations of one decode pass over `rows` rows (each [rows, width], dense).
 struct DecodeRows {
     float* x = nullptr;     // [rows, H] residual stream

@@ -138,8 +138,8 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
     using E = k::LinearEpilogue;
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const GpuStack::Layer& L = s.layers[i];
-        linear_split(l, cublas, scratch, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr,
-                     E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
+        linear_split_direct(l, cublas, xb_, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, E::LINEAR_EPILOGUE_STORE,
+                            qkv_, QKV, g);
         k::AttentionArgs a = attention_args(s, int(i), qkv_, attn_, nullptr, nullptr, max_ctx, splits, nullptr,
                                             nullptr, longest, nullptr, 0);
         a.append = false;
@@ -149,12 +149,12 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
         a.prefill_tiles = tiles;
         CUDA_CHECK_KERNEL(k::kv_append(a, l));
         CUDA_CHECK_KERNEL(k::attention(a, l));
-        linear_split(l, cublas, scratch, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, H, nullptr,
-                     E::LINEAR_EPILOGUE_ADD, x_, H, g);
+        linear_split_direct(l, cublas, xb_, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, E::LINEAR_EPILOGUE_ADD, x_, H,
+                            g);
         linear_split(l, cublas, scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
                      E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
-        linear_split(l, cublas, scratch, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, H, nullptr,
-                     E::LINEAR_EPILOGUE_ADD, x_, H, g);
+        linear_split_direct(l, cublas, xb_, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, E::LINEAR_EPILOGUE_ADD, x_, H,
+                            g);
     }
 }
 
@@ -203,14 +203,14 @@ void GpuPrefillBatch::warm_up() {
     for (int rows = 1; rows <= max_rows_; ++rows) shapes.insert(gemm_rows(rows));
     for (const int g : shapes) {
         const int rows = std::min(g / 2, max_rows_);
-        linear_split(l, context_.cublas(), scratch, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr,
-                     E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
-        linear_split(l, context_.cublas(), scratch, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, H, nullptr,
-                     E::LINEAR_EPILOGUE_STORE, x_, H, g);
+        linear_split_direct(l, context_.cublas(), xb_, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV,
+                            E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
+        linear_split_direct(l, context_.cublas(), xb_, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H,
+                            E::LINEAR_EPILOGUE_STORE, x_, H, g);
         linear_split(l, context_.cublas(), scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
                      E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
-        linear_split(l, context_.cublas(), scratch, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, H, nullptr,
-                     E::LINEAR_EPILOGUE_STORE, x_, H, g);
+        linear_split_direct(l, context_.cublas(), xb_, mlp_, rows, I, I, nullptr, 0.0f, L.down, H,
+                            E::LINEAR_EPILOGUE_STORE, x_, H, g);
     }
     // The batched attention kernels too (one row against one key, on this object's scratch):
     // a kernel's first launch loads its code, which takes device memory; that happens here, at
