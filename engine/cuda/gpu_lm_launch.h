@@ -8,6 +8,7 @@
 
 #include <cublas_v2.h>
 
+#include "engine/common/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gpu_lm.h"
 #include "kernels/attention.cuh"
