@@ -14,6 +14,11 @@ namespace k = ::qtts::kernels;
 
 namespace {
 constexpr int GEMM_ROW_STEP = 64;  // GEMM row counts are rounded to this: few shapes to warm up
+// From this many GEMM rows (256 prompt rows) the STORE and ADD products run as two GEMMs straight
+// into their outputs (linear_split_direct) instead of GEMM + combine: measured on the H200 (1.7B,
+// qtts bench --batch) 2-5% faster passes for 10-32 prompts, where the combine's fp32 traffic
+// counts, but 7-15% slower for passes under ~256 rows, where each cuBLAS call's fixed cost does.
+constexpr int DIRECT_MIN_GEMM_ROWS = 512;
 constexpr int TABLE_PASSES = 4;    // attention tables of this many full passes before a sync
 }  // namespace
 
@@ -57,6 +62,17 @@ GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, Gp
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
     QTTS_LOG_INFO("GPU batched prefill on device {}: up to {} prompt rows per pass, {:.1f} MB", context_.device(),
                   max_rows_, total / 1e6);
+}
+
+void GpuPrefillBatch::product(const float* x, int rows, int in, const float* norm_w, const bf16_t* w, int out, int n,
+                              k::LinearEpilogue epilogue, float* y, int ldy, int g) {
+    const k::Launch l = context_.launch();
+    const float eps = weights_->talker.eps;
+    if (g >= DIRECT_MIN_GEMM_ROWS && epilogue != k::LinearEpilogue::LINEAR_EPILOGUE_SWIGLU)
+        linear_split_direct(l, context_.cublas(), xb_, x, rows, in, in, norm_w, eps, w, out, epilogue, y, ldy, g);
+    else
+        linear_split(l, context_.cublas(), SplitScratch{xb_, y2_}, x, rows, in, in, norm_w, eps, w, out, n, nullptr,
+                     epilogue, y, ldy, g);
 }
 
 int GpuPrefillBatch::gemm_rows(int rows) const {
@@ -122,9 +138,7 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
     const GpuStack& s = weights_->talker;
     const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
     const k::Launch l = context_.launch();
-    const SplitScratch scratch{xb_, y2_};
     const int g = gemm_rows(rows);
-    cublasHandle_t cublas = context_.cublas();
     // One attention launch (and one key/value append) per layer for every member, from a table
     // of their caches, rows and positions; T and splits size the launch (the largest member's).
     const k::AttentionPrefillSeq* table = table_upload(members, pos0);
@@ -138,8 +152,7 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
     using E = k::LinearEpilogue;
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const GpuStack::Layer& L = s.layers[i];
-        linear_split_direct(l, cublas, xb_, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV, E::LINEAR_EPILOGUE_STORE,
-                            qkv_, QKV, g);
+        product(x_, rows, H, L.input_norm, L.qkv, QKV, QKV, E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
         k::AttentionArgs a = attention_args(s, int(i), qkv_, attn_, nullptr, nullptr, max_ctx, splits, nullptr,
                                             nullptr, longest, nullptr, 0);
         a.append = false;
@@ -149,12 +162,9 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
         a.prefill_tiles = tiles;
         CUDA_CHECK_KERNEL(k::kv_append(a, l));
         CUDA_CHECK_KERNEL(k::attention(a, l));
-        linear_split_direct(l, cublas, xb_, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H, E::LINEAR_EPILOGUE_ADD, x_, H,
-                            g);
-        linear_split(l, cublas, scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
-                     E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
-        linear_split_direct(l, cublas, xb_, mlp_, rows, I, I, nullptr, 0.0f, L.down, H, E::LINEAR_EPILOGUE_ADD, x_, H,
-                            g);
+        product(attn_, rows, QD, nullptr, L.o, H, H, E::LINEAR_EPILOGUE_ADD, x_, H, g);
+        product(x_, rows, H, L.post_norm, L.gate_up, 2 * I, I, E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
+        product(mlp_, rows, I, nullptr, L.down, H, H, E::LINEAR_EPILOGUE_ADD, x_, H, g);
     }
 }
 
@@ -195,7 +205,6 @@ void GpuPrefillBatch::warm_up() {
     const GpuStack::Layer& L = s.layers.front();
     const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
     const k::Launch l = context_.launch();
-    const SplitScratch scratch{xb_, y2_};
     using E = k::LinearEpilogue;
     // Every GEMM row count run() can use, with every product shape of a layer; outputs go to this
     // object's scratch only (no stream is touched).
@@ -203,14 +212,10 @@ void GpuPrefillBatch::warm_up() {
     for (int rows = 1; rows <= max_rows_; ++rows) shapes.insert(gemm_rows(rows));
     for (const int g : shapes) {
         const int rows = std::min(g / 2, max_rows_);
-        linear_split_direct(l, context_.cublas(), xb_, x_, rows, H, H, L.input_norm, s.eps, L.qkv, QKV,
-                            E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
-        linear_split_direct(l, context_.cublas(), xb_, attn_, rows, QD, QD, nullptr, 0.0f, L.o, H,
-                            E::LINEAR_EPILOGUE_STORE, x_, H, g);
-        linear_split(l, context_.cublas(), scratch, x_, rows, H, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr,
-                     E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
-        linear_split_direct(l, context_.cublas(), xb_, mlp_, rows, I, I, nullptr, 0.0f, L.down, H,
-                            E::LINEAR_EPILOGUE_STORE, x_, H, g);
+        product(x_, rows, H, L.input_norm, L.qkv, QKV, QKV, E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
+        product(attn_, rows, QD, nullptr, L.o, H, H, E::LINEAR_EPILOGUE_STORE, x_, H, g);
+        product(x_, rows, H, L.post_norm, L.gate_up, 2 * I, I, E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
+        product(mlp_, rows, I, nullptr, L.down, H, H, E::LINEAR_EPILOGUE_STORE, x_, H, g);
     }
     // The batched attention kernels too (one row against one key, on this object's scratch):
     // a kernel's first launch loads its code, which takes device memory; that happens here, at

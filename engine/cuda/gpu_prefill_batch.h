@@ -70,6 +70,9 @@ private:
 
     void group_run(std::vector<Member>& group);
     void pass(const std::vector<Member>& members, int rows, int pos0);
+    // y [rows, n] (epilogue) = W [out, in] · rmsnorm(x) (norm_w null: x) over g GEMM rows, split-bf16.
+    void product(const float* x, int rows, int in, const float* norm_w, const bf16_t* w, int out, int n,
+                 kernels::LinearEpilogue epilogue, float* y, int ldy, int g);
     int gemm_rows(int rows) const;  // the GEMM's row count for `rows` split rows (2 per row), rounded
     // The members' attention table for one pass, uploaded; returns it (device).
     const kernels::AttentionPrefillSeq* table_upload(const std::vector<Member>& members, int pos0);
