@@ -47,6 +47,21 @@ struct ColumnSink {
         else
             bf16_split(v, planes + i, planes + plane + i);
     }
+    // Four consecutive columns from i (a multiple of 4) in one store per plane.
+    __device__ __forceinline__ void put4(size_t i, float4 v) const {
+        if (col) {
+            *reinterpret_cast<float4*>(col + i) = v;
+            return;
+        }
+        bf16_t hi[4], lo[4];
+        bf16_split(v.x, &hi[0], &lo[0]);
+        bf16_split(v.y, &hi[1], &lo[1]);
+        bf16_split(v.z, &hi[2], &lo[2]);
+        bf16_split(v.w, &hi[3], &lo[3]);
+        *reinterpret_cast<uint2*>(planes + i) = make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
+        *reinterpret_cast<uint2*>(planes + plane + i) =
+            make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
+    }
 };
 
 __device__ __forceinline__ float gelu_erf_ref(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -469,40 +484,59 @@ __device__ __forceinline__ TailSlots tail_slots(const DecoderStates& states, int
     return {tails + size_t(slot) * C * L, tails + size_t(1 - slot) * C * L};
 }
 
-constexpr int IM2COL_TILE = 128;  // output columns (and threads) per im2col block
+constexpr int IM2COL_THREADS = 128;
 
 // im2col of one stream (grid.y; a single signal without `carry`): a block takes one input channel
-// (or, as channel C, the ones row and the zero padding rows) and IM2COL_TILE output columns,
-// stages the window [tail | snake(x)] those columns read once in shared memory (each input value
-// is activated once, not once per tap) and writes the channel's K rows from it. With `carry` the
+// (or, as channel C, the ones row and the zero padding rows) and IM2COL_THREADS·V output columns
+// (V per thread: 4 when T is a multiple of 4, stored 16 or 8 bytes at a time, else 1), stages the
+// window [tail | snake(x)] those columns read once in shared memory (each input value is
+// activated once, not once per tap) and writes the channel's K rows from it. With `carry` the
 // block holding the stream's last columns also writes the next tail (the window's last L values)
 // into the other slot. x: this stream's columns at stride ld (S·T, or T alone).
-template <bool CARRY>
-__global__ void __launch_bounds__(IM2COL_TILE)
+template <bool CARRY, int V>
+__global__ void __launch_bounds__(IM2COL_THREADS)
     conv_im2col_tiled_kernel(DecoderStates states, size_t tails_at, const float* plain_tail, int L, const float* x,
                              int C, int T, int K, int dilation, SnakeParams snake, ColumnSink col, int col_rows) {
-    extern __shared__ float window[];  // [IM2COL_TILE + L]
+    constexpr int TILE = IM2COL_THREADS * V;
+    extern __shared__ float window[];  // [TILE + L]
     pdl_wait();
     pdl_trigger();
-    const int tiles = (T + IM2COL_TILE - 1) / IM2COL_TILE;
+    const int tiles = (T + TILE - 1) / TILE;
     const int c = blockIdx.x / tiles, tile = blockIdx.x - c * tiles;
-    const int t0 = tile * IM2COL_TILE, here = min(IM2COL_TILE, T - t0), j = threadIdx.x;
+    const int t0 = tile * TILE, here = min(TILE, T - t0), j = int(threadIdx.x) * V;  // here: a multiple of V
     const int b = CARRY ? int(blockIdx.y) : 0, ld = CARRY ? states.count * T : T;
     const size_t first = size_t(b) * T + t0;  // this block's first output column
+    auto row_put = [&](int r, const float* v) {
+        const size_t at = size_t(r) * ld + first + j;
+        if constexpr (V == 4)
+            col.put4(at, make_float4(v[0], v[1], v[2], v[3]));
+        else
+            col.put(at, v[0]);
+    };
     if (c == C) {  // the bias row of ones, then the padding rows of zeros
+        float one[V], zero[V];
+        for (int q = 0; q < V; ++q) {
+            one[q] = 1.0f;
+            zero[q] = 0.0f;
+        }
         if (j < here)
-            for (int r = C * K; r < col_rows; ++r) col.put(size_t(r) * ld + first + j, r == C * K ? 1.0f : 0.0f);
+            for (int r = C * K; r < col_rows; ++r) row_put(r, r == C * K ? one : zero);
         return;
     }
     TailSlots slots{plain_tail, nullptr};
     if (CARRY) slots = tail_slots(states, b, tails_at, C, L);
     const float* xb = x + size_t(b) * T;
-    for (int i = j; i < here + L; i += IM2COL_TILE) window[i] = carried_input(slots.tail, L, xb, ld, c, t0 + i, snake);
+    for (int i = threadIdx.x; i < here + L; i += IM2COL_THREADS)
+        window[i] = carried_input(slots.tail, L, xb, ld, c, t0 + i, snake);
     __syncthreads();
     if (j < here)
-        for (int k = 0; k < K; ++k) col.put(size_t(c * K + k) * ld + first + j, window[j + k * dilation]);
+        for (int k = 0; k < K; ++k) {
+            float v[V];
+            for (int q = 0; q < V; ++q) v[q] = window[j + q + k * dilation];
+            row_put(c * K + k, v);
+        }
     if (CARRY && tile == tiles - 1)  // the window ends at column T + L of [tail | x]: the next tail
-        for (int i = j; i < L; i += IM2COL_TILE) slots.next[size_t(c) * L + i] = window[here + i];
+        for (int i = threadIdx.x; i < L; i += IM2COL_THREADS) slots.next[size_t(c) * L + i] = window[here + i];
 }
 
 // grid.y: the stream.
@@ -660,11 +694,16 @@ void im2col_launch(const float* tail, int L, const float* x, int C, int T, int K
     if (T <= 0 || C <= 0 || K <= 0 || L < 0 || L > MAX_TAIL || L != (K - 1) * dilation || (L > 0 && !tail) || !x ||
         !(col.col || col.planes) || col_rows < C * K + 1)
         bad_args(what, __func__);
-    const long long blocks = (long long)(C + 1) * ((T + IM2COL_TILE - 1) / IM2COL_TILE);
+    const int V = T % 4 == 0 ? 4 : 1, tile = IM2COL_THREADS * V;
+    const long long blocks = (long long)(C + 1) * ((T + tile - 1) / tile);
     if (blocks > 0x7fffffffLL) bad_args(what, __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(unsigned(blocks)), dim3(IM2COL_TILE), size_t(IM2COL_TILE + L) * sizeof(float),
-                                    conv_im2col_tiled_kernel<false>, DecoderStates{}, size_t(0), tail, L, x, C, T, K,
-                                    dilation, snake, col, col_rows));
+    const size_t smem = size_t(tile + L) * sizeof(float);
+    KERNEL_CUDA_CHECK(V == 4 ? launch_kernel(l, dim3(unsigned(blocks)), dim3(IM2COL_THREADS), smem,
+                                             conv_im2col_tiled_kernel<false, 4>, DecoderStates{}, size_t(0), tail, L, x,
+                                             C, T, K, dilation, snake, col, col_rows)
+                             : launch_kernel(l, dim3(unsigned(blocks)), dim3(IM2COL_THREADS), smem,
+                                             conv_im2col_tiled_kernel<false, 1>, DecoderStates{}, size_t(0), tail, L, x,
+                                             C, T, K, dilation, snake, col, col_rows));
 }
 
 }  // namespace
@@ -807,11 +846,15 @@ void im2col_carry_launch(DecoderStates states, size_t tails_at, int L, const flo
     if (T <= 0 || C <= 0 || K <= 0 || L <= 0 || L > MAX_TAIL || L != (K - 1) * dilation || !states_ok(states) ||
         states.count > 65535 || !x || !(col.col || col.planes) || col_rows < C * K + 1)
         bad_args(what, __func__);
-    const long long blocks = (long long)(C + 1) * ((T + IM2COL_TILE - 1) / IM2COL_TILE);
+    const int V = T % 4 == 0 ? 4 : 1, tile = IM2COL_THREADS * V;
+    const long long blocks = (long long)(C + 1) * ((T + tile - 1) / tile);
     if (blocks > 0x7fffffffLL) bad_args(what, __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(unsigned(blocks), unsigned(states.count)), dim3(IM2COL_TILE),
-                                    size_t(IM2COL_TILE + L) * sizeof(float), conv_im2col_tiled_kernel<true>, states,
-                                    tails_at, nullptr, L, x, C, T, K, dilation, snake, col, col_rows));
+    const dim3 grid(unsigned(blocks), unsigned(states.count));
+    const size_t smem = size_t(tile + L) * sizeof(float);
+    KERNEL_CUDA_CHECK(V == 4 ? launch_kernel(l, grid, dim3(IM2COL_THREADS), smem, conv_im2col_tiled_kernel<true, 4>,
+                                             states, tails_at, nullptr, L, x, C, T, K, dilation, snake, col, col_rows)
+                             : launch_kernel(l, grid, dim3(IM2COL_THREADS), smem, conv_im2col_tiled_kernel<true, 1>,
+                                             states, tails_at, nullptr, L, x, C, T, K, dilation, snake, col, col_rows));
 }
 
 }  // namespace

@@ -132,76 +132,81 @@ std::vector<float> positive(size_t n, uint64_t seed) { return qtts_test::random_
 // ---------------------------------------------------------------------------------------------
 
 TEST_CASE("gpu decoder kernels: causal conv with tail and SnakeBeta", "[gpu][decoder]") {
-    const int C = 24, Cout = 20, K = 7, d = 3, T = 301, L = (K - 1) * d;  // im2col tiles of 128: 3, the last partial
-    const qk::Launch l = context().launch();
-    auto x = qtts_test::random_floats(size_t(C) * T, 1);
-    auto tail = qtts_test::random_floats(size_t(C) * L, 2);
-    auto w = qtts_test::random_floats(size_t(Cout) * C * K, 3, -0.2f, 0.2f);
-    auto b = qtts_test::random_floats(size_t(Cout), 4);
-    auto log_alpha = qtts_test::random_floats(size_t(C), 5, -0.5f, 0.5f);
-    auto log_beta = qtts_test::random_floats(size_t(C), 6, -0.5f, 0.5f);
-    std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
-    for (int c = 0; c < C; ++c) {
-        alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
-        inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+    // T = 301: im2col tiles of 128 columns, one per thread, the last partial; T = 1300: four
+    // columns per thread (T a multiple of 4), tiles of 512, the last partial.
+    for (const int T : {301, 1300}) {
+        CAPTURE(T);
+        const int C = 24, Cout = 20, K = 7, d = 3, L = (K - 1) * d;
+        const qk::Launch l = context().launch();
+        auto x = qtts_test::random_floats(size_t(C) * T, 1);
+        auto tail = qtts_test::random_floats(size_t(C) * L, 2);
+        auto w = qtts_test::random_floats(size_t(Cout) * C * K, 3, -0.2f, 0.2f);
+        auto b = qtts_test::random_floats(size_t(Cout), 4);
+        auto log_alpha = qtts_test::random_floats(size_t(C), 5, -0.5f, 0.5f);
+        auto log_beta = qtts_test::random_floats(size_t(C), 6, -0.5f, 0.5f);
+        std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
+        for (int c = 0; c < C; ++c) {
+            alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
+            inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+        }
+        // CPU: conv over [tail | snake(x)]
+        std::vector<float> xs = x;
+        qtts::cpu::snake_beta(xs.data(), C, T, log_alpha.data(), log_beta.data());
+        const auto cat = concat_columns(tail, L, xs, C, T);
+        std::vector<float> expect(size_t(Cout) * T);
+        qtts::cpu::conv1d(cat.data(), C, L + T, w.data(), b.data(), Cout, K, 1, d, 1, expect.data());
+        std::vector<float> expect_tail(size_t(C) * L);
+        for (int c = 0; c < C; ++c)
+            std::copy_n(cat.begin() + ptrdiff_t(c) * (L + T) + T, L, expect_tail.begin() + ptrdiff_t(c) * L);
+
+        // GPU: im2col (+ ones row), tail update, SGEMM with the bias column.
+        std::vector<float> wp(size_t(Cout) * (C * K + 1));
+        for (int o = 0; o < Cout; ++o) {
+            std::copy_n(w.begin() + ptrdiff_t(o) * C * K, C * K, wp.begin() + ptrdiff_t(o) * (C * K + 1));
+            wp[size_t(o) * (C * K + 1) + C * K] = b[size_t(o)];
+        }
+        auto dx = to_device(x), dtail = to_device(tail), dw = to_device(wp), da = to_device(alpha), db = to_device(inv_beta);
+        qc::DeviceArray<float> col(size_t(C * K + 1) * T), y(size_t(Cout) * T);
+        qk::SnakeParams snake{da.get(), db.get()};
+        qk::conv_im2col(dtail.get(), L, dx.get(), C, T, K, d, snake, col.get(), l);
+        qk::conv_tail_update(dtail.get(), L, dx.get(), C, T, snake, l);
+        qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col.get(), T, 0.0f, y.get(),
+                            T);
+        const auto got = to_host(y.get(), y.size());
+        const auto got_tail = to_host(dtail.get(), dtail.size());
+        const double err = qtts_test::max_abs_error(got.data(), expect.data(), expect.size());
+        const double tail_err = qtts_test::max_abs_error(got_tail.data(), expect_tail.data(), expect_tail.size());
+        std::printf("causal conv k7 d3: max abs %.3g, tail %.3g\n", err, tail_err);
+        CHECK(err < 1e-4);
+        CHECK(tail_err < 1e-5);
+
+        // T shorter than the tail: the new tail mixes old tail and new input.
+        const int T2 = 5;
+        auto x2 = qtts_test::random_floats(size_t(C) * T2, 7);
+        auto dx2 = to_device(x2);
+        qk::conv_tail_update(dtail.get(), L, dx2.get(), C, T2, {}, l);
+        const auto cat2 = concat_columns(expect_tail, L, x2, C, T2);
+        std::vector<float> expect_tail2(size_t(C) * L);
+        for (int c = 0; c < C; ++c)
+            std::copy_n(cat2.begin() + ptrdiff_t(c) * (L + T2) + T2, L, expect_tail2.begin() + ptrdiff_t(c) * L);
+        const auto got_tail2 = to_host(dtail.get(), dtail.size());
+        CHECK(qtts_test::max_abs_error(got_tail2.data(), expect_tail2.data(), expect_tail2.size()) < 1e-5);
+
+        // Fused variant: tails in two slots chosen by the chunk counter's parity (0: read slot 0,
+        // write slot 1), same im2col.
+        std::vector<float> tails2(size_t(2) * C * L, 0.0f);
+        std::copy(tail.begin(), tail.end(), tails2.begin());
+        const StateBlocks block({{tails2}}, {0}, {0});
+        qc::DeviceArray<float> col2(col.size());
+        qk::conv_im2col_carry(block.states(), block.at[0], L, dx.get(), C, T, K, d, snake, col2.get(), l);
+        qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col2.get(), T, 0.0f, y.get(),
+                            T);
+        const auto got2 = to_host(y.get(), y.size());
+        const auto got_tails2 = block.piece(0, 0, tails2.size());
+        CHECK(qtts_test::max_abs_error(got2.data(), expect.data(), expect.size()) < 1e-4);
+        CHECK(qtts_test::max_abs_error(got_tails2.data() + size_t(C) * L, expect_tail.data(), expect_tail.size()) < 1e-5);
+        CHECK(qtts_test::max_abs_error(got_tails2.data(), tail.data(), tail.size()) == 0.0);  // read slot untouched
     }
-    // CPU: conv over [tail | snake(x)]
-    std::vector<float> xs = x;
-    qtts::cpu::snake_beta(xs.data(), C, T, log_alpha.data(), log_beta.data());
-    const auto cat = concat_columns(tail, L, xs, C, T);
-    std::vector<float> expect(size_t(Cout) * T);
-    qtts::cpu::conv1d(cat.data(), C, L + T, w.data(), b.data(), Cout, K, 1, d, 1, expect.data());
-    std::vector<float> expect_tail(size_t(C) * L);
-    for (int c = 0; c < C; ++c)
-        std::copy_n(cat.begin() + ptrdiff_t(c) * (L + T) + T, L, expect_tail.begin() + ptrdiff_t(c) * L);
-
-    // GPU: im2col (+ ones row), tail update, SGEMM with the bias column.
-    std::vector<float> wp(size_t(Cout) * (C * K + 1));
-    for (int o = 0; o < Cout; ++o) {
-        std::copy_n(w.begin() + ptrdiff_t(o) * C * K, C * K, wp.begin() + ptrdiff_t(o) * (C * K + 1));
-        wp[size_t(o) * (C * K + 1) + C * K] = b[size_t(o)];
-    }
-    auto dx = to_device(x), dtail = to_device(tail), dw = to_device(wp), da = to_device(alpha), db = to_device(inv_beta);
-    qc::DeviceArray<float> col(size_t(C * K + 1) * T), y(size_t(Cout) * T);
-    qk::SnakeParams snake{da.get(), db.get()};
-    qk::conv_im2col(dtail.get(), L, dx.get(), C, T, K, d, snake, col.get(), l);
-    qk::conv_tail_update(dtail.get(), L, dx.get(), C, T, snake, l);
-    qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col.get(), T, 0.0f, y.get(),
-                        T);
-    const auto got = to_host(y.get(), y.size());
-    const auto got_tail = to_host(dtail.get(), dtail.size());
-    const double err = qtts_test::max_abs_error(got.data(), expect.data(), expect.size());
-    const double tail_err = qtts_test::max_abs_error(got_tail.data(), expect_tail.data(), expect_tail.size());
-    std::printf("causal conv k7 d3: max abs %.3g, tail %.3g\n", err, tail_err);
-    CHECK(err < 1e-4);
-    CHECK(tail_err < 1e-5);
-
-    // T shorter than the tail: the new tail mixes old tail and new input.
-    const int T2 = 5;
-    auto x2 = qtts_test::random_floats(size_t(C) * T2, 7);
-    auto dx2 = to_device(x2);
-    qk::conv_tail_update(dtail.get(), L, dx2.get(), C, T2, {}, l);
-    const auto cat2 = concat_columns(expect_tail, L, x2, C, T2);
-    std::vector<float> expect_tail2(size_t(C) * L);
-    for (int c = 0; c < C; ++c)
-        std::copy_n(cat2.begin() + ptrdiff_t(c) * (L + T2) + T2, L, expect_tail2.begin() + ptrdiff_t(c) * L);
-    const auto got_tail2 = to_host(dtail.get(), dtail.size());
-    CHECK(qtts_test::max_abs_error(got_tail2.data(), expect_tail2.data(), expect_tail2.size()) < 1e-5);
-
-    // Fused variant: tails in two slots chosen by the chunk counter's parity (0: read slot 0,
-    // write slot 1), same im2col.
-    std::vector<float> tails2(size_t(2) * C * L, 0.0f);
-    std::copy(tail.begin(), tail.end(), tails2.begin());
-    const StateBlocks block({{tails2}}, {0}, {0});
-    qc::DeviceArray<float> col2(col.size());
-    qk::conv_im2col_carry(block.states(), block.at[0], L, dx.get(), C, T, K, d, snake, col2.get(), l);
-    qc::sgemm_row_major(context(), false, false, Cout, T, C * K + 1, dw.get(), C * K + 1, col2.get(), T, 0.0f, y.get(),
-                        T);
-    const auto got2 = to_host(y.get(), y.size());
-    const auto got_tails2 = block.piece(0, 0, tails2.size());
-    CHECK(qtts_test::max_abs_error(got2.data(), expect.data(), expect.size()) < 1e-4);
-    CHECK(qtts_test::max_abs_error(got_tails2.data() + size_t(C) * L, expect_tail.data(), expect_tail.size()) < 1e-5);
-    CHECK(qtts_test::max_abs_error(got_tails2.data(), tail.data(), tail.size()) == 0.0);  // read slot untouched
 }
 
 namespace {
@@ -261,8 +266,9 @@ std::vector<float> product_reference(const std::vector<float>& a, bool trans_a, 
 
 TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes, split GEMMs) match the CPU",
           "[gpu][decoder]") {
-    // Odd sizes; the weight rows padded to a multiple of 8 as the bf16x3 upload does.
-    const int C = 13, Cout = 11, K = 7, d = 2, T = 290, L = (K - 1) * d, rows = (C * K + 1 + 7) / 8 * 8;
+    // Odd sizes (T a multiple of 4: the im2col stores four columns at a time, over three tiles);
+    // the weight rows padded to a multiple of 8 as the bf16x3 upload does.
+    const int C = 13, Cout = 11, K = 7, d = 2, T = 1300, L = (K - 1) * d, rows = (C * K + 1 + 7) / 8 * 8;
     const uint64_t seed = 4711;
     std::printf("split-bf16 products: seed %llu, C %d, Cout %d, K %d, T %d, rows %d\n", (unsigned long long)seed, C,
                 Cout, K, T, rows);
