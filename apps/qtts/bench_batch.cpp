@@ -54,11 +54,6 @@ struct PathSpec {
     int skinny_max_rows;  // -1: the default
 };
 
-double median_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights,
                             const std::vector<std::unique_ptr<qc::GpuLm>>& streams, const std::vector<int>& sizes,
                             qc::GpuGenerationSetup setup) {
@@ -76,20 +71,17 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
         const qtts::Prompt prompt = bench_prompt(weights->config(), repeat);
         const int L = int(prompt.positions.size());
         for (const int b : sizes) {
+            std::vector<qc::GpuLm*> lms;  // the first b streams, each with the whole prompt
+            for (int i = 0; i < b; ++i) lms.push_back(streams[size_t(i)].get());
+            const std::vector<int> positions(size_t(b), L);
             std::vector<double> alone, together;
             for (int rep = 0; rep < 6; ++rep) {  // the first round warms up, not counted
                 auto t0 = Clock::now();
-                for (int i = 0; i < b; ++i) streams[size_t(i)]->generation_start(prompt, setup);
+                for (qc::GpuLm* lm : lms) lm->generation_start(prompt, setup);
                 const double a = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
                 t0 = Clock::now();
-                std::vector<qc::GpuLm*> lms;
                 std::vector<qc::GpuLm::PromptRows> loaded;
-                std::vector<int> positions;
-                for (int i = 0; i < b; ++i) {
-                    lms.push_back(streams[size_t(i)].get());
-                    loaded.push_back(lms.back()->prompt_load(prompt));
-                    positions.push_back(loaded.back().positions);
-                }
+                for (qc::GpuLm* lm : lms) loaded.push_back(lm->prompt_load(prompt));
                 prefill.run(lms, positions);
                 for (int i = 0; i < b; ++i) lms[size_t(i)]->generation_begin(loaded[size_t(i)], setup);
                 context.synchronize();
@@ -101,12 +93,6 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
             }
             // The prefill passes alone (no loads, no first draws): the host's time to enqueue them
             // (run() returns before the GPU is done) and the GPU's time from first to last.
-            std::vector<qc::GpuLm*> lms;
-            std::vector<int> positions;
-            for (int i = 0; i < b; ++i) {
-                lms.push_back(streams[size_t(i)].get());
-                positions.push_back(L);
-            }
             double enqueue_ms = 0.0;
             const double gpu_ms = qc::time_on_stream(context.stream(), 1, [&] {
                 const auto t0 = Clock::now();
@@ -117,7 +103,8 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
             std::vector<double> wide;
             for (int rep = 0; rep < 3; ++rep)
                 wide.push_back(qc::time_on_stream(context.stream(), 1, [&] { prefill_wide.run(lms, positions); }));
-            const double a = median_of(alone), t = median_of(together), w = median_of(wide);
+            const double a = qtts_cli::bench_median(alone), t = qtts_cli::bench_median(together),
+                         w = qtts_cli::bench_median(wide);
             std::printf("  %-7d %-10d %12.2f %12.2f %8.2f %12.2f %10.2f %10.2f\n", b, L, a, t, a / t, enqueue_ms,
                         gpu_ms, w);
             rows.push_back({{"streams", b},
@@ -135,7 +122,8 @@ nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const
 // Where a prefill pass's time goes: each product of a talker layer (its real weights, zero
 // inputs) at the GEMM row counts of one ~121-position prompt (256) and of a full 512-row pass
 // (1024): the cuBLAS GEMM alone, and with its split and combine kernels (linear_split, what the
-// passes run); GPU time per call, median-free mean of 20 calls in a row.
+// passes run below 512 GEMM rows, and for gate/up always); GPU time per call, mean of 20 calls in
+// a row.
 nlohmann::json prefill_products(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights) {
     const qc::GpuStack& T = weights->talker;
     const qc::GpuStack::Layer& L = T.layers.front();

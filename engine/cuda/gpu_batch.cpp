@@ -8,7 +8,6 @@
 #include <set>
 #include <string>
 
-
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/cuda/gpu_lm_launch.h"

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-
 #include "engine/common/error.h"
 #include "engine/cuda/gpu_lm_launch.h"
 #include "kernels/attention.cuh"

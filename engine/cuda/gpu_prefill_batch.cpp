@@ -33,8 +33,8 @@ GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, Gp
     DeviceScope scope(context_.device());
     const GpuStack& T = weights_->talker;
     const size_t R = size_t(max_rows_);
-    max_in_ = std::max({T.hidden, T.q_dim(), T.intermediate});
-    max_out_ = std::max({T.qkv_dim(), T.hidden, 2 * T.intermediate});
+    const size_t max_in = size_t(std::max({T.hidden, T.q_dim(), T.intermediate}));
+    const size_t max_out = size_t(std::max({T.qkv_dim(), T.hidden, 2 * T.intermediate}));
     size_t total = 0;
     auto carve = [&total](size_t bytes) {
         const size_t off = align_up(total);
@@ -42,8 +42,8 @@ GpuPrefillBatch::GpuPrefillBatch(std::shared_ptr<const GpuLmWeights> weights, Gp
         return off;
     };
     const size_t o_x = carve(R * T.hidden * 4), o_qkv = carve(R * T.qkv_dim() * 4), o_attn = carve(R * T.q_dim() * 4),
-                 o_mlp = carve(R * T.intermediate * 4), o_xb = carve(2 * R * max_in_ * 2),
-                 o_y2 = carve(2 * R * max_out_ * 4);
+                 o_mlp = carve(R * T.intermediate * 4), o_xb = carve(2 * R * max_in * 2),
+                 o_y2 = carve(2 * R * max_out * 4);
     table_capacity_ = size_t(TABLE_PASSES) * R;  // a pass has at most one member per row
     const size_t o_table = carve(table_capacity_ * sizeof(k::AttentionPrefillSeq));
     memory_.allocate(total);

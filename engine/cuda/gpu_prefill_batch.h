@@ -12,7 +12,7 @@
 // continues in the next pass, at its next position, as the single-stream prefill does in chunks),
 // each pass layer by layer:
 //   rows of every member   x [R, H]  (R = the members' rows this pass, stream after stream)
-//   qkv  = W_qkv · rmsnorm(x)                         one split-bf16 GEMM over R rows
+//   qkv  = W_qkv · rmsnorm(x)                         split-bf16 GEMMs over R rows (product())
 //   attn = attention(qkv), one launch for all members each over its own cache, positions
 //          pos0..pos0+T-1 (a table of the members: kernels/attention.cuh, AttentionPrefillSeq)
 //   x   += W_o · attn; x += W_down · swiglu(W_gate_up · rmsnorm(x))   GEMMs over R rows
@@ -81,7 +81,6 @@ private:
     GpuContext& context_;
     const int chunk_rows_;
     const int max_rows_;
-    int max_in_ = 0, max_out_ = 0;
 
     DeviceBuffer memory_;
     float* x_ = nullptr;     // [max_rows, H] residual stream

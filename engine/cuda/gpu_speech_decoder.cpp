@@ -373,9 +373,9 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     const int N = max_frames_;
     ScratchPlan plan;
     const int cd = d.codebook_dim;
-    const bool split = w.math() == DecoderMath::DECODER_MATH_BF16X3;
+    // A product on bf16 pairs (DECODER_MATH_BF16X3) takes its operand as planes, not fp32 columns.
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
-        if (split && c.planes)
+        if (c.planes)
             plan.planes_max(2 * size_t(c.row) * T);  // [2, row, T] bf16 hi/lo columns
         else
             plan.col_max(size_t(c.row) * T);
@@ -383,7 +383,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     };
     auto trans_plan = [&](const GpuSpeechDecoderWeights::TransConv& tc, size_t T) {
         plan.aux_max(size_t(tc.cout) * tc.k * T);
-        if (split) plan.planes_max(2 * size_t(tc.cin) * T);  // its input as hi/lo planes
+        if (tc.planes) plan.planes_max(2 * size_t(tc.cin) * T);  // its input as hi/lo planes
     };
     plan.aux_max(size_t(N) * cd);
     plan.signal_max(size_t(cd) * N);

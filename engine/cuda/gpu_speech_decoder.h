@@ -259,7 +259,6 @@ private:
         sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc,
                         weights_->math() == DecoderMath::DECODER_MATH_TF32);
     }
-    bool split_products() const { return weights_->math() == DecoderMath::DECODER_MATH_BF16X3; }
 
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     GpuContext& context_;
