@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/qtts/bench_common.h"
@@ -233,6 +234,24 @@ void engine_delta(const qtts::EngineStats& before, const qtts::EngineStats& afte
     out["refused_limit"] = after.refused_limit - before.refused_limit;
     out["engine_underruns"] = after.underruns - before.underruns;
     out["engine_underrun_s"] = after.underrun_seconds - before.underrun_seconds;
+    const qtts::EngineStats::ThreadTime &a = after.thread_time, &b = before.thread_time;
+    out["engine_thread_s"] = {{"starts", a.starts_s - b.starts_s},          {"first_steps", a.first_steps_s - b.first_steps_s},
+                              {"steps", a.steps_s - b.steps_s},             {"service", a.service_s - b.service_s},
+                              {"idle", a.idle_s - b.idle_s},                {"total", a.total_s - b.total_s}};
+}
+
+// The engine thread's time over a level or run, as shares of its wall time (engine_delta).
+std::string thread_time_text(const nlohmann::json& t) {
+    const double total = t["total"].get<double>();
+    if (total <= 0.0) return "none";
+    double rest = total;
+    std::string s;
+    for (const char* part : {"starts", "first_steps", "steps", "service", "idle"}) {
+        const double v = t[part].get<double>();
+        rest -= v;
+        s += fmt::format("{} {:.1f}%, ", part, 100.0 * v / total);
+    }
+    return s + fmt::format("other {:.1f}% of {:.2f} s", 100.0 * rest / total, total);
 }
 
 // What every mode reports about a set of requests.
@@ -653,6 +672,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                         l["e2e_ms_p95"].get<double>(), l["rtf_mean"].get<double>(), l["rtf_max"].get<double>(),
                         100.0 * l["faster_than_realtime"].get<double>(), l["requests_per_s"].get<double>(),
                         l["audio_s_per_wall_s"].get<double>(), histogram_text(l["batch_histogram"]).c_str());
+            std::printf("         engine thread: %s\n", thread_time_text(l["engine_thread_s"]).c_str());
             std::fflush(stdout);
             if (bad > 0 && !failed) {
                 failed = true;
@@ -681,6 +701,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
         std::printf("  RTF mean/max %.3f / %.3f; %.2f requests/s, %.2f audio-s per wall-s; batch steps %s\n",
                     run["rtf_mean"].get<double>(), run["rtf_max"].get<double>(), run["requests_per_s"].get<double>(),
                     run["audio_s_per_wall_s"].get<double>(), histogram_text(run["batch_histogram"]).c_str());
+        std::printf("  engine thread: %s\n", thread_time_text(run["engine_thread_s"]).c_str());
         if (bad > 0) {
             failed = true;
             failure = run.value("first_error", std::string());

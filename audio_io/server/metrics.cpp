@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -81,6 +82,19 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
            [](const EngineStatus& e) { return number_text(e.stats.underrun_seconds); });
     family("qtts_engine_lagged_streams_total", "counter", "Streams that ended having underrun at least once.",
            [](const EngineStatus& e) { return e.stats.streams_lagged; });
+    header_append(out, "qtts_engine_thread_seconds_total", "counter",
+                  "Wall time of the engine thread, by what it did: batched starts and first chunks of new streams, batched "
+                  "steady steps, per-stream passes, waiting for work, and the rest (its rounds' bookkeeping).");
+    for (const EngineStatus& e : engines) {
+        const EngineStats::ThreadTime& t = e.stats.thread_time;
+        const double rest = t.total_s - t.starts_s - t.first_steps_s - t.steps_s - t.service_s - t.idle_s;
+        const std::pair<const char*, double> parts[] = {{"starts", t.starts_s}, {"first_steps", t.first_steps_s},
+                                                        {"steps", t.steps_s},   {"service", t.service_s},
+                                                        {"idle", t.idle_s},     {"other", std::max(0.0, rest)}};
+        for (const auto& [part, seconds] : parts)
+            out += fmt::format("qtts_engine_thread_seconds_total{{engine=\"{}\",part=\"{}\"}} {}\n", e.label, part,
+                               number_text(seconds));
+    }
     header_append(out, "qtts_engine_batched_steps_total", "counter",
                   "Batched LM steps (CUDA), by the number of streams they advanced together.");
     for (const EngineStatus& e : engines)

@@ -275,6 +275,20 @@ struct EngineStats {
     double lag_max_s = 0.0;      // behind real time: max and mean over active streams that have audio
     double lag_mean_s = 0.0;     //   (seconds their listener spent dry so far, plus the current gap)
     double capacity = 0.0;       // measured real-time streams the engine sustains (0: not measured yet)
+    // Where the engine thread's wall time went since it started (seconds, as of its last round):
+    // batched starts of newcomers' prompts and their batched first chunks, batched steady steps
+    // (the LM step and, CUDA, the batched decoder pass), the per-stream passes (chunks made alone,
+    // and every chunk read into its stream's ring and events), and waiting for work. `total_s`
+    // less the five is the rounds' own bookkeeping (intake, ordering, gauges).
+    struct ThreadTime {
+        double starts_s = 0.0;
+        double first_steps_s = 0.0;
+        double steps_s = 0.0;
+        double service_s = 0.0;
+        double idle_s = 0.0;
+        double total_s = 0.0;
+    };
+    ThreadTime thread_time;
 };
 
 // How busy an engine is now (Engine::load): what a router compares. Read from atomics; cheap.

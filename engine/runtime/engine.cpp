@@ -235,6 +235,7 @@ struct Engine::Impl {
     std::atomic<double> capacity{0.0};      // capacity_meter's value, for submit (admission)
     // This round's figures (engine thread only), added to the stats at its end.
     int64_t round_batch = 0;
+    EngineStats::ThreadTime round_time;     // this round's share of EngineStats::thread_time
     int64_t round_underruns = 0;
     double round_underrun_s = 0.0;
 
@@ -394,7 +395,9 @@ struct Engine::Impl {
                    s.served_round_ != round && s.ring_.available_write() >= size_t(k) * SAMPLES_PER_FRAME;
         };
         if (std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); }) < 2) return;
+        const double start_s = now_s();
         first_batch_start(active, newcomer);
+        round_time.starts_s += now_s() - start_s;
         if (failed.load()) return;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
@@ -421,7 +424,9 @@ struct Engine::Impl {
             }
         }
         // One candidate alone makes its chunk in service() with its own graph (prefill done).
+        const double step_s = now_s();
         if (generators.size() >= 2) batch_run(active, generators, members, k);
+        round_time.first_steps_s += now_s() - step_s;
     }
 
     // The newcomers' first segment starts, run together (at most one batch of them, in the
@@ -484,7 +489,9 @@ struct Engine::Impl {
                 members.push_back(s.get());
             }
         }
+        const double step_s = now_s();
         if (generators.size() >= 2) batch_run(active, generators, members, k);
+        round_time.steps_s += now_s() - step_s;
     }
 
     // One batched step of `frames` frames for `members` (their generators), then the stats. A
@@ -608,6 +615,7 @@ struct Engine::Impl {
     }
 
     void run() {
+        const double run_start_s = now_s();  // EngineStats::thread_time counts from here
         std::list<std::shared_ptr<StreamImpl>> active;
         std::vector<float> pcm;
         std::vector<FrameCodes> frames;
@@ -630,6 +638,7 @@ struct Engine::Impl {
             round_batch = 0;
             round_underruns = 0;
             round_underrun_s = 0.0;
+            round_time = {};
             // A round: first chunks first (time to first audio does not wait for the others'
             // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
             // the first chunks of requests that arrived meanwhile (they have no audio yet; the
@@ -648,11 +657,16 @@ struct Engine::Impl {
             if (!failed.load()) service_pass(active, every, pcm, frames, progressed, round_frames, round_streams);
             if (failed.load()) active.clear();
             rtf_update(active.empty(), round_start, round_frames, round_streams);
-            round_finish(active, work_start_s, round_frames);
+            round_finish(active, work_start_s, round_frames, run_start_s);
             if (!progressed) {
+                const double idle_s = now_s();
                 std::unique_lock<std::mutex> lock(wake_mutex);
                 wake_cv.wait_for(lock, std::chrono::milliseconds(20), [&] { return wake_flag || stop.load(); });
                 wake_flag = false;
+                lock.unlock();
+                std::lock_guard<std::mutex> stats_lock(stats_mutex);
+                stats.thread_time.idle_s += now_s() - idle_s;
+                stats.thread_time.total_s = now_s() - run_start_s;
             }
         }
         for (auto& s : active) finish(*s, StopReason::STOP_CANCELLED, "engine stopped");
@@ -671,6 +685,15 @@ struct Engine::Impl {
     void service_pass(std::list<std::shared_ptr<StreamImpl>>& active, Wanted wanted, std::vector<float>& pcm,
                       std::vector<FrameCodes>& frames, bool& progressed, int64_t& round_frames,
                       int64_t& round_streams) {
+        const double pass_s = now_s();
+        service_pass_streams(active, wanted, pcm, frames, progressed, round_frames, round_streams);
+        round_time.service_s += now_s() - pass_s;
+    }
+
+    template <typename Wanted>
+    void service_pass_streams(std::list<std::shared_ptr<StreamImpl>>& active, Wanted wanted, std::vector<float>& pcm,
+                              std::vector<FrameCodes>& frames, bool& progressed, int64_t& round_frames,
+                              int64_t& round_streams) {
         for (auto it = active.begin(); it != active.end();) {
             if ((*it)->served_round_ == round || !wanted(**it)) {
                 ++it;
@@ -698,7 +721,8 @@ struct Engine::Impl {
 
     // After a round: the capacity measurement, the scheduling gauges and counters in the stats.
     // Engine thread.
-    void round_finish(std::list<std::shared_ptr<StreamImpl>>& active, double work_start_s, int64_t round_frames) {
+    void round_finish(std::list<std::shared_ptr<StreamImpl>>& active, double work_start_s, int64_t round_frames,
+                      double run_start_s) {
         const double now = now_s();
         if (round_frames > 0)
             capacity_meter.round_add(now - work_start_s, double(round_frames) * SAMPLES_PER_FRAME / SAMPLE_RATE);
@@ -725,6 +749,12 @@ struct Engine::Impl {
         stats.lag_max_s = lag_max;
         stats.lag_mean_s = playing > 0 ? lag_sum / double(playing) : 0.0;
         stats.capacity = capacity_meter.capacity();
+        EngineStats::ThreadTime& t = stats.thread_time;
+        t.starts_s += round_time.starts_s;
+        t.first_steps_s += round_time.first_steps_s;
+        t.steps_s += round_time.steps_s;
+        t.service_s += round_time.service_s;
+        t.total_s = now - run_start_s;
     }
 
     // EngineLoad::rtf after one round: the round's wall time over the audio an average stream got

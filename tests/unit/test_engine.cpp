@@ -574,3 +574,27 @@ TEST_CASE("underruns: a stream made slower than real time is counted, with its l
     REQUIRE(wait_for([&] { return engine.stats().lag_max_s == 0.0; }));
     CHECK(engine.stats().queue_depth == 0);
 }
+
+TEST_CASE("thread time: the engine thread's wall time by part adds up, and a slow chunk shows in its pass",
+          "[engine][scheduling]") {
+    EngineOptions options;
+    Engine engine(options);
+    const EngineStats::ThreadTime before = engine.stats().thread_time;
+    // Chunks 1 + 4 frames, each held 150 ms by the seam inside the per-stream pass.
+    engine_chunk_delay_set(engine, 150ms);
+    auto stream = engine.submit(qtts_test::greedy_request("Slow speech.", 5, kGreedySeed));
+    read_all(*stream);
+    engine_chunk_delay_set(engine, 0ms);
+    // Idle again for a while: the waits count.
+    std::this_thread::sleep_for(100ms);
+    REQUIRE(wait_for([&] { return engine.stats().thread_time.idle_s > before.idle_s + 0.05; }));
+    const EngineStats::ThreadTime t = engine.stats().thread_time;
+    CHECK(t.service_s - before.service_s >= 0.3);
+    CHECK(t.starts_s == 0.0);  // the CPU backend has no batched starts or steps
+    CHECK(t.first_steps_s == 0.0);
+    CHECK(t.steps_s == 0.0);
+    const double parts = t.starts_s + t.first_steps_s + t.steps_s + t.service_s + t.idle_s;
+    INFO("service " << t.service_s << " s, idle " << t.idle_s << " s, total " << t.total_s << " s");
+    CHECK(parts <= t.total_s + 1e-6);
+    CHECK(t.total_s - parts < 0.25 * t.total_s + 0.1);  // bookkeeping is a small rest
+}
