@@ -102,11 +102,11 @@ void GpuGenerator::frame_limit_update() {
     frame_limit_ = limit_is_explicit_ ? params_.max_frames
                                       : frame_budget(params_.budget, text_tokens_, params_.max_new_tokens);
     // The device buffers are sized once: prompt + frames must fit the context.
-    const int capacity = std::min(lm_.max_context() - prompt_length_ - 1, lm_.code_capacity() - 2);
-    if (frame_limit_ > capacity) {
+    frame_room_ = std::max(std::min(lm_.max_context() - prompt_length_ - 1, lm_.code_capacity() - 2), 0);
+    if (frame_limit_ > frame_room_) {
         QTTS_LOG_WARN("frame limit {} exceeds the GPU context ({} positions, prompt {}): capped at {} frames",
-                      frame_limit_, lm_.max_context(), prompt_length_, capacity);
-        frame_limit_ = std::max(capacity, 0);
+                      frame_limit_, lm_.max_context(), prompt_length_, frame_room_);
+        frame_limit_ = frame_room_;
     }
 }
 
@@ -150,7 +150,8 @@ std::vector<int> GpuGenerator::fused_sizes() const {
 bool GpuGenerator::batch_ready(int frames) const {
     if (!started_ || done_ || precomputed_ > 0 || frames_ != computed_ || frames < 1) return false;
     if (host_codes_[size_t(frames_) * k::SAMPLE_MAX_GROUPS] == eos_id_) return false;  // stop_check's rules
-    if (frame_limit_ - computed_ < frames) return false;
+    if (computed_ >= frame_limit_) return false;      // the next chunk() ends the segment
+    if (frame_room_ - computed_ < frames) return false;  // frames past the limit are made and dropped
     return text_closed_ || lm_.trailing_rows() - computed_ >= frames;
 }
 
@@ -172,8 +173,9 @@ int GpuGenerator::batch_codes_land(int frames) {
     std::memcpy(host_codes_.data() + size_t(computed_) * k::SAMPLE_MAX_GROUPS, chunk_codes_.get(),
                 rows * sizeof(int32_t));
     batch_codes_landed_ = true;
+    const int kept = std::min(frames, frame_limit_ - computed_);
     int valid = 0;
-    while (valid < frames && host_codes_[size_t(computed_ + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
+    while (valid < kept && host_codes_[size_t(computed_ + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
     return valid;
 }
 
@@ -194,16 +196,19 @@ bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     const int first = computed_;
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
     int32_t* dst = host_codes_.data() + size_t(first) * k::SAMPLE_MAX_GROUPS;
+    int made = frames;  // computed by this chunk: more than it keeps when a batched step ran past the limit
     if (precomputed_ > 0) {
         // A batched step made these frames already: their codes are read below unless the step
         // brought them over (and perhaps decoded them) itself.
-        QTTS_ASSERT(precomputed_ == frames);
+        QTTS_ASSERT(precomputed_ >= frames);
+        made = precomputed_;
         precomputed_ = 0;
         if (batch_codes_landed_) {
             batch_codes_landed_ = false;
-            computed_ += frames;
+            computed_ += made;
             if (!batch_pcm_ready_) return false;
             batch_pcm_ready_ = false;
+            QTTS_ASSERT(made == frames);  // only a whole chunk is decoded in the batched pass
             pcm->insert(pcm->end(), batch_pcm_.begin(), batch_pcm_.end());
             return true;
         }
@@ -224,7 +229,7 @@ bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     lm_.codes_read_async(first, frames + 1, chunk_codes_.get());
     context_.synchronize();
     std::memcpy(dst, chunk_codes_.get(), rows * sizeof(int32_t));
-    computed_ += frames;
+    computed_ += made;
     return false;
 }
 
@@ -274,7 +279,7 @@ ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std:
     // The frames before an end-of-speech row are emitted; any computed after it are dropped.
     int valid = 0;
     while (valid < n && host_codes_[size_t(first + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
-    QTTS_ASSERT(!decoded || valid == n);  // the fused replay only decodes a chunk without a stop
+    QTTS_ASSERT(!decoded || valid == n);  // the fused replay and the batched pass decode only a whole chunk
     const int groups = lm_.weights().num_code_groups;
     for (int f = 0; f < valid; ++f) {
         const int32_t* row = host_codes_.data() + size_t(first + f) * k::SAMPLE_MAX_GROUPS;

@@ -66,18 +66,22 @@ public:
     bool text_closed() const { return text_closed_; }
 
     // Batched steps (cuda/gpu_batch.h, GpuGeneratorPool::batch_run): whether the next chunk(frames)
-    // makes exactly `frames` frames (ChunkGenerator::batch_ready); after a batch computed them on
-    // the device, batch_computed(frames) makes that chunk() take them instead of replaying its
-    // own graph (it then reads the codes and decodes them as usual).
+    // can take its frames from a step of `frames` frames (ChunkGenerator::batch_ready); after a
+    // batch computed them on the device, batch_computed(frames) makes that chunk() take them
+    // instead of replaying its own graph (it then reads the codes and decodes them as usual). A
+    // stream with fewer than `frames` frames left before its frame limit joins too, when the
+    // device has room for all of them: the frames past the limit are made and dropped, as frames
+    // after an end-of-speech are (the last chunk of a capped stream would otherwise run alone).
     bool batch_ready(int frames) const;
     void batch_computed(int frames);
     // Batched decoding (GpuGeneratorPool::batch_run): after batch_computed, the chunk's codes are
     // copied to the host for every stream of the step at once — batch_codes_enqueue (asynchronous),
     // one synchronisation by the caller, then batch_codes_land, which returns how many of the
-    // chunk's frames come before an end-of-speech (`frames` when the chunk is whole). A whole
-    // chunk's codes [frames, nq] (batch_decode_codes) may then be decoded in a batched pass with
-    // other streams; batch_pcm_set hands its samples over and chunk() emits them as they are.
-    // A chunk whose samples were not set is decoded by chunk() itself, as before.
+    // chunk's frames the next chunk() keeps (`frames` when the chunk is whole; fewer before an
+    // end-of-speech or the frame limit). A whole chunk's codes [frames, nq] (batch_decode_codes)
+    // may then be decoded in a batched pass with other streams; batch_pcm_set hands its samples
+    // over and chunk() emits them as they are. A chunk whose samples were not set is decoded by
+    // chunk() itself, its kept frames only (the decoder state goes on to the next segment).
     void batch_codes_enqueue(int frames);
     int batch_codes_land(int frames);
     void batch_decode_codes(int frames, int32_t* out) const;
@@ -127,6 +131,7 @@ private:
     bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
     std::vector<float> batch_pcm_;
     int frame_limit_ = 0;
+    int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)
     bool limit_is_explicit_ = false;
     StopReason stop_reason_ = StopReason::STOP_NONE;
     std::vector<int32_t> host_codes_;  // [code_capacity, 16]

@@ -538,6 +538,63 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
     same_speech(batched, alone);
 }
 
+TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the frames past its cap are dropped",
+          "[gpu][runtime][engine][batch]") {
+    // A long stream keeps a batch going; three newcomers capped at 1 + 4 + 2, 1 + 4 + 4 + 1 and
+    // 1 + 4 + 3 frames end with a chunk shorter than the engine's 4. That chunk used to be made
+    // alone (one stream's step for its last frames); now its stream joins the batched step, which
+    // makes 4 frames, and the chunk keeps those up to the cap. Reference: an engine without batching.
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("A long stream keeps the batch going while the others end.", 40, kGreedySeed),
+        qtts_test::greedy_request("Seven frames.", 7, kGreedySeed + 1),
+        qtts_test::greedy_request("Ten frames, sampled.", 10, 6262),
+        qtts_test::greedy_request("Eight frames here.", 8, kGreedySeed + 3),
+    };
+    requests[2].greedy = false;
+    const int last_chunk[] = {0, 2, 1, 3};
+    auto speak_all = [&](bool batching) {
+        EngineOptions o = tiny_cuda_engine_options(4);
+        o.backend.batching = batching;
+        Engine engine(o);
+        qtts::engine_trace_start(engine, 4096);
+        qtts::engine_chunk_delay_set(engine, 10ms);  // the newcomers arrive while the long stream runs
+        std::vector<std::shared_ptr<Stream>> streams{engine.submit(requests[0])};
+        std::vector<Heard> heard(requests.size());
+        std::vector<std::thread> readers;
+        readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
+        while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
+        for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
+        for (size_t i = 1; i < requests.size(); ++i)
+            readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
+        for (auto& r : readers) r.join();
+        const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
+        for (size_t i = 0; i < streams.size(); ++i) {
+            heard[i].error = streams[i]->error();
+            heard[i].codes = codes_of(*streams[i]);
+            heard[i].id = streams[i]->id();
+            for (const auto& t : trace)
+                if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
+            REQUIRE(!heard[i].trace.empty());
+            // Each capped stream ran to its cap (the tiny model does not stop sooner on these).
+            INFO("stream " << i);
+            CHECK(streams[i]->metrics().stop_reason == StopReason::STOP_MAX_FRAMES);
+            CHECK(int(heard[i].codes.size()) == requests[i].max_frames);
+        }
+        return heard;
+    };
+    const std::vector<Heard> alone = speak_all(false);
+    const std::vector<Heard> batched = speak_all(true);
+    for (size_t i = 1; i < batched.size(); ++i) {
+        INFO("capped stream " << i);
+        const qtts::EngineTraceEntry& last = batched[i].trace.back();
+        CHECK(last.frames == last_chunk[i]);
+        CHECK(last.batched);
+        CHECK(alone[i].trace.back().frames == last_chunk[i]);
+        CHECK_FALSE(alone[i].trace.back().batched);
+    }
+    same_speech(batched, alone);
+}
+
 TEST_CASE("utterances started together through the model speak as started alone; a refused start is left out",
           "[gpu][runtime][batch]") {
     BackendOptions o;
