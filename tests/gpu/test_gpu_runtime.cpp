@@ -411,6 +411,13 @@ void same_speech(const std::vector<Heard>& batched, const std::vector<Heard>& al
         CHECK(alone[i].error.empty());
         CHECK(batched[i].error.empty());
         REQUIRE(!alone[i].codes.empty());
+        size_t first_diff = 0;
+        while (first_diff < std::min(batched[i].codes.size(), alone[i].codes.size()) &&
+               batched[i].codes[first_diff] == alone[i].codes[first_diff])
+            ++first_diff;
+        INFO("first frame that differs: " << first_diff << " of " << alone[i].codes.size());
+        for (const auto& t : batched[i].trace)
+            UNSCOPED_INFO("batched run: round " << t.round << ", " << t.frames << " frames" << (t.batched ? ", batched" : ""));
         CHECK(batched[i].codes == alone[i].codes);
         REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
         const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
@@ -438,6 +445,7 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
         EngineOptions o = tiny_cuda_engine_options(4);
         o.backend.batching = batching;
         Engine engine(o);
+        qtts::engine_trace_start(engine, 4096);
         std::vector<std::shared_ptr<Stream>> streams;
         for (size_t i = 0; i < 4; ++i) streams.push_back(engine.submit(requests[i]));
         std::vector<Heard> heard(requests.size());
@@ -459,9 +467,12 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
         heard[4].pcm = read_all(*late);
         for (auto& r : readers) r.join();
         streams.push_back(late);
+        const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
         for (size_t i = 0; i < streams.size(); ++i) {
             heard[i].codes = codes_of(*streams[i]);
             heard[i].error = streams[i]->error();
+            for (const auto& t : trace)
+                if (t.stream_id == streams[i]->id()) heard[i].trace.push_back(t);
         }
         *stats = engine.stats();
         return heard;
