@@ -73,6 +73,8 @@ void usage() {
         "  --first-chunk-frames K, --chunk-frames K   chunk sizes (default: the engine's, %d then %d)\n"
         "  --frames F             frames per request, 80 ms each (default 75 = 6 s; 0 = until EOS or the budget)\n"
         "  --no-batching          CUDA backend: every stream takes its own LM steps (compare with the batched step)\n"
+        "  --batch-exact          CUDA backend: batched streams keep their one-row arithmetic (bitwise codes as alone;\n"
+        "                         BackendOptions::batch_exact)\n"
         "  --admission on|off     the engine's admission control (default off: every request up to --max-streams)\n"
         "  --timeout-s T          a stream that makes no progress for T s is cancelled and counted (default 60)\n"
         "  --json FILE            write the results as JSON\n"
@@ -595,7 +597,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
                                "duration", "arrivals", "prebuffer-ms", "period-ms", "admission", "gpu-memory-limit",
                                "max-context"},
-                              {"help", "paced", "no-batching"});
+                              {"help", "paced", "no-batching", "batch-exact"});
     if (args.has("help")) {
         usage();
         return 0;
@@ -613,6 +615,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     eo.first_chunk_frames = o.first_chunk_frames;
     eo.chunk_frames = o.chunk_frames;
     eo.backend.batching = !args.has("no-batching");
+    eo.backend.batch_exact = args.has("batch-exact");
     eo.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
     eo.backend.max_context = qtts_cli::max_context_option(args);
     const std::string admission = args.get_or("admission", "off");
@@ -638,6 +641,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["chunk_frames"] = o.chunk_frames;
     out["frames"] = o.frames;
     out["batching"] = eo.backend.batching;
+    out["batch_exact"] = eo.backend.batch_exact;
     out["admission"] = eo.admission;
     out["load_s"] = load_s;
 

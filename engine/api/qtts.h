@@ -195,9 +195,18 @@ struct BackendOptions {
     std::vector<int> chunk_sizes = {FIRST_CHUNK_FRAMES_DEFAULT, CHUNK_FRAMES_DEFAULT};
     // CUDA: streams whose chunks are due in the same engine round share one device step for their
     // LM frames (the talker and code predictor read their weights once for all of them; graphs
-    // for 2..states streams at each chunk size, captured at load). Same codes as alone. false:
-    // every stream takes its own steps (one stream at a time).
+    // for 2..states streams at each chunk size, captured at load). false: every stream takes its
+    // own steps (one stream at a time). The batched products run on tensor cores from 2 rows,
+    // within ~1e-5 relative of a stream's own one-row products: greedy codes come out as alone
+    // unless two logits tie that closely, and a sampled draw can turn where it lies that close to
+    // a boundary of its distribution.
     bool batching = true;
+    // CUDA, with batching: every batched stream gets exactly the arithmetic it gets alone (its
+    // products on the one-row kernels, each row bitwise as alone; newcomers' prompts prefilled one
+    // by one), so its codes, greedy or sampled, are bitwise those of an unbatched engine (the
+    // audio within the batched decoder's rounding). Slower batched steps from ~4 streams
+    // (docs/performance.md); for reproducibility checks and the tests.
+    bool batch_exact = false;
 };
 
 constexpr int MAX_STREAMS_AUTO = 0;

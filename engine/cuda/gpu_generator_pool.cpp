@@ -235,6 +235,7 @@ void GpuGeneratorPool::batch_enable(int streams) {
     o.buckets = buckets;
     o.chunk_frames = options_.chunk_sizes;
     o.cuda_graphs = options_.cuda_graphs;
+    if (options_.batch_exact) o.wide_rows = kernels::GEMV_MAX_BATCH_ROWS + 1;  // every product on the one-row kernels
     DeviceScope scope(options_.device);
     const size_t free_before = device_free_bytes();
     batch_ = std::make_unique<GpuBatch>(weights_, *context_, options_.max_context, o);
@@ -313,16 +314,22 @@ void GpuGeneratorPool::batch_decoder_enable() {
     batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *context_, any.layout(), o);
 }
 
+GpuGenerator& GpuGeneratorPool::leased_state(ChunkGenerator* generator) const {
+    auto* lease = dynamic_cast<GpuChunkGenerator*>(generator);
+    QTTS_ASSERT(lease && lease->pool_.get() == this);
+    return *lease->state_;
+}
+
 int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) {
     context_->guard().check("GpuGeneratorPool::batch_run");
     QTTS_ASSERT(batch_ && !generators.empty() && int(generators.size()) <= batch_->max_streams());
     std::vector<GpuLm*> lms;
     std::vector<GpuGenerator*> states;
     for (ChunkGenerator* g : generators) {
-        auto* lease = dynamic_cast<GpuChunkGenerator*>(g);
-        QTTS_ASSERT(lease && lease->pool_.get() == this && lease->state_->batch_ready(frames));
-        states.push_back(lease->state_.get());
-        lms.push_back(&lease->state_->lm());
+        GpuGenerator& state = leased_state(g);
+        QTTS_ASSERT(state.batch_ready(frames));
+        states.push_back(&state);
+        lms.push_back(&state.lm());
     }
     batch_->bind(lms);
     batch_->run(frames);
@@ -352,6 +359,17 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
 void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {
     context_->guard().check("GpuGeneratorPool::batch_start");
     QTTS_ASSERT(prefill_batch_);
+    if (options_.batch_exact) {  // each prompt prefilled alone: its arithmetic as on an unbatched engine
+        for (GenerationStart& s : starts) {
+            try {
+                leased_state(s.generator).start(s.prompt, s.params, s.seed);
+            } catch (const Error& e) {
+                if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;  // the device, not this request
+                s.error = e.what();
+            }
+        }
+        return;
+    }
     struct Loaded {
         GenerationStart* start;
         GpuGenerator* state;
@@ -359,10 +377,9 @@ void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {
     };
     std::vector<Loaded> loaded;
     for (GenerationStart& s : starts) {
-        auto* lease = dynamic_cast<GpuChunkGenerator*>(s.generator);
-        QTTS_ASSERT(lease && lease->pool_.get() == this);
+        GpuGenerator& state = leased_state(s.generator);
         try {
-            loaded.push_back(Loaded{&s, lease->state_.get(), lease->state_->start_load(s.prompt, s.params)});
+            loaded.push_back(Loaded{&s, &state, state.start_load(s.prompt, s.params)});
         } catch (const Error& e) {
             if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;  // the device, not this request
             s.error = e.what();

@@ -107,7 +107,8 @@ public:
     // are checked first, and one that is refused gets its `error` and is left out (its generator
     // unchanged) while the others start; each started generator is then where start() leaves it.
     // Throws (ERROR_CUDA) when the device step fails: every generator's state is then unknown.
-    // Owner thread; after batch_enable.
+    // With BackendOptions::batch_exact the prompts are prefilled one by one (the arithmetic of a
+    // start alone). Owner thread; after batch_enable.
     void batch_start(std::vector<GenerationStart>& starts);
 
     // After start-up work that takes device memory the slot plan did not see (the warm-up's first
@@ -127,6 +128,7 @@ private:
     std::unique_ptr<GpuGenerator> state_new();
     void batch_decoder_enable();  // batch_enable's decoder half
     void state_release(std::unique_ptr<GpuGenerator> state);  // from a finished utterance
+    GpuGenerator& leased_state(ChunkGenerator* generator) const;  // the state behind one of acquire()'s generators
 
     size_t memory_room() const;  // what states may take now (memory_plan.h gpu_memory_room)
     size_t memory_over() const;  // how far the memory in use is past the limit or margin (0: within)

@@ -401,13 +401,21 @@ struct Heard {
     uint64_t id = 0;
 };
 
+// How a batching engine ran: its default tensor-core products, or BackendOptions::batch_exact.
+enum class Batching { OFF, DEFAULT, EXACT };
+
 // Every stream of a batching engine as on an engine without batching: no error, the same codes,
 // the same samples up to the rounding of the batched decoder's wider products (split-bf16 by
-// default: GPU_SPLIT_DECODER_TOLERANCE).
-void same_speech(const std::vector<Heard>& batched, const std::vector<Heard>& alone) {
+// default: GPU_SPLIT_DECODER_TOLERANCE). With the default tensor-core products (~1e-5 relative
+// off a stream's own one-row products) a sampled draw that lies that close to a boundary of its
+// distribution can turn, so a sampled stream's codes are checked bitwise with batch_exact only,
+// and reported otherwise; greedy streams are checked in both.
+void same_speech(const std::vector<Heard>& batched, const std::vector<Heard>& alone,
+                 const std::vector<SpeechRequest>& requests, Batching how) {
     REQUIRE(batched.size() == alone.size());
+    REQUIRE(requests.size() == alone.size());
     for (size_t i = 0; i < alone.size(); ++i) {
-        INFO("stream " << i);
+        INFO("stream " << i << (how == Batching::EXACT ? " (batch_exact)" : " (default batching)"));
         CHECK(alone[i].error.empty());
         CHECK(batched[i].error.empty());
         REQUIRE(!alone[i].codes.empty());
@@ -418,7 +426,15 @@ void same_speech(const std::vector<Heard>& batched, const std::vector<Heard>& al
         INFO("first frame that differs: " << first_diff << " of " << alone[i].codes.size());
         for (const auto& t : batched[i].trace)
             UNSCOPED_INFO("batched run: round " << t.round << ", " << t.frames << " frames" << (t.batched ? ", batched" : ""));
-        CHECK(batched[i].codes == alone[i].codes);
+        if (!requests[i].greedy && how != Batching::EXACT) {
+            if (batched[i].codes != alone[i].codes) {
+                std::printf("stream %zu (sampled, default batching): codes turn at frame %zu of %zu\n", i, first_diff,
+                            alone[i].codes.size());
+                continue;  // its audio follows other codes from there
+            }
+        } else {
+            CHECK(batched[i].codes == alone[i].codes);
+        }
         REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
         const double err = qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size());
         std::printf("stream %zu: %zu samples, max abs %.3g batched vs alone\n", i, alone[i].pcm.size(), err);
@@ -441,9 +457,10 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
     };
     requests[3].greedy = false;  // seeded sampling: the per-stream random stream must survive batching
     requests[4].greedy = false;
-    auto speak_all = [&](bool batching, EngineStats* stats) {
+    auto speak_all = [&](Batching how, EngineStats* stats) {
         EngineOptions o = tiny_cuda_engine_options(4);
-        o.backend.batching = batching;
+        o.backend.batching = how != Batching::OFF;
+        o.backend.batch_exact = how == Batching::EXACT;
         Engine engine(o);
         qtts::engine_trace_start(engine, 4096);
         std::vector<std::shared_ptr<Stream>> streams;
@@ -477,18 +494,21 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
         *stats = engine.stats();
         return heard;
     };
-    EngineStats unbatched_stats, batched_stats;
-    const std::vector<Heard> alone = speak_all(false, &unbatched_stats);
-    const std::vector<Heard> batched = speak_all(true, &batched_stats);
-    int64_t batched_steps = 0;
-    for (size_t n = 2; n < batched_stats.batch_histogram.size(); ++n) batched_steps += batched_stats.batch_histogram[n];
+    EngineStats unbatched_stats;
+    const std::vector<Heard> alone = speak_all(Batching::OFF, &unbatched_stats);
     for (size_t n = 0; n < unbatched_stats.batch_histogram.size(); ++n) CHECK(unbatched_stats.batch_histogram[n] == 0);
-    WARN("batched steps: " << batched_steps);
-    CHECK(batched_steps > 0);  // the streams did share steps
-    same_speech(batched, alone);
-    WARN("chunks decoded in batched passes: " << batched_stats.batch_decoded_chunks);
-    CHECK(batched_stats.batch_decoded_chunks > 0);
     CHECK(unbatched_stats.batch_decoded_chunks == 0);
+    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
+        EngineStats batched_stats;
+        const std::vector<Heard> batched = speak_all(how, &batched_stats);
+        int64_t batched_steps = 0;
+        for (size_t n = 2; n < batched_stats.batch_histogram.size(); ++n) batched_steps += batched_stats.batch_histogram[n];
+        WARN("batched steps: " << batched_steps << ", chunks decoded in batched passes: "
+                               << batched_stats.batch_decoded_chunks << (how == Batching::EXACT ? " (batch_exact)" : ""));
+        CHECK(batched_steps > 0);  // the streams did share steps
+        CHECK(batched_stats.batch_decoded_chunks > 0);
+        same_speech(batched, alone, requests, how);
+    }
 }
 
 TEST_CASE("newcomers of one round start together and make their first chunks in one batched step, each as alone",
@@ -504,9 +524,10 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
         qtts_test::greedy_request("Third newcomer, sampled.", 16, 5150),
     };
     requests[3].greedy = false;
-    auto speak_all = [&](bool batching, EngineStats* stats) {
+    auto speak_all = [&](Batching how, EngineStats* stats) {
         EngineOptions o = tiny_cuda_engine_options(4);
-        o.backend.batching = batching;
+        o.backend.batching = how != Batching::OFF;
+        o.backend.batch_exact = how == Batching::EXACT;
         Engine engine(o);
         qtts::engine_trace_start(engine, 4096);
         qtts::engine_chunk_delay_set(engine, 30ms);
@@ -531,22 +552,25 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
         *stats = engine.stats();
         return heard;
     };
-    EngineStats alone_stats, batched_stats;
-    const std::vector<Heard> alone = speak_all(false, &alone_stats);
-    const std::vector<Heard> batched = speak_all(true, &batched_stats);
-    CHECK(batched_stats.batch_started == 3);  // the three newcomers' prefills ran together
+    EngineStats alone_stats;
+    const std::vector<Heard> alone = speak_all(Batching::OFF, &alone_stats);
     CHECK(alone_stats.batch_started == 0);
-    // The newcomers' first chunks: one frame each, in the same round, made by a batched step.
-    const uint64_t first_round = batched[1].trace.front().round;
-    for (size_t i = 1; i < batched.size(); ++i) {
-        INFO("newcomer " << i);
-        const qtts::EngineTraceEntry& first = batched[i].trace.front();
-        CHECK(first.frames == qtts::FIRST_CHUNK_FRAMES_DEFAULT);
-        CHECK(first.round == first_round);
-        CHECK(first.batched);
-        CHECK_FALSE(alone[i].trace.front().batched);
+    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
+        EngineStats batched_stats;
+        const std::vector<Heard> batched = speak_all(how, &batched_stats);
+        CHECK(batched_stats.batch_started == 3);  // the three newcomers started together (exact: prefilled one by one)
+        // The newcomers' first chunks: one frame each, in the same round, made by a batched step.
+        const uint64_t first_round = batched[1].trace.front().round;
+        for (size_t i = 1; i < batched.size(); ++i) {
+            INFO("newcomer " << i);
+            const qtts::EngineTraceEntry& first = batched[i].trace.front();
+            CHECK(first.frames == qtts::FIRST_CHUNK_FRAMES_DEFAULT);
+            CHECK(first.round == first_round);
+            CHECK(first.batched);
+            CHECK_FALSE(alone[i].trace.front().batched);
+        }
+        same_speech(batched, alone, requests, how);
     }
-    same_speech(batched, alone);
 }
 
 TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the frames past its cap are dropped",
@@ -563,9 +587,10 @@ TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the fra
     };
     requests[2].greedy = false;
     const int last_chunk[] = {0, 2, 1, 3};
-    auto speak_all = [&](bool batching) {
+    auto speak_all = [&](Batching how) {
         EngineOptions o = tiny_cuda_engine_options(4);
-        o.backend.batching = batching;
+        o.backend.batching = how != Batching::OFF;
+        o.backend.batch_exact = how == Batching::EXACT;
         Engine engine(o);
         qtts::engine_trace_start(engine, 4096);
         qtts::engine_chunk_delay_set(engine, 10ms);  // the newcomers arrive while the long stream runs
@@ -593,17 +618,19 @@ TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the fra
         }
         return heard;
     };
-    const std::vector<Heard> alone = speak_all(false);
-    const std::vector<Heard> batched = speak_all(true);
-    for (size_t i = 1; i < batched.size(); ++i) {
-        INFO("capped stream " << i);
-        const qtts::EngineTraceEntry& last = batched[i].trace.back();
-        CHECK(last.frames == last_chunk[i]);
-        CHECK(last.batched);
-        CHECK(alone[i].trace.back().frames == last_chunk[i]);
-        CHECK_FALSE(alone[i].trace.back().batched);
+    const std::vector<Heard> alone = speak_all(Batching::OFF);
+    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
+        const std::vector<Heard> batched = speak_all(how);
+        for (size_t i = 1; i < batched.size(); ++i) {
+            INFO("capped stream " << i);
+            const qtts::EngineTraceEntry& last = batched[i].trace.back();
+            CHECK(last.frames == last_chunk[i]);
+            CHECK(last.batched);
+            CHECK(alone[i].trace.back().frames == last_chunk[i]);
+            CHECK_FALSE(alone[i].trace.back().batched);
+        }
+        same_speech(batched, alone, requests, how);
     }
-    same_speech(batched, alone);
 }
 
 TEST_CASE("utterances started together through the model speak as started alone; a refused start is left out",
