@@ -47,6 +47,8 @@ void print_usage() {
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
         "  --no-batching          CUDA backend: every stream takes its own LM steps (no shared batched step)\n"
+        "  --batch-exact          CUDA backend: batched streams keep their own arithmetic (codes bitwise as alone,\n"
+        "                         sampled ones too; slower batched steps)\n"
         "  --admission on|off     refuse new streams (429, code capacity) when the engine's measured real-time\n"
         "                         capacity is used (default on)\n"
         "  --admission-headroom F fraction of the measured capacity admitted streams may use (default 0.9;\n"
@@ -77,7 +79,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "cpu-format", "threads", "device", "devices",
                          "engines", "gpu-memory-limit", "max-context", "admission", "admission-headroom"},
-                        {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching"});
+                        {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching", "batch-exact"});
     if (args.has("help")) {
         print_usage();
         return 0;
@@ -110,6 +112,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     engine_options.backend.gpu_decoder = !args.has("cpu-decoder");
     engine_options.backend.fused_chunks = !args.has("no-fused-chunks");
     engine_options.backend.batching = !args.has("no-batching");
+    engine_options.backend.batch_exact = args.has("batch-exact");
     // A server's listeners play in real time: refusing one more (429) beats letting every admitted
     // stream fall behind, so admission control is on here (the library's default is off).
     const std::string admission = args.get_or("admission", "on");
