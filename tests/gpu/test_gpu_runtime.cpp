@@ -399,6 +399,7 @@ struct Heard {
     std::string error;
     std::vector<qtts::EngineTraceEntry> trace;  // its chunks, when the test traced the engine
     uint64_t id = 0;
+    StopReason stop = StopReason::STOP_NONE;
 };
 
 // How a batching engine ran: its default tensor-core products, or BackendOptions::batch_exact.
@@ -442,6 +443,43 @@ void same_speech(const std::vector<Heard>& batched, const std::vector<Heard>& al
     }
 }
 
+EngineOptions batching_options(Batching how) {
+    EngineOptions o = tiny_cuda_engine_options(4);
+    o.backend.batching = how != Batching::OFF;
+    o.backend.batch_exact = how == Batching::EXACT;
+    return o;
+}
+
+// requests[0] starts first; once its first audio is heard the others are submitted, arriving
+// while it runs (the engine pauses `pause` after each chunk, the slow-device seam); every stream
+// is read to its end on its own thread. Each stream's speech, error, stop and traced chunks.
+std::vector<Heard> speak_joining(const std::vector<SpeechRequest>& requests, Batching how,
+                                 std::chrono::milliseconds pause, EngineStats* stats) {
+    Engine engine(batching_options(how));
+    qtts::engine_trace_start(engine, 4096);
+    qtts::engine_chunk_delay_set(engine, pause);
+    std::vector<std::shared_ptr<Stream>> streams{engine.submit(requests[0])};
+    std::vector<Heard> heard(requests.size());
+    std::vector<std::thread> readers;
+    readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
+    while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
+    for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
+    for (size_t i = 1; i < requests.size(); ++i) readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
+    for (auto& r : readers) r.join();
+    const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
+    for (size_t i = 0; i < streams.size(); ++i) {
+        heard[i].error = streams[i]->error();
+        heard[i].codes = codes_of(*streams[i]);
+        heard[i].id = streams[i]->id();
+        heard[i].stop = streams[i]->metrics().stop_reason;
+        for (const auto& t : trace)
+            if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
+        REQUIRE(!heard[i].trace.empty());
+    }
+    if (stats) *stats = engine.stats();
+    return heard;
+}
+
 }  // namespace
 
 TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as without batching",
@@ -458,10 +496,7 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
     requests[3].greedy = false;  // seeded sampling: the per-stream random stream must survive batching
     requests[4].greedy = false;
     auto speak_all = [&](Batching how, EngineStats* stats) {
-        EngineOptions o = tiny_cuda_engine_options(4);
-        o.backend.batching = how != Batching::OFF;
-        o.backend.batch_exact = how == Batching::EXACT;
-        Engine engine(o);
+        Engine engine(batching_options(how));
         qtts::engine_trace_start(engine, 4096);
         std::vector<std::shared_ptr<Stream>> streams;
         for (size_t i = 0; i < 4; ++i) streams.push_back(engine.submit(requests[i]));
@@ -524,40 +559,12 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
         qtts_test::greedy_request("Third newcomer, sampled.", 16, 5150),
     };
     requests[3].greedy = false;
-    auto speak_all = [&](Batching how, EngineStats* stats) {
-        EngineOptions o = tiny_cuda_engine_options(4);
-        o.backend.batching = how != Batching::OFF;
-        o.backend.batch_exact = how == Batching::EXACT;
-        Engine engine(o);
-        qtts::engine_trace_start(engine, 4096);
-        qtts::engine_chunk_delay_set(engine, 30ms);
-        std::vector<std::shared_ptr<Stream>> streams{engine.submit(requests[0])};
-        std::vector<Heard> heard(requests.size());
-        std::vector<std::thread> readers;
-        readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
-        while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
-        for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
-        for (size_t i = 1; i < requests.size(); ++i)
-            readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
-        for (auto& r : readers) r.join();
-        const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
-        for (size_t i = 0; i < streams.size(); ++i) {
-            heard[i].error = streams[i]->error();
-            heard[i].codes = codes_of(*streams[i]);
-            heard[i].id = streams[i]->id();
-            for (const auto& t : trace)
-                if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
-            REQUIRE(!heard[i].trace.empty());
-        }
-        *stats = engine.stats();
-        return heard;
-    };
     EngineStats alone_stats;
-    const std::vector<Heard> alone = speak_all(Batching::OFF, &alone_stats);
+    const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 30ms, &alone_stats);
     CHECK(alone_stats.batch_started == 0);
     for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
         EngineStats batched_stats;
-        const std::vector<Heard> batched = speak_all(how, &batched_stats);
+        const std::vector<Heard> batched = speak_joining(requests, how, 30ms, &batched_stats);
         CHECK(batched_stats.batch_started == 3);  // the three newcomers started together (exact: prefilled one by one)
         // The newcomers' first chunks: one frame each, in the same round, made by a batched step.
         const uint64_t first_round = batched[1].trace.front().round;
@@ -587,40 +594,19 @@ TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the fra
     };
     requests[2].greedy = false;
     const int last_chunk[] = {0, 2, 1, 3};
-    auto speak_all = [&](Batching how) {
-        EngineOptions o = tiny_cuda_engine_options(4);
-        o.backend.batching = how != Batching::OFF;
-        o.backend.batch_exact = how == Batching::EXACT;
-        Engine engine(o);
-        qtts::engine_trace_start(engine, 4096);
-        qtts::engine_chunk_delay_set(engine, 10ms);  // the newcomers arrive while the long stream runs
-        std::vector<std::shared_ptr<Stream>> streams{engine.submit(requests[0])};
-        std::vector<Heard> heard(requests.size());
-        std::vector<std::thread> readers;
-        readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
-        while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
-        for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
-        for (size_t i = 1; i < requests.size(); ++i)
-            readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
-        for (auto& r : readers) r.join();
-        const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
-        for (size_t i = 0; i < streams.size(); ++i) {
-            heard[i].error = streams[i]->error();
-            heard[i].codes = codes_of(*streams[i]);
-            heard[i].id = streams[i]->id();
-            for (const auto& t : trace)
-                if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
-            REQUIRE(!heard[i].trace.empty());
-            // Each capped stream ran to its cap (the tiny model does not stop sooner on these).
+    // Each stream runs to its cap (the tiny model does not stop sooner on these).
+    const auto to_cap = [&](const std::vector<Heard>& heard) {
+        for (size_t i = 0; i < heard.size(); ++i) {
             INFO("stream " << i);
-            CHECK(streams[i]->metrics().stop_reason == StopReason::STOP_MAX_FRAMES);
+            CHECK(heard[i].stop == StopReason::STOP_MAX_FRAMES);
             CHECK(int(heard[i].codes.size()) == requests[i].max_frames);
         }
-        return heard;
     };
-    const std::vector<Heard> alone = speak_all(Batching::OFF);
+    const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 10ms, nullptr);
+    to_cap(alone);
     for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
-        const std::vector<Heard> batched = speak_all(how);
+        const std::vector<Heard> batched = speak_joining(requests, how, 10ms, nullptr);
+        to_cap(batched);
         for (size_t i = 1; i < batched.size(); ++i) {
             INFO("capped stream " << i);
             const qtts::EngineTraceEntry& last = batched[i].trace.back();
