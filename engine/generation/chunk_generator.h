@@ -69,10 +69,11 @@ public:
     // exactly as if decoded after the reference.
     virtual void reference_decode(const int32_t* codes, int frames) = 0;
 
-    // Batching backends (CUDA, SpeechModel::batch_run): true when the next chunk(frames) would
-    // make exactly `frames` frames of the current segment as far as the host knows (no stop seen,
-    // the frame limit and the text track reach past them), so that its frames can be computed in
-    // a step shared with other streams before chunk() is called. Default: never.
+    // Batching backends (CUDA, SpeechModel::batch_run): true when the next chunk(frames) can take
+    // its frames from a step of `frames` frames shared with other streams, computed before
+    // chunk() is called: no stop seen, the text track reaches past them, and the frame limit is
+    // not reached (a limit inside the chunk: the step makes all `frames` where the backend has
+    // room, and chunk() keeps those up to the limit). Default: never.
     virtual bool batch_ready(int frames) const {
         (void)frames;
         return false;

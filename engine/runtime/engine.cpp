@@ -236,6 +236,15 @@ struct Engine::Impl {
     // This round's figures (engine thread only), added to the stats at its end.
     int64_t round_batch = 0;
     EngineStats::ThreadTime round_time;     // this round's share of EngineStats::thread_time
+
+    // Adds the wall time of its scope to one part of round_time. Engine thread.
+    struct PartClock {
+        const Impl& impl;
+        double& part;
+        const double start_s;
+        PartClock(const Impl& i, double& p) : impl(i), part(p), start_s(i.now_s()) {}
+        ~PartClock() { part += impl.now_s() - start_s; }
+    };
     int64_t round_underruns = 0;
     double round_underrun_s = 0.0;
 
@@ -395,9 +404,10 @@ struct Engine::Impl {
                    s.served_round_ != round && s.ring_.available_write() >= size_t(k) * SAMPLES_PER_FRAME;
         };
         if (std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); }) < 2) return;
-        const double start_s = now_s();
-        first_batch_start(active, newcomer);
-        round_time.starts_s += now_s() - start_s;
+        {
+            const PartClock clock(*this, round_time.starts_s);
+            first_batch_start(active, newcomer);
+        }
         if (failed.load()) return;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
@@ -424,9 +434,8 @@ struct Engine::Impl {
             }
         }
         // One candidate alone makes its chunk in service() with its own graph (prefill done).
-        const double step_s = now_s();
+        const PartClock clock(*this, round_time.first_steps_s);
         if (generators.size() >= 2) batch_run(active, generators, members, k);
-        round_time.first_steps_s += now_s() - step_s;
     }
 
     // The newcomers' first segment starts, run together (at most one batch of them, in the
@@ -489,9 +498,8 @@ struct Engine::Impl {
                 members.push_back(s.get());
             }
         }
-        const double step_s = now_s();
+        const PartClock clock(*this, round_time.steps_s);
         if (generators.size() >= 2) batch_run(active, generators, members, k);
-        round_time.steps_s += now_s() - step_s;
     }
 
     // One batched step of `frames` frames for `members` (their generators), then the stats. A
@@ -685,15 +693,7 @@ struct Engine::Impl {
     void service_pass(std::list<std::shared_ptr<StreamImpl>>& active, Wanted wanted, std::vector<float>& pcm,
                       std::vector<FrameCodes>& frames, bool& progressed, int64_t& round_frames,
                       int64_t& round_streams) {
-        const double pass_s = now_s();
-        service_pass_streams(active, wanted, pcm, frames, progressed, round_frames, round_streams);
-        round_time.service_s += now_s() - pass_s;
-    }
-
-    template <typename Wanted>
-    void service_pass_streams(std::list<std::shared_ptr<StreamImpl>>& active, Wanted wanted, std::vector<float>& pcm,
-                              std::vector<FrameCodes>& frames, bool& progressed, int64_t& round_frames,
-                              int64_t& round_streams) {
+        const PartClock clock(*this, round_time.service_s);
         for (auto it = active.begin(); it != active.end();) {
             if ((*it)->served_round_ == round || !wanted(**it)) {
                 ++it;
