@@ -357,7 +357,19 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
         CHECK(l.at("requests_per_s").get<double>() == Approx(requests / wall));
         CHECK(l.at("audio_s_per_wall_s").get<double>() == Approx(requests * frames * 0.08 / wall));
         CHECK(l.at("batch_histogram").is_object());
+        // The engine thread over the level: its chunks in per-stream passes (CPU: nothing batched),
+        // parts within the level's share of the thread, which is within the level's wall time.
+        const auto& t = l.at("engine_thread_s");
+        const double total = t.at("total");
+        CHECK(t.at("service").get<double>() > 0.0);
+        CHECK(t.at("steps").get<double>() == 0.0);
+        CHECK(t.at("starts").get<double>() == 0.0);
+        double parts = 0.0;
+        for (const char* part : {"starts", "first_steps", "steps", "service", "idle"}) parts += t.at(part).get<double>();
+        CHECK(parts <= total + 1e-6);
+        CHECK(total <= wall + 0.5);  // the snapshots may each trail the level by a round or an idle wait
     }
+    CHECK_THAT(r.out, Catch::Contains("engine thread: "));
 }
 
 TEST_CASE("qtts bench-serve paced players on the demo model: arrivals, admissions and playback accounted",
