@@ -237,23 +237,26 @@ void engine_delta(const qtts::EngineStats& before, const qtts::EngineStats& afte
     out["engine_underruns"] = after.underruns - before.underruns;
     out["engine_underrun_s"] = after.underrun_seconds - before.underrun_seconds;
     const qtts::EngineStats::ThreadTime &a = after.thread_time, &b = before.thread_time;
-    out["engine_thread_s"] = {{"starts", a.starts_s - b.starts_s},          {"first_steps", a.first_steps_s - b.first_steps_s},
-                              {"steps", a.steps_s - b.steps_s},             {"service", a.service_s - b.service_s},
-                              {"idle", a.idle_s - b.idle_s},                {"total", a.total_s - b.total_s}};
+    qtts::EngineStats::ThreadTime d;
+    d.starts_s = a.starts_s - b.starts_s;
+    d.first_steps_s = a.first_steps_s - b.first_steps_s;
+    d.steps_s = a.steps_s - b.steps_s;
+    d.service_s = a.service_s - b.service_s;
+    d.idle_s = a.idle_s - b.idle_s;
+    d.total_s = a.total_s - b.total_s;
+    out["engine_thread_s"] = {{"starts", d.starts_s}, {"first_steps", d.first_steps_s}, {"steps", d.steps_s},
+                              {"service", d.service_s}, {"idle", d.idle_s}, {"other", d.other_s()},
+                              {"total", d.total_s}};
 }
 
 // The engine thread's time over a level or run, as shares of its wall time (engine_delta).
 std::string thread_time_text(const nlohmann::json& t) {
     const double total = t["total"].get<double>();
     if (total <= 0.0) return "none";
-    double rest = total;
     std::string s;
-    for (const char* part : {"starts", "first_steps", "steps", "service", "idle"}) {
-        const double v = t[part].get<double>();
-        rest -= v;
-        s += fmt::format("{} {:.1f}%, ", part, 100.0 * v / total);
-    }
-    return s + fmt::format("other {:.1f}% of {:.2f} s", 100.0 * rest / total, total);
+    for (const char* part : {"starts", "first_steps", "steps", "service", "idle", "other"})
+        s += fmt::format("{}{} {:.1f}%", s.empty() ? "" : ", ", part, 100.0 * t[part].get<double>() / total);
+    return s + fmt::format(" of {:.2f} s", total);
 }
 
 // What every mode reports about a set of requests.

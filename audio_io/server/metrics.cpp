@@ -87,10 +87,9 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
                   "steady steps, per-stream passes, waiting for work, and the rest (its rounds' bookkeeping).");
     for (const EngineStatus& e : engines) {
         const EngineStats::ThreadTime& t = e.stats.thread_time;
-        const double rest = t.total_s - t.starts_s - t.first_steps_s - t.steps_s - t.service_s - t.idle_s;
         const std::pair<const char*, double> parts[] = {{"starts", t.starts_s}, {"first_steps", t.first_steps_s},
                                                         {"steps", t.steps_s},   {"service", t.service_s},
-                                                        {"idle", t.idle_s},     {"other", std::max(0.0, rest)}};
+                                                        {"idle", t.idle_s},     {"other", t.other_s()}};
         for (const auto& [part, seconds] : parts)
             out += fmt::format("qtts_engine_thread_seconds_total{{engine=\"{}\",part=\"{}\"}} {}\n", e.label, part,
                                number_text(seconds));

@@ -6,6 +6,7 @@
 // Stream::read is wait-free (SPSC ring; exactly one consumer thread per stream).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -296,6 +297,7 @@ struct EngineStats {
         double service_s = 0.0;
         double idle_s = 0.0;
         double total_s = 0.0;
+        double other_s() const { return std::max(0.0, total_s - starts_s - first_steps_s - steps_s - service_s - idle_s); }
     };
     ThreadTime thread_time;
 };
