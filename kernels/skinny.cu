@@ -11,7 +11,11 @@ constexpr int SK_WARPS = 8;          // warps of a block, splitting the inputs (
 constexpr int SK_FEW_BLOCKS = 256;   // products with fewer blocks (about 2 per SM) take 2 x SK_WARPS warps
 constexpr int SK_FEATURES = 16;      // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;          // inputs per warp step: two m16n8k16 products per 8 rows
-constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight (registers)
+constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with one tile (registers)
+// Products of at least this many tiles take two per block by default. Measured on the H200 (1.7B,
+// 4-32 rows): 192-768 tiles 8-32% faster with two, 64-128 tiles (the o, down and predictor
+// head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
+constexpr int SK_TWO_TILES_MIN = 192;
 
 // Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
 constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
@@ -44,74 +48,90 @@ __device__ __forceinline__ uint4 load_weights(const bf16_t* p) {
     return v;
 }
 
-// NT: n-tiles of 8 x rows (rows <= 8 NT). The tile's 16 weight rows are 16 features of W; with
+// NT: n-tiles of 8 x rows (rows <= 8 NT). A tile's 16 weight rows are 16 features of W; with
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
 // rows of W2 (tile rows 8-15), so a lane holds a feature's gate and up sums together.
 // WARPS: warps per block (8, or 16 when the product has few blocks: more loads in flight per SM
 // and half the steps per warp on long inputs).
-template <int NT, int WARPS>
+// TILES: tiles per block (1 or 2), side by side over consecutive features: a warp splits and
+// multiplies each x piece once for all of them, so the x rows are read from L2 once per TILES
+// tiles (what grows with the rows) and a warp has TILES times the weight loads in flight. Every
+// feature's sum is made by the same warps over the same steps in the same order for any TILES,
+// so the results are the same bits.
+template <int NT, int WARPS, int TILES>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
     __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
+    // Weight steps in flight per warp: the same bytes for one tile or two.
+    constexpr int PREFETCH = SK_PREFETCH / TILES;
 
     const int kw = threadIdx.x / 32, lane = threadIdx.x % 32;  // kw: the warp, = its first input step
     const int g = lane / 4, q = lane % 4;
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
-    const int f0 = blockIdx.x * features;
+    const int f0 = blockIdx.x * features * TILES;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
 
-    // This lane's weight rows, tile rows g and g + 8 (rows past `out` read the last row; their
-    // sums are never stored).
+    // This lane's weight rows in each tile, tile rows g and g + 8 (rows past `out` read the last
+    // row; their sums are never stored).
     const size_t in = size_t(a.in);
-    const bf16_t* w0 = a.w + size_t(min(f0 + g, a.out - 1)) * in;
-    const bf16_t* w8 = swiglu ? a.w2 + size_t(min(f0 + g, a.out - 1)) * in : a.w + size_t(min(f0 + g + 8, a.out - 1)) * in;
+    const bf16_t* w0[TILES];
+    const bf16_t* w8[TILES];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        const int ft = f0 + t * features;
+        w0[t] = a.w + size_t(min(ft + g, a.out - 1)) * in;
+        w8[t] = swiglu ? a.w2 + size_t(min(ft + g, a.out - 1)) * in : a.w + size_t(min(ft + g + 8, a.out - 1)) * in;
+    }
     const int steps = (a.in + SK_STEP - 1) / SK_STEP;
     const int mine = kw < steps ? (steps - 1 - kw) / WARPS + 1 : 0;  // this warp's: kw, kw + WARPS, ...
     // Input offset of this lane's 8-input piece in the warp's j-th step (>= in: past the end).
     const auto piece = [&](int j) { return (kw + j * WARPS) * SK_STEP + 8 * q; };
-    const auto load_step = [&](int j, uint4 (&dst)[2]) {
+    const auto load_step = [&](int j, uint4 (&dst)[TILES][2]) {
         const int k = piece(j);
-        if (j < mine && k < a.in) {
-            dst[0] = load_weights(w0 + k);
-            dst[1] = upper ? load_weights(w8 + k) : make_uint4(0u, 0u, 0u, 0u);
-        } else {
-            dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
+        const bool inside = j < mine && k < a.in;
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) {
+            dst[t][0] = inside ? load_weights(w0[t] + k) : make_uint4(0u, 0u, 0u, 0u);
+            dst[t][1] = inside && upper ? load_weights(w8[t] + k) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
 
-    // The tile's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
+    // The block's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
     // one range, two for SwiGLU), so the loads below mostly hit L2.
     if (threadIdx.x == 0) {
-        const uint32_t bytes = uint32_t(size_t(min(features, a.out - f0)) * in * sizeof(bf16_t));
+        const uint32_t bytes = uint32_t(size_t(min(features * TILES, a.out - f0)) * in * sizeof(bf16_t));
         prefetch_l2(a.w + size_t(f0) * in, bytes);
         if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
     }
-    uint4 wcur[SK_PREFETCH][2];
+    uint4 wcur[PREFETCH][TILES][2];
 #pragma unroll
-    for (int i = 0; i < SK_PREFETCH; ++i) load_step(i, wcur[i]);
+    for (int i = 0; i < PREFETCH; ++i) load_step(i, wcur[i]);
     pdl_wait();  // the weights above are constant; x comes from the previous kernel
     pdl_trigger();
 
-    float acc[NT][4];
+    float acc[TILES][NT][4];
     float sumsq[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         sumsq[n] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+        for (int t = 0; t < TILES; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.0f;
     }
 
     // x (and the norm weight) for XG steps at a time, all loads issued before their products, so
     // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
     // stay within the registers).
-    constexpr int XG = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
-    static_assert(SK_PREFETCH % XG == 0, "x groups must tile the weight ring");
-    for (int j0 = 0; j0 < mine; j0 += SK_PREFETCH) {
+    constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
+    constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
+    static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
+    for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
 #pragma unroll
-        for (int h = 0; h < SK_PREFETCH; h += XG) {
+        for (int h = 0; h < PREFETCH; h += XG) {
             float4 xv[XG][NT][2];
             float4 nw[XG][2];
 #pragma unroll
@@ -153,23 +173,22 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
                     split_pair(x0.z, x0.w, hi[1], lo[1]);
                     split_pair(x1.x, x1.y, hi[2], lo[2]);
                     split_pair(x1.z, x1.w, hi[3], lo[3]);
-                    const uint4& r0 = wcur[i][0];
-                    const uint4& r8 = wcur[i][1];
-                    mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
-                    mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
-                    mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
-                    mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+#pragma unroll
+                    for (int t = 0; t < TILES; ++t) {
+                        const uint4& r0 = wcur[i][t][0];
+                        const uint4& r8 = wcur[i][t][1];
+                        mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
+                        mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
+                        mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
+                        mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+                    }
                 }
-                load_step(j0 + i + SK_PREFETCH, wcur[i]);  // a ring: this slot takes the step SK_PREFETCH on
+                load_step(j0 + i + PREFETCH, wcur[i]);  // a ring: this slot takes the step PREFETCH on
             }
         }
     }
 
-    // The warps' sums, and tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp).
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-        *reinterpret_cast<float4*>(sk_sums + ((kw * NT + n) * 32 + lane) * 4) =
-            make_float4(acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+    // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp), then each row's scale.
     if (norm) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -190,7 +209,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
         }
         row_scale[threadIdx.x] = scale;
     }
-    __syncthreads();
 
     // The full sum of tile row m (0..15) and x row r: the C fragment of m16n8 holds (m, r) at
     // lane (m % 8) * 4 + (r % 8) / 2, element (m / 8) * 2 + r % 2; warps added in order.
@@ -201,40 +219,60 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
         for (int v = 0; v < WARPS; ++v) sum += sk_sums[v * NT * 32 * 4 + idx];
         return sum;
     };
-    for (int o = threadIdx.x; o < features * a.rows; o += blockDim.x) {
-        const int m = o % features, r = o / features, f = f0 + m;
-        if (f >= a.out) continue;
-        float* y = a.y + size_t(r) * size_t(a.ldy) + f;
-        const float scale = row_scale[r];
-        if (swiglu) {
-            *y = silu_ref(full_sum(m, r) * scale) * (full_sum(m + 8, r) * scale);
-        } else {
-            const float v = full_sum(m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
-            if (a.output == GemvOutput::GEMV_OUTPUT_ADD)
-                *y += v;
-            else
-                *y = v;
+    // One tile at a time through the shared sums (the shared memory of one tile, for any TILES).
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        if (t > 0) __syncthreads();  // the previous tile's sums are read
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+            *reinterpret_cast<float4*>(sk_sums + ((kw * NT + n) * 32 + lane) * 4) =
+                make_float4(acc[t][n][0], acc[t][n][1], acc[t][n][2], acc[t][n][3]);
+        __syncthreads();
+        const int ft = f0 + t * features;
+        for (int o = threadIdx.x; o < features * a.rows; o += blockDim.x) {
+            const int m = o % features, r = o / features, f = ft + m;
+            if (f >= a.out) continue;
+            float* y = a.y + size_t(r) * size_t(a.ldy) + f;
+            const float scale = row_scale[r];
+            if (swiglu) {
+                *y = silu_ref(full_sum(m, r) * scale) * (full_sum(m + 8, r) * scale);
+            } else {
+                const float v = full_sum(m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
+                if (a.output == GemvOutput::GEMV_OUTPUT_ADD)
+                    *y += v;
+                else
+                    *y = v;
+            }
         }
     }
 }
 
-template <int NT, int WARPS>
+template <int NT, int WARPS, int TILES>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
     constexpr size_t smem = skinny_smem(NT, WARPS);
     static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
-    const dim3 grid((a.out + features - 1) / features);
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS>, a, features));
+    const dim3 grid((a.out + features * TILES - 1) / (features * TILES));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES>, a, features));
 }
 
-// 16 warps when the product has few blocks (the choice depends on the shape of W only, so a
-// row's result does not depend on how many rows share the launch).
-template <int NT>
+// 16 warps when the product has few tiles (the choice depends on the shape of W only, never on
+// the rows or the tiles per block, so a row's result does not depend on how many rows share the
+// launch or how the tiles are grouped).
+template <int NT, int TILES>
 void skinny_launch_warps(const GemvArgs& a, int features, const Launch& l) {
-    const int blocks = (a.out + features - 1) / features;
-    if (blocks < SK_FEW_BLOCKS)
-        skinny_launch<NT, 2 * SK_WARPS>(a, features, l);
+    const int tiles = (a.out + features - 1) / features;
+    if (tiles < SK_FEW_BLOCKS)
+        skinny_launch<NT, 2 * SK_WARPS, TILES>(a, features, l);
     else
-        skinny_launch<NT, SK_WARPS>(a, features, l);
+        skinny_launch<NT, SK_WARPS, TILES>(a, features, l);
+}
+
+template <int NT>
+void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, const Launch& l) {
+    if (tiles == 2)
+        skinny_launch_warps<NT, 2>(a, features, l);
+    else
+        skinny_launch_warps<NT, 1>(a, features, l);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -251,7 +289,7 @@ bool skinny_supported(const GemvArgs& a) {
            a.ldy >= a.out;
 }
 
-void skinny_product(const GemvArgs& a, const Launch& l, int features) {
+void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles) {
     if (!skinny_supported(a))
         check_fail("skinny_product",
                    "unsupported arguments (rows 1..32, in a positive multiple of 8, 16-byte aligned rows, no "
@@ -260,15 +298,18 @@ void skinny_product(const GemvArgs& a, const Launch& l, int features) {
     if (features != 0 && features != SK_FEATURES / 2 && features != SK_FEATURES)
         check_fail("skinny_product", "features per block must be 0 (the default), 8 or 16", __func__, __FILE__,
                    __LINE__);
+    if (tiles < 0 || tiles > 2)
+        check_fail("skinny_product", "tiles per block must be 0 (the default), 1 or 2", __func__, __FILE__, __LINE__);
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
         features = SK_FEATURES / 2;
     else if (features == 0)
         features = SK_FEATURES;
+    if (tiles == 0) tiles = (a.out + features - 1) / features >= SK_TWO_TILES_MIN ? 2 : 1;
     switch ((a.rows + 7) / 8) {
-        case 1: return skinny_launch_warps<1>(a, features, l);
-        case 2: return skinny_launch_warps<2>(a, features, l);
-        case 3: return skinny_launch_warps<3>(a, features, l);
-        default: return skinny_launch_warps<4>(a, features, l);
+        case 1: return skinny_launch_tiles<1>(a, features, tiles, l);
+        case 2: return skinny_launch_tiles<2>(a, features, tiles, l);
+        case 3: return skinny_launch_tiles<3>(a, features, tiles, l);
+        default: return skinny_launch_tiles<4>(a, features, tiles, l);
     }
 }
 

@@ -7,10 +7,11 @@
 // product over at least 4 rows ("split", the default before the one-launch kernel); "auto" is the
 // batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
 // skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk32" as auto with one
-// launch up to 32 rows; "from4" as auto with tensor cores from 4 rows. Reported per bucket and
-// path: step time per frame, audio seconds per wall second of LM work (b x 80 ms / step), the
-// bytes a step must read (weights once + every stream's talker KV cache) and the bandwidth that
-// achieves, and the graph's nodes and device memory.
+// launch up to 32 rows; "t1" as auto with one tile per block in every one-launch product (the
+// kernel before two-tile blocks). Reported per bucket and path: step time per frame,
+// audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
+// (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
+// graph's nodes and device memory.
 // Then the batched prefill (engine/cuda/gpu_prefill_batch.h): for each bucket b, b prompts started
 // one after another (GpuLm::generation_start each) against started together (prompt_load each, one
 // GpuPrefillBatch::run with the engine's row cap, generation_begin each), wall time with the
@@ -52,6 +53,7 @@ struct PathSpec {
     const char* name;
     int wide_rows;        // 0: the default
     int skinny_max_rows;  // -1: the default
+    int skinny_tiles;     // 0: the default
 };
 
 nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights,
@@ -227,19 +229,21 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                 chunk, L);
     std::printf("  %-7s %-7s %10s %12s %10s %10s %8s %10s\n", "bucket", "path", "step ms", "audio-s/s", "GB/step",
                 "TB/s", "nodes", "graph MB");
-    for (const PathSpec path : {PathSpec{"gemv", 1 << 20, 0}, PathSpec{"split", 4, 0}, PathSpec{"auto", 0, -1},
-                                PathSpec{"sk32", 0, 32}, PathSpec{"from4", 4, -1}}) {
+    for (const PathSpec path : {PathSpec{"gemv", 1 << 20, 0, 0}, PathSpec{"split", 4, 0, 0}, PathSpec{"auto", 0, -1, 0},
+                                PathSpec{"sk32", 0, 32, 0}, PathSpec{"t1", 0, -1, 1}}) {
         qc::GpuBatchOptions options;
         options.buckets = sizes;
         options.chunk_frames = {chunk};
         if (path.wide_rows > 0) options.wide_rows = path.wide_rows;
         if (path.skinny_max_rows >= 0) options.skinny_max_rows = path.skinny_max_rows;
+        options.skinny_tiles = path.skinny_tiles;
         const auto t0 = Clock::now();
         qc::GpuBatch batch(weights, context, max_context, options);
         batch.capture();
         const double capture_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         out["paths"][path.name] = {{"wide_rows", options.wide_rows},
                                    {"skinny_max_rows", options.skinny_max_rows},
+                                   {"skinny_tiles", options.skinny_tiles},
                                    {"capture_ms", capture_ms},
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};

@@ -53,6 +53,10 @@ struct GpuBatchOptions {
     // wider ones as split hi/lo + cuBLAS GEMM + combine (faster from 32 rows on the H200:
     // docs/performance.md). 0: always cuBLAS. At most SKINNY_MAX_ROWS.
     int skinny_max_rows = 16;
+    // Tiles per block of those one-launch products (kernels/skinny.cuh): 1 or 2 for every
+    // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
+    // differs (`qtts bench --batch` compares them).
+    int skinny_tiles = 0;
 };
 
 // Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;

@@ -415,6 +415,11 @@ TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.skinny_max_rows = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.skinny_max_rows = 16;
+    bad.skinny_tiles = 3;
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.skinny_tiles = -1;
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
 
     qc::GpuBatchOptions o;
     o.buckets = {1, 2};

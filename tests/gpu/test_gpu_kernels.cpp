@@ -222,10 +222,11 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         a.ldx = ldx;
         a.ldy = ldy;
         // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched.
-        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before) {
+        // `tiles`: tiles per block (0: the kernel's default for the rows).
+        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0) {
             a.y = d_y.get();
             REQUIRE(k::skinny_supported(a));
-            k::skinny_product(a, context().launch());
+            k::skinny_product(a, context().launch(), 0, tiles);
             const auto y_all = download(d_y, before.size());
             std::vector<float> y(size_t(s.rows) * s.out);
             for (size_t i = 0; i < y_all.size(); ++i) {
@@ -238,6 +239,16 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             return y;
         };
         const std::vector<float> nan_y(size_t(s.rows + 1) * ldy, std::numeric_limits<float>::quiet_NaN());
+        // One and two tiles per block (the default is one of them) make every sum the same way:
+        // the same bits, each checked against `y` from a fresh copy of `before`.
+        const auto same_bits_any_tiles = [&](const std::vector<float>& y, const std::vector<float>& before) {
+            for (const int tiles : {1, 2}) {
+                INFO("tiles per block " << tiles);
+                auto d_t = upload(before);
+                const auto yt = run(d_t, before, tiles);
+                CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
+            }
+        };
 
         SECTION("plain input, store with bias; the same bits twice, and the last row's bits alone") {
             auto d_y = upload(nan_y);
@@ -262,13 +273,17 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             CHECK(std::memcmp(last.data(), y.data() + size_t(s.rows - 1) * s.out, size_t(s.out) * sizeof(float)) == 0);
             // 8 features per block (half tiles, twice the blocks): each feature's sums are made
             // the same way, so the same bits.
-            auto d_half = upload(nan_y);
-            a.y = d_half.get();
-            k::skinny_product(a, context().launch(), 8);
-            const auto half_all = download(d_half, nan_y.size());
-            for (int r = 0; r < s.rows; ++r)
-                CHECK(std::memcmp(half_all.data() + size_t(r) * ldy, y.data() + size_t(r) * s.out,
-                                  size_t(s.out) * sizeof(float)) == 0);
+            for (const int tiles : {1, 2}) {
+                INFO("8 features per tile, tiles per block " << tiles);
+                auto d_half = upload(nan_y);
+                a.y = d_half.get();
+                k::skinny_product(a, context().launch(), 8, tiles);
+                const auto half_all = download(d_half, nan_y.size());
+                for (int r = 0; r < s.rows; ++r)
+                    CHECK(std::memcmp(half_all.data() + size_t(r) * ldy, y.data() + size_t(r) * s.out,
+                                      size_t(s.out) * sizeof(float)) == 0);
+            }
+            same_bits_any_tiles(y, nan_y);
         }
         SECTION("RMSNorm input, residual add with bias") {
             auto d_y = upload(residual);
@@ -285,6 +300,7 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
                 for (int c = 0; c < s.out; ++c) ref[size_t(r) * s.out + c] += residual[size_t(r) * ldy + c];
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+            same_bits_any_tiles(y, residual);
         }
         SECTION("RMSNorm input, SwiGLU output") {
             auto d_y = upload(nan_y);
@@ -300,6 +316,7 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             qtts::cpu::swiglu(g.data(), u.data(), ref.size(), ref.data());
             REQUIRE(all_finite(y));
             CHECK(rel_error(y.data(), ref.data(), y.size()) < 1e-5);
+            same_bits_any_tiles(y, nan_y);
         }
     }
 }
@@ -333,6 +350,7 @@ TEST_CASE("skinny products refuse what they cannot take", "[gpu][skinny]") {
     CHECK_FALSE(k::skinny_supported(bad));
     CHECK_THROWS_AS(k::skinny_product(bad, context().launch()), k::KernelError);
     CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 12), k::KernelError);  // 8 or 16 features per block
+    CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 0, 3), k::KernelError);  // 1 or 2 tiles per block
 }
 
 TEST_CASE("gemv computes every row of a wide batch exactly as alone", "[gpu][gemv][batch]") {
