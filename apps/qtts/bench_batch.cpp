@@ -19,6 +19,7 @@
 // serving benchmark's sentences with the byte-level tokenizer of a random model are ~125); then
 // the passes alone: the host's time to enqueue them, their GPU time, and their GPU time with
 // twice the rows per pass.
+// Last, whether the batched speech decoder's pass can hide behind the LM step (overlap_rows).
 #include "apps/qtts/bench_batch.h"
 
 #ifdef QTTS_HAVE_CUDA
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,8 +38,10 @@
 #include "engine/common/error.h"
 #include "engine/cuda/event_timer.h"
 #include "engine/cuda/gpu_batch.h"
+#include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_lm_launch.h"
 #include "engine/cuda/gpu_prefill_batch.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 #include "engine/generation/sampling.h"
 #include "engine/model/weights.h"
 #include "engine/text/prompt.h"
@@ -180,6 +184,100 @@ nlohmann::json prefill_products(qc::GpuContext& context, const std::shared_ptr<c
 
 }  // namespace
 
+// Can a round's batched decoder pass hide behind the batched LM step? The engine runs them one
+// after the other on one stream. For each bucket b: one LM step of `chunk` frames for b streams
+// (the engine's batch graph, `context`) and one batched decoder pass of b streams x `chunk` frames
+// (random valid codes; a second context: its own stream, cuBLAS handle and workspace), wall time
+// with the synchronisations, median of 9: each alone, one after the other, and launched together
+// (the LM graph first, then the decoder pass, which returns when its samples are on the host;
+// then the LM stream is waited for). hidden = (serial - together) / decoder alone.
+nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& checkpoint,
+                            const std::shared_ptr<const qc::GpuLmWeights>& weights,
+                            const std::vector<std::unique_ptr<qc::GpuLm>>& streams, const std::vector<int>& sizes,
+                            const qtts::Prompt& prompt, qc::GpuGenerationSetup setup, int max_context, int chunk) {
+    const int max_streams = sizes.back();
+    qc::GpuBatchOptions lm_options;
+    lm_options.buckets = sizes;
+    lm_options.chunk_frames = {chunk};
+    qc::GpuBatch batch(weights, context, max_context, lm_options);
+    batch.capture();
+
+    qc::GpuContext side(context.device());
+    const auto decoder_weights = qc::GpuSpeechDecoderWeights::upload(checkpoint, context.device());
+    qc::GpuSpeechDecoderOptions stream_options;  // the streams' state blocks only: no graphs of their own
+    stream_options.max_chunk_frames = std::max(8, chunk);
+    stream_options.cuda_graphs = false;
+    auto shared_pass = std::make_shared<qc::DecoderPass>(
+        decoder_weights, side, qc::DecoderStateLayout::make(*decoder_weights, stream_options.max_chunk_frames),
+        stream_options.max_chunk_frames, stream_options);
+    std::vector<std::unique_ptr<qc::GpuSpeechDecoder>> decoders;
+    std::vector<qc::GpuSpeechDecoder*> decoder_ptrs;
+    for (int i = 0; i < max_streams; ++i) {
+        decoders.push_back(std::make_unique<qc::GpuSpeechDecoder>(decoder_weights, side, stream_options, shared_pass));
+        decoder_ptrs.push_back(decoders.back().get());
+    }
+    qc::GpuBatchDecoderOptions batch_decoder_options;
+    batch_decoder_options.max_streams = max_streams;
+    batch_decoder_options.chunk_frames = {chunk};
+    batch_decoder_options.buckets = sizes;
+    qc::GpuBatchDecoder batch_decoder(decoder_weights, side, decoders.front()->layout(), batch_decoder_options);
+    const qtts::DecoderConfig& dc = decoder_weights->config();
+    std::vector<int32_t> codes(size_t(max_streams) * chunk * dc.num_quantizers);
+    uint64_t state = 0x2545f4914f6cdd1dULL;
+    for (auto& c : codes) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        c = int32_t((state >> 33) % uint64_t(dc.codebook_size));
+    }
+    std::vector<float> pcm(size_t(max_streams) * chunk * decoder_weights->samples_per_frame());
+
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("\n  batched LM step + batched decoder pass of %d frames, alone / one after the other / together "
+                "(second stream), wall ms, median of 9:\n", chunk);
+    std::printf("  %-7s %10s %12s %10s %12s %8s\n", "streams", "LM ms", "decoder ms", "serial ms", "together ms",
+                "hidden");
+    for (const int b : sizes) {
+        const std::vector<qc::GpuSpeechDecoder*> decs(decoder_ptrs.begin(), decoder_ptrs.begin() + b);
+        const auto restart = [&] {
+            std::vector<qc::GpuLm*> bound;
+            for (int i = 0; i < b; ++i) {
+                setup.seed = 2000 + uint64_t(i);
+                streams[size_t(i)]->generation_start(prompt, setup);
+                bound.push_back(streams[size_t(i)].get());
+            }
+            batch.bind(bound);
+        };
+        const auto lm = [&] { batch.run(chunk); };
+        const auto decode = [&] { batch_decoder.decode(decs, codes.data(), chunk, pcm.data()); };
+        const auto median_of = [&](const std::function<void()>& one) {
+            restart();
+            one();  // warm-up
+            std::vector<double> ms;
+            for (int rep = 0; rep < 9; ++rep) {
+                const auto t0 = Clock::now();
+                one();
+                ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+            }
+            return qtts_cli::bench_median(ms);
+        };
+        const double lm_ms = median_of([&] { lm(); context.synchronize(); });
+        const double decoder_ms = median_of(decode);
+        const double serial_ms = median_of([&] { lm(); context.synchronize(); decode(); });
+        const double together_ms = median_of([&] { lm(); decode(); context.synchronize(); });
+        const double hidden = decoder_ms > 0 ? (serial_ms - together_ms) / decoder_ms : 0.0;
+        std::printf("  %-7d %10.2f %12.2f %10.2f %12.2f %7.0f%%\n", b, lm_ms, decoder_ms, serial_ms, together_ms,
+                    100.0 * hidden);
+        rows.push_back({{"streams", b},
+                        {"frames", chunk},
+                        {"lm_ms", lm_ms},
+                        {"decoder_ms", decoder_ms},
+                        {"serial_ms", serial_ms},
+                        {"together_ms", together_ms},
+                        {"hidden", hidden}});
+    }
+    batch.bind({});
+    return rows;
+}
+
 nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
                            int chunk) {
     std::vector<int> sizes = buckets;
@@ -284,6 +382,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     out["batch"] = rows;
     out["prefill"] = prefill_rows(context, weights, streams, sizes, setup);
     out["prefill_products"] = prefill_products(context, weights);
+    out["overlap"] = overlap_rows(context, *checkpoint, weights, streams, sizes, prompt, setup, max_context, chunk);
     return out;
 }
 
