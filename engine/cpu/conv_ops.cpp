@@ -7,6 +7,7 @@
 #include <cblas.h>
 
 #include "engine/common/error.h"
+#include "engine/model/weight_prep.h"
 
 namespace qtts::cpu {
 
@@ -154,8 +155,8 @@ std::vector<float> pad1d(const float* x, int C, int T, int left, int right, PadM
 
 void snake_beta(float* x, int C, int T, const float* log_alpha, const float* log_beta) {
     for (int c = 0; c < C; ++c) {
-        const float alpha = std::exp(log_alpha[c]);
-        const float inv_beta = 1.0f / (std::exp(log_beta[c]) + 1e-9f);
+        const float alpha = snake_alpha(log_alpha[c]);
+        const float inv_beta = snake_inv_beta(log_beta[c]);
         float* xc = x + size_t(c) * T;
         for (int t = 0; t < T; ++t) {
             const float s = std::sin(alpha * xc[t]);

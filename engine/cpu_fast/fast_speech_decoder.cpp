@@ -58,8 +58,8 @@ FastSpeechDecoder::Snake FastSpeechDecoder::snake_load(const SnakeWeights& w) co
     const std::vector<float> log_beta = speech_weight_f32(w.beta, int64_t(log_alpha.size()), "snake beta");
     Snake s;
     for (size_t c = 0; c < log_alpha.size(); ++c) {
-        s.alpha.push_back(std::exp(log_alpha[c]));
-        s.inv_beta.push_back(1.0f / (std::exp(log_beta[c]) + 1e-9f));
+        s.alpha.push_back(snake_alpha(log_alpha[c]));
+        s.inv_beta.push_back(snake_inv_beta(log_beta[c]));
     }
     return s;
 }

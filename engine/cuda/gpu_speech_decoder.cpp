@@ -194,8 +194,8 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         const auto lb = speech_weight_f32(sw.beta, channels, "snake beta");
         std::vector<float> alpha(la.size()), inv_beta(lb.size());
         for (size_t i = 0; i < la.size(); ++i) {
-            alpha[i] = std::exp(la[i]);
-            inv_beta[i] = 1.0f / (std::exp(lb[i]) + 1e-9f);
+            alpha[i] = snake_alpha(la[i]);
+            inv_beta[i] = snake_inv_beta(lb[i]);
         }
         kernels::SnakeParams s;
         s.alpha = g.store(alpha);

@@ -3,6 +3,8 @@
 // codebooks) and the layout checks both speech decoders make before using a checkpoint.
 #pragma once
 
+#include <cmath>
+
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +34,12 @@ std::vector<float> rope_inv_freq(int head_dim, double theta);
 // An fp32 copy of a speech-decoder tensor, checked present and of `numel` values (numel < 0: any
 // size); throws ERROR_SHAPE naming `what` otherwise.
 std::vector<float> speech_weight_f32(Tensor t, int64_t numel, const char* what);
+
+// SnakeBeta's per-channel factors from the checkpoint's log-scale parameters, as the reference
+// computes them: alpha = exp(log_alpha), 1 / beta = 1 / (exp(log_beta) + 1e-9). Every speech
+// decoder (CPU reference, cpu-fast, CUDA) and the tests that build its tables derive them here.
+inline float snake_alpha(float log_alpha) { return std::exp(log_alpha); }
+inline float snake_inv_beta(float log_beta) { return 1.0f / (std::exp(log_beta) + 1e-9f); }
 
 // One RVQ codebook as the reference uses it: embedding_sum / max(cluster_usage, 1e-5),
 // [codebook_size, dim].

@@ -146,8 +146,8 @@ TEST_CASE("gpu decoder kernels: causal conv with tail and SnakeBeta", "[gpu][dec
         auto log_beta = qtts_test::random_floats(size_t(C), 6, -0.5f, 0.5f);
         std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
         for (int c = 0; c < C; ++c) {
-            alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
-            inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+            alpha[size_t(c)] = qtts::snake_alpha(log_alpha[size_t(c)]);
+            inv_beta[size_t(c)] = qtts::snake_inv_beta(log_beta[size_t(c)]);
         }
         // CPU: conv over [tail | snake(x)]
         std::vector<float> xs = x;
@@ -282,8 +282,8 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     auto log_beta = qtts_test::random_floats(size_t(C), seed + 4, -0.5f, 0.5f);
     std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
     for (int c = 0; c < C; ++c) {
-        alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
-        inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+        alpha[size_t(c)] = qtts::snake_alpha(log_alpha[size_t(c)]);
+        inv_beta[size_t(c)] = qtts::snake_inv_beta(log_beta[size_t(c)]);
     }
     auto dx = to_device(x), dtail = to_device(tail), da = to_device(alpha), db = to_device(inv_beta);
     const qk::SnakeParams snake{da.get(), db.get()};
@@ -361,8 +361,8 @@ TEST_CASE("gpu decoder kernels: fused output conv (SnakeBeta, tail slots, clamp)
     auto la = qtts_test::random_floats(size_t(C), 44, -0.5f, 0.5f), lb = qtts_test::random_floats(size_t(C), 45);
     std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
     for (int c = 0; c < C; ++c) {
-        alpha[size_t(c)] = std::exp(la[size_t(c)]);
-        inv_beta[size_t(c)] = 1.0f / (std::exp(lb[size_t(c)]) + 1e-9f);
+        alpha[size_t(c)] = qtts::snake_alpha(la[size_t(c)]);
+        inv_beta[size_t(c)] = qtts::snake_inv_beta(lb[size_t(c)]);
     }
     std::vector<float> xs = x;
     qtts::cpu::snake_beta(xs.data(), C, T, la.data(), lb.data());
@@ -541,8 +541,8 @@ TEST_CASE("gpu decoder kernels: depthwise conv, LayerNorm over channels, RMSNorm
     auto la = qtts_test::random_floats(size_t(C), 27, -0.5f, 0.5f), lb = qtts_test::random_floats(size_t(C), 28);
     std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
     for (int c = 0; c < C; ++c) {
-        alpha[size_t(c)] = std::exp(la[size_t(c)]);
-        inv_beta[size_t(c)] = 1.0f / (std::exp(lb[size_t(c)]) + 1e-9f);
+        alpha[size_t(c)] = qtts::snake_alpha(la[size_t(c)]);
+        inv_beta[size_t(c)] = qtts::snake_inv_beta(lb[size_t(c)]);
     }
     std::vector<float> sx = x;
     qtts::cpu::snake_beta(sx.data(), C, T, la.data(), lb.data());

@@ -16,6 +16,7 @@
 #include "engine/cpu/speech_decoder.h"
 #include "engine/cpu_fast/conv_gemm.h"
 #include "engine/cpu_fast/fast_speech_decoder.h"
+#include "engine/model/weight_prep.h"
 #include "engine/model/weights.h"
 #include "test_support.h"
 
@@ -138,8 +139,8 @@ TEST_CASE("time-major SnakeBeta equals the reference's on every path", "[cpu_fas
     qtts::cpu::snake_beta(ref.data(), C, T, log_alpha.data(), log_beta.data());
     std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
     for (int c = 0; c < C; ++c) {
-        alpha[size_t(c)] = std::exp(log_alpha[size_t(c)]);
-        inv_beta[size_t(c)] = 1.0f / (std::exp(log_beta[size_t(c)]) + 1e-9f);
+        alpha[size_t(c)] = qtts::snake_alpha(log_alpha[size_t(c)]);
+        inv_beta[size_t(c)] = qtts::snake_inv_beta(log_beta[size_t(c)]);
     }
     for (const auto isa : {qtts::cpu_fast::MatvecIsa::MATVEC_ISA_SCALAR, qtts::cpu_fast::MatvecIsa::MATVEC_ISA_AVX2}) {
         if (!cf::matvec_isa_supported(isa)) continue;
