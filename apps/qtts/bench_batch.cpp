@@ -60,6 +60,19 @@ struct PathSpec {
     int skinny_tiles;     // 0: the default
 };
 
+// Starts the first b streams on the bench prompt (stream i seeded seed_base + i) and binds them
+// to `batch`.
+void streams_start_bound(qc::GpuBatch& batch, const std::vector<std::unique_ptr<qc::GpuLm>>& streams, int b,
+                         const qtts::Prompt& prompt, qc::GpuGenerationSetup setup, uint64_t seed_base) {
+    std::vector<qc::GpuLm*> bound;
+    for (int i = 0; i < b; ++i) {
+        setup.seed = seed_base + uint64_t(i);
+        streams[size_t(i)]->generation_start(prompt, setup);
+        bound.push_back(streams[size_t(i)].get());
+    }
+    batch.bind(bound);
+}
+
 nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights,
                             const std::vector<std::unique_ptr<qc::GpuLm>>& streams, const std::vector<int>& sizes,
                             qc::GpuGenerationSetup setup) {
@@ -237,15 +250,7 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
                 "hidden");
     for (const int b : sizes) {
         const std::vector<qc::GpuSpeechDecoder*> decs(decoder_ptrs.begin(), decoder_ptrs.begin() + b);
-        const auto restart = [&] {
-            std::vector<qc::GpuLm*> bound;
-            for (int i = 0; i < b; ++i) {
-                setup.seed = 2000 + uint64_t(i);
-                streams[size_t(i)]->generation_start(prompt, setup);
-                bound.push_back(streams[size_t(i)].get());
-            }
-            batch.bind(bound);
-        };
+        const auto restart = [&] { streams_start_bound(batch, streams, b, prompt, setup, 2000); };
         const auto lm = [&] { batch.run(chunk); };
         const auto decode = [&] { batch_decoder.decode(decs, codes.data(), chunk, pcm.data()); };
         const auto median_of = [&](const std::function<void()>& one) {
@@ -346,13 +351,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};
         for (const int b : sizes) {
-            std::vector<qc::GpuLm*> bound;
-            for (int i = 0; i < b; ++i) {
-                setup.seed = 1000 + uint64_t(i);
-                streams[size_t(i)]->generation_start(prompt, setup);
-                bound.push_back(streams[size_t(i)].get());
-            }
-            batch.bind(bound);
+            streams_start_bound(batch, streams, b, prompt, setup, 1000);
             for (int i = 0; i < warm_up; i += chunk) batch.run(chunk);
             const int calls = std::max(1, frames / chunk);
             const double step_ms = qc::time_on_stream(context.stream(), calls, [&] { batch.run(chunk); }) / chunk;
