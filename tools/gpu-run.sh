@@ -200,16 +200,37 @@ device() {
             note "decoder bench: $((SECONDS - t)) s"
             grep -E '^\s+batched' "$q/bench-decoder.log" | sed "s/^/  [decoder] /" | tee -a "$summary" || true
         fi
-        # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty).
+        # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty;
+        # QTTS_BENCH_BATCH_ARGS e.g. "--batch-paths auto,sk16 --batch-step-only").
         if [ -n "${QTTS_BENCH_BATCH:-}" ]; then
             t=$SECONDS
             timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$dir" --batch "$QTTS_BENCH_BATCH" \
-                --frames "${QTTS_BENCH_BATCH_FRAMES:-64}" --chunk 4 --json "$out/bench-$p-batch.json" \
+                --frames "${QTTS_BENCH_BATCH_FRAMES:-64}" --chunk 4 ${QTTS_BENCH_BATCH_ARGS:-} --json "$out/bench-$p-batch.json" \
                 >"$q/bench-$p-batch.log" 2>&1 || { note "batch bench $p FAILED"; failed=1; }
             cat "$q/bench-$p-batch.log" >>"$out/bench.log"
             note "batch bench $p: $((SECONDS - t)) s"
-            grep -E '^\s+[0-9]+\s+(gemv|split|auto|sk32|from4|t1)' "$q/bench-$p-batch.log" | sed "s/^/  [$p batch] /" | tee -a "$summary" || true
+            grep -E '^\s+[0-9]+\s+(gemv|split|auto|sk16|sk32|t1)' "$q/bench-$p-batch.log" | sed "s/^/  [$p batch] /" | tee -a "$summary" || true
             sed -n '/prompt prefills/,$p' "$q/bench-$p-batch.log" | sed "s/^/  [$p prefill] /" | tee -a "$summary" || true
+        fi
+        # One replay of the batched step per bucket under Nsight Compute (QTTS_PROFILE_BATCH="12,64",
+        # off when empty): every kernel's GPU time, alone (ncu serialises them: no PDL overlap), summed
+        # per kernel by tools/ncu_step.py. QTTS_PROFILE_PATHS: the product paths (default auto).
+        if [ -n "${QTTS_PROFILE_BATCH:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
+            t=$SECONDS
+            local ncu
+            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+            if [ -n "$ncu" ]; then
+                timeout 300 "$ncu" --profile-from-start off --clock-control none --cache-control none \
+                    --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \
+                    --log-file "$q/ncu-batch.csv" "$q/bin/qtts" bench --model "$dir" --batch "$QTTS_PROFILE_BATCH" \
+                    --frames 8 --chunk 1 --batch-paths "${QTTS_PROFILE_PATHS:-auto}" --batch-step-only --batch-profile \
+                    >"$q/ncu-bench.log" 2>&1 || note "ncu profile FAILED (rc $?)"
+                cp "$q/ncu-batch.csv" "$out/" 2>/dev/null || true
+                python3 "$ROOT/tools/ncu_step.py" "$q/ncu-batch.csv" 2>&1 | tee -a "$summary" || note "ncu_step.py FAILED"
+            else
+                note "ncu not found: no profile"
+            fi
+            note "batch profile: $((SECONDS - t)) s"
         fi
         # The kernel lab (apps/kernel-lab): GEMV variants checked and timed, per-kernel frame timing.
         if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/qtts-kernel-lab" ] && [ "${QTTS_KERNEL_LAB:-1}" = "1" ]; then

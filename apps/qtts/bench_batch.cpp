@@ -6,9 +6,9 @@
 // for every product ("gemv"); split cuBLAS GEMMs (split, GEMM, combine: three launches) for every
 // product over at least 4 rows ("split", the default before the one-launch kernel); "auto" is the
 // batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
-// skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk32" as auto with one
-// launch up to 32 rows; "t1" as auto with one tile per block in every one-launch product (the
-// kernel before two-tile blocks). Reported per bucket and path: step time per frame,
+// skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk16" / "sk32" as auto with
+// one launch up to 16 / 32 rows; "t1" as auto with one tile per block in every one-launch product
+// (the kernel before two-tile blocks). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
 // audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
 // graph's nodes and device memory.
@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/qtts/bench_common.h"
@@ -284,7 +285,7 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
 }
 
 nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
-                           int chunk) {
+                           int chunk, const BatchBenchOptions& bench) {
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -332,8 +333,15 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                 chunk, L);
     std::printf("  %-7s %-7s %10s %12s %10s %10s %8s %10s\n", "bucket", "path", "step ms", "audio-s/s", "GB/step",
                 "TB/s", "nodes", "graph MB");
-    for (const PathSpec path : {PathSpec{"gemv", 1 << 20, 0, 0}, PathSpec{"split", 4, 0, 0}, PathSpec{"auto", 0, -1, 0},
-                                PathSpec{"sk32", 0, 32, 0}, PathSpec{"t1", 0, -1, 1}}) {
+    const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
+                                  {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1}};
+    for (const std::string& name : bench.paths)
+        if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
+                       "sk16, sk32, t1)", name);
+    for (const PathSpec path : all_paths) {
+        if (!bench.paths.empty() && std::find(bench.paths.begin(), bench.paths.end(), path.name) == bench.paths.end())
+            continue;
         qc::GpuBatchOptions options;
         options.buckets = sizes;
         options.chunk_frames = {chunk};
@@ -375,10 +383,17 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                             {"achieved_tb_s", tb_s},
                             {"nodes_per_frame", nodes / size_t(chunk)},
                             {"graph_device_bytes", graph_bytes}});
+            if (bench.profile) {
+                CUDA_CHECK(cudaProfilerStart());
+                batch.run(chunk);
+                context.synchronize();
+                CUDA_CHECK(cudaProfilerStop());
+            }
         }
         batch.bind({});
     }
     out["batch"] = rows;
+    if (bench.step_only) return out;
     out["prefill"] = prefill_rows(context, weights, streams, sizes, setup);
     out["prefill_products"] = prefill_products(context, weights);
     out["overlap"] = overlap_rows(context, *checkpoint, weights, streams, sizes, prompt, setup, max_context, chunk);

@@ -10,10 +10,20 @@
 
 namespace qtts_cli {
 
+// What `qtts bench --batch` runs besides the buckets.
+struct BatchBenchOptions {
+    std::vector<std::string> paths;  // product paths to time (gemv, split, auto, sk16, sk32, t1); empty: all
+    bool step_only = false;          // only the step table: no prefill, product or overlap tables
+    // After timing each bucket, one more replay between cudaProfilerStart and cudaProfilerStop, so
+    // that a profiler started with profiling off (`ncu --profile-from-start off`) sees exactly one
+    // replay's kernels (tools/ncu_step.py sums them per kernel).
+    bool profile = false;
+};
+
 // Measures the buckets (any order, duplicates ignored) on device `device`, prints a table and
 // returns the results as JSON.
 nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
-                           int chunk);
+                           int chunk, const BatchBenchOptions& options);
 
 }  // namespace qtts_cli
 

@@ -13,6 +13,7 @@
 #include "apps/qtts/cli.h"
 #include "engine/common/device.h"
 #include "engine/common/error.h"
+#include "engine/common/strings.h"
 #include "engine/model/config.h"
 #include "engine/model/make_model.h"
 #include "engine/text/prompt.h"
@@ -99,6 +100,14 @@ std::vector<int> bench_sizes(const std::string& text, const char* option) {
         out.push_back(v);
     }
     if (out.empty()) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--{}: no sizes given", option);
+    return out;
+}
+
+std::vector<std::string> bench_names(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    for (std::string item; std::getline(ss, item, ',');)
+        if (!qtts::ascii_trim(item).empty()) out.push_back(qtts::ascii_trim(item));
     return out;
 }
 

@@ -41,4 +41,7 @@ double bench_percentile(std::vector<double> v, double p);
 // "1,2,4" -> {1, 2, 4}: sizes in 1..1000; throws ERROR_INVALID_ARGUMENT naming `option` otherwise.
 std::vector<int> bench_sizes(const std::string& text, const char* option);
 
+// The names of a comma-separated list ("auto,sk16"), trimmed; empty entries are skipped.
+std::vector<std::string> bench_names(const std::string& text);
+
 }  // namespace qtts_cli

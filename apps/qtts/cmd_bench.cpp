@@ -83,6 +83,10 @@ void usage() {
         "  --cold-gap-ms G    also with G ms of idle time before each of those requests\n"
         "  --batch LIST       instead: the batched frame step at these batch sizes (e.g. 1,2,4,8,16,32,64):\n"
         "                     step time, audio-s/s, bytes and bandwidth per bucket, gemv vs tensor cores\n"
+        "  --batch-paths LIST with --batch: only these product paths (gemv,split,auto,sk16,sk32,t1)\n"
+        "  --batch-step-only  with --batch: only the step table (no prefill, product or overlap tables)\n"
+        "  --batch-profile    with --batch: one more replay per bucket inside cudaProfilerStart/Stop (for\n"
+        "                     `ncu --profile-from-start off`; tools/ncu_step.py sums its kernels)\n"
         "  --gpu-memory-limit S  the end-to-end runs' --gpu-memory-limit (e.g. 6G)\n"
         "  --json FILE        write the results as JSON\n");
 }
@@ -360,7 +364,11 @@ int bench_cuda(const qtts_cli::Args& args) {
         if (*std::max_element(buckets.begin(), buckets.end()) > qtts::kernels::GEMV_MAX_BATCH_ROWS / 2)
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch sizes go up to {}",
                        qtts::kernels::GEMV_MAX_BATCH_ROWS / 2);
-        out.update(qtts_cli::bench_batch(model_dir, device, buckets, frames, chunk));
+        qtts_cli::BatchBenchOptions batch_options;
+        if (auto paths = args.get("batch-paths")) batch_options.paths = qtts_cli::bench_names(*paths);
+        batch_options.step_only = args.has("batch-step-only");
+        batch_options.profile = args.has("batch-profile");
+        out.update(qtts_cli::bench_batch(model_dir, device, buckets, frames, chunk, batch_options));
         if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, out);
         return 0;
     }

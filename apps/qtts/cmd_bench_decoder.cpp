@@ -21,7 +21,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -159,8 +158,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     const qtts::DecoderConfig& d = ckpt->speech_config.decoder;
 
     std::vector<qc::DecoderMath> maths;
-    std::stringstream math_list(args.get_or("math", "bf16x3"));
-    for (std::string name; std::getline(math_list, name, ',');) {
+    for (const std::string& name : qtts_cli::bench_names(args.get_or("math", "bf16x3"))) {
         qc::DecoderMath m{};
         if (!qc::decoder_math_parse(name, &m))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--math: unknown arithmetic '{}' (fp32, tf32, bf16x3)", name);
