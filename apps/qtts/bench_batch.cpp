@@ -286,6 +286,12 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
 
 nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
                            int chunk, const BatchBenchOptions& bench) {
+    const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
+                                  {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1}};
+    for (const std::string& name : bench.paths)
+        if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
+                       "sk16, sk32, t1)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -333,12 +339,6 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                 chunk, L);
     std::printf("  %-7s %-7s %10s %12s %10s %10s %8s %10s\n", "bucket", "path", "step ms", "audio-s/s", "GB/step",
                 "TB/s", "nodes", "graph MB");
-    const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
-                                  {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1}};
-    for (const std::string& name : bench.paths)
-        if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
-            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1)", name);
     for (const PathSpec path : all_paths) {
         if (!bench.paths.empty() && std::find(bench.paths.begin(), bench.paths.end(), path.name) == bench.paths.end())
             continue;

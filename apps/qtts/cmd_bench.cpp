@@ -656,9 +656,9 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
-                         "prefill-chunk", "cold", "cold-gap-ms", "batch", "gpu-memory-limit"},
+                         "prefill-chunk", "cold", "cold-gap-ms", "batch", "batch-paths", "gpu-memory-limit"},
                         {"help", "no-cuda-graphs", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
-                         "cold-probe", "no-warm-up"});
+                         "cold-probe", "no-warm-up", "batch-step-only", "batch-profile"});
     if (args.has("help")) {
         usage();
         return 0;
