@@ -176,6 +176,19 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Block-wide sum (any block size up to 1024 threads); every thread gets the total. The warps'
+// sums are added in warp order, so the result is deterministic.
+__device__ __forceinline__ float block_sum(float v, float* shared /* [32] */) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // `shared` may still be read from a previous call
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) total += shared[w];
+    return total;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

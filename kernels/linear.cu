@@ -16,18 +16,9 @@ __global__ void split_combine_kernel(const float* y2, int ld_y2, int T, int n, c
     const float* hi = y2 + size_t(t) * ld_y2;
     const float* lo = y2 + size_t(T + t) * ld_y2;
     float* out = y + size_t(t) * ldy;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        switch (epilogue) {
-            case LinearEpilogue::LINEAR_EPILOGUE_STORE: out[i] = hi[i] + lo[i] + (bias ? bias[i] : 0.0f); break;
-            case LinearEpilogue::LINEAR_EPILOGUE_ADD: out[i] += hi[i] + lo[i] + (bias ? bias[i] : 0.0f); break;
-            case LinearEpilogue::LINEAR_EPILOGUE_SWIGLU:
-                out[i] = silu_ref(hi[i] + lo[i]) * (hi[n + i] + lo[n + i]);
-                break;
-            case LinearEpilogue::LINEAR_EPILOGUE_SILU_BIAS:
-                out[i] = silu_ref(hi[i] + lo[i] + (bias ? bias[i] : 0.0f));
-                break;
-        }
-    }
+    const bool add = epilogue == LinearEpilogue::LINEAR_EPILOGUE_ADD;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = split_combine_value(epilogue, hi, lo, n, i, bias, add ? out[i] : 0.0f);
 }
 
 }  // namespace

@@ -15,6 +15,22 @@ enum class LinearEpilogue {
     LINEAR_EPILOGUE_SILU_BIAS,  // y = silu(a + b + bias)                   (text projection fc1)
 };
 
+#ifdef __CUDACC__
+// Output column i of a row under `epilogue`: hi / lo are the row's two halves in y2, old the
+// output's current value (ADD). One expression for every kernel that combines (so a fused
+// combine gives the same bits as linear_split_combine).
+__device__ __forceinline__ float split_combine_value(LinearEpilogue epilogue, const float* hi, const float* lo, int n,
+                                                     int i, const float* bias, float old) {
+    switch (epilogue) {
+        case LinearEpilogue::LINEAR_EPILOGUE_STORE: return hi[i] + lo[i] + (bias ? bias[i] : 0.0f);
+        case LinearEpilogue::LINEAR_EPILOGUE_ADD: return old + (hi[i] + lo[i] + (bias ? bias[i] : 0.0f));
+        case LinearEpilogue::LINEAR_EPILOGUE_SWIGLU: return silu_ref(hi[i] + lo[i]) * (hi[n + i] + lo[n + i]);
+        case LinearEpilogue::LINEAR_EPILOGUE_SILU_BIAS: return silu_ref(hi[i] + lo[i] + (bias ? bias[i] : 0.0f));
+    }
+    return 0.0f;
+}
+#endif
+
 // y2: [2T, ld_y2] fp32 from the GEMM (rows [0,T) = W x_hi, [T,2T) = W x_lo); n output columns.
 void linear_split_combine(const float* y2, int ld_y2, int T, int n, const float* bias, LinearEpilogue epilogue,
                           float* y, int ldy, const Launch& launch);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/linear.cuh"
 
 namespace qtts::kernels {
 
@@ -14,5 +15,12 @@ void rmsnorm(const float* x, int T, int C, int ldx, const float* w, float eps, f
 // x [T, ldx] -> out bf16 [2T, C]. w == nullptr: no normalisation (a plain split).
 void rmsnorm_split_bf16(const float* x, int T, int C, int ldx, const float* w, float eps, bf16_t* out,
                         const Launch& launch);
+
+// A split product's combine fused with the split of its output for the next product, in one
+// launch: y [T, ldy] gets what linear_split_combine(y2, ..., epilogue (STORE, ADD or SWIGLU; no
+// bias), y) writes, and out [2T, n] what rmsnorm_split_bf16(y, w, eps) then writes, bit for bit
+// (w null: a plain split). y2 [2T, ld_y2] as linear_split_combine reads it.
+void combine_rmsnorm_split_bf16(const float* y2, int ld_y2, int T, int n, LinearEpilogue epilogue, float* y, int ldy,
+                                const float* w, float eps, bf16_t* out, const Launch& launch);
 
 }  // namespace qtts::kernels

@@ -8,7 +8,8 @@
 // batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
 // skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk16" / "sk32" as auto with
 // one launch up to 16 / 32 rows; "t1" as auto with one tile per block in every one-launch product
-// (the kernel before two-tile blocks). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
+// (the kernel before two-tile blocks); "unfused" as auto with three launches per split product
+// (GpuBatchOptions::split_fusion off). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
 // audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
 // graph's nodes and device memory.
@@ -59,6 +60,7 @@ struct PathSpec {
     int wide_rows;        // 0: the default
     int skinny_max_rows;  // -1: the default
     int skinny_tiles;     // 0: the default
+    bool split_fusion = true;
 };
 
 // Starts the first b streams on the bench prompt (stream i seeded seed_base + i) and binds them
@@ -287,11 +289,12 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
 nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
                            int chunk, const BatchBenchOptions& bench) {
     const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
-                                  {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1}};
+                                  {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1},
+                                  {"unfused", 0, -1, 0, false}};
     for (const std::string& name : bench.paths)
         if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1)", name);
+                       "sk16, sk32, t1, unfused)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -348,6 +351,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         if (path.wide_rows > 0) options.wide_rows = path.wide_rows;
         if (path.skinny_max_rows >= 0) options.skinny_max_rows = path.skinny_max_rows;
         options.skinny_tiles = path.skinny_tiles;
+        options.split_fusion = path.split_fusion;
         const auto t0 = Clock::now();
         qc::GpuBatch batch(weights, context, max_context, options);
         batch.capture();
@@ -355,6 +359,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         out["paths"][path.name] = {{"wide_rows", options.wide_rows},
                                    {"skinny_max_rows", options.skinny_max_rows},
                                    {"skinny_tiles", options.skinny_tiles},
+                                   {"split_fusion", options.split_fusion},
                                    {"capture_ms", capture_ms},
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};

@@ -184,6 +184,21 @@ void GpuBatch::product(const k::GemvArgs& a) {
                  a.eps, a.w, out, a.out, a.bias, epilogue, a.y, a.ldy, 2 * a.rows);
 }
 
+template <typename Attend>
+void GpuBatch::stack_pass(const GpuStack& s, const DecodeRows& b, Attend&& attend) {
+    const k::Launch l = context_.launch();
+    const bool split = b.rows >= options_.wide_rows && b.rows > options_.skinny_max_rows;
+    if (split && options_.split_fusion) {
+        QTTS_ASSERT(b.rows <= rows_cap_ && std::max({s.hidden, s.q_dim(), s.intermediate}) <= max_in_ &&
+                    std::max(s.qkv_dim(), 2 * s.intermediate) <= max_out_);
+        stack_split_pass(
+            s, b, context_.cublas(), SplitScratch{xb_, y2_}, 2 * b.rows,
+            [&](int layer) { CUDA_CHECK_KERNEL(k::attention(attend(layer), l)); }, l);
+        return;
+    }
+    stack_decode_pass(s, b, [this](const k::GemvArgs& a) { product(a); }, attend, l);
+}
+
 k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
     const GpuStack& s = weights_->talker;
     k::AttentionArgs a = attention_args(s, layer, talker_.qkv, talker_.attn, nullptr, nullptr, max_context_,
@@ -244,10 +259,8 @@ void GpuBatch::predictor_pass(int rows, int group) {
             CUDA_CHECK_KERNEL(k::frame_embed(gather, l));
         }
     }
-    stack_decode_pass(
-        P, DecodeRows{predictor_.x, predictor_.qkv, predictor_.attn, predictor_.mlp, T * rows},
-        [this](const k::GemvArgs& a) { product(a); },
-        [this, rows, group](int layer) { return predictor_attention(layer, rows, group); }, l);
+    stack_pass(P, DecodeRows{predictor_.x, predictor_.qkv, predictor_.attn, predictor_.mlp, T * rows},
+               [this, rows, group](int layer) { return predictor_attention(layer, rows, group); });
     // The head reads each stream's last row.
     k::GemvArgs head = gemv_normed(gemv_product(w.predictor_head[size_t(group - 1)], w.predictor_vocab, Hc, rows,
                                                 predictor_.x + size_t(T - 1) * Hc, predictor_logits_),
@@ -269,10 +282,8 @@ void GpuBatch::talker_step(int rows) {
     f.out = talker_.x;
     f.ldo = H;
     CUDA_CHECK_KERNEL(k::frame_embed(f, l));
-    stack_decode_pass(
-        s, DecodeRows{talker_.x, talker_.qkv, talker_.attn, talker_.mlp, rows},
-        [this](const k::GemvArgs& a) { product(a); },
-        [this, rows](int layer) { return talker_attention(layer, rows); }, l);
+    stack_pass(s, DecodeRows{talker_.x, talker_.qkv, talker_.attn, talker_.mlp, rows},
+               [this, rows](int layer) { return talker_attention(layer, rows); });
     CUDA_CHECK_KERNEL(k::rmsnorm(talker_.x, rows, H, H, s.norm, s.eps, hidden_, H, l));
     product(gemv_product(w.codec_head, w.codec_vocab, H, rows, hidden_, talker_logits_));
 }

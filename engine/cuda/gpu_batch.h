@@ -44,6 +44,8 @@
 
 namespace qtts::cuda {
 
+struct DecodeRows;  // cuda/gpu_lm_launch.h
+
 struct GpuBatchOptions {
     std::vector<int> buckets = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64};  // batch sizes with graphs
     std::vector<int> chunk_frames = {1};  // frames per replay, captured for every bucket
@@ -58,6 +60,10 @@ struct GpuBatchOptions {
     // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
+    // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
+    // each combine into the next product's split (stack_split_pass: 10 launches a layer instead of
+    // 13, the same bits). false: three launches per product (measurements).
+    bool split_fusion = true;
 };
 
 // Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;
@@ -107,6 +113,10 @@ private:
     };
 
     void product(const kernels::GemvArgs& a);  // gemv, or tensor cores for wide batches
+    // One pass of stack s over `rows` rows: stack_split_pass when every product is a split one
+    // (and split_fusion is on), else stack_decode_pass through product().
+    template <typename Attend>
+    void stack_pass(const GpuStack& s, const DecodeRows& b, Attend&& attend);
     void predictor_pass(int rows, int group);
     void talker_step(int rows);
     kernels::AttentionArgs talker_attention(int layer, int rows) const;

@@ -216,6 +216,7 @@ private:
     void stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0);
     void linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out, int n,
                         const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy);
+    int prefill_gemm_rows(int T) const;  // GEMM rows of a prefill product over T rows (few shapes)
     // Attention of talker layer `layer` for T prompt rows at positions pos0.. (qkv [T, qkv_dim]
     // in, attn [T, q_dim] out): their keys and values stored in this stream's cache first.
     void prefill_attention(int layer, float* qkv, float* attn, int T, int pos0);

@@ -23,14 +23,15 @@ namespace k = ::qtts::kernels;
 // bf16 activations (hi + lo) and one cuBLAS GEMM: fp32-level accuracy at prefill sizes.
 void GpuLm::linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out,
                            int n, const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy) {
-    // cuBLAS picks a kernel per problem shape, and the first product of a shape in a process costs
-    // milliseconds (measured: +4..14 ms on the first request of each new prompt length, 1.7B), so
-    // the GEMM's row count is rounded up to a multiple of 32 within the scratch's 2C rows. Prefill
-    // then meets at most 2C/32 shapes, all of which the load-time warm-up runs.
-    const int gemm_rows = std::min((2 * T + 31) / 32 * 32, 2 * options_.prefill_chunk);
     linear_split(launch(), context_.cublas(), SplitScratch{xb_, y2_}, x, T, in, in, norm_w, eps, w, out, n, bias,
-                 epilogue, y, ldy, gemm_rows);
+                 epilogue, y, ldy, prefill_gemm_rows(T));
 }
+
+// cuBLAS picks a kernel per problem shape, and the first product of a shape in a process costs
+// milliseconds (measured: +4..14 ms on the first request of each new prompt length, 1.7B), so the
+// GEMM's row count is rounded up to a multiple of 32 within the scratch's 2C rows. Prefill then
+// meets at most 2C/32 shapes, all of which the load-time warm-up runs.
+int GpuLm::prefill_gemm_rows(int T) const { return std::min((2 * T + 31) / 32 * 32, 2 * options_.prefill_chunk); }
 
 void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host) {
     const k::Launch l = launch();
@@ -44,16 +45,10 @@ void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const 
 }
 
 void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0) {
-    const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim();
-    using E = k::LinearEpilogue;
-    for (size_t i = 0; i < s.layers.size(); ++i) {
-        const GpuStack::Layer& L = s.layers[i];
-        linear_prefill(b.x, T, H, L.input_norm, s.eps, L.qkv, QKV, QKV, nullptr, E::LINEAR_EPILOGUE_STORE, b.qkv, QKV);
-        prefill_attention(int(i), b.qkv, b.attn, T, pos0);
-        linear_prefill(b.attn, T, QD, nullptr, 0.0f, L.o, H, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H);
-        linear_prefill(b.x, T, H, L.post_norm, s.eps, L.gate_up, 2 * I, I, nullptr, E::LINEAR_EPILOGUE_SWIGLU, b.mlp, I);
-        linear_prefill(b.mlp, T, I, nullptr, 0.0f, L.down, H, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H);
-    }
+    // linear_prefill's products, with the combines fused into the next splits.
+    stack_split_pass(
+        s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, context_.cublas(), SplitScratch{xb_, y2_}, prefill_gemm_rows(T),
+        [&](int layer) { prefill_attention(layer, b.qkv, b.attn, T, pos0); }, launch());
 }
 
 void GpuLm::prefill_attention(int layer, float* qkv, float* attn, int T, int pos0) {

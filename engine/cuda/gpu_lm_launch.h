@@ -100,6 +100,14 @@ struct SplitScratch {
     float* y2 = nullptr;
 };
 
+// The GEMM of the split path: y2 [gemm_rows, out] = xb [gemm_rows, in] · W[out, in]^T (row-major;
+// column-major y2^T = W^T(op T) · xb^T), fp32 results of bf16 operands.
+inline void split_gemm(cublasHandle_t cublas, const SplitScratch& s, const bf16_t* w, int out, int in, int gemm_rows) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, gemm_rows, in, &alpha, w, CUDA_R_16BF, in, s.xb,
+                              CUDA_R_16BF, in, &beta, s.y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // y[T, n] (epilogue) = W[out, in] · rmsnorm(x[T, in]) (norm_w null: x as given) on tensor
 // cores at fp32-level accuracy: x split into bf16 hi rows [0, T) and lo rows [T, 2T) of xb, one
 // cuBLAS GEMM y2 = xb · W^T over `gemm_rows` >= 2T rows (the rows past 2T read stale scratch and
@@ -110,10 +118,7 @@ inline void linear_split(const kernels::Launch& l, cublasHandle_t cublas, const 
                          int T, int in, int ldx, const float* norm_w, float eps, const bf16_t* w, int out, int n,
                          const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy, int gemm_rows) {
     CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(x, T, in, ldx, norm_w, eps, s.xb, l));
-    // Row-major y2 [rows, out] = xb [rows, in] · W[out, in]^T, i.e. column-major y2^T = W^T(op T) · xb^T.
-    const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, gemm_rows, in, &alpha, w, CUDA_R_16BF, in, s.xb,
-                              CUDA_R_16BF, in, &beta, s.y2, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    split_gemm(cublas, s, w, out, in, gemm_rows);
     CUDA_CHECK_KERNEL(kernels::linear_split_combine(s.y2, out, T, n, bias, epilogue, y, ldy, l));
 }
 
@@ -164,6 +169,42 @@ void stack_decode_pass(const GpuStack& s, const DecodeRows& b, Product&& product
         product(gemv_swiglu(gemv_normed(gemv_product(L.gate_up, I, H, R, b.x, b.mlp), L.post_norm, s.eps),
                             L.gate_up + size_t(I) * H));
         product(gemv_residual(gemv_product(L.down, H, I, R, b.mlp, b.x)));
+    }
+}
+
+// The same pass with every product on the split tensor-core path (what linear_split does for
+// each), its combines fused into the next product's split where one follows
+// (kernels::combine_rmsnorm_split_bf16): per layer [split x], GEMM qkv, combine, attention, split
+// attn, GEMM o, combine + split, GEMM gate/up, SwiGLU combine + split, GEMM down, combine (+ the
+// next layer's split): 10 launches instead of 13, the same bits as 4 linear_split calls.
+// `attention(layer)` launches the layer's attention over b.qkv into b.attn. The GEMMs run over
+// gemm_rows >= 2 b.rows rows (as linear_split).
+template <typename Attention>
+void stack_split_pass(const GpuStack& s, const DecodeRows& b, cublasHandle_t cublas, const SplitScratch& scratch,
+                      int gemm_rows, Attention&& attention, const kernels::Launch& l) {
+    using E = kernels::LinearEpilogue;
+    const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim(), R = b.rows;
+    QTTS_ASSERT(gemm_rows >= 2 * R);
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const GpuStack::Layer& L = s.layers[i];
+        if (i == 0) CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.x, R, H, H, L.input_norm, s.eps, scratch.xb, l));
+        split_gemm(cublas, scratch, L.qkv, QKV, H, gemm_rows);  // [gemm rows, QKV]
+        CUDA_CHECK_KERNEL(kernels::linear_split_combine(scratch.y2, QKV, R, QKV, nullptr, E::LINEAR_EPILOGUE_STORE, b.qkv,
+                                                        QKV, l));
+        attention(int(i));
+        CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.attn, R, QD, QD, nullptr, 0.0f, scratch.xb, l));
+        split_gemm(cublas, scratch, L.o, H, QD, gemm_rows);  // [gemm rows, H]; x += o, then split rmsnorm(x)
+        CUDA_CHECK_KERNEL(kernels::combine_rmsnorm_split_bf16(scratch.y2, H, R, H, E::LINEAR_EPILOGUE_ADD, b.x, H,
+                                                              L.post_norm, s.eps, scratch.xb, l));
+        split_gemm(cublas, scratch, L.gate_up, 2 * I, H, gemm_rows);  // [gemm rows, 2I]; mlp = SwiGLU, then split
+        CUDA_CHECK_KERNEL(kernels::combine_rmsnorm_split_bf16(scratch.y2, 2 * I, R, I, E::LINEAR_EPILOGUE_SWIGLU, b.mlp,
+                                                              I, nullptr, 0.0f, scratch.xb, l));
+        split_gemm(cublas, scratch, L.down, H, I, gemm_rows);  // [gemm rows, H]; x += down (+ the next split)
+        if (i + 1 < s.layers.size())
+            CUDA_CHECK_KERNEL(kernels::combine_rmsnorm_split_bf16(scratch.y2, H, R, H, E::LINEAR_EPILOGUE_ADD, b.x, H,
+                                                                  s.layers[i + 1].input_norm, s.eps, scratch.xb, l));
+        else
+            CUDA_CHECK_KERNEL(kernels::linear_split_combine(scratch.y2, H, R, H, nullptr, E::LINEAR_EPILOGUE_ADD, b.x, H, l));
     }
 }
 

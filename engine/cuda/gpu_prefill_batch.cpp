@@ -149,12 +149,9 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
         splits = std::max(splits, k::attention_splits(pos0 + m.rows));
     }
     const int max_ctx = members.front().lm->talker_buf_.max_ctx;
-    using E = k::LinearEpilogue;
-    for (size_t i = 0; i < s.layers.size(); ++i) {
-        const GpuStack::Layer& L = s.layers[i];
-        product(x_, rows, H, L.input_norm, L.qkv, QKV, QKV, E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
-        k::AttentionArgs a = attention_args(s, int(i), qkv_, attn_, nullptr, nullptr, max_ctx, splits, nullptr,
-                                            nullptr, longest, nullptr, 0);
+    const auto attention = [&](int layer) {
+        k::AttentionArgs a = attention_args(s, layer, qkv_, attn_, nullptr, nullptr, max_ctx, splits, nullptr, nullptr,
+                                            longest, nullptr, 0);
         a.append = false;
         a.prefill_seqs = table;
         a.batch = int(members.size());
@@ -162,6 +159,17 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
         a.prefill_tiles = tiles;
         CUDA_CHECK_KERNEL(k::kv_append(a, l));
         CUDA_CHECK_KERNEL(k::attention(a, l));
+    };
+    if (g < DIRECT_MIN_GEMM_ROWS) {  // every product split + GEMM + combine: the combines fused into the next splits
+        stack_split_pass(s, DecodeRows{x_, qkv_, attn_, mlp_, rows}, context_.cublas(), SplitScratch{xb_, y2_}, g,
+                         attention, l);
+        return;
+    }
+    using E = k::LinearEpilogue;
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const GpuStack::Layer& L = s.layers[i];
+        product(x_, rows, H, L.input_norm, L.qkv, QKV, QKV, E::LINEAR_EPILOGUE_STORE, qkv_, QKV, g);
+        attention(int(i));
         product(attn_, rows, QD, nullptr, L.o, H, H, E::LINEAR_EPILOGUE_ADD, x_, H, g);
         product(x_, rows, H, L.post_norm, L.gate_up, 2 * I, I, E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
         product(mlp_, rows, I, nullptr, L.down, H, H, E::LINEAR_EPILOGUE_ADD, x_, H, g);
@@ -216,6 +224,9 @@ void GpuPrefillBatch::warm_up() {
         product(attn_, rows, QD, nullptr, L.o, H, H, E::LINEAR_EPILOGUE_STORE, x_, H, g);
         product(x_, rows, H, L.post_norm, L.gate_up, 2 * I, I, E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
         product(mlp_, rows, I, nullptr, L.down, H, H, E::LINEAR_EPILOGUE_STORE, x_, H, g);
+        // The fused combine + split of the smaller passes (stack_split_pass), loaded here too.
+        CUDA_CHECK_KERNEL(k::combine_rmsnorm_split_bf16(y2_, H, rows, H, E::LINEAR_EPILOGUE_ADD, x_, H, L.post_norm,
+                                                        s.eps, xb_, l));
     }
     // The batched attention kernels too (one row against one key, on this object's scratch):
     // a kernel's first launch loads its code, which takes device memory; that happens here, at

@@ -254,6 +254,29 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
     }
 }
 
+TEST_CASE("fused split passes give the bits of three launches per product", "[gpu][batch]") {
+    constexpr int FRAMES = 8;
+    const std::vector<StreamSpec> specs = mixed_specs();
+    const std::vector<int> order = {3, 1, 4, 0, 2};
+    // Every product on the split cuBLAS path (skinny_max_rows 0), 4-frame graphs; then eagerly with
+    // the one-launch kernel up to 6 rows, so only the predictor's first pass (10 rows) is split.
+    for (const bool graphs : {true, false}) {
+        qc::GpuBatchOptions o;
+        o.buckets = {5};
+        o.chunk_frames = {4};
+        o.cuda_graphs = graphs;
+        o.wide_rows = 2;
+        o.skinny_max_rows = graphs ? 0 : 6;
+        o.split_fusion = true;
+        const BatchRun fused = run_batched(specs, order, FRAMES, 4, o);
+        o.split_fusion = false;
+        const BatchRun unfused = run_batched(specs, order, FRAMES, 4, o);
+        INFO((graphs ? "graphs, every product split" : "eager, the first predictor pass split"));
+        for (size_t i = 0; i < specs.size(); ++i) REQUIRE(fused.codes[i] == unfused.codes[i]);
+        for (size_t row = 0; row < order.size(); ++row) REQUIRE(max_relative(fused.logits[row], unfused.logits[row]) == 0.0);
+    }
+}
+
 TEST_CASE("a stream that stops mid-chunk stays put while the others go on", "[gpu][batch]") {
     constexpr int FRAMES = 12;
     std::vector<StreamSpec> specs = mixed_specs();
