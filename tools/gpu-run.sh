@@ -178,6 +178,26 @@ device() {
             cat "$q/serve.log" >>"$out/bench.log"
             note "bench-serve $p: $((SECONDS - t)) s"
         fi
+        # The same benchmarks on the same weights with the real checkpoints' text tokenizer (the staged
+        # reference model's vocab.json / merges.txt; QTTS_BENCH_REAL_TOKENIZER=1, off when empty): the
+        # demo tokenizer is byte-level, so a 20-word sentence is ~110 prompt tokens instead of ~25.
+        if [ -n "${QTTS_BENCH_REAL_TOKENIZER:-}" ] && [ "$p" = "1.7b-customvoice" ] && [ -f "$q/ref/models/tiny-customvoice/vocab.json" ]; then
+            t=$SECONDS
+            local real=/tmp/qtts-models/$p-real-tokenizer
+            "$q/bin/qtts" make-model --preset "$p" --out "$real" --tokenizer-from "$q/ref/models/tiny-customvoice" >>"$out/bench.log" 2>&1
+            if [ -n "${QTTS_BENCH_SERVE:-}" ]; then
+                timeout 300 "$q/bin/qtts" bench-serve --model "$real" --backend cuda --frames 75 --concurrency "$QTTS_BENCH_SERVE" \
+                    --json "$out/serve-$p-real-tokenizer.json" >"$q/serve-real.log" 2>&1 || note "bench-serve (real tokenizer) FAILED"
+                grep -vE '^\[' "$q/serve-real.log" | sed "s/^/  [real tokenizer] /" | tee -a "$summary" >/dev/null
+                cat "$q/serve-real.log" >>"$out/bench.log"
+            fi
+            timeout "${QTTS_BENCH_TIMEOUT:-240}" "$q/bin/qtts" bench --model "$real" --frames "$frames" \
+                --json "$out/bench-$p-real-tokenizer.json" >"$q/bench-real.log" 2>&1 || note "bench (real tokenizer) FAILED"
+            cat "$q/bench-real.log" >>"$out/bench.log"
+            grep -E '^\s+(time to first|first chunk|generator|e2e)' "$q/bench-real.log" | sed "s/^/  [real tokenizer] /" | tee -a "$summary" || true
+            rm -rf "$real"
+            note "real-tokenizer benchmarks: $((SECONDS - t)) s"
+        fi
         # A spoken sentence under GPU memory caps (QTTS_MEMORY_LIMITS="6G 3G", off when empty;
         # needs `--gpu-memory-limit`, issue 23's branch wt-arch): peak memory, first audio and
         # real-time factor from `qtts say`'s log.

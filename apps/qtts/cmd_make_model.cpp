@@ -18,10 +18,12 @@ std::string presets_join() {
 }
 
 int cmd_make_model(const std::vector<std::string>& argv) {
-    qtts_cli::Args args(argv, {"preset", "out", "seed"}, {"help"});
+    qtts_cli::Args args(argv, {"preset", "out", "seed", "tokenizer-from"}, {"help"});
     if (args.has("help")) {
-        std::printf("usage: qtts make-model --preset P --out DIR [--seed N]\n  presets: %s\n"
-                    "  writes a random-weight checkpoint in the official Hugging Face layout\n",
+        std::printf("usage: qtts make-model --preset P --out DIR [--seed N] [--tokenizer-from DIR]\n  presets: %s\n"
+                    "  writes a random-weight checkpoint in the official Hugging Face layout\n"
+                    "  --tokenizer-from DIR  copy vocab.json, merges.txt and tokenizer_config.json from DIR (a real\n"
+                    "                        checkpoint) instead of the demo's byte-level tokenizer: real prompt lengths\n",
                     presets_join().c_str());
         return 0;
     }
@@ -33,7 +35,7 @@ int cmd_make_model(const std::vector<std::string>& argv) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "unexpected argument '{}'", args.positional().front());
     const auto preset = qtts::model_preset(*args.get("preset"));
     const uint64_t seed = args.get("seed") ? qtts::seed_parse(*args.get("seed")) : 1234;
-    const auto stats = qtts::model_write_random(preset, *args.get("out"), seed);
+    const auto stats = qtts::model_write_random(preset, *args.get("out"), seed, args.get_or("tokenizer-from", ""));
     std::printf("wrote %s (%s): model.safetensors %.1f MB, speech_tokenizer/model.safetensors %.1f MB in %.2f s\n",
                 args.get("out")->c_str(), preset.name.c_str(), stats.model_bytes / 1e6, stats.speech_bytes / 1e6,
                 stats.seconds);

@@ -292,8 +292,14 @@ std::vector<std::string> model_preset_names() {
 
 ModelPreset model_preset(const std::string& name) { return make_preset(name); }
 
-MakeModelStats model_write_random(const ModelPreset& preset, const std::string& out_dir, uint64_t seed) {
+MakeModelStats model_write_random(const ModelPreset& preset, const std::string& out_dir, uint64_t seed,
+                                  const std::string& tokenizer_from) {
     const auto t0 = std::chrono::steady_clock::now();
+    const char* const tokenizer_files[] = {"vocab.json", "merges.txt", "tokenizer_config.json"};
+    if (!tokenizer_from.empty())  // checked before anything is written
+        for (const char* f : tokenizer_files)
+            if (!fs::is_regular_file(tokenizer_from + "/" + f))
+                fail(ErrorCode::ERROR_INVALID_ARGUMENT, "{}: no {} to take the text tokenizer from", tokenizer_from, f);
     std::error_code ec;
     fs::create_directories(out_dir + "/speech_tokenizer", ec);
     if (ec) fail(ErrorCode::ERROR_IO, "{}: cannot create directory: {}", out_dir, ec.message());
@@ -301,7 +307,14 @@ MakeModelStats model_write_random(const ModelPreset& preset, const std::string& 
     write_text(out_dir + "/config.json", model_config_to_json(preset.config));
     write_text(out_dir + "/generation_config.json", generation_config_to_json(preset.generation));
     write_text(out_dir + "/speech_tokenizer/config.json", speech_tokenizer_config_to_json(preset.speech_config));
-    write_tokenizer_files(out_dir);
+    if (tokenizer_from.empty()) {
+        write_tokenizer_files(out_dir);
+    } else {
+        for (const char* f : tokenizer_files) {
+            fs::copy_file(tokenizer_from + "/" + f, out_dir + "/" + f, fs::copy_options::overwrite_existing, ec);
+            if (ec) fail(ErrorCode::ERROR_IO, "{}/{}: cannot copy into {}: {}", tokenizer_from, f, out_dir, ec.message());
+        }
+    }
 
     MakeModelStats stats;
     {

@@ -34,8 +34,12 @@ struct MakeModelStats {
 
 // Writes config.json, generation_config.json, model.safetensors (bf16),
 // speech_tokenizer/{config.json, model.safetensors (fp32)}, vocab.json, merges.txt and
-// tokenizer_config.json into out_dir (created if needed).
-MakeModelStats model_write_random(const ModelPreset& preset, const std::string& out_dir, uint64_t seed);
+// tokenizer_config.json into out_dir (created if needed). The text tokenizer is the demo's
+// byte-level one (a 20-word sentence is ~110 tokens), or, with tokenizer_from, the vocab.json,
+// merges.txt and tokenizer_config.json of that directory (a real checkpoint's: prompts as long as
+// the real model's, e.g. for benchmarks); a file missing there throws ERROR_INVALID_ARGUMENT.
+MakeModelStats model_write_random(const ModelPreset& preset, const std::string& out_dir, uint64_t seed,
+                                  const std::string& tokenizer_from = {});
 
 // The embedded default model: <cache>/tiny-customvoice-v2, generated on first use.
 // cache = $QTTS_CACHE_DIR, else $XDG_CACHE_HOME/qtts, else ~/.cache/qtts.

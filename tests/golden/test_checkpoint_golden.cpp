@@ -1,8 +1,14 @@
 // Every reference checkpoint loads, with the dimensions of its README, and the real configs parse.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "engine/model/config.h"
+#include "engine/model/make_model.h"
 #include "engine/model/weights.h"
+#include "engine/text/tokenizer.h"
 #include "test_support.h"
 
 using namespace qtts;
@@ -55,4 +61,30 @@ TEST_CASE("the real release configs parse", "[config][golden]") {
     const GenerationConfig g = generation_config_load(dir + "generation_config.json");
     CHECK(g.top_k == 50);
     CHECK(g.repetition_penalty == Approx(1.05f));
+}
+
+TEST_CASE("a generated checkpoint takes a real checkpoint's text tokenizer", "[checkpoint][golden]") {
+    const std::string real = qtts_test::reference_model_dir("tiny-customvoice");
+    const std::string demo = qtts_test::temp_dir() + "/tokenizer-demo", taken = qtts_test::temp_dir() + "/tokenizer-real";
+    model_write_random(model_preset("tiny-customvoice"), demo, 5);
+    model_write_random(model_preset("tiny-customvoice"), taken, 5, real);
+    const auto read = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        return ss.str();
+    };
+    for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+        INFO(f);
+        CHECK(read(taken + "/" + f) == read(real + "/" + f));
+    }
+    checkpoint_load(taken);  // the weights are the preset's, the tokenizer the real one's
+    // A 20-word sentence: ~1 token a word with the real merges, one a byte with the demo's.
+    const std::string sentence = "The quick brown fox jumps over the lazy dog while the evening sun slowly sets "
+                                 "behind the quiet distant hills.";
+    const size_t real_tokens = Tokenizer::load(taken).encode(sentence).size();
+    const size_t demo_tokens = Tokenizer::load(demo).encode(sentence).size();
+    CHECK(real_tokens == Tokenizer::load(real).encode(sentence).size());
+    CHECK(real_tokens < 30);
+    CHECK(demo_tokens > 100);
 }

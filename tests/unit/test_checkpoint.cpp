@@ -75,6 +75,24 @@ TEST_CASE("a generated tiny checkpoint loads with every network bound", "[checkp
     CHECK(total == expected);
 }
 
+TEST_CASE("make-model refuses a tokenizer folder without the tokenizer files, writing nothing", "[checkpoint]") {
+    const std::string out = qtts_test::temp_dir() + "/no-tokenizer";
+    fs::remove_all(out);
+    const std::string empty = qtts_test::temp_dir() + "/empty-folder";
+    fs::create_directories(empty);
+    for (const std::string& from : {empty, qtts_test::temp_dir() + "/missing-folder"}) {
+        INFO(from);
+        try {
+            model_write_random(model_preset("tiny-customvoice"), out, 1, from);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(e.code() == ErrorCode::ERROR_INVALID_ARGUMENT);
+            CHECK(std::string(e.what()).find("vocab.json") != std::string::npos);
+        }
+        CHECK_FALSE(fs::exists(out));
+    }
+}
+
 TEST_CASE("broken checkpoints give errors naming the file and tensor", "[checkpoint]") {
     SECTION("missing directory") { CHECK_THAT(load_error("/nonexistent/model"), Catch::Contains("does not exist")); }
     SECTION("missing speech_tokenizer/") {
