@@ -21,7 +21,7 @@ OURS = {
     "attention_cached_batched_kernel", "attention_cached_kernel", "attention_kernel", "frame_embed_kernel",
     "gather_kernel", "gemv_vec_kernel", "kv_append_batched_kernel", "kv_append_kernel", "predictor_input_kernel",
     "rmsnorm_kernel", "rows_add_kernel", "sample_kernel", "skinny_kernel", "slots_load_kernel",
-    "slots_store_hidden_kernel", "split_combine_kernel",
+    "slots_store_hidden_kernel", "split_combine_kernel", "combine_rmsnorm_split_kernel",
 }
 
 
@@ -47,21 +47,26 @@ def read_kernels(path):
 
 
 def units_of(kernels):
-    """Groups the kernels into products and single kernels: [(kind, name, [(part, us)])]."""
+    """Groups the kernels into products and single kernels: [(kind, name, [(part, us)])]. A split
+    product is [its split (rmsnorm_kernel)] + cuBLAS kernels + [its combine]; in a fused pass
+    (stack_split_pass) the split of most products is the previous product's combine."""
     units, i, n = [], 0, len(kernels)
     while i < n:
         name, _, us = kernels[i]
-        if name == "rmsnorm_kernel" and i + 1 < n and kernels[i + 1][0] not in OURS:
-            j = i + 1
-            parts = [("split", us)]
-            while j < n and kernels[j][0] not in OURS:
-                parts.append(("gemm", kernels[j][2]))
-                j += 1
-            if j < n and kernels[j][0] == "split_combine_kernel":
-                parts.append(("combine", kernels[j][2]))
-                j += 1
+        starts_split = name == "rmsnorm_kernel" and i + 1 < n and kernels[i + 1][0] not in OURS
+        if starts_split or name not in OURS:
+            parts = []
+            if starts_split:
+                parts.append(("split", us))
+                i += 1
+            while i < n and kernels[i][0] not in OURS:
+                parts.append(("gemm", kernels[i][2]))
+                i += 1
+            if i < n and kernels[i][0] in ("split_combine_kernel", "combine_rmsnorm_split_kernel"):
+                fused = kernels[i][0] == "combine_rmsnorm_split_kernel"
+                parts.append(("combine+split" if fused else "combine", kernels[i][2]))
+                i += 1
             units.append(("product", "split", parts))
-            i = j
         elif name in ("gemv_vec_kernel", "skinny_kernel"):
             units.append(("product", name.replace("_kernel", "").replace("_vec", ""), [(name, us)]))
             i += 1
@@ -130,7 +135,7 @@ def report(step, rows):
         parts = r["parts"]
         detail = ""
         if "gemm" in parts:
-            detail = "/".join(f"{parts.get(p, 0.0):.0f}" for p in ("split", "gemm", "combine"))
+            detail = "/".join(f"{parts.get(p, 0.0):.0f}" for p in ("split", "gemm", "combine", "combine+split"))
         path = ",".join(sorted(p for p in r["path"] if p))
         print(f"  {label:<24} {path:<8} {r['count']:>6} {r['launches']:>8} {r['us']:>10.1f} {r['us'] / r['count']:>9.2f} "
               f"{100.0 * r['us'] / total:>5.1f}%  {detail}")
