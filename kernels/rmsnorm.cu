@@ -67,13 +67,12 @@ __global__ void __launch_bounds__(NORM_THREADS)
     row.write(T, t, C, w, inv, y, ldy, split);
 }
 
-// One block per row: the row's combine (its values loaded together, then written to y), then
-// the norm and the split of those values. The output rule is a template argument, so that no
-// branch separates the loads.
-template <int PER, LinearEpilogue EPILOGUE>
+// One block per row: the residual combine of a split product (y += hi + lo, its values loaded
+// together, then written to y), then the norm and the split of those values.
+template <int PER>
 __global__ void __launch_bounds__(NORM_THREADS)
-    combine_rmsnorm_split_kernel(const float* __restrict__ y2, int ld_y2, int T, int n, float* __restrict__ y, int ldy,
-                                 const float* __restrict__ w, float eps, bf16_t* __restrict__ split) {
+    combine_add_rmsnorm_split_kernel(const float* __restrict__ y2, int ld_y2, int T, int n, float* __restrict__ y,
+                                     int ldy, const float* __restrict__ w, float eps, bf16_t* __restrict__ split) {
     __shared__ float shared[32];
     pdl_wait();
     pdl_trigger();
@@ -81,12 +80,11 @@ __global__ void __launch_bounds__(NORM_THREADS)
     const float* hi = y2 + size_t(t) * ld_y2;
     const float* lo = y2 + size_t(T + t) * ld_y2;
     float* yr = y + size_t(t) * ldy;
-    constexpr bool add = EPILOGUE == LinearEpilogue::LINEAR_EPILOGUE_ADD;
     RowValues<PER> row;
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
         const int c = int(threadIdx.x) + k * NORM_THREADS, cc = min(c, n - 1);  // no branch: loads issued together
-        const float value = split_combine_value(EPILOGUE, hi, lo, n, cc, nullptr, add ? yr[cc] : 0.0f);
+        const float value = split_combine_value(LinearEpilogue::LINEAR_EPILOGUE_ADD, hi, lo, n, cc, nullptr, yr[cc]);
         row.v[k] = c < n ? value : 0.0f;
     }
 #pragma unroll
@@ -140,24 +138,15 @@ void rmsnorm_split_bf16(const float* x, int T, int C, int ldx, const float* w, f
     });
 }
 
-void combine_rmsnorm_split_bf16(const float* y2, int ld_y2, int T, int n, LinearEpilogue epilogue, float* y, int ldy,
-                                const float* w, float eps, bf16_t* out, const Launch& l) {
-    const bool rule = epilogue == LinearEpilogue::LINEAR_EPILOGUE_STORE ||
-                      epilogue == LinearEpilogue::LINEAR_EPILOGUE_ADD ||
-                      epilogue == LinearEpilogue::LINEAR_EPILOGUE_SWIGLU;
-    const int y2_width = epilogue == LinearEpilogue::LINEAR_EPILOGUE_SWIGLU ? 2 * n : n;
-    if (T <= 0 || n <= 0 || n > NORM_MAX_COLUMNS || !y2 || !y || !out || !rule || ld_y2 < y2_width || ldy < n)
-        check_fail("combine_rmsnorm_split_bf16",
-                   "invalid arguments (STORE, ADD or SWIGLU; rows of 1..8192 columns; y2 rows hold the output)", __func__,
-                   __FILE__, __LINE__);
-    using E = LinearEpilogue;
+void combine_add_rmsnorm_split_bf16(const float* y2, int ld_y2, int T, int n, float* y, int ldy, const float* w,
+                                    float eps, bf16_t* out, const Launch& l) {
+    if (T <= 0 || n <= 0 || n > NORM_MAX_COLUMNS || !y2 || !y || !out || ld_y2 < n || ldy < n)
+        check_fail("combine_add_rmsnorm_split_bf16", "invalid arguments (rows of 1..8192 columns; y2 rows hold the output)",
+                   __func__, __FILE__, __LINE__);
     launch_per(n, [&](auto per) {
-        constexpr int PER = decltype(per)::value;
-        const auto kernel = epilogue == E::LINEAR_EPILOGUE_ADD     ? combine_rmsnorm_split_kernel<PER, E::LINEAR_EPILOGUE_ADD>
-                            : epilogue == E::LINEAR_EPILOGUE_STORE ? combine_rmsnorm_split_kernel<PER, E::LINEAR_EPILOGUE_STORE>
-                                                                   : combine_rmsnorm_split_kernel<PER, E::LINEAR_EPILOGUE_SWIGLU>;
-        KERNEL_CUDA_CHECK(
-            launch_kernel(l, dim3(T), dim3(NORM_THREADS), 0, kernel, y2, ld_y2, T, n, y, ldy, w, eps, out));
+        KERNEL_CUDA_CHECK(launch_kernel(l, dim3(T), dim3(NORM_THREADS), 0,
+                                        combine_add_rmsnorm_split_kernel<decltype(per)::value>, y2, ld_y2, T, n, y, ldy,
+                                        w, eps, out));
     });
 }
 

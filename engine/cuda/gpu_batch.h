@@ -61,8 +61,8 @@ struct GpuBatchOptions {
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
-    // each combine into the next product's split (stack_split_pass: 10 launches a layer instead of
-    // 13, the same bits). false: three launches per product (measurements).
+    // each residual combine into the next product's split (stack_split_pass: 11 launches a layer
+    // instead of 13, the same bits). false: three launches per product (measurements).
     bool split_fusion = true;
 };
 

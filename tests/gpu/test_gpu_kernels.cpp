@@ -900,28 +900,23 @@ TEST_CASE("split-bf16 cuBLAS products with their epilogues match the CPU linear"
     CHECK(rel_error(silu.data(), r_silu.data(), silu.size()) < 1e-4);
 }
 
-TEST_CASE("a combine fused with the next product's split gives the bits of the two launches",
+TEST_CASE("a residual combine fused with the next product's split gives the bits of the two launches",
           "[gpu][linear][rmsnorm]") {
     const uint64_t seed = fresh_seed();
     INFO("seed " << seed);
-    using E = k::LinearEpilogue;
     struct Case {
         const char* name;
-        E epilogue;
         bool norm;
-        int T, n;
+        int T, n, ld_y2;
     };
-    // Odd widths (not a multiple of the 256 threads), one row and many.
-    const Case cases[] = {{"ADD, then RMSNorm", E::LINEAR_EPILOGUE_ADD, true, 7, 1000},
-                          {"ADD, then RMSNorm, one row", E::LINEAR_EPILOGUE_ADD, true, 1, 2048},
-                          {"STORE, then RMSNorm", E::LINEAR_EPILOGUE_STORE, true, 5, 777},
-                          {"SwiGLU, then a plain split", E::LINEAR_EPILOGUE_SWIGLU, false, 9, 1536},
-                          {"ADD, then a plain split", E::LINEAR_EPILOGUE_ADD, false, 3, 300}};
+    // Odd widths (not a multiple of the 256 threads), one row and many, a padded y2 row.
+    const Case cases[] = {{"then RMSNorm", true, 7, 1000, 1003},
+                          {"then RMSNorm, one row", true, 1, 2048, 2048},
+                          {"then RMSNorm, a 6144-wide row", true, 3, 6144, 6144},
+                          {"then a plain split", false, 5, 300, 777}};
     for (const Case& c : cases) {
         SECTION(c.name) {
-            const bool swiglu = c.epilogue == E::LINEAR_EPILOGUE_SWIGLU;
-            const int ld_y2 = swiglu ? 2 * c.n : c.n + 3;  // a padded y2 row where the rule allows
-            const auto y2 = random_floats(size_t(2 * c.T) * ld_y2, seed, -3.0f, 3.0f);
+            const auto y2 = random_floats(size_t(2 * c.T) * c.ld_y2, seed, -3.0f, 3.0f);
             const auto old = random_floats(size_t(c.T) * c.n, seed + 1, -2.0f, 2.0f);
             const auto norm_w = random_floats(size_t(c.n), seed + 2, 0.5f, 1.5f);
             auto d_y2 = upload(y2);
@@ -929,52 +924,48 @@ TEST_CASE("a combine fused with the next product's split gives the bits of the t
             const float* w = c.norm ? d_norm.get() : nullptr;
             const float eps = 1e-6f;
             // Two launches: the combine, then the split of its output.
-            auto d_y_two = c.epilogue == E::LINEAR_EPILOGUE_ADD ? upload(old) : poisoned(old.size());
+            auto d_y_two = upload(old);
             DeviceArray<uint16_t> d_xb_two(size_t(2 * c.T) * c.n);
-            k::linear_split_combine(d_y2.get(), ld_y2, c.T, c.n, nullptr, c.epilogue, d_y_two.get(), c.n,
-                                    context().launch());
+            k::linear_split_combine(d_y2.get(), c.ld_y2, c.T, c.n, nullptr, k::LinearEpilogue::LINEAR_EPILOGUE_ADD,
+                                    d_y_two.get(), c.n, context().launch());
             k::rmsnorm_split_bf16(d_y_two.get(), c.T, c.n, c.n, w, eps, d_xb_two.get(), context().launch());
-            // One launch, into poisoned outputs (NaN floats, NaN bf16 pairs).
-            auto d_y_one = c.epilogue == E::LINEAR_EPILOGUE_ADD ? upload(old) : poisoned(old.size());
+            // One launch, into a poisoned split (NaN bf16 pairs).
+            auto d_y_one = upload(old);
             auto d_xb_one = upload(std::vector<uint16_t>(size_t(2 * c.T) * c.n, 0xffffu));
-            k::combine_rmsnorm_split_bf16(d_y2.get(), ld_y2, c.T, c.n, c.epilogue, d_y_one.get(), c.n, w, eps,
-                                          d_xb_one.get(), context().launch());
+            k::combine_add_rmsnorm_split_bf16(d_y2.get(), c.ld_y2, c.T, c.n, d_y_one.get(), c.n, w, eps,
+                                              d_xb_one.get(), context().launch());
             const auto y_two = download(d_y_two, old.size()), y_one = download(d_y_one, old.size());
             const auto xb_two = download(d_xb_two, size_t(2 * c.T) * c.n),
                        xb_one = download(d_xb_one, size_t(2 * c.T) * c.n);
             REQUIRE(all_finite(y_one));
             REQUIRE(std::memcmp(y_one.data(), y_two.data(), y_one.size() * sizeof(float)) == 0);
             REQUIRE(xb_one == xb_two);
-            // And against the CPU: hi + lo of each value = the normalised combined row (~16 bits).
-            std::vector<float> want(old.size()), got(old.size());
+            // And against the CPU: y = old + hi + lo; hi + lo of each split value = rmsnorm(y) (~16 bits).
+            std::vector<float> want_y(old), want(old.size()), got(old.size());
             for (int t = 0; t < c.T; ++t) {
-                const float* hi = y2.data() + size_t(t) * ld_y2;
-                const float* lo = y2.data() + size_t(c.T + t) * ld_y2;
-                float* row = want.data() + size_t(t) * c.n;
-                for (int i = 0; i < c.n; ++i) {
-                    const float h = hi[i] + lo[i];
-                    row[i] = swiglu ? qtts::cpu::silu(h) * (hi[c.n + i] + lo[c.n + i])
-                                    : h + (c.epilogue == E::LINEAR_EPILOGUE_ADD ? old[size_t(t) * c.n + i] : 0.0f);
-                }
-                if (c.norm) {
-                    const std::vector<float> combined(row, row + c.n);
-                    qtts::cpu::rms_norm(combined.data(), 1, c.n, norm_w.data(), eps, row);
-                }
+                float* row = want_y.data() + size_t(t) * c.n;
+                for (int i = 0; i < c.n; ++i)
+                    row[i] += y2[size_t(t) * c.ld_y2 + i] + y2[size_t(c.T + t) * c.ld_y2 + i];
+                if (c.norm)
+                    qtts::cpu::rms_norm(row, 1, c.n, norm_w.data(), eps, want.data() + size_t(t) * c.n);
+                else
+                    std::copy(row, row + c.n, want.data() + size_t(t) * c.n);
                 for (int i = 0; i < c.n; ++i)
                     got[size_t(t) * c.n + i] = qtts::bf16_to_f32(xb_one[size_t(t) * c.n + i]) +
                                                qtts::bf16_to_f32(xb_one[size_t(c.T + t) * c.n + i]);
             }
+            CHECK(rel_error(y_one.data(), want_y.data(), want_y.size()) < 1e-6);
             REQUIRE(all_finite(got));
             CHECK(rel_error(got.data(), want.data(), got.size()) < 2e-5);
         }
     }
-    // Refused: a rule it does not fuse, a y2 row narrower than the output.
+    // Refused: a y2 row narrower than the output, a row wider than the kernel holds.
     DeviceArray<float> y2(64), y(64);
     DeviceArray<uint16_t> xb(64);
-    REQUIRE_THROWS(k::combine_rmsnorm_split_bf16(y2.get(), 8, 2, 8, E::LINEAR_EPILOGUE_SILU_BIAS, y.get(), 8, nullptr,
-                                                 0.0f, xb.get(), context().launch()));
-    REQUIRE_THROWS(k::combine_rmsnorm_split_bf16(y2.get(), 8, 2, 8, E::LINEAR_EPILOGUE_SWIGLU, y.get(), 8, nullptr,
-                                                 0.0f, xb.get(), context().launch()));
+    REQUIRE_THROWS(k::combine_add_rmsnorm_split_bf16(y2.get(), 4, 2, 8, y.get(), 8, nullptr, 0.0f, xb.get(),
+                                                     context().launch()));
+    REQUIRE_THROWS(k::combine_add_rmsnorm_split_bf16(y2.get(), 9000, 1, 9000, y.get(), 9000, nullptr, 0.0f, xb.get(),
+                                                     context().launch()));
 }
 
 TEST_CASE("embedding gathers, the frame sum and row scatter match the CPU", "[gpu][embedding]") {
