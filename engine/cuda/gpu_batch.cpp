@@ -159,7 +159,8 @@ void GpuBatch::bind(const std::vector<GpuLm*>& streams) {
 
 void GpuBatch::product(const k::GemvArgs& a) {
     const k::Launch l = context_.launch();
-    // Gathered inputs (the 1.7B predictor's projection of a codebook embedding) stay on gemv.
+    // Gathered inputs (the 1.7B predictor's projection of a codebook embedding below wide_rows rows;
+    // predictor_pass gathers wider ones first) stay on gemv.
     if (a.rows < options_.wide_rows || a.input == k::GemvInput::GEMV_INPUT_GATHER) {
         gemv_launch(a, l);
         return;

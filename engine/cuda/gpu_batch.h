@@ -13,7 +13,8 @@
 //     every row exactly as in a batch of one (rows in groups of 8, same arithmetic, bitwise equal
 //     to batch 1, kept by the tests with a large wide_rows); from `wide_rows` rows tensor cores with split hi/lo bf16 activations, equal to fp32-level
 //     accuracy (~1e-6 relative): up to `skinny_max_rows` rows in one launch (kernels/skinny.cuh),
-//     wider ones as one cuBLAS GEMM between a split and a combine launch, as prefill does;
+//     wider ones as one cuBLAS GEMM between a split and a combine launch, as prefill does
+//     (a pass of those fuses each residual combine into the next split: stack_split_pass);
 //   * attention: one launch over all rows, each with its own cache and position;
 //   * sampling: one block per row, Philox keyed by the stream's seed, codebook and frame.
 // A stream that draws end-of-speech, reaches its frame_end or fills its cache sets its stop flag
