@@ -307,7 +307,11 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     const int L = int(prompt.positions.size());
     const int warm_up = 2 * chunk;
     // Each bucket restarts its streams, so a context covers the prompt and one measurement.
-    const int max_context = std::max(256, (L + warm_up + frames + 64 + 63) / 64 * 64);
+    const int needed = (L + warm_up + frames + 64 + 63) / 64 * 64;
+    if (bench.max_context > 0 && bench.max_context < needed)
+        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-context {}: the run needs at least {} positions",
+                   bench.max_context, needed);
+    const int max_context = bench.max_context > 0 ? bench.max_context : std::max(256, needed);
 
     const qtts::GenerationParams params = qtts::generation_params_from_config(checkpoint->generation);
     qc::GpuGenerationSetup setup;

@@ -18,6 +18,9 @@ struct BatchBenchOptions {
     // that a profiler started with profiling off (`ncu --profile-from-start off`) sees exactly one
     // replay's kernels (tools/ncu_step.py sums them per kernel).
     bool profile = false;
+    // Positions of every stream's KV cache (the talker attention's split-K grid is sized for it);
+    // 0: just what the run needs (at least 256). The engine's streams have 4096.
+    int max_context = 0;
 };
 
 // Measures the buckets (any order, duplicates ignored) on device `device`, prints a table and
