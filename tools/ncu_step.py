@@ -11,7 +11,9 @@ bound of the step; the split between the roles is what this is for.
 The step's kernel order (engine/cuda/gpu_batch.cpp): slots_load; 15 predictor passes, each
 [input / projection] + layers x [qkv, attention, o, gate/up, down] + head, then a draw; the talker:
 frame embed + layers x [...], RMSNorm, codec head, a draw; slots_store_hidden. A product is one
-launch (gemv or the one-launch tensor-core kernel) or three (RMSNorm/split, cuBLAS GEMM, combine).
+launch (gemv or the one-launch tensor-core kernel) or three (RMSNorm/split, cuBLAS GEMM, combine);
+in a fused split pass (stack_split_pass) most splits are the previous product's combine
+("combine+split"). Usage: tools/ncu_step.py LOG
 """
 import csv
 import sys
@@ -130,7 +132,7 @@ def report(step, rows):
     total = sum(r["us"] for r in table.values())
     launches = sum(r["launches"] for r in table.values())
     print(f"\n  batched step, {rows} rows: {launches} launches, {total / 1000.0:.3f} ms of kernels run alone (ncu)")
-    print(f"  {'role':<24} {'path':<8} {'count':>6} {'launches':>8} {'us/frame':>10} {'us each':>9} {'share':>6}  split/gemm/combine us")
+    print(f"  {'role':<24} {'path':<8} {'count':>6} {'launches':>8} {'us/frame':>10} {'us each':>9} {'share':>6}  split/gemm/combine/combine+split us")
     for label, r in sorted(table.items(), key=lambda kv: -kv[1]["us"]):
         parts = r["parts"]
         detail = ""
