@@ -224,9 +224,9 @@ void GpuPrefillBatch::warm_up() {
         product(attn_, rows, QD, nullptr, L.o, H, H, E::LINEAR_EPILOGUE_STORE, x_, H, g);
         product(x_, rows, H, L.post_norm, L.gate_up, 2 * I, I, E::LINEAR_EPILOGUE_SWIGLU, mlp_, I, g);
         product(mlp_, rows, I, nullptr, L.down, H, H, E::LINEAR_EPILOGUE_STORE, x_, H, g);
-        // The fused combine + split of the smaller passes (stack_split_pass), loaded here too.
-        CUDA_CHECK_KERNEL(k::combine_add_rmsnorm_split_bf16(y2_, H, rows, H, x_, H, L.post_norm, s.eps, xb_, l));
     }
+    // The fused combine + split of the smaller passes (stack_split_pass), loaded here too (one row).
+    CUDA_CHECK_KERNEL(k::combine_add_rmsnorm_split_bf16(y2_, H, 1, H, x_, H, L.post_norm, s.eps, xb_, l));
     // The batched attention kernels too (one row against one key, on this object's scratch):
     // a kernel's first launch loads its code, which takes device memory; that happens here, at
     // start-up, inside what the memory plan measured, not at the first request.
