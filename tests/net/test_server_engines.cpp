@@ -2,6 +2,8 @@
 // requests spread over them, /healthz and /metrics per engine, an engine left out at start-up,
 // and an engine lost mid-run while the other keeps serving.
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -36,12 +38,15 @@ double engine_requests(const std::string& metrics, const std::string& label) {
     return metric_value(metrics, "qtts_engine_requests_total{engine=\"" + label + "\"}");
 }
 
-// A WebSocket utterance that speaks its first words and then waits for more text: it stays on
-// its engine until `end`, however fast the machine is.
+// A WebSocket utterance that speaks its first word and then waits for more text: it stays on
+// its engine until `end`, however fast or slow the machine is. The word must be short: the demo
+// model's tokenizer is byte-level (a token per byte, a frame per token), and the servers here
+// cap a request at 0.5 s of audio (6 frames), which a longer committed text would reach before
+// it waits, ending the stream on its own.
 std::unique_ptr<WsClient> ws_waiting_start(const EngineServer& s, uint64_t seed) {
     auto ws = std::make_unique<WsClient>(s.port(), std::chrono::milliseconds(20000));
     REQUIRE(ws->connected());
-    REQUIRE(ws->send_text(json{{"type", "start"}, {"format", "pcm"}, {"seed", seed}, {"text", "Hello there, how are"}}.dump()));
+    REQUIRE(ws->send_text(json{{"type", "start"}, {"format", "pcm"}, {"seed", seed}, {"text", "Hi, how"}}.dump()));
     const auto started = ws->read_until_event({"started"});
     REQUIRE(started);
     return ws;
@@ -93,6 +98,9 @@ TEST_CASE("several engines: one left out at start-up, requests spread, health an
     // At the same time: the second goes to the engine without a stream.
     auto a = ws_waiting_start(s, 1);
     auto b = ws_waiting_start(s, 2);
+    // Both wait for text now, however long they are left to: give a fast machine the time a slow
+    // one takes, so a stream that would end on its own fails here too.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     h = healthz_get(s, 200);
     CHECK(h["engines"][0]["active_streams"].get<int64_t>() + h["engines"][0]["queued_streams"].get<int64_t>() == 1);
     CHECK(h["engines"][1]["active_streams"].get<int64_t>() + h["engines"][1]["queued_streams"].get<int64_t>() == 1);

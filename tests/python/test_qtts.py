@@ -140,6 +140,9 @@ class BindingsTest(unittest.TestCase):
 
         with self.engine.speak("Delivered by a callback.", greedy=True, max_frames=6, on_chunk=on_chunk) as stream:
             self.assertTrue(done.wait(60))
+            # `finished` turns true once the last call has returned, which may be a moment after
+            # `done` was set inside it: wait for it rather than race the library thread.
+            self.assertTrue(stream.wait(10000))
             self.assertTrue(stream.finished)
             m = stream.metrics()
         self.assertEqual(lasts, [True])
