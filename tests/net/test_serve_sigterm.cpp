@@ -76,7 +76,7 @@ int serve_port(const std::string& log_path) {
 TEST_CASE("qtts serve: live while loading, ready when loaded; SIGTERM drains, cuts the overdue stream, exits 0", "[net]") {
     const std::string exe = std::string(QTTS_BINARY_DIR) + "/qtts";
     REQUIRE(std::filesystem::exists(exe));  // built with the tests (target qtts_cli)
-    ServeProcess serve = serve_spawn({"--port", "0", "--drain-seconds", "2", "--max-audio-seconds", "1", "--log-level", "info"});
+    ServeProcess serve = serve_spawn({"--port", "0", "--drain-seconds", "8", "--max-audio-seconds", "1", "--log-level", "info"});
     REQUIRE(serve.pid > 0);
     int port = 0;
     REQUIRE(wait_until([&] { return (port = serve_port(serve.log_path)) > 0; }, 30000ms));
@@ -111,7 +111,7 @@ TEST_CASE("qtts serve: live while loading, ready when loaded; SIGTERM drains, cu
     CHECK(!waiting.read());
     CHECK(waiting.close_reason().code == boost::beast::websocket::close_code::going_away);
 
-    CHECK(serve.wait_exit(15000ms) == 0);
+    CHECK(serve.wait_exit(40000ms) == 0);
     const std::string log = file_read(serve.log_path);
     CHECK(log.find("0 of 1 running streams finished, 1 cut") != std::string::npos);
 }

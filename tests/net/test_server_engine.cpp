@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "audio_io/opus_encoder.h"
+#include "engine/runtime/engine_debug.h"
 #include "engine_server.h"
 
 using namespace net_test;
@@ -80,6 +81,11 @@ TEST_CASE("engine: the first audio page arrives before generation ends", "[net]"
     file_write(in, speech_body(text, "opus", true, 7, s.first_voice()));
     const std::string cmd = "timeout 60 curl -s -N --max-time 55 --data-binary @" + in + " http://127.0.0.1:" +
                             std::to_string(s.port()) + "/v1/audio/speech";
+    // The tiny model makes the whole utterance in a few hundred ms, about the time a loaded
+    // machine may take to hand the first page to this process: a pause after each chunk (~13
+    // chunks) stretches generation past a second, so the order tested is the server's, not the
+    // machine's speed.
+    qtts::engine_chunk_delay_set(s.engine, std::chrono::milliseconds(100));
     FILE* p = popen(cmd.c_str(), "r");
     REQUIRE(p != nullptr);
     std::string bytes;
@@ -92,6 +98,7 @@ TEST_CASE("engine: the first audio page arrives before generation ends", "[net]"
         if (!first_audio && ogg_pages_complete(bytes) >= 3) first_audio = Clock::now();
     }
     pclose(p);
+    qtts::engine_chunk_delay_set(s.engine, std::chrono::microseconds(0));
     REQUIRE(first_audio);
     const auto entry = last_entry(s);
     const qtts::StreamMetrics m = entry.stream->metrics();

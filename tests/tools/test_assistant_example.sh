@@ -48,10 +48,12 @@ queued_s="$(sed -n 's/.*dropped \([0-9.]*\) s of queued audio.*/\1/p' <<<"$barge
 after="$(sed -n 's/.*samples played after the cancel: \([0-9]*\)$/\1/p' <<<"$barge")"
 [[ -n "$silent_ms" && -n "$queued_s" && -n "$after" ]] || fail "cannot read the barge-in line: $barge"
 [[ "$after" == 0 ]] || fail "$after samples of the interrupted answer were played after the cancel"
-# Without the barge-in the queued audio would play out first; with it, the next period is silent
-# (one period, plus room for a loaded CI machine's scheduling).
-awk -v q="$queued_s" 'BEGIN { exit !(q >= 0.2) }' ||
-    fail "only $queued_s s was queued at the interrupt: the engine ran slower than real time (a loaded machine?), nothing to test"
-awk -v s="$silent_ms" -v p="$period" 'BEGIN { exit !(s <= p + 80) }' ||
+# Without the barge-in the queued audio (at least 200 ms) would play out first; with it, silence
+# comes within two periods plus room for a loaded CI machine's scheduling (140 ms, below 200).
+if ! awk -v q="$queued_s" 'BEGIN { exit !(q >= 0.2) }'; then
+    echo "SKIPPED: only $queued_s s was queued at the interrupt: the engine ran slower than real time (a loaded machine?), so the barge-in cannot be told from the queue playing out"
+    exit 77
+fi
+awk -v s="$silent_ms" -v p="$period" 'BEGIN { exit !(s <= 2 * p + 100) }' ||
     fail "silence came $silent_ms ms after the cancel (period $period ms)"
 echo "PASSED: barge-in silent after $silent_ms ms with $queued_s s queued"

@@ -418,10 +418,11 @@ TEST_CASE("a request that arrives while first chunks are made gets its first chu
     Engine engine(options);
     auto steady = engine.submit(qtts_test::greedy_request("A long sentence that keeps the first stream busy.", 200, kGreedySeed));
     REQUIRE(wait_for([&] { return steady->metrics().frames >= 8; }));
-    // From here every chunk holds the engine thread 150 ms (the slow-device seam): `late` is
+    // From here every chunk holds the engine thread 500 ms (the slow-device seam): `late` is
     // submitted while the engine rests after `first`'s first chunk, inside a round's first-chunk
-    // phase, before that round's steady chunk.
-    engine_chunk_delay_set(engine, 150ms);
+    // phase, before that round's steady chunk. The rest is long enough for this thread (polling
+    // every few ms) to submit in time on a loaded machine.
+    engine_chunk_delay_set(engine, 500ms);
     engine_trace_start(engine, 4096);
     auto first = engine.submit(qtts_test::greedy_request("The first newcomer.", 6, kGreedySeed));
     REQUIRE(wait_for([&] { return first->metrics().samples > 0; }));
