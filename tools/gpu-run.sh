@@ -253,10 +253,23 @@ device() {
             note "batch profile: $((SECONDS - t)) s"
         fi
         # The kernel lab (apps/kernel-lab): GEMV variants checked and timed, per-kernel frame timing.
-        if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/qtts-kernel-lab" ] && [ "${QTTS_KERNEL_LAB:-1}" = "1" ]; then
+        # QTTS_KERNEL_LAB: the lab modes to run, comma-separated (gemv, frame, gemm); 1 = gemv and
+        # frame, 0 = none. QTTS_KERNEL_LAB_ROWS: the gemm mode's row counts.
+        local lab_modes=${QTTS_KERNEL_LAB:-1}
+        [ "$lab_modes" = "1" ] && lab_modes=gemv,frame
+        [ "$lab_modes" = "0" ] && lab_modes=
+        if [ "$p" = "1.7b-customvoice" ] && [ -x "$q/bin/qtts-kernel-lab" ] && [ -n "$lab_modes" ]; then
             t=$SECONDS
-            { echo "===== kernel lab"; timeout 120 "$q/bin/qtts-kernel-lab" gemv 2>&1;
-              timeout 120 "$q/bin/qtts-kernel-lab" frame --model "$dir" 2>&1; } >"$q/lab.log" || note "kernel lab FAILED"
+            echo "===== kernel lab ($lab_modes)" >"$q/lab.log"
+            for m in ${lab_modes//,/ }; do
+                case $m in
+                    gemv) timeout 120 "$q/bin/qtts-kernel-lab" gemv >>"$q/lab.log" 2>&1 || note "kernel lab gemv FAILED" ;;
+                    frame) timeout 120 "$q/bin/qtts-kernel-lab" frame --model "$dir" >>"$q/lab.log" 2>&1 || note "kernel lab frame FAILED" ;;
+                    gemm) timeout 300 "$q/bin/qtts-kernel-lab" gemm --model "$dir" --rows "${QTTS_KERNEL_LAB_ROWS:-24,32,48,64}" \
+                              >>"$q/lab.log" 2>&1 || note "kernel lab gemm FAILED" ;;
+                    *) note "kernel lab: unknown mode '$m'" ;;
+                esac
+            done
             cat "$q/lab.log" >>"$out/bench.log"
             note "kernel lab: $((SECONDS - t)) s"
         fi

@@ -8,6 +8,9 @@
 //   qtts-kernel-lab frame --model DIR [--device N]
 //       each kernel of a frame alone on the checkpoint's shapes: a graph of 64 launches, replayed;
 //       also the batched step's one-launch tensor-core products at 4-32 rows.
+//   qtts-kernel-lab gemm --model DIR [--rows LIST] [--device N]
+//       the split path's GEMMs at each row count (default 24,32,48,64): cublasGemmEx against
+//       every cuBLASLt algorithm proposed for the shape, checked, then timed (gemm_lab.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +24,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "apps/kernel-lab/gemm_lab.h"
 #include "apps/kernel-lab/gemv_variants.h"
 #include "engine/common/error.h"
 #include "engine/cuda/event_timer.h"
@@ -366,8 +370,11 @@ void usage() {
     std::printf(
         "usage: qtts-kernel-lab gemv [--seed S] [--device N]\n"
         "       qtts-kernel-lab frame --model DIR [--device N]\n"
+        "       qtts-kernel-lab gemm --model DIR [--rows LIST] [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
-        "  frame  time each kernel of a frame alone on a checkpoint's shapes\n");
+        "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
+        "  gemm   the batched step's split-path GEMMs: cublasGemmEx against cuBLASLt's algorithms\n"
+        "         (each checked, then timed) at each row count (default 24,32,48,64)\n");
 }
 
 }  // namespace
@@ -381,6 +388,7 @@ int main(int argc, char** argv) {
     std::string model;
     int device = 0;
     uint64_t seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::vector<int> rows = {24, 32, 48, 64};
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
         const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -393,6 +401,23 @@ int main(int argc, char** argv) {
         } else if (a == "--model" && v) {
             model = v;
             ++i;
+        } else if (a == "--rows" && v) {
+            rows.clear();
+            for (const char* p = v; *p;) {
+                char* end = nullptr;
+                const long r = std::strtol(p, &end, 10);
+                if (end == p || r < 1 || r > 256) {
+                    usage();
+                    return 2;
+                }
+                rows.push_back(int(r));
+                p = *end == ',' ? end + 1 : end;
+                if (*end != ',' && *end != '\0') {
+                    usage();
+                    return 2;
+                }
+            }
+            ++i;
         } else {
             usage();
             return 2;
@@ -401,6 +426,7 @@ int main(int argc, char** argv) {
     try {
         if (mode == "gemv") return lab_gemv(seed, device);
         if (mode == "frame" && !model.empty()) return lab_frame(model, device);
+        if (mode == "gemm" && !model.empty()) return qtts::kernel_lab::lab_gemm(model, rows, device);
         usage();
         return 2;
     } catch (const std::exception& e) {
