@@ -199,9 +199,11 @@ static int callbacks(qtts_engine* e) {
     sink_init(&k);
     r.user_data = &k;
     r.max_frames = 200;
-    r.greedy = 1; /* 16 s of speech: far longer than the test lets it run */
+    r.greedy = 1;
     r.text = "A long answer that the user interrupts before it is over.";
+    r.incremental = 1; /* text left open: it waits for more, so the discard always finds it running */
     CHECK(qtts_submit(e, &r, &s) == QTTS_OK, "submit (discard with a callback)");
+    r.incremental = 0;
     for (waited = 0; k.samples == 0 && waited < 6000; ++waited) sleep_ms(5);
     CHECK(k.samples > 0, "audio arrived");
     CHECK(qtts_stream_discard(s) == QTTS_OK, "qtts_stream_discard");

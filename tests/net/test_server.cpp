@@ -198,8 +198,10 @@ TEST_CASE("streaming Ogg Opus: chunked, first audio arrives before generation en
     const double lead_ms = std::chrono::duration<double, std::milli>(*done - *d.first_audio).count();
     INFO("first audio page arrived " << lead_ms << " ms before generation ended");
     CHECK(lead_ms > 0.0);  // generation takes ~770 ms; the first page leaves after ~20 ms
-    // One Ogg page per engine chunk (plus the two header pages and the end-of-stream page).
-    CHECK(ogg_pages_complete(d.bytes) >= 15);
+    // About one Ogg page per engine chunk (15, plus the two header pages and the end-of-stream
+    // page); a pump that wakes late on a loaded machine puts two or three chunks in one page, so
+    // only "many pages, not one at the end" is checked.
+    CHECK(ogg_pages_complete(d.bytes) >= 10);
     bool ok = false;
     const auto decoded = decimate2(ogg_opus_decode_48k(d.bytes, &ok));
     REQUIRE(ok);

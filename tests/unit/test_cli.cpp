@@ -408,8 +408,8 @@ TEST_CASE("qtts bench-serve paced players on the demo model: arrivals, admission
 
 TEST_CASE("qtts bench-serve counts refusals when clients outnumber the engine's streams", "[cli][bench]") {
     const std::string json = temp_path("busy.json");
-    const int frames = 2, requests = 6;
-    // Three clients start together on a one-stream engine: while one request runs (tens of ms),
+    const int frames = 6, requests = 6;
+    // Three clients start together on a one-stream engine: while one request runs (~100 ms),
     // the others' submits are refused with ERROR_BUSY; a refused request still counts toward N.
     const Run r = qtts_run("bench-serve -q --backend cpu --concurrency 3 --max-streams 1 --requests " +
                            std::to_string(requests) + " --frames " + std::to_string(frames) + " --json " + json);

@@ -79,8 +79,11 @@ TEST_CASE("cancellation stops a stream within a chunk and frees its slot", "[eng
     EngineOptions options;
     options.max_streams = 1;
     Engine engine(options);
-    auto stream = engine.submit(
-        qtts_test::greedy_request("A long sentence that would take a while to speak.", 300, kGreedySeed));
+    // Incremental text never closed: the stream speaks its words and then waits for more, so the
+    // cancel finds it running however late this thread gets to it on a loaded machine.
+    qtts::SpeechRequest request = qtts_test::greedy_request("A long sentence that would take a while to speak.", 300, kGreedySeed);
+    request.incremental = true;
+    auto stream = engine.submit(request);
     std::vector<float> buf(1920);
     while (stream->read(buf.data(), buf.size()) == 0) stream->wait(50ms);
     stream->cancel();
@@ -99,8 +102,10 @@ TEST_CASE("discard (barge-in) drops the buffered audio: the next read returns no
     EngineOptions options;
     options.max_streams = 1;
     Engine engine(options);
-    auto stream = engine.submit(
-        qtts_test::greedy_request("A long sentence that would take a while to speak.", 300, kGreedySeed));
+    // Incremental text never closed (as above): still running at the discard, whatever the timing.
+    qtts::SpeechRequest request = qtts_test::greedy_request("A long sentence that would take a while to speak.", 300, kGreedySeed);
+    request.incremental = true;
+    auto stream = engine.submit(request);
     std::vector<float> buf(1920);
     while (stream->read(buf.data(), buf.size()) == 0) stream->wait(50ms);
     // Let audio pile up unread, as it does in a player's buffer while it speaks.
