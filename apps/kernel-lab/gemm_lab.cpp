@@ -46,8 +46,10 @@ std::vector<GemmShape> step_shapes(const qc::GpuLmWeights& w) {
         const qc::GpuStack& S = s == 0 ? w.talker : w.predictor;
         const std::string who = s == 0 ? "talker " : "predictor ";
         const int per_layer = s == 0 ? 1 : passes;
-        GemmShape qkv{who + "qkv", S.qkv_dim(), S.hidden, {}, 0}, o{who + "o", S.hidden, S.q_dim(), {}, 0},
-            gate_up{who + "gate/up", 2 * S.intermediate, S.hidden, {}, 0}, down{who + "down", S.hidden, S.intermediate, {}, 0};
+        GemmShape qkv{who + "qkv", S.qkv_dim(), S.hidden, {}, 0};
+        GemmShape o{who + "o", S.hidden, S.q_dim(), {}, 0};
+        GemmShape gate_up{who + "gate/up", 2 * S.intermediate, S.hidden, {}, 0};
+        GemmShape down{who + "down", S.hidden, S.intermediate, {}, 0};
         for (const auto& L : S.layers) {
             qkv.weights.push_back(L.qkv);
             o.weights.push_back(L.o);
@@ -320,12 +322,14 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
             frame_default += t_default * g.per_frame;
             frame_best += (t_best > 0.0 ? std::min(t_best, t_default) : t_default) * g.per_frame;
         }
-        std::printf("  frame at %d rows: GEMMs %.3f ms with cublasGemmEx, %.3f ms with the best algorithm per shape "
-                    "(%.1f%% less; launches per frame as the step makes them, predictor pass 1's two positions counted as one)\n",
+        std::printf("  frame at %d rows: GEMMs %.3f ms with cublasGemmEx, %.3f ms with the best algorithm per "
+                    "shape (%.1f%% less; launches per frame as the step makes them, predictor pass 1's two "
+                    "positions counted as one)\n",
                     rows, frame_default / 1e3, frame_best / 1e3, 100.0 * (1.0 - frame_best / frame_default));
     }
     cublasLtDestroy(lt);
-    std::printf("%s\n", failures ? "FAILED: an algorithm disagrees with cublasGemmEx (above)" : "every algorithm tried agrees");
+    std::printf("%s\n", failures ? "FAILED: an algorithm disagrees with cublasGemmEx (above)"
+                                  : "every algorithm tried agrees");
     return failures ? 1 : 0;
 }
 

@@ -27,6 +27,7 @@
 #include "apps/kernel-lab/gemm_lab.h"
 #include "apps/kernel-lab/gemv_variants.h"
 #include "engine/common/error.h"
+#include "engine/common/strings.h"
 #include "engine/cuda/event_timer.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_buffer.h"
@@ -403,19 +404,9 @@ int main(int argc, char** argv) {
             ++i;
         } else if (a == "--rows" && v) {
             rows.clear();
-            for (const char* p = v; *p;) {
-                char* end = nullptr;
-                const long r = std::strtol(p, &end, 10);
-                if (end == p || r < 1 || r > 256) {
-                    usage();
-                    return 2;
-                }
-                rows.push_back(int(r));
-                p = *end == ',' ? end + 1 : end;
-                if (*end != ',' && *end != '\0') {
-                    usage();
-                    return 2;
-                }
+            if (!qtts::int_list_parse(v, 1, 256, &rows)) {
+                usage();
+                return 2;
             }
             ++i;
         } else {

@@ -91,15 +91,11 @@ double bench_percentile(std::vector<double> v, double p) {
 
 std::vector<int> bench_sizes(const std::string& text, const char* option) {
     std::vector<int> out;
-    std::stringstream ss(text);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        const int v = std::atoi(item.c_str());
-        if (v < 1 || v > 1000)
-            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--{}: '{}' is not a size in 1..1000", option, item);
-        out.push_back(v);
-    }
-    if (out.empty()) qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--{}: no sizes given", option);
+    std::string bad;
+    if (qtts::ascii_trim(text).empty())
+        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--{}: no sizes given", option);
+    if (!qtts::int_list_parse(text, 1, 1000, &out, &bad))
+        qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--{}: '{}' is not a size in 1..1000", option, bad);
     return out;
 }
 

@@ -284,6 +284,8 @@ TEST_CASE("qtts bench-serve refuses bad options before it loads a model, naming 
         {"--concurrency 1,x", "--concurrency: 'x' is not a size in 1..1000"},
         {"--concurrency 0", "--concurrency: '0' is not a size"},
         {"--concurrency ''", "--concurrency: no sizes given"},
+        {"--concurrency 1,4a", "--concurrency: '4a' is not a size in 1..1000"},  // not read as 4
+        {"--concurrency 1,,4", "--concurrency: '' is not a size in 1..1000"},
         {"--requests 0", "--requests must be 1..1000000"},
         {"--frames -1", "--frames must be 0..100000"},
         {"--backend gpu", "--backend expects auto, cpu or cuda, got 'gpu'"},

@@ -1,9 +1,11 @@
-// Config parsing accepts what the real files contain and names the key that is wrong.
+// Config parsing accepts what the real files contain and names the key that is wrong; the list
+// option parser the tools share.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/common/error.h"
+#include "engine/common/strings.h"
 #include "engine/model/config.h"
 #include "engine/model/make_model.h"
 #include "test_errors.h"
@@ -115,4 +117,21 @@ TEST_CASE("decoder upsampling rates are checked without overflow", "[config]") {
     j["decoder_config"]["upsample_rates"] = json::array({-8, -5, 4, 3});  // the product is right, the rates are not
     qtts_test::require_error([&] { speech_tokenizer_config_parse(j.dump(), "st.json"); }, ErrorCode::ERROR_FORMAT,
                              "must be positive");
+}
+
+TEST_CASE("int_list_parse reads whole numbers in range and names the entry it refuses", "[config]") {
+    std::vector<int> v;
+    std::string bad = "untouched";
+    CHECK(int_list_parse("1,4, 10 ,64", 1, 64, &v, &bad));
+    CHECK(v == std::vector<int>{1, 4, 10, 64});
+    CHECK(bad == "untouched");
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"", ""}, {"1,,4", ""}, {"1,4a", "4a"}, {"0", "0"}, {"65", "65"}, {"-3", "-3"}, {"1,", ""},
+        {"99999999999999999999", "99999999999999999999"}, {"x", "x"}};
+    for (const auto& [text, entry] : refused) {
+        INFO("'" << text << "'");
+        v.clear();
+        CHECK_FALSE(int_list_parse(text, 1, 64, &v, &bad));
+        CHECK(bad == entry);
+    }
 }
