@@ -1,5 +1,6 @@
-// qtts-kernel-lab gemm: the split path's GEMMs, cublasGemmEx against cuBLASLt algorithms picked
-// by measurement (gemm_lab.h).
+// qtts-kernel-lab gemm and wide: the split path's GEMMs against cuBLASLt algorithms picked by
+// measurement, and the split path's products against the lab's one-launch wide product
+// (gemm_lab.h).
 #include "apps/kernel-lab/gemm_lab.h"
 
 #include <algorithm>
@@ -21,8 +22,11 @@
 #include "engine/cuda/event_timer.h"
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_context.h"
+#include "apps/kernel-lab/wide_product.h"
 #include "engine/cuda/gpu_lm.h"
+#include "engine/cuda/gpu_lm_launch.h"
 #include "engine/model/weights.h"
+#include "kernels/skinny.cuh"
 
 namespace qtts::kernel_lab {
 namespace {
@@ -330,6 +334,214 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
     cublasLtDestroy(lt);
     std::printf("%s\n", failures ? "FAILED: an algorithm disagrees with cublasGemmEx (above)"
                                   : "every algorithm tried agrees");
+    return failures ? 1 : 0;
+}
+
+
+namespace {
+
+namespace k = qtts::kernels;
+
+// One product of a layer (or a head) as the batched step runs it, on every layer's weights.
+struct WideCase {
+    std::string name;
+    int out = 0, in = 0;  // out: features (SwiGLU: of each half)
+    k::GemvInput input = k::GemvInput::GEMV_INPUT_PLAIN;
+    k::GemvOutput output = k::GemvOutput::GEMV_OUTPUT_STORE;
+    std::vector<const bf16_t*> weights;  // [out, in], or [2 out, in] gate then up rows
+    std::vector<const float*> norms;     // per weight, RMSNorm input
+    float eps = 1e-6f;
+};
+
+std::vector<WideCase> wide_cases(const qc::GpuLmWeights& w) {
+    using GI = k::GemvInput;
+    using GO = k::GemvOutput;
+    std::vector<WideCase> cases;
+    for (int s = 0; s < 2; ++s) {
+        const qc::GpuStack& S = s == 0 ? w.talker : w.predictor;
+        const std::string who = s == 0 ? "talker " : "predictor ";
+        WideCase qkv{who + "qkv (norm)", S.qkv_dim(), S.hidden, GI::GEMV_INPUT_RMSNORM, GO::GEMV_OUTPUT_STORE, {}, {}, S.eps};
+        WideCase o{who + "o (+res)", S.hidden, S.q_dim(), GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_ADD, {}, {}, S.eps};
+        WideCase gu{who + "gate/up (swiglu)", S.intermediate, S.hidden, GI::GEMV_INPUT_RMSNORM, GO::GEMV_OUTPUT_SWIGLU,
+                    {}, {}, S.eps};
+        WideCase down{who + "down (+res)", S.hidden, S.intermediate, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_ADD, {}, {}, S.eps};
+        for (const auto& L : S.layers) {
+            qkv.weights.push_back(L.qkv);
+            qkv.norms.push_back(L.input_norm);
+            o.weights.push_back(L.o);
+            gu.weights.push_back(L.gate_up);
+            gu.norms.push_back(L.post_norm);
+            down.weights.push_back(L.down);
+        }
+        for (WideCase* c : {&qkv, &o, &gu, &down}) cases.push_back(*c);
+    }
+    cases.push_back({"codec head", w.codec_vocab, w.talker.hidden, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_STORE,
+                     {w.codec_head}, {}, w.talker.eps});
+    WideCase head{"predictor lm_head (norm)", w.predictor_vocab, w.predictor.hidden, GI::GEMV_INPUT_RMSNORM,
+                  GO::GEMV_OUTPUT_STORE, w.predictor_head, {}, w.predictor.eps};
+    head.norms.assign(head.weights.size(), w.predictor.norm);
+    cases.push_back(head);
+    return cases;
+}
+
+k::GemvArgs wide_args(const WideCase& c, size_t i, int rows, const float* x, float* y) {
+    const size_t at = i % c.weights.size();
+    k::GemvArgs a = qc::gemv_product(c.weights[at], c.out, c.in, rows, x, y);
+    if (c.output == k::GemvOutput::GEMV_OUTPUT_SWIGLU) a.w2 = c.weights[at] + size_t(c.out) * size_t(c.in);
+    a.output = c.output;
+    if (c.input == k::GemvInput::GEMV_INPUT_RMSNORM) a = qc::gemv_normed(a, c.norms[at], c.eps);
+    return a;
+}
+
+// The split path's product (what the batched step runs past skinny_max_rows), as GemvArgs.
+void split_path(cublasHandle_t cublas, const qc::SplitScratch& scratch, const k::GemvArgs& a, const k::Launch& l) {
+    using E = k::LinearEpilogue;
+    const bool swiglu = a.output == k::GemvOutput::GEMV_OUTPUT_SWIGLU;
+    const E epilogue = swiglu ? E::LINEAR_EPILOGUE_SWIGLU
+                              : (a.output == k::GemvOutput::GEMV_OUTPUT_ADD ? E::LINEAR_EPILOGUE_ADD : E::LINEAR_EPILOGUE_STORE);
+    qc::linear_split(l, cublas, scratch, a.x, a.rows, a.in, a.ldx,
+                     a.input == k::GemvInput::GEMV_INPUT_RMSNORM ? a.norm_w : nullptr, a.eps, a.w,
+                     swiglu ? 2 * a.out : a.out, a.out, a.bias, epilogue, a.y, a.ldy, 2 * a.rows);
+}
+
+}  // namespace
+
+int lab_wide(const std::string& model, const std::vector<int>& rows_list, int device) {
+    qc::GpuContext ctx(device);
+    const auto weights = qc::GpuLmWeights::upload(qtts::checkpoint_load(model), device);
+    const std::vector<WideCase> cases = wide_cases(*weights);
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int widest_in = 0, widest_out = 0, most_rows = 0;
+    for (const WideCase& c : cases) {
+        widest_in = std::max(widest_in, c.in);
+        widest_out = std::max(widest_out, 2 * c.out);
+    }
+    for (const int r : rows_list) most_rows = std::max(most_rows, std::min(r, WIDE_MAX_ROWS));
+    const size_t x_floats = size_t(most_rows) * widest_in, y_floats = size_t(most_rows) * widest_out;
+    std::mt19937 rng(20261202);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::vector<float> x_host(x_floats), y0(y_floats);
+    for (auto& v : x_host) v = uni(rng);
+    for (auto& v : y0) v = uni(rng);
+    qc::DeviceArray<float> d_x(x_floats), y_ref(y_floats), y_wide(y_floats), y_time(y_floats);
+    CUDA_CHECK(cudaMemcpy(d_x.get(), x_host.data(), x_floats * 4, cudaMemcpyHostToDevice));
+    qc::DeviceArray<uint16_t> xb(2 * x_floats);
+    qc::DeviceArray<float> y2(2 * y_floats);
+    const qc::SplitScratch scratch{reinterpret_cast<bf16_t*>(xb.get()), y2.get()};
+
+    std::printf("qtts-kernel-lab wide: %s, device %d (%s, %d SMs); us per launch in graphs of 64 over the layers' "
+                "weights\n", model.c_str(), device, ctx.device_name().c_str(), sms);
+    std::printf("  %-28s %5s %7s %10s %10s %10s %10s %10s\n", "product", "rows", "splits", "split path", "wide",
+                "skinny", "vs split", "vs CPU");
+    int failures = 0;
+    for (const int rows : rows_list) {
+        if (rows > WIDE_MAX_ROWS) continue;
+        double frame_split = 0.0, frame_wide = 0.0;
+        for (const WideCase& c : cases) {
+            const k::GemvArgs a0 = wide_args(c, 0, rows, d_x.get(), y_wide.get());
+            if (!wide_supported(a0)) {
+                std::printf("  %-28s %5d  (shape not supported)\n", c.name.c_str(), rows);
+                continue;
+            }
+            const int splits = wide_splits(a0, sms);
+            qc::DeviceArray<float> partial(std::max<size_t>(wide_partial_floats(a0, splits), 1));
+            qc::DeviceArray<uint32_t> counters(wide_counter_count(a0));
+            CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+            const size_t n_out = size_t(rows) * size_t(c.out);
+            // The split path's result and the wide product's, from the same y (ADD).
+            CUDA_CHECK(cudaMemcpy(y_ref.get(), y0.data(), n_out * 4, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(y_wide.get(), y0.data(), n_out * 4, cudaMemcpyHostToDevice));
+            k::GemvArgs ar = a0;
+            ar.y = y_ref.get();
+            split_path(ctx.cublas(), scratch, ar, ctx.launch());
+            bool launched = true;
+            try {
+                wide_product(a0, splits, partial.get(), counters.get(), ctx.launch());
+                CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+            } catch (const std::exception& e) {
+                std::printf("  %-28s %5d  FAILED to run: %s\n", c.name.c_str(), rows, e.what());
+                launched = false;
+            }
+            if (!launched) {
+                ++failures;
+                continue;
+            }
+            const std::vector<float> ref = download(y_ref, n_out), got = download(y_wide, n_out);
+            double ref_max = 0.0, err = 0.0;
+            for (size_t i = 0; i < n_out; ++i) {
+                ref_max = std::max(ref_max, double(std::fabs(ref[i])));
+                const double d = std::fabs(double(got[i]) - double(ref[i]));
+                err = std::max(err, std::isfinite(d) ? d : 1e30);
+            }
+            err /= std::max(ref_max, 1e-30);
+            // A CPU fp64 check of 48 outputs (the split path's arithmetic is the reference only
+            // for the comparison above): x normed as the product does, the bf16 weights read back.
+            double cpu_err = 0.0;
+            std::uniform_int_distribution<int> pick_r(0, rows - 1), pick_f(0, c.out - 1);
+            for (int t = 0; t < 48; ++t) {
+                const int r = pick_r(rng), f = pick_f(rng);
+                std::vector<double> xr(x_host.begin() + size_t(r) * c.in, x_host.begin() + size_t(r + 1) * c.in);
+                if (c.input == k::GemvInput::GEMV_INPUT_RMSNORM) {
+                    std::vector<float> nw(size_t(c.in));
+                    CUDA_CHECK(cudaMemcpy(nw.data(), c.norms[0], size_t(c.in) * 4, cudaMemcpyDeviceToHost));
+                    double ss = 0.0;
+                    for (double v : xr) ss += v * v;
+                    const double inv = 1.0 / std::sqrt(ss / c.in + double(c.eps));
+                    for (int i = 0; i < c.in; ++i) xr[size_t(i)] *= inv * nw[size_t(i)];
+                }
+                std::vector<uint16_t> wrow(size_t(c.in)), urow;
+                CUDA_CHECK(cudaMemcpy(wrow.data(), c.weights[0] + size_t(f) * c.in, size_t(c.in) * 2, cudaMemcpyDeviceToHost));
+                if (c.output == k::GemvOutput::GEMV_OUTPUT_SWIGLU) {
+                    urow.resize(size_t(c.in));
+                    CUDA_CHECK(cudaMemcpy(urow.data(), c.weights[0] + size_t(c.out + f) * c.in, size_t(c.in) * 2,
+                                          cudaMemcpyDeviceToHost));
+                }
+                auto bf = [](uint16_t b) {
+                    const uint32_t u = uint32_t(b) << 16;
+                    float v;
+                    std::memcpy(&v, &u, 4);
+                    return double(v);
+                };
+                double gate = 0.0, up = 0.0;
+                for (int i = 0; i < c.in; ++i) {
+                    gate += bf(wrow[size_t(i)]) * xr[size_t(i)];
+                    if (!urow.empty()) up += bf(urow[size_t(i)]) * xr[size_t(i)];
+                }
+                double want = gate;
+                if (c.output == k::GemvOutput::GEMV_OUTPUT_SWIGLU) want = gate / (1.0 + std::exp(-gate)) * up;
+                if (c.output == k::GemvOutput::GEMV_OUTPUT_ADD) want += double(y0[size_t(r) * c.out + f]);
+                cpu_err = std::max(cpu_err, std::fabs(want - double(got[size_t(r) * c.out + f])) / std::max(ref_max, 1e-30));
+            }
+            // fp32 sums of the same split products in another order: ~1e-6 of the largest value.
+            const bool ok = err <= 1e-4 && cpu_err <= 1e-4;
+            failures += ok ? 0 : 1;
+
+            const double t_split = graph_us(ctx, 64, [&](int i) {
+                k::GemvArgs a = wide_args(c, size_t(i), rows, d_x.get(), y_time.get());
+                split_path(ctx.cublas(), scratch, a, ctx.launch());
+            });
+            const double t_wide = graph_us(ctx, 64, [&](int i) {
+                wide_product(wide_args(c, size_t(i), rows, d_x.get(), y_time.get()), splits, partial.get(),
+                             counters.get(), ctx.launch());
+            });
+            double t_skinny = -1.0;
+            if (rows <= k::SKINNY_MAX_ROWS && k::skinny_supported(a0))
+                t_skinny = graph_us(ctx, 64, [&](int i) {
+                    k::skinny_product(wide_args(c, size_t(i), rows, d_x.get(), y_time.get()), ctx.launch());
+                });
+            std::printf("  %-28s %5d %7d %10.2f %10.2f %10.2f %10.1e %10.1e%s\n", c.name.c_str(), rows, splits, t_split,
+                        t_wide, t_skinny, err, cpu_err, ok ? "" : "   MISMATCH");
+            const int per_frame = c.name.rfind("predictor", 0) == 0 ? weights->num_code_groups - 1 : 1;
+            const double launches = double(per_frame) * (c.weights.size() > 1 ? double(c.weights.size()) : 1.0);
+            frame_split += t_split * launches;
+            frame_wide += (t_wide > 0.0 ? t_wide : t_split) * launches;
+        }
+        std::printf("  frame at %d rows: products %.3f ms on the split path, %.3f ms wide (%.1f%% less; predictor "
+                    "heads: one per pass)\n",
+                    rows, frame_split / 1e3, frame_wide / 1e3, 100.0 * (1.0 - frame_wide / frame_split));
+    }
+    std::printf("%s\n", failures ? "FAILED: the wide product disagrees (above)" : "the wide product agrees everywhere");
     return failures ? 1 : 0;
 }
 

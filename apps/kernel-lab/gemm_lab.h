@@ -18,4 +18,11 @@ namespace qtts::kernel_lab {
 // reordering (it is then reported and left out of the choice).
 int lab_gemm(const std::string& model, const std::vector<int>& rows, int device);
 
+// The batched step's products at each row count (up to 64) on the split path (what the step runs
+// past skinny_max_rows: rmsnorm_split_bf16 + cublasGemmEx + combine) against the lab's one-launch
+// wide product (wide_product.h) and, up to 32 rows, the shipped one-launch kernel; the wide
+// product is checked against the split path (every output) and a CPU fp64 sum (48 outputs).
+// Returns 0, or 1 when it disagrees.
+int lab_wide(const std::string& model, const std::vector<int>& rows, int device);
+
 }  // namespace qtts::kernel_lab

@@ -11,6 +11,9 @@
 //   qtts-kernel-lab gemm --model DIR [--rows LIST] [--device N]
 //       the split path's GEMMs at each row count (default 24,32,48,64): cublasGemmEx against
 //       every cuBLASLt algorithm proposed for the shape, checked, then timed (gemm_lab.h).
+//   qtts-kernel-lab wide --model DIR [--rows LIST] [--device N]
+//       the batched step's products at each row count: the split path against the lab's
+//       one-launch wide product (wide_product.h), checked, then timed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -372,10 +375,13 @@ void usage() {
         "usage: qtts-kernel-lab gemv [--seed S] [--device N]\n"
         "       qtts-kernel-lab frame --model DIR [--device N]\n"
         "       qtts-kernel-lab gemm --model DIR [--rows LIST] [--device N]\n"
+        "       qtts-kernel-lab wide --model DIR [--rows LIST] [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
         "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
         "  gemm   the batched step's split-path GEMMs: cublasGemmEx against cuBLASLt's algorithms\n"
-        "         (each checked, then timed) at each row count (default 24,32,48,64)\n");
+        "         (each checked, then timed) at each row count (default 24,32,48,64)\n"
+        "  wide   the batched step's products on the split path against the lab's one-launch wide\n"
+        "         product (checked, then timed) at each row count (default 24,32,48,64)\n");
 }
 
 }  // namespace
@@ -418,6 +424,7 @@ int main(int argc, char** argv) {
         if (mode == "gemv") return lab_gemv(seed, device);
         if (mode == "frame" && !model.empty()) return lab_frame(model, device);
         if (mode == "gemm" && !model.empty()) return qtts::kernel_lab::lab_gemm(model, rows, device);
+        if (mode == "wide" && !model.empty()) return qtts::kernel_lab::lab_wide(model, rows, device);
         usage();
         return 2;
     } catch (const std::exception& e) {
