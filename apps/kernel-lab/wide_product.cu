@@ -1,8 +1,6 @@
 // The kernel lab's one-launch product for 24-64 rows (see wide_product.h for the design).
 #include "apps/kernel-lab/wide_product.h"
 
-#include <cuda_pipeline.h>
-
 #include "kernels/check.cuh"
 #include "kernels/mma.cuh"
 
@@ -14,9 +12,10 @@ using namespace ::qtts::kernels;
 
 constexpr int WD_WARPS = 8;
 constexpr int WD_THREADS = WD_WARPS * 32;
-constexpr int WD_CHUNK = 64;         // inputs per staged piece of the x rows
-constexpr int WD_XS = WD_CHUNK + 4;  // row stride of the staged rows (floats): float4 reads without conflicts
-constexpr int WD_PREFETCH = 4;       // 32-input weight steps a warp keeps in flight (two chunks)
+constexpr int WD_CHUNK = 64;                 // inputs per staged piece of the x rows
+constexpr int WD_HL = 2 * WD_CHUNK + 32;     // bf16 per staged row: hi[64] | lo[64] | pad (320 bytes,
+                                             // = 64 mod 128: 16-byte fragment reads without conflicts)
+constexpr int WD_PREFETCH = 4;               // 32-input weight steps a warp keeps in flight (two chunks)
 constexpr int WD_TILE_ROWS = WD_WARPS * 16;  // mma tile rows of a block (features; gate + up for SwiGLU)
 
 bool swiglu_of(const GemvArgs& a) { return a.output == GemvOutput::GEMV_OUTPUT_SWIGLU; }
@@ -30,7 +29,9 @@ template <int NT>
 __global__ void __launch_bounds__(WD_THREADS, 2)
     wide_kernel(const GemvArgs a, const int splits, float* partial, uint32_t* counters) {
     constexpr int R = NT * 8;  // x rows the block's tiles hold (those past a.rows are zeros)
-    __shared__ __align__(16) float xs[2][R][WD_XS];
+    constexpr int PIECES = R * (WD_CHUNK / 4);                     // float4 pieces of a chunk of x
+    constexpr int XPT = (PIECES + WD_THREADS - 1) / WD_THREADS;  // a thread's (whole warps: PIECES % 128 == 0)
+    __shared__ __align__(16) bf16_t hl[2][R][WD_HL];
     __shared__ float scale_s[R];
     __shared__ float ss_s[R];
     __shared__ int is_last_s;
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(WD_THREADS, 2)
     const int chunks = a.in / WD_CHUNK;
     const int kz = blockIdx.y;
     const int c0 = int((long long)kz * chunks / splits), c1 = int((long long)(kz + 1) * chunks / splits);
-    const int steps = (c1 - c0) * 2;
+    const int my_chunks = c1 - c0, steps = 2 * my_chunks;
     const int kbase = c0 * WD_CHUNK;
     // Within a step the inputs are taken in a permuted order, as in kernels/skinny.cu: lane (g, q)
     // holds inputs 8q .. 8q + 7 of its rows (A and B agree, so the products are the same).
@@ -62,97 +63,105 @@ __global__ void __launch_bounds__(WD_THREADS, 2)
         dst[0] = inside ? load_weights(w0 + k) : make_uint4(0u, 0u, 0u, 0u);
         dst[1] = inside ? load_weights(w8 + k) : make_uint4(0u, 0u, 0u, 0u);
     };
-    const auto stage = [&](int c, int buf) {
-        const int k0 = (c0 + c) * WD_CHUNK;
-        for (int i = threadIdx.x; i < a.rows * (WD_CHUNK / 4); i += WD_THREADS) {
-            const int r = i / (WD_CHUNK / 4), c4 = i % (WD_CHUNK / 4);
-            __pipeline_memcpy_async(&xs[buf][r][c4 * 4], a.x + size_t(r) * size_t(a.ldx) + k0 + c4 * 4, 16);
+    // The x rows of a chunk: each thread reads its float4 pieces (piece p = thread + i x threads:
+    // row p / 16, inputs 4 (p % 16) ..; the same rows every chunk) into registers a chunk ahead,
+    // then normalises (RMSNorm input: the norm weight now, the row's 1/rms at the end), splits
+    // them into bf16 hi + lo and stores them once for every warp of the block.
+    const auto fetch = [&](int c, float4 (&v)[XPT]) {
+        const int k0 = kbase + c * WD_CHUNK;
+#pragma unroll
+        for (int i = 0; i < XPT; ++i) {
+            const int p = threadIdx.x + i * WD_THREADS, r = p / (WD_CHUNK / 4), c4 = p % (WD_CHUNK / 4);
+            v[i] = p < PIECES && r < a.rows
+                       ? *reinterpret_cast<const float4*>(a.x + size_t(r) * size_t(a.ldx) + k0 + 4 * c4)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    };
+    float sq[XPT];
+#pragma unroll
+    for (int i = 0; i < XPT; ++i) sq[i] = 0.0f;
+    const auto put = [&](int c, const float4 (&v)[XPT], int buf) {
+        const int k0 = kbase + c * WD_CHUNK;
+#pragma unroll
+        for (int i = 0; i < XPT; ++i) {
+            const int p = threadIdx.x + i * WD_THREADS, r = p / (WD_CHUNK / 4), c4 = p % (WD_CHUNK / 4);
+            if (p >= PIECES) continue;
+            float4 x = v[i];
+            if (norm) {
+                sq[i] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+                const float4 nw = *reinterpret_cast<const float4*>(a.norm_w + k0 + 4 * c4);
+                x = make_float4(x.x * nw.x, x.y * nw.y, x.z * nw.z, x.w * nw.w);
+            }
+            uint32_t h0, l0, h1, l1;
+            split_pair(x.x, x.y, h0, l0);
+            split_pair(x.z, x.w, h1, l1);
+            *reinterpret_cast<uint2*>(&hl[buf][r][4 * c4]) = make_uint2(h0, h1);
+            *reinterpret_cast<uint2*>(&hl[buf][r][WD_CHUNK + 4 * c4]) = make_uint2(l0, l1);
         }
     };
 
     uint4 wr[WD_PREFETCH][2];
 #pragma unroll
     for (int i = 0; i < WD_PREFETCH; ++i) load_step(i, wr[i]);  // constant: before the wait
-    for (int i = threadIdx.x; i < (R - a.rows) * WD_XS; i += WD_THREADS) {
-        const int r = a.rows + i / WD_XS, c = i % WD_XS;
-        xs[0][r][c] = 0.0f;
-        xs[1][r][c] = 0.0f;
-    }
     pdl_wait();  // x comes from the previous kernel
     pdl_trigger();
-    stage(0, 0);
-    __pipeline_commit();
+    float4 xv[XPT];
+    fetch(0, xv);
+    put(0, xv, 0);
+    if (my_chunks > 1) fetch(1, xv);
+    __syncthreads();
 
     float acc[NT][4];
-    float sumsq[NT];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        sumsq[n] = 0.0f;
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
-    }
 
-    // Steps in groups of WD_PREFETCH (the register ring); a chunk is two steps: at its first the
-    // next chunk's staging starts and this one's is waited for, after its second the buffer is free.
+    // Steps in groups of WD_PREFETCH (the register ring); a chunk is two steps. At the end of
+    // chunk c the next one goes into the other buffer (read last during chunk c - 1, which every
+    // warp finished before the previous barrier) and the one after is fetched into registers.
     for (int j0 = 0; j0 < steps; j0 += WD_PREFETCH) {
 #pragma unroll
         for (int i = 0; i < WD_PREFETCH; ++i) {
             const int j = j0 + i;
             if (j >= steps) break;  // block-uniform, at a chunk boundary (steps is even)
-            if ((i & 1) == 0) {
-                if (j + 2 < steps) {
-                    stage(j / 2 + 1, (j / 2 + 1) & 1);
-                    __pipeline_commit();
-                    __pipeline_wait_prior(1);
-                } else {
-                    __pipeline_wait_prior(0);
+            const bf16_t* xc = &hl[(j / 2) & 1][0][0] + (j & 1) * 32 + 8 * q;
+            const uint4& r0 = wr[i][0];
+            const uint4& r8 = wr[i][1];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const bf16_t* xr = xc + (n * 8 + g) * WD_HL;
+                const uint4 h = *reinterpret_cast<const uint4*>(xr);
+                const uint4 l = *reinterpret_cast<const uint4*>(xr + WD_CHUNK);
+                mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, h.x, h.y);
+                mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, h.z, h.w);
+                mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, l.x, l.y);
+                mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, l.z, l.w);
+            }
+            load_step(j + WD_PREFETCH, wr[i]);  // the ring: this slot takes the step WD_PREFETCH on
+            if ((i & 1) == 1) {
+                const int c = j / 2;
+                if (c + 1 < my_chunks) {
+                    put(c + 1, xv, (c + 1) & 1);
+                    if (c + 2 < my_chunks) fetch(c + 2, xv);
                 }
                 __syncthreads();
             }
-            const float* xc = &xs[(j / 2) & 1][0][0] + (j & 1) * 32 + 8 * q;
-            float4 n0 = make_float4(1.f, 1.f, 1.f, 1.f), n1 = n0;
-            if (norm) {
-                const int k = kbase + j * 32 + 8 * q;
-                n0 = *reinterpret_cast<const float4*>(a.norm_w + k);
-                n1 = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
-            }
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const float* xr = xc + (n * 8 + g) * WD_XS;
-                float4 x0 = *reinterpret_cast<const float4*>(xr);
-                float4 x1 = *reinterpret_cast<const float4*>(xr + 4);
-                if (norm) {
-                    if (kw == 0)
-                        sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
-                                    x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-                    x0 = make_float4(x0.x * n0.x, x0.y * n0.y, x0.z * n0.z, x0.w * n0.w);
-                    x1 = make_float4(x1.x * n1.x, x1.y * n1.y, x1.z * n1.z, x1.w * n1.w);
-                }
-                uint32_t hi[4], lo[4];
-                split_pair(x0.x, x0.y, hi[0], lo[0]);
-                split_pair(x0.z, x0.w, hi[1], lo[1]);
-                split_pair(x1.x, x1.y, hi[2], lo[2]);
-                split_pair(x1.z, x1.w, hi[3], lo[3]);
-                const uint4& r0 = wr[i][0];
-                const uint4& r8 = wr[i][1];
-                mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
-                mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
-                mma_16816(acc[n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
-                mma_16816(acc[n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
-            }
-            load_step(j + WD_PREFETCH, wr[i]);  // the ring: this slot takes the step WD_PREFETCH on
-            if ((i & 1) == 1) __syncthreads();  // every warp is done with this chunk's buffer
         }
     }
 
-    // Warp 0's sums of squares of this slice, per row (lanes 4g .. 4g + 3 hold row n * 8 + g).
-    if (norm && kw == 0) {
+    // The rows' sums of squares of this slice: the 16 threads of a row are 16 consecutive lanes.
+    if (norm) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            float s = sumsq[n];
+        for (int i = 0; i < XPT; ++i) {
+            const int p = threadIdx.x + i * WD_THREADS;
+            if (p >= PIECES) continue;  // whole warps
+            float s = sq[i];
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
-            if (q == 0) ss_s[n * 8 + g] = s;
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            s += __shfl_xor_sync(0xffffffffu, s, 8);
+            if (p % (WD_CHUNK / 4) == 0) ss_s[p / (WD_CHUNK / 4)] = s;
         }
     }
     __syncthreads();

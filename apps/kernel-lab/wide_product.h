@@ -5,11 +5,12 @@
 // block, so every warp reads its own x pieces from L2 and a block reads all x rows once per 16-32
 // features: at 64 rows that is 2-4x the weight bytes of L2 traffic, and past 24 rows the split
 // path wins. Here the warps of a block split the *features* (16 each, 128 a block; 8 gate + 8 up
-// rows for SwiGLU) and share the inputs: the block stages its x rows in shared memory 64 inputs at
-// a time (cp.async, double-buffered, rows padded for conflict-free reads), and each warp streams
-// its own weight rows from memory (4 steps of 32 inputs in flight in registers), splits the
-// staged x into bf16 hi + lo in registers and runs mma.sync m16n8k16 (kernels/mma.cuh). So x is
-// read from L2 once per 128 features. Few feature blocks (o, down: 16) would leave SMs idle, so
+// rows for SwiGLU) and share the inputs: the block stages its x rows 64 inputs at a time, read
+// into registers a chunk ahead, normalised (RMSNorm input) and split into bf16 hi + lo once, into
+// double-buffered shared memory (rows padded for conflict-free 16-byte fragment reads); each warp
+// streams its own weight rows from memory (4 steps of 32 inputs in flight in registers) and runs
+// mma.sync m16n8k16 (kernels/mma.cuh) against the staged fragments. So x is read from L2 once per
+// 128 features and split once per block. Few feature blocks (o, down: 16) would leave SMs idle, so
 // the inputs are split over blocks too (split-K, gridDim.y): each block writes its partial sums
 // (and its rows' sums of squares, for RMSNorm input) and the last block of a column to finish adds
 // them in slice order and applies the output rule, so results are deterministic for a given
