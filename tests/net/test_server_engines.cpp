@@ -2,6 +2,7 @@
 // requests spread over them, /healthz and /metrics per engine, an engine left out at start-up,
 // and an engine lost mid-run while the other keeps serving.
 #include <catch2/catch.hpp>
+
 #include <chrono>
 #include <thread>
 
