@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     {
         const int ctx = pos_early + a.T;
         const int chunk = split_chunk(ctx, a.splits);
+        if (a.pos_settled && split >= min(a.splits, (ctx + chunk - 1) / chunk)) return;  // no key here
         const int k0 = split * chunk, k1 = min(ctx, k0 + chunk);
         if (stage_keys > 0 && ctx <= a.max_ctx && k1 - k0 <= stage_keys && (hd & 3) == 0) {
             staged = true;

@@ -64,6 +64,11 @@ struct AttentionArgs {
     const int32_t* pos_dev = nullptr;  // position of query 0; null: pos_host
     int pos_host = 0;
     bool append = true;  // normalise, rotate and store the T new keys/values (needs T <= ATTN_TILE)
+    // pos_dev was written at least two launches before this one (the frame steps: the sampler
+    // advances it at the end of a step), so a read before griddepcontrol.wait is final and the
+    // blocks whose key slice lies past the context return before waiting, freeing their SM slot
+    // at once. Leave false where the previous kernel may still write the position.
+    bool pos_settled = false;
     float* out = nullptr;  // [T, ld_out], heads concatenated
     int ld_out = 0;
     int splits = 1;                  // key-range slices per KV head (fixed; sized for max_ctx)

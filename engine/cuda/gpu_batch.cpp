@@ -206,6 +206,7 @@ k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
                                         talker_splits_, partial_, counters_, 1, nullptr, 0);
     a.seqs = talker_seqs_;
     a.batch = rows;
+    a.pos_settled = true;  // the positions were advanced by the previous step's last sampler
     return a;
 }
 

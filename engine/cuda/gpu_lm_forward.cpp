@@ -38,8 +38,12 @@ void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const 
     stack_decode_pass(
         s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, [&l](const k::GemvArgs& a) { gemv_launch(a, l); },
         [&](int layer) {
-            return attention_args(s, layer, b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits, partial_,
-                                  counters_, T, pos_dev, pos_host);
+            k::AttentionArgs a = attention_args(s, layer, b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
+                                                partial_, counters_, T, pos_dev, pos_host);
+            // A device position is the frame step's (talker_frame_enqueue), advanced by the
+            // previous frame's sampler: final before this launch's wait.
+            a.pos_settled = pos_dev != nullptr;
+            return a;
         },
         l);
 }

@@ -520,9 +520,13 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         AttentionCase c;
         bool fused_append;
         int splits;
+        bool settled = false;  // pos_settled: slices past the context return before the wait
     };
     const Mode modes[] = {
         {{1, 16, 8, 128, 4096, 300}, true, 32},   // talker decode, split-K
+        {{1, 16, 8, 128, 4096, 300}, true, 32, true},  // the same as the frame step launches it
+        {{1, 16, 8, 128, 4096, 4095}, true, 32, true},  // every slice holds keys
+        {{1, 4, 2, 24, 256, 40}, true, 4, true},  // tiny frame-step decode, 3 of 4 slices hold keys
         {{1, 16, 8, 128, 4096, 0}, true, 32},     // first position
         {{1, 16, 8, 128, 512, 511}, true, 4},     // last position of the cache
         {{2, 16, 8, 128, 16, 0}, true, 1},        // predictor pass 0
@@ -540,7 +544,8 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         const AttentionCase& c = m.c;
         const uint64_t seed = fresh_seed();
         INFO("T " << c.T << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
-                  << " splits " << m.splits << " fused " << m.fused_append << " seed " << seed);
+                  << " splits " << m.splits << " fused " << m.fused_append << " settled " << m.settled
+                  << " seed " << seed);
         const int qd = c.n_heads * c.hd, kvd = c.n_kv * c.hd, ld = qd + 2 * kvd;
         const auto qkv = random_floats(size_t(c.T) * ld, seed, -2.0f, 2.0f);
         const auto qn = random_floats(size_t(c.hd), seed + 1, 0.5f, 1.5f);
@@ -573,6 +578,7 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         a.max_ctx = c.max_ctx;
         a.pos_dev = d_pos.get();  // the position comes from device memory, as in the graphs
         a.append = m.fused_append;
+        a.pos_settled = m.settled;
         a.out = d_out.get();
         a.ld_out = qd;
         a.splits = m.splits;
@@ -604,9 +610,11 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         int T, n_heads, n_kv, hd, max_ctx, splits;
         bool device_pos;
         std::vector<int> pos;  // per sequence
+        bool settled = false;  // the batched launch sets pos_settled, as the frame step does
     };
     const Mode modes[] = {
         {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}},  // talker: split-K, own positions
+        {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}, true},  // ... slices past each context leave early
         {2, 16, 8, 128, 16, 1, false, {0, 0, 0, 0, 0}},          // predictor pass 1
         {1, 4, 2, 16, 16, 1, false, {9, 9, 9, 9, 9}},            // predictor pass, tiny heads
     };
@@ -614,7 +622,7 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
     for (const Mode& m : modes) {
         const uint64_t seed = fresh_seed();
         INFO("T " << m.T << " heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd << " splits " << m.splits
-                  << " seed " << seed);
+                  << " settled " << m.settled << " seed " << seed);
         const int qd = m.n_heads * m.hd, kvd = m.n_kv * m.hd, ld = qd + 2 * kvd;
         const size_t cache = size_t(m.n_kv) * m.max_ctx * m.hd;
         const auto qkv = random_floats(size_t(B) * m.T * ld, seed, -2.0f, 2.0f);
@@ -684,6 +692,7 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         a.counters = d_counters.get();
         a.seqs = d_seqs.get();
         a.batch = B;
+        a.pos_settled = m.settled;
         // Out-of-batch launch argument the kernel must not use in batched mode.
         a.k_cache = nullptr;
         k::attention(a, context().launch());
