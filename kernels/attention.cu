@@ -15,16 +15,15 @@ namespace {
 
 constexpr int ATTN_WARPS = 4;
 constexpr int ATTN_THREADS = ATTN_WARPS * 32;
-constexpr int ATTN_MIN_CHUNK = 16;  // keys; below this, fewer blocks do more work each
 constexpr int ATTN_KEY_BATCH = 4;   // key rows loaded per warp before use
 constexpr int ATTN_STAGE_KEYS = 32; // decode slices up to this many keys are staged in shared memory
 
 __host__ __device__ inline int query_tiles(int T) { return (T + ATTN_TILE - 1) / ATTN_TILE; }
 
-// Block-local key range of split `split` for a context of `ctx` keys.
-__host__ __device__ inline int split_chunk(int ctx, int splits) {
+// Keys per slice for a context of `ctx` keys: spread over the splits, at least min_chunk.
+__host__ __device__ inline int split_chunk(int ctx, int splits, int min_chunk) {
     int chunk = (ctx + splits - 1) / splits;
-    chunk = chunk < ATTN_MIN_CHUNK ? ATTN_MIN_CHUNK : chunk;
+    chunk = chunk < min_chunk ? min_chunk : chunk;
     return chunk > ATTN_KEYS_PER_SPLIT ? ATTN_KEYS_PER_SPLIT : chunk;
 }
 
@@ -73,7 +72,7 @@ __device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const 
     b.nq = qt * group;
     b.pos0 = position_read(sb.pos_dev, a.pos_host);
     b.ctx = b.pos0 + a.T;
-    b.chunk = split_chunk(b.ctx, a.splits);
+    b.chunk = split_chunk(b.ctx, a.splits, a.min_chunk);
     b.k0 = blockIdx.y * b.chunk;
     b.k1 = min(b.ctx, b.k0 + b.chunk);
     b.k1_visible = min(b.k1, b.pos0 + b.t0 + qt);
@@ -222,7 +221,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     bool staged = false;
     {
         const int ctx = pos_early + a.T;
-        const int chunk = split_chunk(ctx, a.splits);
+        const int chunk = split_chunk(ctx, a.splits, a.min_chunk);
         if (a.pos_settled && split >= min(a.splits, (ctx + chunk - 1) / chunk)) return;  // no key here
         const int k0 = split * chunk, k1 = min(ctx, k0 + chunk);
         if (stage_keys > 0 && ctx <= a.max_ctx && k1 - k0 <= stage_keys && (hd & 3) == 0) {
@@ -543,7 +542,8 @@ void attention_prefill_validate(const AttentionArgs& a) {
                     a.prefill_tiles >= a.batch && a.qkv && a.out && a.T >= 1 && a.n_kv >= 1 &&
                     a.n_heads >= a.n_kv && a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP &&
                     a.head_dim >= 2 && a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 &&
-                    a.splits <= ATTN_KEYS_PER_SPLIT && a.max_ctx >= 1;
+                    a.splits <= ATTN_KEYS_PER_SPLIT && a.max_ctx >= 1 &&
+                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT;
     if (!ok)
         check_fail("attention", "invalid batched prefill arguments (a table of sequences, their row and tile totals)",
                    __func__, __FILE__, __LINE__);
@@ -562,7 +562,8 @@ void attention_validate(const AttentionArgs& a) {
                     a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP && a.head_dim >= 2 &&
                     a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 && a.splits <= ATTN_KEYS_PER_SPLIT &&
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
-                    (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T;
+                    (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T &&
+                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT;
     if (!ok)
         check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
                          __func__, __FILE__, __LINE__);

@@ -18,6 +18,7 @@ namespace qtts::kernels {
 constexpr int ATTN_TILE = 8;          // query tokens per block
 constexpr int ATTN_KEYS_PER_SPLIT = 128;  // upper bound of one block's key range
 constexpr int ATTN_MAX_HEAD_DIM = 128;
+constexpr int ATTN_MIN_CHUNK = 16;  // default shortest key slice: below it, fewer blocks do more each
 constexpr int ATTN_MAX_GROUP = 4;     // query heads per KV head
 
 // One sequence of a batched decode launch (device memory, written by the host when the batch
@@ -72,6 +73,11 @@ struct AttentionArgs {
     float* out = nullptr;  // [T, ld_out], heads concatenated
     int ld_out = 0;
     int splits = 1;                  // key-range slices per KV head (fixed; sized for max_ctx)
+    // Shortest slice, in keys (1..ATTN_KEYS_PER_SPLIT): a context of ctx keys is cut into
+    // min(splits, ceil(ctx / max(min_chunk, ceil(ctx / splits)))) slices. Short slices spread one
+    // sequence's keys over more SMs; a wide batch fills the GPU with its rows already and does
+    // better with long ones (fewer blocks, fewer partial states to combine).
+    int min_chunk = ATTN_MIN_CHUNK;
     float* partial = nullptr;        // attention_partial_floats() scratch (splits > 1)
     uint32_t* counters = nullptr;    // attention_counter_count() zeros (splits > 1); left zeroed
     // Batched decode (append only): `batch` independent sequences of T queries each, qkv/out rows

@@ -38,6 +38,9 @@ void gpu_batch_options_validate(const GpuBatchOptions& o) {
              k::SKINNY_MAX_ROWS);
     if (o.skinny_tiles < 0 || o.skinny_tiles > 2)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_tiles {} must be 0 (the default), 1 or 2", o.skinny_tiles);
+    if (o.long_slices_rows < 0)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "long_slices_rows {} must be 0 (by SM count) or a row count",
+             o.long_slices_rows);
 }
 
 GpuBatch::GpuBatch(std::shared_ptr<const GpuLmWeights> weights, GpuContext& context, int max_context,
@@ -207,6 +210,10 @@ k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
     a.seqs = talker_seqs_;
     a.batch = rows;
     a.pos_settled = true;  // the positions were advanced by the previous step's last sampler
+    const int long_from = options_.long_slices_rows > 0
+                              ? options_.long_slices_rows
+                              : (context_.sm_count() + s.n_kv - 1) / s.n_kv;  // rows x KV heads >= SMs
+    if (rows >= long_from) a.min_chunk = k::ATTN_KEYS_PER_SPLIT;
     return a;
 }
 

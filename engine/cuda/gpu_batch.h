@@ -65,6 +65,12 @@ struct GpuBatchOptions {
     // each residual combine into the next product's split (stack_split_pass: 11 launches a layer
     // instead of 13, the same bits). false: three launches per product (measurements).
     bool split_fusion = true;
+    // The talker's decode attention cuts each stream's context into slices of at least
+    // ATTN_KEYS_PER_SPLIT keys (not ATTN_MIN_CHUNK) from this many rows on: one block per row, KV
+    // head and slice then fills the GPU already, and longer slices mean fewer blocks and partial
+    // states to combine. 0: from the rows at which rows x KV heads reaches the SM count (one block
+    // per SM). Only the last bits of the attention sums differ; tests set it to exercise both.
+    int long_slices_rows = 0;
 };
 
 // Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;

@@ -220,6 +220,7 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         int skinny_max_rows;  // tensor-core products up to this many rows in one launch; more: split cuBLAS
         std::vector<int> order;
         bool bitwise;  // gemv everywhere: bitwise equal logits
+        int long_slices_rows = 0;  // GpuBatchOptions::long_slices_rows (0: by SM count, never here)
     };
     const int skinny = qtts::kernels::SKINNY_MAX_ROWS;
     const std::vector<Case> cases = {
@@ -227,6 +228,7 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         {"gemv, exact bucket 5, eager, reversed rows", {5}, {1}, 1, false, 1 << 20, skinny, {4, 3, 2, 1, 0}, true},
         {"one-launch tensor-core products for every product, bucket 16, 4-frame graphs", {16}, {4}, 4, true, 1, skinny, {2, 0, 4, 1, 3}, false},
         {"split cuBLAS products for every product, bucket 16, 4-frame graphs", {16}, {4}, 4, true, 1, 0, {2, 0, 4, 1, 3}, false},
+        {"long attention slices (one per 128 keys) from 1 row, bucket 8", {8}, {4}, 4, true, 1, skinny, {4, 2, 0, 3, 1}, false, 1},
         {"tensor cores from 8 rows (the predictor's first pass), bucket 6", {6}, {3}, 3, true, 8, skinny, {1, 3, 0, 2, 4}, false},
         {"one launch up to 8 rows, split cuBLAS past (the predictor's first pass of bucket 6: 12 rows), eager", {6}, {3}, 3, false, 4, 8, {3, 1, 4, 0, 2}, false},
     };
@@ -238,6 +240,7 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
             o.cuda_graphs = c.graphs;
             o.wide_rows = c.wide_rows;
             o.skinny_max_rows = c.skinny_max_rows;
+            o.long_slices_rows = c.long_slices_rows;
             const BatchRun run = run_batched(specs, c.order, FRAMES, c.chunk, o);
             for (size_t i = 0; i < specs.size(); ++i)
                 check_codes(run.codes[i], alone[i].codes, FRAMES, specs[i].frame_end, "stream " + std::to_string(i));
@@ -442,6 +445,9 @@ TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
     bad.skinny_tiles = 3;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.skinny_tiles = -1;
+    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
+    bad.skinny_tiles = 0;
+    bad.long_slices_rows = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
 
     qc::GpuBatchOptions o;

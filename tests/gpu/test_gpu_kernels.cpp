@@ -476,9 +476,8 @@ k::AttentionArgs attention_heads(int n_heads, int n_kv, int hd, int max_ctx, con
 }
 
 void attention_reference(const AttentionCase& c, const std::vector<float>& qkv, const std::vector<float>& qn,
-                         const std::vector<float>& kn, const std::vector<float>& inv_freq_unused,
+                         const std::vector<float>& kn, const std::vector<float>& inv_freq,
                          std::vector<float>& k_cache, std::vector<float>& v_cache, std::vector<float>& out) {
-    (void)inv_freq_unused;
     const int qd = c.n_heads * c.hd, kvd = c.n_kv * c.hd, ld = qd + 2 * kvd;
     std::vector<float> q(size_t(c.T) * qd), kk(size_t(c.T) * kvd), vv(size_t(c.T) * kvd);
     for (int t = 0; t < c.T; ++t) {
@@ -490,8 +489,10 @@ void attention_reference(const AttentionCase& c, const std::vector<float>& qkv, 
     for (int t = 0; t < c.T; ++t) pos[size_t(t)] = c.pos0 + t;
     qtts::cpu::rms_norm(q.data(), c.T * c.n_heads, c.hd, qn.data(), 1e-6f, q.data());
     qtts::cpu::rms_norm(kk.data(), c.T * c.n_kv, c.hd, kn.data(), 1e-6f, kk.data());
-    qtts::cpu::rope_apply(q.data(), c.T, c.n_heads, c.hd, pos.data(), 1e6);
-    qtts::cpu::rope_apply(kk.data(), c.T, c.n_kv, c.hd, pos.data(), 1e6);
+    // The engine's rotation (fp32 angle = position x inv_freq, as the official implementation and
+    // cpu::Lm compute it): at position 4095 a double-precision angle differs by ~2e-4 rad.
+    qtts::cpu::rope_apply_table(q.data(), c.T, c.n_heads, c.hd, pos.data(), inv_freq.data());
+    qtts::cpu::rope_apply_table(kk.data(), c.T, c.n_kv, c.hd, pos.data(), inv_freq.data());
     for (int t = 0; t < c.T; ++t)
         for (int g = 0; g < c.n_kv; ++g)
             for (int d = 0; d < c.hd; ++d) {
@@ -521,12 +522,15 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         bool fused_append;
         int splits;
         bool settled = false;  // pos_settled: slices past the context return before the wait
+        int min_chunk = k::ATTN_MIN_CHUNK;
     };
     const Mode modes[] = {
         {{1, 16, 8, 128, 4096, 300}, true, 32},   // talker decode, split-K
         {{1, 16, 8, 128, 4096, 300}, true, 32, true},  // the same as the frame step launches it
         {{1, 16, 8, 128, 4096, 4095}, true, 32, true},  // every slice holds keys
         {{1, 4, 2, 24, 256, 40}, true, 4, true},  // tiny frame-step decode, 3 of 4 slices hold keys
+        {{1, 16, 8, 128, 4096, 300}, true, 32, true, 128},  // a wide batch's long slices: 3 of 128 keys
+        {{1, 16, 8, 128, 4096, 100}, true, 32, true, 128},  // ... one slice: the combine of one state
         {{1, 16, 8, 128, 4096, 0}, true, 32},     // first position
         {{1, 16, 8, 128, 512, 511}, true, 4},     // last position of the cache
         {{2, 16, 8, 128, 16, 0}, true, 1},        // predictor pass 0
@@ -545,7 +549,7 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         const uint64_t seed = fresh_seed();
         INFO("T " << c.T << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
                   << " splits " << m.splits << " fused " << m.fused_append << " settled " << m.settled
-                  << " seed " << seed);
+                  << " min chunk " << m.min_chunk << " seed " << seed);
         const int qd = c.n_heads * c.hd, kvd = c.n_kv * c.hd, ld = qd + 2 * kvd;
         const auto qkv = random_floats(size_t(c.T) * ld, seed, -2.0f, 2.0f);
         const auto qn = random_floats(size_t(c.hd), seed + 1, 0.5f, 1.5f);
@@ -579,6 +583,7 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         a.pos_dev = d_pos.get();  // the position comes from device memory, as in the graphs
         a.append = m.fused_append;
         a.pos_settled = m.settled;
+        a.min_chunk = m.min_chunk;
         a.out = d_out.get();
         a.ld_out = qd;
         a.splits = m.splits;
@@ -600,6 +605,11 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         CHECK(rel_error(k_gpu.data(), k_cache.data(), k_cache.size()) < 1e-6);
         CHECK(rel_error(v_gpu.data(), v_cache.data(), v_cache.size()) == 0.0);
         CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+        // A shortest slice outside 1..ATTN_KEYS_PER_SPLIT keys is refused before any launch.
+        a.min_chunk = 0;
+        CHECK_THROWS_AS(k::attention(a, context().launch()), k::KernelError);
+        a.min_chunk = k::ATTN_KEYS_PER_SPLIT + 1;
+        CHECK_THROWS_AS(k::attention(a, context().launch()), k::KernelError);
     }
 }
 
@@ -611,10 +621,12 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         bool device_pos;
         std::vector<int> pos;  // per sequence
         bool settled = false;  // the batched launch sets pos_settled, as the frame step does
+        int min_chunk = k::ATTN_MIN_CHUNK;
     };
     const Mode modes[] = {
         {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}},  // talker: split-K, own positions
         {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}, true},  // ... slices past each context leave early
+        {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}, true, 128},  // ... long slices (wide batches)
         {2, 16, 8, 128, 16, 1, false, {0, 0, 0, 0, 0}},          // predictor pass 1
         {1, 4, 2, 16, 16, 1, false, {9, 9, 9, 9, 9}},            // predictor pass, tiny heads
     };
@@ -641,6 +653,7 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
             k::AttentionArgs a = attention_heads(m.n_heads, m.n_kv, m.hd, m.max_ctx, d_qn.get(), d_kn.get(), d_f.get());
             a.T = T;
             a.splits = m.splits;
+            a.min_chunk = m.min_chunk;
             return a;
         };
         // Alone: one launch per sequence on its own copy of the cache.
