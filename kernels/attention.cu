@@ -56,7 +56,7 @@ __device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int se
     return b;
 }
 
-// The query tile and key slice of this block (blockIdx.y = split, blockIdx.z = tile).
+// The query tile and key slice `split` of this block (blockIdx.z = tile).
 struct BlockSlice {
     int t0, nq;        // first query token of the tile; query rows (tokens × heads per KV head)
     int pos0, ctx;     // position of query 0; keys in the context after this launch
@@ -65,7 +65,8 @@ struct BlockSlice {
     int active;        // slices that hold keys at this context (the others return at once)
 };
 
-__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const SeqBuffers& sb, int group, int tile) {
+__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const SeqBuffers& sb, int group, int tile,
+                                                  int split) {
     BlockSlice b;
     b.t0 = tile * ATTN_TILE;
     const int qt = min(ATTN_TILE, a.T - b.t0);
@@ -73,7 +74,7 @@ __device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const 
     b.pos0 = position_read(sb.pos_dev, a.pos_host);
     b.ctx = b.pos0 + a.T;
     b.chunk = split_chunk(b.ctx, a.splits, a.min_chunk);
-    b.k0 = blockIdx.y * b.chunk;
+    b.k0 = split * b.chunk;
     b.k1 = min(b.ctx, b.k0 + b.chunk);
     b.k1_visible = min(b.k1, b.pos0 + b.t0 + qt);
     b.active = min(a.splits, (b.ctx + b.chunk - 1) / b.chunk);
@@ -87,10 +88,10 @@ __device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const 
 // query tile), the split-K combine. Called by every thread of the block.
 __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const SeqBuffers& sb, float* s_s, const float* v_base, int n, int t0,
                                                  int nq, int ctx, int chunk, float* m_s, float* l_s, int* is_last_s,
-                                                 int tile) {
+                                                 int tile, int split) {
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
-    const int g = blockIdx.x, split = blockIdx.y;
+    const int g = blockIdx.x;
     const int cap = ATTN_KEYS_PER_SPLIT;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int threads = blockDim.x, warps = threads >> 5;  // the kernels use 128 or 256 threads
@@ -188,8 +189,8 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const S
     }
 }
 
-// grid: (n_kv, splits, query tiles). See attention.cuh. Launches that append their new keys
-// (decode); prefill launches go to attention_cached_kernel.
+// grid: (n_kv, grid_splits or splits, query tiles). See attention.cuh. Launches that append
+// their new keys (decode); prefill launches go to attention_cached_kernel.
 // Decode launches (T <= 2) whose key slice has at most ATTN_STAGE_KEYS rows copy the cached
 // rows into shared memory with cp.async BEFORE griddepcontrol.wait (they do not depend on the
 // previous kernel) and add the new rows there themselves; everything else reads the cache.
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
 
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
-    const int g = blockIdx.x, split = blockIdx.y;
+    const int g = blockIdx.x, first_split = blockIdx.y;
     const int nq_cap = min(a.T, ATTN_TILE) * group;
     const int cap = ATTN_KEYS_PER_SPLIT;
     float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
@@ -222,8 +223,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     {
         const int ctx = pos_early + a.T;
         const int chunk = split_chunk(ctx, a.splits, a.min_chunk);
-        if (a.pos_settled && split >= min(a.splits, (ctx + chunk - 1) / chunk)) return;  // no key here
-        const int k0 = split * chunk, k1 = min(ctx, k0 + chunk);
+        if (a.pos_settled && first_split >= min(a.splits, (ctx + chunk - 1) / chunk)) return;  // no key here
+        const int k0 = first_split * chunk, k1 = min(ctx, k0 + chunk);
         if (stage_keys > 0 && ctx <= a.max_ctx && k1 - k0 <= stage_keys && (hd & 3) == 0) {
             staged = true;
             const int old_rows = max(0, min(k1, pos_early) - k0);
@@ -254,92 +255,98 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
         }
     }
 
-    const BlockSlice b = block_slice(a, sb, group, tile);
-    const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, ctx = b.ctx, chunk = b.chunk, k0 = b.k0, k1 = b.k1;
-    const int k1_visible = b.k1_visible;
-    if (split >= b.active) {  // no key of the context falls in this slice
-        if (staged) __pipeline_wait_prior(0);
-        return;
-    }
-    if (staged) {
-        __pipeline_wait_prior(0);
-        staged = pos0 == pos_early;  // the early read was right (always, in the frame step)
-    }
-
-    // The new keys and values of this slice and the tile's queries, as independent warp jobs so
-    // that their global loads are in flight together.
-    const int r_first = max(k0, pos0);
-    const int n_new = max(0, k1 - r_first);  // launched with append only
-    const int jobs = 2 * n_new + nq;
-    for (int job = warp; job < jobs; job += ATTN_WARPS) {
-        if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
-            const int r = r_first + job;
-            const float* k_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
-            float* k_dst = sb.k_cache + (head_base + r) * hd;
-            if (staged) {
-                float* k_row = k_stage + (r - k0) * hd;
-                warp_head_norm_rope(k_src, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r);
-                for (int d = lane; d < hd; d += 32) k_dst[d] = k_row[d];
-            } else {
-                warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
-            }
-        } else if (job < 2 * n_new) {  // value row: copied as is
-            const int r = r_first + job - n_new;
-            const float* v_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
-            float* v_dst = sb.v_cache + (head_base + r) * hd;
-            for (int d = lane; d < hd; d += 32) {
-                const float v = v_src[d];
-                v_dst[d] = v;
-                if (staged) v_stage[(r - k0) * hd + d] = v;
-            }
-        } else {  // query qi = token * group + head-in-group
-            const int qi = job - 2 * n_new;
-            const int t = t0 + qi / group, h = g * group + qi % group;
-            warp_head_norm_rope(sb.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd,
-                                a.q_norm, a.eps, a.inv_freq, pos0 + t);
+    // Slices blockIdx.y, + gridDim.y, ...: one each when the grid has a block per slice, several
+    // in a wide batch's launch (grid_splits); the slice staged before the wait is the first.
+    for (int split = blockIdx.y;; split += gridDim.y) {
+        const BlockSlice b = block_slice(a, sb, group, tile, split);
+        const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, ctx = b.ctx, chunk = b.chunk, k0 = b.k0, k1 = b.k1;
+        const int k1_visible = b.k1_visible;
+        if (split >= b.active) {  // no key of the context falls in this slice
+            if (staged) __pipeline_wait_prior(0);
+            return;
         }
-    }
-    __syncthreads();
+        if (staged) {
+            __pipeline_wait_prior(0);
+            staged = pos0 == pos_early;  // the early read was right (always, in the frame step)
+        }
 
-    const float* k_base = staged ? k_stage : sb.k_cache + (head_base + k0) * hd;  // row j = key k0 + j
-    const float* v_base = staged ? v_stage : sb.v_cache + (head_base + k0) * hd;
-
-    // Scores: a warp takes ATTN_KEY_BATCH keys at a time, lanes split the head dimension.
-    const int n = max(0, k1_visible - k0);
-    const float scale = 1.0f / sqrtf(float(hd));
-    for (int j0 = warp * ATTN_KEY_BATCH; j0 < n; j0 += ATTN_WARPS * ATTN_KEY_BATCH) {
-        float kv[ATTN_KEY_BATCH][4];
-#pragma unroll
-        for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
-            const float* k_row = k_base + size_t(j0 + b) * hd;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int d = lane + 32 * i;
-                kv[b][i] = (j0 + b < n && d < hd) ? k_row[d] : 0.0f;
+        // The new keys and values of this slice and the tile's queries, as independent warp jobs so
+        // that their global loads are in flight together.
+        const int r_first = max(k0, pos0);
+        const int n_new = max(0, k1 - r_first);  // launched with append only
+        const int jobs = 2 * n_new + nq;
+        for (int job = warp; job < jobs; job += ATTN_WARPS) {
+            if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
+                const int r = r_first + job;
+                const float* k_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
+                float* k_dst = sb.k_cache + (head_base + r) * hd;
+                if (staged) {
+                    float* k_row = k_stage + (r - k0) * hd;
+                    warp_head_norm_rope(k_src, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r);
+                    for (int d = lane; d < hd; d += 32) k_dst[d] = k_row[d];
+                } else {
+                    warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
+                }
+            } else if (job < 2 * n_new) {  // value row: copied as is
+                const int r = r_first + job - n_new;
+                const float* v_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
+                float* v_dst = sb.v_cache + (head_base + r) * hd;
+                for (int d = lane; d < hd; d += 32) {
+                    const float v = v_src[d];
+                    v_dst[d] = v;
+                    if (staged) v_stage[(r - k0) * hd + d] = v;
+                }
+            } else {  // query qi = token * group + head-in-group
+                const int qi = job - 2 * n_new;
+                const int t = t0 + qi / group, h = g * group + qi % group;
+                warp_head_norm_rope(sb.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd,
+                                    a.q_norm, a.eps, a.inv_freq, pos0 + t);
             }
         }
-        for (int qi = 0; qi < nq; ++qi) {
-            const int q_pos = pos0 + t0 + qi / group;
-            float qv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int d = lane + 32 * i;
-                qv[i] = d < hd ? q_s[qi * hd + d] : 0.0f;
-            }
+        __syncthreads();
+
+        const float* k_base = staged ? k_stage : sb.k_cache + (head_base + k0) * hd;  // row j = key k0 + j
+        const float* v_base = staged ? v_stage : sb.v_cache + (head_base + k0) * hd;
+
+        // Scores: a warp takes ATTN_KEY_BATCH keys at a time, lanes split the head dimension.
+        const int n = max(0, k1_visible - k0);
+        const float scale = 1.0f / sqrtf(float(hd));
+        for (int j0 = warp * ATTN_KEY_BATCH; j0 < n; j0 += ATTN_WARPS * ATTN_KEY_BATCH) {
+            float kv[ATTN_KEY_BATCH][4];
 #pragma unroll
             for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
-                float p = 0.0f;
+                const float* k_row = k_base + size_t(j0 + b) * hd;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) p = fmaf(qv[i], kv[b][i], p);
-                p = warp_sum(p);
-                const int j = j0 + b;
-                if (lane == 0 && j < n) s_s[qi * cap + j] = (k0 + j <= q_pos) ? p * scale : -INFINITY;
+                for (int i = 0; i < 4; ++i) {
+                    const int d = lane + 32 * i;
+                    kv[b][i] = (j0 + b < n && d < hd) ? k_row[d] : 0.0f;
+                }
+            }
+            for (int qi = 0; qi < nq; ++qi) {
+                const int q_pos = pos0 + t0 + qi / group;
+                float qv[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int d = lane + 32 * i;
+                    qv[i] = d < hd ? q_s[qi * hd + d] : 0.0f;
+                }
+#pragma unroll
+                for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
+                    float p = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) p = fmaf(qv[i], kv[b][i], p);
+                    p = warp_sum(p);
+                    const int j = j0 + b;
+                    if (lane == 0 && j < n) s_s[qi * cap + j] = (k0 + j <= q_pos) ? p * scale : -INFINITY;
+                }
             }
         }
-    }
-    __syncthreads();
+        __syncthreads();
 
-    attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last, tile);
+        attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last, tile, split);
+        staged = false;   // later slices read the cache
+        __syncthreads();  // they reuse q_s and s_s
+    }
 }
 
 // Prefill attention (append = false: every key, the new ones included, is already in the cache).
@@ -402,7 +409,7 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
     const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
     const SeqBuffers sb = seq_buffers(a, 0);  // a is one sequence (a batch's: prefill_seq_args)
-    const BlockSlice b = block_slice(a, sb, group, tile);
+    const BlockSlice b = block_slice(a, sb, group, tile, blockIdx.y);
     if (int(blockIdx.y) >= b.active) return;  // no key of the context falls in this slice
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
     const int n = max(0, b.k1_visible - k0);  // keys some query of this tile can see
@@ -472,7 +479,7 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
         }
     }
     __syncthreads();
-    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile);
+    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile, blockIdx.y);
 }
 
 template <bool STAGE_KV>
@@ -563,7 +570,8 @@ void attention_validate(const AttentionArgs& a) {
                     a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 && a.splits <= ATTN_KEYS_PER_SPLIT &&
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
                     (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T &&
-                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT;
+                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && a.grid_splits >= 0 &&
+                    a.grid_splits <= a.splits;
     if (!ok)
         check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
                          __func__, __FILE__, __LINE__);
@@ -618,7 +626,8 @@ void attention(const AttentionArgs& a, const Launch& l) {
                         sizeof(float);
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(attention_kernel, smem, raised);
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
+    const dim3 decode_grid(a.n_kv, a.grid_splits > 0 ? a.grid_splits : a.splits, grid.z);
+    KERNEL_CUDA_CHECK(launch_kernel(l, decode_grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
 }
 
 void kv_append(const AttentionArgs& a, const Launch& l) {

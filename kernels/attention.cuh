@@ -78,6 +78,10 @@ struct AttentionArgs {
     // sequence's keys over more SMs; a wide batch fills the GPU with its rows already and does
     // better with long ones (fewer blocks, fewer partial states to combine).
     int min_chunk = ATTN_MIN_CHUNK;
+    // Decode launches: blocks per (KV head, query tile) along the key axis, 0 = one per slice
+    // (splits). Fewer (1..splits): each block takes slices y, y + grid_splits, ... in turn, the
+    // same bits; a wide batch's launch then does not schedule thousands of blocks that find no key.
+    int grid_splits = 0;
     float* partial = nullptr;        // attention_partial_floats() scratch (splits > 1)
     uint32_t* counters = nullptr;    // attention_counter_count() zeros (splits > 1); left zeroed
     // Batched decode (append only): `batch` independent sequences of T queries each, qkv/out rows

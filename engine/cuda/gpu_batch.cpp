@@ -210,10 +210,16 @@ k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
     a.seqs = talker_seqs_;
     a.batch = rows;
     a.pos_settled = true;  // the positions were advanced by the previous step's last sampler
-    const int long_from = options_.long_slices_rows > 0
-                              ? options_.long_slices_rows
-                              : (context_.sm_count() + s.n_kv - 1) / s.n_kv;  // rows x KV heads >= SMs
-    if (rows >= long_from) a.min_chunk = k::ATTN_KEYS_PER_SPLIT;
+    const int sms = context_.sm_count(), row_blocks = rows * s.n_kv;  // blocks per slice
+    const int long_from = options_.long_slices_rows > 0 ? options_.long_slices_rows
+                                                        : (sms + s.n_kv - 1) / s.n_kv;  // row_blocks >= SMs
+    if (rows >= long_from) {
+        // Slices of 128 keys, and about four blocks per SM whatever the context: at 64 rows two
+        // blocks per (stream, KV head) instead of talker_splits_ (32 at 4096 positions), most of
+        // which would find no key at a short context.
+        a.min_chunk = k::ATTN_KEYS_PER_SPLIT;
+        a.grid_splits = std::min(talker_splits_, std::max(1, (4 * sms + row_blocks - 1) / row_blocks));
+    }
     return a;
 }
 

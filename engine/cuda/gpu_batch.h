@@ -69,7 +69,9 @@ struct GpuBatchOptions {
     // ATTN_KEYS_PER_SPLIT keys (not ATTN_MIN_CHUNK) from this many rows on: one block per row, KV
     // head and slice then fills the GPU already, and longer slices mean fewer blocks and partial
     // states to combine. 0: from the rows at which rows x KV heads reaches the SM count (one block
-    // per SM). Only the last bits of the attention sums differ; tests set it to exercise both.
+    // per SM). Such launches also have about four blocks per SM along the key axis
+    // (AttentionArgs::grid_splits), each taking several slices in turn when the context is long.
+    // Only the last bits of the attention sums differ; tests set it to exercise both.
     int long_slices_rows = 0;
 };
 

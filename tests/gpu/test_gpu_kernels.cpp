@@ -523,6 +523,7 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         int splits;
         bool settled = false;  // pos_settled: slices past the context return before the wait
         int min_chunk = k::ATTN_MIN_CHUNK;
+        int grid_splits = 0;  // blocks along the key axis (0: one per slice)
     };
     const Mode modes[] = {
         {{1, 16, 8, 128, 4096, 300}, true, 32},   // talker decode, split-K
@@ -531,6 +532,9 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         {{1, 4, 2, 24, 256, 40}, true, 4, true},  // tiny frame-step decode, 3 of 4 slices hold keys
         {{1, 16, 8, 128, 4096, 300}, true, 32, true, 128},  // a wide batch's long slices: 3 of 128 keys
         {{1, 16, 8, 128, 4096, 100}, true, 32, true, 128},  // ... one slice: the combine of one state
+        {{1, 16, 8, 128, 4096, 1000}, true, 32, true, 128, 3},  // 8 slices taken by 3 blocks in turn
+        {{1, 16, 8, 128, 4096, 4095}, true, 32, true, 16, 5},   // 32 slices, 5 blocks
+        {{1, 4, 2, 24, 256, 200}, true, 4, false, 16, 1},       // one block takes all 4 slices
         {{1, 16, 8, 128, 4096, 0}, true, 32},     // first position
         {{1, 16, 8, 128, 512, 511}, true, 4},     // last position of the cache
         {{2, 16, 8, 128, 16, 0}, true, 1},        // predictor pass 0
@@ -549,7 +553,7 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         const uint64_t seed = fresh_seed();
         INFO("T " << c.T << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
                   << " splits " << m.splits << " fused " << m.fused_append << " settled " << m.settled
-                  << " min chunk " << m.min_chunk << " seed " << seed);
+                  << " min chunk " << m.min_chunk << " grid splits " << m.grid_splits << " seed " << seed);
         const int qd = c.n_heads * c.hd, kvd = c.n_kv * c.hd, ld = qd + 2 * kvd;
         const auto qkv = random_floats(size_t(c.T) * ld, seed, -2.0f, 2.0f);
         const auto qn = random_floats(size_t(c.hd), seed + 1, 0.5f, 1.5f);
@@ -584,6 +588,7 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         a.append = m.fused_append;
         a.pos_settled = m.settled;
         a.min_chunk = m.min_chunk;
+        a.grid_splits = m.grid_splits;
         a.out = d_out.get();
         a.ld_out = qd;
         a.splits = m.splits;
@@ -605,10 +610,21 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         CHECK(rel_error(k_gpu.data(), k_cache.data(), k_cache.size()) < 1e-6);
         CHECK(rel_error(v_gpu.data(), v_cache.data(), v_cache.size()) == 0.0);
         CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+        if (m.grid_splits > 0) {  // blocks that take several slices give the bits of one block per slice
+            auto d_one = poisoned(size_t(c.T) * qd);
+            k::AttentionArgs one = a;
+            one.grid_splits = 0;
+            one.out = d_one.get();
+            k::attention(one, context().launch());
+            CHECK(download(d_one, size_t(c.T) * qd) == out);
+        }
         // A shortest slice outside 1..ATTN_KEYS_PER_SPLIT keys is refused before any launch.
         a.min_chunk = 0;
         CHECK_THROWS_AS(k::attention(a, context().launch()), k::KernelError);
         a.min_chunk = k::ATTN_KEYS_PER_SPLIT + 1;
+        CHECK_THROWS_AS(k::attention(a, context().launch()), k::KernelError);
+        a.min_chunk = k::ATTN_MIN_CHUNK;
+        a.grid_splits = m.splits + 1;  // more blocks than slices
         CHECK_THROWS_AS(k::attention(a, context().launch()), k::KernelError);
     }
 }
@@ -622,11 +638,13 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         std::vector<int> pos;  // per sequence
         bool settled = false;  // the batched launch sets pos_settled, as the frame step does
         int min_chunk = k::ATTN_MIN_CHUNK;
+        int grid_splits = 0;
     };
     const Mode modes[] = {
         {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}},  // talker: split-K, own positions
         {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}, true},  // ... slices past each context leave early
         {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}, true, 128},  // ... long slices (wide batches)
+        {1, 16, 8, 128, 1024, 8, true, {300, 0, 17, 1000, 128}, true, 128, 2},  // ... 2 blocks per stream, KV head
         {2, 16, 8, 128, 16, 1, false, {0, 0, 0, 0, 0}},          // predictor pass 1
         {1, 4, 2, 16, 16, 1, false, {9, 9, 9, 9, 9}},            // predictor pass, tiny heads
     };
@@ -634,7 +652,8 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
     for (const Mode& m : modes) {
         const uint64_t seed = fresh_seed();
         INFO("T " << m.T << " heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd << " splits " << m.splits
-                  << " settled " << m.settled << " seed " << seed);
+                  << " settled " << m.settled << " min chunk " << m.min_chunk << " grid splits " << m.grid_splits
+                  << " seed " << seed);
         const int qd = m.n_heads * m.hd, kvd = m.n_kv * m.hd, ld = qd + 2 * kvd;
         const size_t cache = size_t(m.n_kv) * m.max_ctx * m.hd;
         const auto qkv = random_floats(size_t(B) * m.T * ld, seed, -2.0f, 2.0f);
@@ -654,6 +673,7 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
             a.T = T;
             a.splits = m.splits;
             a.min_chunk = m.min_chunk;
+            a.grid_splits = m.grid_splits;
             return a;
         };
         // Alone: one launch per sequence on its own copy of the cache.
