@@ -53,10 +53,11 @@ struct GpuBatchOptions {
     bool cuda_graphs = true;
     int wide_rows = 2;  // products over at least this many rows use tensor cores; fewer: gemv (measured: docs/performance.md)
     // Tensor-core products over at most this many rows run as one launch (kernels/skinny.cuh);
-    // wider ones as split hi/lo + cuBLAS GEMM + combine (faster from 32 rows on the H200; one
-    // launch wins at 24 since its blocks take two tiles: docs/performance.md). 0: always cuBLAS.
-    // At most SKINNY_MAX_ROWS.
-    int skinny_max_rows = 24;
+    // wider ones as split hi/lo + cuBLAS GEMM + combine, whose passes fuse the residual combines
+    // (faster from 20 rows on the H200: buckets 20 / 24 step 6.37 / 6.50 ms against 6.67 / 6.79
+    // with one launch up to 24; at 16 one launch wins, 5.66 against 6.06: docs/performance.md).
+    // 0: always cuBLAS. At most SKINNY_MAX_ROWS.
+    int skinny_max_rows = 16;
     // Tiles per block of those one-launch products (kernels/skinny.cuh): 1 or 2 for every
     // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).
