@@ -39,10 +39,11 @@ struct SeqBuffers {
     const int32_t* pos_dev;
     float* partial;
     uint32_t* counters;
+    int row0;  // the sequence's first row in the launch's rows (out_split)
 };
 
 __device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int seq) {
-    if (!a.seqs) return SeqBuffers{a.qkv, a.out, a.k_cache, a.v_cache, a.pos_dev, a.partial, a.counters};
+    if (!a.seqs) return SeqBuffers{a.qkv, a.out, a.k_cache, a.v_cache, a.pos_dev, a.partial, a.counters, 0};
     const AttentionSeq s = a.seqs[seq];
     const int tiles = query_tiles(a.T);
     SeqBuffers b;
@@ -53,7 +54,18 @@ __device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int se
     b.pos_dev = s.pos;
     b.partial = a.partial ? a.partial + size_t(seq) * a.n_heads * a.T * a.splits * (a.head_dim + 2) : nullptr;
     b.counters = a.counters ? a.counters + size_t(seq) * a.n_kv * tiles : nullptr;
+    b.row0 = seq * a.T;
     return b;
+}
+
+// Output value (token t of the sequence, column col = head x head_dim + d): into out and, when
+// asked, its bf16 hi/lo pair into out_split.
+__device__ __forceinline__ void attention_store(const AttentionArgs& a, const SeqBuffers& sb, int t, int col, float v) {
+    sb.out[size_t(t) * a.ld_out + col] = v;
+    if (a.out_split) {
+        const size_t rows = size_t(a.batch) * a.T, width = size_t(a.n_heads) * a.head_dim, r = sb.row0 + t;
+        bf16_split(v, a.out_split + r * width + col, a.out_split + (rows + r) * width + col);
+    }
 }
 
 // The query tile and key slice `split` of this block (blockIdx.z = tile).
@@ -126,7 +138,7 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const S
         const int t = t0 + qi / group, h = g * group + qi % group;
         if (a.splits == 1) {
             const float l = l_s[qi];
-            sb.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
+            attention_store(a, sb, t, h * hd + d, l > 0.0f ? acc / l : 0.0f);
         } else {
             float* P = sb.partial + ((size_t(t) * a.n_heads + h) * a.splits + split) * (hd + 2);
             P[d] = acc;
@@ -185,7 +197,7 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const S
 #pragma unroll 4
         for (int sp = 0; sp < active; ++sp) acc = fmaf(w[sp], load_coherent(P + sp * (hd + 2)), acc);
         const float L = l_s[qi];
-        sb.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
+        attention_store(a, sb, t, h * hd + d, L > 0.0f ? acc / L : 0.0f);
     }
 }
 
@@ -550,7 +562,7 @@ void attention_prefill_validate(const AttentionArgs& a) {
                     a.n_heads >= a.n_kv && a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP &&
                     a.head_dim >= 2 && a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 &&
                     a.splits <= ATTN_KEYS_PER_SPLIT && a.max_ctx >= 1 &&
-                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT;
+                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && !a.out_split;
     if (!ok)
         check_fail("attention", "invalid batched prefill arguments (a table of sequences, their row and tile totals)",
                    __func__, __FILE__, __LINE__);
@@ -571,7 +583,7 @@ void attention_validate(const AttentionArgs& a) {
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
                     (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T &&
                     a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && a.grid_splits >= 0 &&
-                    a.grid_splits <= a.splits;
+                    a.grid_splits <= a.splits && (!a.out_split || a.append);
     if (!ok)
         check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
                          __func__, __FILE__, __LINE__);

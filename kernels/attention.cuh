@@ -72,6 +72,10 @@ struct AttentionArgs {
     bool pos_settled = false;
     float* out = nullptr;  // [T, ld_out], heads concatenated
     int ld_out = 0;
+    // Decode launches (append): the output also as the bf16 hi/lo pair a split product reads,
+    // [2 rows, n_heads x head_dim] with rows = batch x T (row r's hi at r, lo at rows + r): what
+    // rmsnorm_split_bf16(out, rows, ..., nullptr) writes from it, bit for bit. Null: none.
+    bf16_t* out_split = nullptr;
     int splits = 1;                  // key-range slices per KV head (fixed; sized for max_ctx)
     // Shortest slice, in keys (1..ATTN_KEYS_PER_SPLIT): a context of ctx keys is cut into
     // min(splits, ceil(ctx / max(min_chunk, ceil(ctx / splits)))) slices. Short slices spread one

@@ -35,4 +35,12 @@ __device__ __forceinline__ float split_combine_value(LinearEpilogue epilogue, co
 void linear_split_combine(const float* y2, int ld_y2, int T, int n, const float* bias, LinearEpilogue epilogue,
                           float* y, int ldy, const Launch& launch);
 
+// The same combine with its rows also written as the bf16 hi/lo pair the next split product
+// reads: out [2T, n] gets what rmsnorm_split_bf16(y, T, n, ldy, nullptr) would write from them,
+// bit for bit, in the same element-wise launch (the SwiGLU combine before the down product).
+// y may be null (only the split is needed). Not for LINEAR_EPILOGUE_ADD, whose fused form is
+// combine_add_rmsnorm_split_bf16 (kernels/rmsnorm.cuh).
+void linear_split_combine_split_bf16(const float* y2, int ld_y2, int T, int n, const float* bias,
+                                     LinearEpilogue epilogue, float* y, int ldy, bf16_t* out, const Launch& launch);
+
 }  // namespace qtts::kernels

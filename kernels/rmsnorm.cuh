@@ -20,8 +20,9 @@ void rmsnorm_split_bf16(const float* x, int T, int C, int ldx, const float* w, f
 // in one launch: y [T, ldy] += the halves of y2 (what linear_split_combine writes under
 // LINEAR_EPILOGUE_ADD, no bias), and out [2T, n] gets what rmsnorm_split_bf16(y, w, eps) then
 // writes, bit for bit (w null: a plain split). y2 [2T, ld_y2] as linear_split_combine reads it.
-// (The SwiGLU combine is not fused: one block per row of 3072-6144 SwiGLU outputs took 7-11 us
-// against ~5 for the two launches; docs/performance.md.)
+// (The SwiGLU combine has no norm after it, so its split is element-wise: kernels/linear.cuh's
+// linear_split_combine_split_bf16. One block per row of 3072-6144 outputs, as here, took 7-11 us
+// against ~5 for two launches; docs/performance.md.)
 void combine_add_rmsnorm_split_bf16(const float* y2, int ld_y2, int T, int n, float* y, int ldy, const float* w,
                                     float eps, bf16_t* out, const Launch& launch);
 

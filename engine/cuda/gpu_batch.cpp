@@ -197,7 +197,13 @@ void GpuBatch::stack_pass(const GpuStack& s, const DecodeRows& b, Attend&& atten
                     std::max(s.qkv_dim(), 2 * s.intermediate) <= max_out_);
         stack_split_pass(
             s, b, context_.cublas(), SplitScratch{xb_, y2_}, 2 * b.rows,
-            [&](int layer) { CUDA_CHECK_KERNEL(k::attention(attend(layer), l)); }, l);
+            [&](int layer, bf16_t* split) {
+                k::AttentionArgs a = attend(layer);
+                a.out_split = split;  // the o product's input, written by the attention itself
+                CUDA_CHECK_KERNEL(k::attention(a, l));
+                return true;
+            },
+            l);
         return;
     }
     stack_decode_pass(s, b, [this](const k::GemvArgs& a) { product(a); }, attend, l);

@@ -174,11 +174,14 @@ void stack_decode_pass(const GpuStack& s, const DecodeRows& b, Product&& product
 
 // The same pass with every product on the split tensor-core path (what linear_split does for
 // each), the residual combines fused into the next product's split
-// (kernels::combine_add_rmsnorm_split_bf16): per layer [split x], GEMM qkv, combine, attention,
-// split attn, GEMM o, combine + split, GEMM gate/up, SwiGLU combine, split, GEMM down, combine (+
-// the next layer's split): 11 launches instead of 13, the same bits as 4 linear_split calls.
-// `attention(layer)` launches the layer's attention over b.qkv into b.attn. The GEMMs run over
-// gemm_rows >= 2 b.rows rows (as linear_split).
+// (kernels::combine_add_rmsnorm_split_bf16) and the SwiGLU combine writing its split
+// (kernels::linear_split_combine_split_bf16): per layer [split x], GEMM qkv, combine, attention
+// (+ split attn), GEMM o, combine + split, GEMM gate/up, SwiGLU combine + split, GEMM down,
+// combine (+ the next layer's split): 9 or 10 launches instead of 13, the same bits as 4
+// linear_split calls. `attention(layer, split)` launches the layer's attention over b.qkv into
+// b.attn and returns true when it also wrote b.attn's bf16 split into `split` (decode launches:
+// AttentionArgs::out_split), false when the pass must split it. The GEMMs run over gemm_rows >=
+// 2 b.rows rows (as linear_split).
 template <typename Attention>
 void stack_split_pass(const GpuStack& s, const DecodeRows& b, cublasHandle_t cublas, const SplitScratch& scratch,
                       int gemm_rows, Attention&& attention, const kernels::Launch& l) {
@@ -191,15 +194,14 @@ void stack_split_pass(const GpuStack& s, const DecodeRows& b, cublasHandle_t cub
         split_gemm(cublas, scratch, L.qkv, QKV, H, gemm_rows);  // [gemm rows, QKV]
         CUDA_CHECK_KERNEL(kernels::linear_split_combine(scratch.y2, QKV, R, QKV, nullptr, E::LINEAR_EPILOGUE_STORE, b.qkv,
                                                         QKV, l));
-        attention(int(i));
-        CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.attn, R, QD, QD, nullptr, 0.0f, scratch.xb, l));
+        if (!attention(int(i), scratch.xb))
+            CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.attn, R, QD, QD, nullptr, 0.0f, scratch.xb, l));
         split_gemm(cublas, scratch, L.o, H, QD, gemm_rows);  // [gemm rows, H]; x += o, then split rmsnorm(x)
         CUDA_CHECK_KERNEL(kernels::combine_add_rmsnorm_split_bf16(scratch.y2, H, R, H, b.x, H, L.post_norm, s.eps,
                                                                   scratch.xb, l));
-        split_gemm(cublas, scratch, L.gate_up, 2 * I, H, gemm_rows);  // [gemm rows, 2I]; mlp = SwiGLU
-        CUDA_CHECK_KERNEL(kernels::linear_split_combine(scratch.y2, 2 * I, R, I, nullptr, E::LINEAR_EPILOGUE_SWIGLU,
-                                                        b.mlp, I, l));
-        CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.mlp, R, I, I, nullptr, 0.0f, scratch.xb, l));
+        split_gemm(cublas, scratch, L.gate_up, 2 * I, H, gemm_rows);  // [gemm rows, 2I]; SwiGLU, split
+        CUDA_CHECK_KERNEL(kernels::linear_split_combine_split_bf16(scratch.y2, 2 * I, R, I, nullptr,
+                                                                   E::LINEAR_EPILOGUE_SWIGLU, nullptr, 0, scratch.xb, l));
         split_gemm(cublas, scratch, L.down, H, I, gemm_rows);  // [gemm rows, H]; x += down (+ the next split)
         if (i + 1 < s.layers.size())
             CUDA_CHECK_KERNEL(kernels::combine_add_rmsnorm_split_bf16(scratch.y2, H, R, H, b.x, H,

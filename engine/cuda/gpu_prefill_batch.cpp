@@ -162,7 +162,11 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
     };
     if (g < DIRECT_MIN_GEMM_ROWS) {  // every product split + GEMM + combine: the combines fused into the next splits
         stack_split_pass(s, DecodeRows{x_, qkv_, attn_, mlp_, rows}, context_.cublas(), SplitScratch{xb_, y2_}, g,
-                         attention, l);
+                         [&](int layer, bf16_t*) {
+                             attention(layer);
+                             return false;  // the prefill kernel writes fp32 only
+                         },
+                         l);
         return;
     }
     using E = k::LinearEpilogue;

@@ -589,6 +589,9 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         a.pos_settled = m.settled;
         a.min_chunk = m.min_chunk;
         a.grid_splits = m.grid_splits;
+        // Decode launches also write the output's bf16 hi/lo split (the o product's input).
+        auto d_split = upload(std::vector<uint16_t>(size_t(2 * c.T) * qd, 0xffffu));
+        if (m.fused_append) a.out_split = d_split.get();
         a.out = d_out.get();
         a.ld_out = qd;
         a.splits = m.splits;
@@ -610,6 +613,15 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         CHECK(rel_error(k_gpu.data(), k_cache.data(), k_cache.size()) < 1e-6);
         CHECK(rel_error(v_gpu.data(), v_cache.data(), v_cache.size()) == 0.0);
         CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+        if (m.fused_append) {  // the split: the bits rmsnorm_split_bf16 gives from the output
+            DeviceArray<uint16_t> d_want(size_t(2 * c.T) * qd);
+            k::rmsnorm_split_bf16(d_out.get(), c.T, qd, qd, nullptr, 0.0f, d_want.get(), context().launch());
+            CHECK(download(d_split, size_t(2 * c.T) * qd) == download(d_want, size_t(2 * c.T) * qd));
+        } else {  // prefill launches cannot write it
+            k::AttentionArgs with_split = a;
+            with_split.out_split = d_split.get();
+            CHECK_THROWS_AS(k::attention(with_split, context().launch()), k::KernelError);
+        }
         if (m.grid_splits > 0) {  // blocks that take several slices give the bits of one block per slice
             auto d_one = poisoned(size_t(c.T) * qd);
             k::AttentionArgs one = a;
@@ -726,6 +738,8 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         a.seqs = d_seqs.get();
         a.batch = B;
         a.pos_settled = m.settled;
+        auto d_split = upload(std::vector<uint16_t>(size_t(2 * B * m.T) * qd, 0xffffu));
+        a.out_split = d_split.get();  // rows seq * T + t, as the split pass reads them
         // Out-of-batch launch argument the kernel must not use in batched mode.
         a.k_cache = nullptr;
         k::attention(a, context().launch());
@@ -734,6 +748,20 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
         const auto caches_after = download(d_caches, 2 * B * cache);
         const auto counters = download(d_counters, B * k::attention_counter_count(m.n_kv, m.T));
         CHECK(std::all_of(counters.begin(), counters.end(), [](uint32_t v) { return v == 0u; }));
+        // The split of every written row: the bits rmsnorm_split_bf16 gives from the output.
+        const size_t rows = size_t(B) * m.T;
+        DeviceArray<uint16_t> d_want(2 * rows * qd);
+        k::rmsnorm_split_bf16(d_out.get(), int(rows), qd, qd, nullptr, 0.0f, d_want.get(), context().launch());
+        const auto split = download(d_split, 2 * rows * qd), want = download(d_want, 2 * rows * qd);
+        for (int s = 0; s < B; ++s) {
+            if (s == IDLE || s == STOPPED) continue;  // not written (the step discards those rows)
+            for (const size_t half : {size_t(0), rows}) {
+                const size_t at = (half + size_t(s) * m.T) * qd;
+                INFO("sequence " << s << (half ? " lo" : " hi"));
+                CHECK(std::equal(split.begin() + long(at), split.begin() + long(at + size_t(m.T) * qd),
+                                 want.begin() + long(at)));
+            }
+        }
         for (int s = 0; s < B; ++s) {
             INFO("sequence " << s);
             const float* o = out.data() + size_t(s) * m.T * qd;
@@ -1008,6 +1036,58 @@ TEST_CASE("a residual combine fused with the next product's split gives the bits
                                                      context().launch()));
     REQUIRE_THROWS(k::combine_add_rmsnorm_split_bf16(y2.get(), 9000, 1, 9000, y.get(), 9000, nullptr, 0.0f, xb.get(),
                                                      context().launch()));
+}
+
+TEST_CASE("a SwiGLU or store combine that writes its split gives the bits of the combine and the split",
+          "[gpu][linear]") {
+    const uint64_t seed = fresh_seed();
+    INFO("seed " << seed);
+    using E = k::LinearEpilogue;
+    struct Case {
+        const char* name;
+        E epilogue;
+        int T, n, ld_y2;
+        bool keep_y;  // also the fp32 rows
+    };
+    // SwiGLU reads 2n columns of y2; odd widths, one row and many, padded y2 rows.
+    const Case cases[] = {{"SwiGLU, the talker's width", E::LINEAR_EPILOGUE_SWIGLU, 6, 6144, 2 * 6144, false},
+                          {"SwiGLU, odd width, one row, fp32 rows too", E::LINEAR_EPILOGUE_SWIGLU, 1, 1001, 2011, true},
+                          {"store with a bias", E::LINEAR_EPILOGUE_STORE, 9, 300, 307, true}};
+    for (const Case& c : cases) {
+        SECTION(c.name) {
+            const int cols = c.epilogue == E::LINEAR_EPILOGUE_SWIGLU ? 2 * c.n : c.n;
+            REQUIRE(cols <= c.ld_y2);
+            const auto y2 = random_floats(size_t(2 * c.T) * c.ld_y2, seed, -3.0f, 3.0f);
+            const auto bias = random_floats(size_t(c.n), seed + 1, -1.0f, 1.0f);
+            auto d_y2 = upload(y2), d_bias = upload(bias);
+            const float* b = c.epilogue == E::LINEAR_EPILOGUE_STORE ? d_bias.get() : nullptr;
+            // Two launches.
+            auto d_y_two = poisoned(size_t(c.T) * c.n);
+            DeviceArray<uint16_t> d_xb_two(size_t(2 * c.T) * c.n);
+            k::linear_split_combine(d_y2.get(), c.ld_y2, c.T, c.n, b, c.epilogue, d_y_two.get(), c.n, context().launch());
+            k::rmsnorm_split_bf16(d_y_two.get(), c.T, c.n, c.n, nullptr, 0.0f, d_xb_two.get(), context().launch());
+            // One, into poisoned outputs.
+            auto d_y_one = poisoned(size_t(c.T) * c.n);
+            auto d_xb_one = upload(std::vector<uint16_t>(size_t(2 * c.T) * c.n, 0xffffu));
+            k::linear_split_combine_split_bf16(d_y2.get(), c.ld_y2, c.T, c.n, b, c.epilogue,
+                                               c.keep_y ? d_y_one.get() : nullptr, c.n, d_xb_one.get(),
+                                               context().launch());
+            const auto y_two = download(d_y_two, size_t(c.T) * c.n), y_one = download(d_y_one, size_t(c.T) * c.n);
+            const auto xb_two = download(d_xb_two, size_t(2 * c.T) * c.n),
+                       xb_one = download(d_xb_one, size_t(2 * c.T) * c.n);
+            REQUIRE(all_finite(y_two));
+            REQUIRE(xb_one == xb_two);
+            if (c.keep_y) REQUIRE(std::memcmp(y_one.data(), y_two.data(), y_one.size() * sizeof(float)) == 0);
+            else REQUIRE(std::all_of(y_one.begin(), y_one.end(), [](float v) { return std::isnan(v); }));  // untouched
+        }
+    }
+    // Refused: the residual add (combine_add_rmsnorm_split_bf16's job), no split output.
+    DeviceArray<float> y2(64), y(64);
+    DeviceArray<uint16_t> xb(64);
+    REQUIRE_THROWS(k::linear_split_combine_split_bf16(y2.get(), 8, 2, 8, nullptr, E::LINEAR_EPILOGUE_ADD, y.get(), 8,
+                                                      xb.get(), context().launch()));
+    REQUIRE_THROWS(k::linear_split_combine_split_bf16(y2.get(), 8, 2, 8, nullptr, E::LINEAR_EPILOGUE_STORE, y.get(), 8,
+                                                      nullptr, context().launch()));
 }
 
 TEST_CASE("embedding gathers, the frame sum and row scatter match the CPU", "[gpu][embedding]") {
