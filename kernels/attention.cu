@@ -33,6 +33,7 @@ __host__ __device__ inline int split_chunk(int ctx, int splits, int min_chunk) {
 // pdl_wait(). k_cache == nullptr: an idle sequence.
 struct SeqBuffers {
     const float* qkv;
+    const float* qkv_lo;  // null: qkv holds the projections
     float* out;
     float* k_cache;
     float* v_cache;
@@ -43,11 +44,12 @@ struct SeqBuffers {
 };
 
 __device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int seq) {
-    if (!a.seqs) return SeqBuffers{a.qkv, a.out, a.k_cache, a.v_cache, a.pos_dev, a.partial, a.counters, 0};
+    if (!a.seqs) return SeqBuffers{a.qkv, a.qkv_lo, a.out, a.k_cache, a.v_cache, a.pos_dev, a.partial, a.counters, 0};
     const AttentionSeq s = a.seqs[seq];
     const int tiles = query_tiles(a.T);
     SeqBuffers b;
     b.qkv = a.qkv + size_t(seq) * a.T * a.ld_qkv;
+    b.qkv_lo = a.qkv_lo ? a.qkv_lo + size_t(seq) * a.T * a.ld_qkv : nullptr;
     b.out = a.out + size_t(seq) * a.T * a.ld_out;
     b.k_cache = s.k_cache ? s.k_cache + a.seq_layer_offset : nullptr;
     b.v_cache = s.v_cache ? s.v_cache + a.seq_layer_offset : nullptr;
@@ -290,29 +292,33 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
         for (int job = warp; job < jobs; job += ATTN_WARPS) {
             if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
                 const int r = r_first + job;
-                const float* k_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
+                const size_t at = size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
+                const float* k_lo = sb.qkv_lo ? sb.qkv_lo + at : nullptr;
                 float* k_dst = sb.k_cache + (head_base + r) * hd;
                 if (staged) {
                     float* k_row = k_stage + (r - k0) * hd;
-                    warp_head_norm_rope(k_src, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r);
+                    warp_head_norm_rope(sb.qkv + at, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r, k_lo);
                     for (int d = lane; d < hd; d += 32) k_dst[d] = k_row[d];
                 } else {
-                    warp_head_norm_rope(k_src, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r);
+                    warp_head_norm_rope(sb.qkv + at, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r, k_lo);
                 }
             } else if (job < 2 * n_new) {  // value row: copied as is
                 const int r = r_first + job - n_new;
-                const float* v_src = sb.qkv + size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
+                const size_t at = size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
                 float* v_dst = sb.v_cache + (head_base + r) * hd;
                 for (int d = lane; d < hd; d += 32) {
-                    const float v = v_src[d];
+                    const float v = sb.qkv_lo ? split_combine_value(LinearEpilogue::LINEAR_EPILOGUE_STORE, sb.qkv + at,
+                                                                    sb.qkv_lo + at, 0, d, nullptr, 0.0f)
+                                              : sb.qkv[at + d];
                     v_dst[d] = v;
                     if (staged) v_stage[(r - k0) * hd + d] = v;
                 }
             } else {  // query qi = token * group + head-in-group
                 const int qi = job - 2 * n_new;
                 const int t = t0 + qi / group, h = g * group + qi % group;
-                warp_head_norm_rope(sb.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, my_scratch, q_s + qi * hd, hd,
-                                    a.q_norm, a.eps, a.inv_freq, pos0 + t);
+                const size_t at = size_t(t) * a.ld_qkv + size_t(h) * hd;
+                warp_head_norm_rope(sb.qkv + at, my_scratch, q_s + qi * hd, hd, a.q_norm, a.eps, a.inv_freq, pos0 + t,
+                                    sb.qkv_lo ? sb.qkv_lo + at : nullptr);
             }
         }
         __syncthreads();
@@ -562,7 +568,7 @@ void attention_prefill_validate(const AttentionArgs& a) {
                     a.n_heads >= a.n_kv && a.n_heads % a.n_kv == 0 && a.n_heads / a.n_kv <= ATTN_MAX_GROUP &&
                     a.head_dim >= 2 && a.head_dim <= ATTN_MAX_HEAD_DIM && a.head_dim % 2 == 0 && a.splits >= 1 &&
                     a.splits <= ATTN_KEYS_PER_SPLIT && a.max_ctx >= 1 &&
-                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && !a.out_split;
+                    a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && !a.out_split && !a.qkv_lo;
     if (!ok)
         check_fail("attention", "invalid batched prefill arguments (a table of sequences, their row and tile totals)",
                    __func__, __FILE__, __LINE__);
@@ -583,7 +589,7 @@ void attention_validate(const AttentionArgs& a) {
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
                     (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T &&
                     a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && a.grid_splits >= 0 &&
-                    a.grid_splits <= a.splits && (!a.out_split || a.append);
+                    a.grid_splits <= a.splits && ((!a.out_split && !a.qkv_lo) || a.append);
     if (!ok)
         check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
                          __func__, __FILE__, __LINE__);

@@ -51,6 +51,10 @@ struct AttentionPrefillSeq {
 struct AttentionArgs {
     const float* qkv = nullptr;    // [T, ld_qkv]: q heads, then k heads, then v heads (raw projections)
     int ld_qkv = 0;
+    // Decode launches (append): qkv and qkv_lo are a split GEMM's hi and lo rows (the same
+    // layout), each projection their sum as linear_split_combine's store gives it, bit for bit,
+    // so the combine needs no launch of its own. Null: qkv holds the projections.
+    const float* qkv_lo = nullptr;
     int T = 1;
     int n_heads = 0;
     int n_kv = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/linear.cuh"
 
 namespace qtts::kernels {
 
@@ -19,16 +20,20 @@ namespace qtts::kernels {
 
 // One warp normalises and rotates one head vector. src: global or shared [head_dim];
 // scratch: this warp's shared [head_dim]; dst may be global or shared (may equal scratch).
-// Lane l owns dims l, l+32, l+64, l+96.
+// src_lo (optional): src and src_lo are a split GEMM's two halves and the vector is their sum,
+// as linear_split_combine's store gives it. Lane l owns dims l, l+32, l+64, l+96.
 __device__ __forceinline__ void warp_head_norm_rope(const float* src, float* scratch, float* dst, int head_dim,
-                                                    const float* norm_w, float eps, const float* inv_freq, int pos) {
+                                                    const float* norm_w, float eps, const float* inv_freq, int pos,
+                                                    const float* src_lo = nullptr) {
     const int lane = threadIdx.x & 31;
     float v[4];
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int d = lane + 32 * i;
-        v[i] = d < head_dim ? src[d] : 0.0f;
+        if (d >= head_dim) v[i] = 0.0f;
+        else if (src_lo) v[i] = split_combine_value(LinearEpilogue::LINEAR_EPILOGUE_STORE, src, src_lo, 0, d, nullptr, 0.0f);
+        else v[i] = src[d];
         ss += v[i] * v[i];
     }
     if (norm_w) {

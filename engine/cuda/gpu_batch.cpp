@@ -197,13 +197,14 @@ void GpuBatch::stack_pass(const GpuStack& s, const DecodeRows& b, Attend&& atten
                     std::max(s.qkv_dim(), 2 * s.intermediate) <= max_out_);
         stack_split_pass(
             s, b, context_.cublas(), SplitScratch{xb_, y2_}, 2 * b.rows,
-            [&](int layer, bf16_t* split) {
+            [&](int layer, const SplitAttentionIo& io) {
                 k::AttentionArgs a = attend(layer);
-                a.out_split = split;  // the o product's input, written by the attention itself
+                a.qkv = io.qkv_hi;  // the qkv GEMM's halves, added as the combine would
+                a.qkv_lo = io.qkv_lo;
+                a.out_split = io.out_split;  // the o product's input
                 CUDA_CHECK_KERNEL(k::attention(a, l));
-                return true;
             },
-            l);
+            l, true);
         return;
     }
     stack_decode_pass(s, b, [this](const k::GemvArgs& a) { product(a); }, attend, l);

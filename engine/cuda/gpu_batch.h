@@ -63,9 +63,10 @@ struct GpuBatchOptions {
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
-    // each residual combine into the next product's split, and the attention and the SwiGLU
-    // combine write the split of their outputs (stack_split_pass: 9 launches a layer instead of
-    // 13, the same bits). false: three launches per product (measurements).
+    // each residual combine into the next product's split, the SwiGLU combine writes its split,
+    // and the attention reads the qkv GEMM's halves and writes the o product's split
+    // (stack_split_pass: 8 launches a layer instead of 13, the same bits). false: three launches
+    // per product (measurements).
     bool split_fusion = true;
     // The talker's decode attention cuts each stream's context into slices of at least
     // ATTN_KEYS_PER_SPLIT keys (not ATTN_MIN_CHUNK) from this many rows on: one block per row, KV

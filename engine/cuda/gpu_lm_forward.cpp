@@ -52,11 +52,7 @@ void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int p
     // linear_prefill's products, with the combines fused into the next splits.
     stack_split_pass(
         s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, context_.cublas(), SplitScratch{xb_, y2_}, prefill_gemm_rows(T),
-        [&](int layer, bf16_t*) {
-            prefill_attention(layer, b.qkv, b.attn, T, pos0);
-            return false;  // the prefill kernel writes fp32 only
-        },
-        launch());
+        [&](int layer, const SplitAttentionIo&) { prefill_attention(layer, b.qkv, b.attn, T, pos0); }, launch());
 }
 
 void GpuLm::prefill_attention(int layer, float* qkv, float* attn, int T, int pos0) {

@@ -172,19 +172,28 @@ void stack_decode_pass(const GpuStack& s, const DecodeRows& b, Product&& product
     }
 }
 
+// What stack_split_pass hands a layer's attention when that attention reads the qkv GEMM's
+// halves and writes the o product's split itself (decode launches: AttentionArgs::qkv_lo and
+// out_split): the halves ([R rows, qkv] hi, then lo) and the split scratch. Otherwise all null:
+// the attention reads b.qkv and writes b.attn, and the pass combines and splits around it.
+struct SplitAttentionIo {
+    const float* qkv_hi = nullptr;
+    const float* qkv_lo = nullptr;
+    bf16_t* out_split = nullptr;
+};
+
 // The same pass with every product on the split tensor-core path (what linear_split does for
 // each), the residual combines fused into the next product's split
 // (kernels::combine_add_rmsnorm_split_bf16) and the SwiGLU combine writing its split
-// (kernels::linear_split_combine_split_bf16): per layer [split x], GEMM qkv, combine, attention
-// (+ split attn), GEMM o, combine + split, GEMM gate/up, SwiGLU combine + split, GEMM down,
-// combine (+ the next layer's split): 9 or 10 launches instead of 13, the same bits as 4
-// linear_split calls. `attention(layer, split)` launches the layer's attention over b.qkv into
-// b.attn and returns true when it also wrote b.attn's bf16 split into `split` (decode launches:
-// AttentionArgs::out_split), false when the pass must split it. The GEMMs run over gemm_rows >=
-// 2 b.rows rows (as linear_split).
+// (kernels::linear_split_combine_split_bf16): per layer [split x], GEMM qkv, [combine], attention,
+// [split attn], GEMM o, combine + split, GEMM gate/up, SwiGLU combine + split, GEMM down, combine
+// (+ the next layer's split): 10 launches instead of 13, 8 with attention_fused (the bracketed
+// two inside the attention), the same bits as 4 linear_split calls. `attention(layer, io)`
+// launches the layer's attention into b.attn (SplitAttentionIo above). The GEMMs run over
+// gemm_rows >= 2 b.rows rows (as linear_split).
 template <typename Attention>
 void stack_split_pass(const GpuStack& s, const DecodeRows& b, cublasHandle_t cublas, const SplitScratch& scratch,
-                      int gemm_rows, Attention&& attention, const kernels::Launch& l) {
+                      int gemm_rows, Attention&& attention, const kernels::Launch& l, bool attention_fused = false) {
     using E = kernels::LinearEpilogue;
     const int H = s.hidden, I = s.intermediate, QD = s.q_dim(), QKV = s.qkv_dim(), R = b.rows;
     QTTS_ASSERT(gemm_rows >= 2 * R);
@@ -192,10 +201,14 @@ void stack_split_pass(const GpuStack& s, const DecodeRows& b, cublasHandle_t cub
         const GpuStack::Layer& L = s.layers[i];
         if (i == 0) CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.x, R, H, H, L.input_norm, s.eps, scratch.xb, l));
         split_gemm(cublas, scratch, L.qkv, QKV, H, gemm_rows);  // [gemm rows, QKV]
-        CUDA_CHECK_KERNEL(kernels::linear_split_combine(scratch.y2, QKV, R, QKV, nullptr, E::LINEAR_EPILOGUE_STORE, b.qkv,
-                                                        QKV, l));
-        if (!attention(int(i), scratch.xb))
+        if (attention_fused) {
+            attention(int(i), SplitAttentionIo{scratch.y2, scratch.y2 + size_t(R) * QKV, scratch.xb});
+        } else {
+            CUDA_CHECK_KERNEL(kernels::linear_split_combine(scratch.y2, QKV, R, QKV, nullptr, E::LINEAR_EPILOGUE_STORE,
+                                                            b.qkv, QKV, l));
+            attention(int(i), SplitAttentionIo{});
             CUDA_CHECK_KERNEL(kernels::rmsnorm_split_bf16(b.attn, R, QD, QD, nullptr, 0.0f, scratch.xb, l));
+        }
         split_gemm(cublas, scratch, L.o, H, QD, gemm_rows);  // [gemm rows, H]; x += o, then split rmsnorm(x)
         CUDA_CHECK_KERNEL(kernels::combine_add_rmsnorm_split_bf16(scratch.y2, H, R, H, b.x, H, L.post_norm, s.eps,
                                                                   scratch.xb, l));

@@ -162,11 +162,7 @@ void GpuPrefillBatch::pass(const std::vector<Member>& members, int rows, int pos
     };
     if (g < DIRECT_MIN_GEMM_ROWS) {  // every product split + GEMM + combine: the combines fused into the next splits
         stack_split_pass(s, DecodeRows{x_, qkv_, attn_, mlp_, rows}, context_.cublas(), SplitScratch{xb_, y2_}, g,
-                         [&](int layer, bf16_t*) {
-                             attention(layer);
-                             return false;  // the prefill kernel writes fp32 only
-                         },
-                         l);
+                         [&](int layer, const SplitAttentionIo&) { attention(layer); }, l);
         return;
     }
     using E = k::LinearEpilogue;

@@ -779,6 +779,91 @@ TEST_CASE("batched attention gives each sequence what it gets alone, bitwise", "
     }
 }
 
+TEST_CASE("attention reading a split GEMM's halves gives the bits of reading their combine", "[gpu][attention]") {
+    // The batched step's split passes hand the decode attention the qkv GEMM's hi and lo rows
+    // (AttentionArgs::qkv_lo) instead of combining them first: every output, cache row and output
+    // split must be those of the launch on the combined rows (hi + lo, as the combine adds them).
+    struct Mode {
+        int T, n_heads, n_kv, hd, max_ctx, splits, batch;  // batch 0: one sequence without a table
+        std::vector<int> pos;
+        int min_chunk, grid_splits;
+    };
+    const Mode modes[] = {
+        {1, 16, 8, 128, 4096, 32, 0, {300}, k::ATTN_MIN_CHUNK, 0},         // talker decode, split-K
+        {2, 16, 8, 128, 16, 1, 0, {0}, k::ATTN_MIN_CHUNK, 0},              // predictor pass 1
+        {1, 16, 8, 128, 1024, 8, 3, {700, 5, 129}, 128, 2},                // wide batch: long slices
+        {2, 4, 2, 24, 16, 1, 4, {0, 0, 0, 0}, k::ATTN_MIN_CHUNK, 0},       // tiny predictor pass 1, batched
+    };
+    for (const Mode& m : modes) {
+        const uint64_t seed = fresh_seed();
+        const int seqs = std::max(1, m.batch), rows = seqs * m.T;
+        INFO("T " << m.T << " heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd << " splits " << m.splits
+                  << " batch " << m.batch << " seed " << seed);
+        const int qd = m.n_heads * m.hd, ld = qd + 2 * m.n_kv * m.hd;
+        const size_t cache = size_t(m.n_kv) * m.max_ctx * m.hd;
+        const auto hi = random_floats(size_t(rows) * ld, seed, -2.0f, 2.0f);
+        const auto lo = random_floats(size_t(rows) * ld, seed + 1, -1e-2f, 1e-2f);
+        std::vector<float> sum(hi.size());
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] = hi[i] + lo[i] + 0.0f;  // linear_split_combine's store
+        const auto qn = random_floats(size_t(m.hd), seed + 2, 0.5f, 1.5f);
+        const auto kn = random_floats(size_t(m.hd), seed + 3, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(m.hd / 2));
+        for (int i = 0; i < m.hd / 2; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / m.hd));
+        const auto caches = random_floats(2 * size_t(seqs) * cache, seed + 4);  // [seq][k | v]
+        auto d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
+        std::vector<int32_t> pos(m.pos.begin(), m.pos.end());
+        auto d_pos = upload(pos);
+
+        struct Result {
+            std::vector<float> out, caches;
+            std::vector<uint16_t> split;
+        };
+        auto run = [&](bool halves) {
+            auto d_hi = upload(halves ? hi : sum), d_lo = upload(lo), d_caches = upload(caches);
+            auto d_out = poisoned(size_t(rows) * qd);
+            auto d_split = upload(std::vector<uint16_t>(2 * size_t(rows) * qd, 0xffffu));
+            DeviceArray<float> d_partial(size_t(seqs) * k::attention_partial_floats(m.n_heads, m.T, m.splits, m.hd));
+            auto d_counters = upload(std::vector<uint32_t>(seqs * k::attention_counter_count(m.n_kv, m.T), 0u));
+            std::vector<k::AttentionSeq> table(static_cast<size_t>(seqs));
+            for (int q = 0; q < seqs; ++q) {
+                table[size_t(q)].k_cache = d_caches.get() + size_t(2 * q) * cache;
+                table[size_t(q)].v_cache = d_caches.get() + size_t(2 * q + 1) * cache;
+                table[size_t(q)].pos = d_pos.get() + q;
+            }
+            auto d_table = upload(table);
+            k::AttentionArgs a = attention_heads(m.n_heads, m.n_kv, m.hd, m.max_ctx, d_qn.get(), d_kn.get(), d_f.get());
+            a.T = m.T;
+            a.splits = m.splits;
+            a.min_chunk = m.min_chunk;
+            a.grid_splits = m.grid_splits;
+            a.qkv = d_hi.get();
+            a.qkv_lo = halves ? d_lo.get() : nullptr;
+            a.out = d_out.get();
+            a.out_split = d_split.get();
+            a.partial = d_partial.get();
+            a.counters = d_counters.get();
+            if (m.batch > 0) {
+                a.seqs = d_table.get();
+                a.batch = m.batch;
+                a.pos_settled = true;
+            } else {
+                a.k_cache = table[0].k_cache;
+                a.v_cache = table[0].v_cache;
+                a.pos_dev = d_pos.get();
+            }
+            k::attention(a, context().launch());
+            return Result{download(d_out, size_t(rows) * qd), download(d_caches, caches.size()),
+                          download(d_split, 2 * size_t(rows) * qd)};
+        };
+        const Result combined = run(false), from_halves = run(true);
+        REQUIRE(all_finite(combined.out));
+        CHECK(std::memcmp(from_halves.out.data(), combined.out.data(), combined.out.size() * 4) == 0);
+        CHECK(std::memcmp(from_halves.caches.data(), combined.caches.data(), combined.caches.size() * 4) == 0);
+        CHECK(from_halves.split == combined.split);
+        CHECK(combined.caches != caches);  // the new keys and values were appended
+    }
+}
+
 TEST_CASE("a batched prefill gives each sequence what its own prefill launch gives, bitwise",
           "[gpu][attention][batch][prefill]") {
     // Prompts of several streams in one kv_append + one attention launch (engine/cuda/
