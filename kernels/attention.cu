@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "kernels/check.cuh"
-#include "kernels/gemv_device.cuh"
 #include "kernels/rope.cuh"
 
 #include <cuda_pipeline.h>
@@ -566,111 +565,6 @@ __global__ void __launch_bounds__(32) kv_append_batched_kernel(const AttentionAr
     kv_append_row(a, row - q.row0);
 }
 
-// ---- gemv_attention: the qkv product, then the attention in the block that finishes last ----
-
-// Shared floats one warp of the tail uses: its queries [nq, head_dim], their scores [nq,
-// ATTN_TAIL_MAX_CTX] and the rotation scratch [ATTN_MAX_HEAD_DIM].
-__host__ __device__ inline int attention_tail_warp_floats(int nq, int head_dim) {
-    return nq * (head_dim + ATTN_TAIL_MAX_CTX) + ATTN_MAX_HEAD_DIM;
-}
-
-// The attention of `a` (attention_tail_fits) by one block whose warps take one KV head each,
-// after the whole qkv product is written (by other blocks of this grid: read through L2). Each
-// value is computed as attention_kernel computes it for splits = 1 (scores p * scale of an fmaf
-// chain over the lane's dims and a warp_sum; softmax over lanes j, j + 32; probabilities times
-// values as one fmaf chain over the keys, divided by l), so the bits are the same.
-__device__ __forceinline__ void attention_tail(const AttentionArgs& a) {
-    extern __shared__ float4 attn_tail_smem4[];
-    const int hd = a.head_dim, group = a.n_heads / a.n_kv, T = a.T, nq = T * group;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = int(blockDim.x >> 5);
-    float* q_s = reinterpret_cast<float*>(attn_tail_smem4) + size_t(warp) * attention_tail_warp_floats(nq, hd);
-    float* s_s = q_s + nq * hd;                     // [nq, ATTN_TAIL_MAX_CTX]
-    float* scratch = s_s + nq * ATTN_TAIL_MAX_CTX;  // [ATTN_MAX_HEAD_DIM]
-    const int pos0 = a.pos_host, ctx = pos0 + T;
-    const float scale = 1.0f / sqrtf(float(hd));
-    for (int g = warp; g < a.n_kv; g += warps) {
-        const size_t head_base = size_t(g) * size_t(a.max_ctx);
-        // The new keys (normalised, rotated) and values into the cache; this lane reads back
-        // only the dims it wrote.
-        for (int t = 0; t < T; ++t) {
-            const int r = pos0 + t;
-            const float* row = a.qkv + size_t(t) * a.ld_qkv;
-            warp_head_norm_rope<true>(row + size_t(a.n_heads + g) * hd, scratch, a.k_cache + (head_base + r) * hd, hd,
-                                      a.k_norm, a.eps, a.inv_freq, r);
-            for (int d = lane; d < hd; d += 32)
-                a.v_cache[(head_base + r) * hd + d] =
-                    projection_value<true>(row + size_t(a.n_heads + a.n_kv + g) * hd, nullptr, d);
-        }
-        for (int qi = 0; qi < nq; ++qi) {  // query qi = token * group + head-in-group
-            const int t = qi / group, h = g * group + qi % group;
-            warp_head_norm_rope<true>(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, scratch, q_s + qi * hd, hd,
-                                      a.q_norm, a.eps, a.inv_freq, pos0 + t);
-        }
-        // Scores (-inf past the query's own position).
-        for (int j = 0; j < ctx; ++j) {
-            const float* k_row = a.k_cache + (head_base + j) * hd;
-            float kv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int d = lane + 32 * i;
-                kv[i] = d < hd ? load_coherent(k_row + d) : 0.0f;
-            }
-            for (int qi = 0; qi < nq; ++qi) {
-                float p = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int d = lane + 32 * i;
-                    p = fmaf(d < hd ? q_s[qi * hd + d] : 0.0f, kv[i], p);
-                }
-                p = warp_sum(p);
-                if (lane == 0) s_s[qi * ATTN_TAIL_MAX_CTX + j] = j <= pos0 + qi / group ? p * scale : -INFINITY;
-            }
-        }
-        __syncwarp();
-        for (int qi = 0; qi < nq; ++qi) {
-            float* sq = s_s + qi * ATTN_TAIL_MAX_CTX;
-            float m = -INFINITY;
-            for (int j = lane; j < ctx; j += 32) m = fmaxf(m, sq[j]);
-            m = warp_max(m);
-            float l = 0.0f;
-            for (int j = lane; j < ctx; j += 32) {
-                const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
-                sq[j] = e;
-                l += e;
-            }
-            l = warp_sum(l);
-            __syncwarp();
-            const int t = qi / group, h = g * group + qi % group;
-            for (int d = lane; d < hd; d += 32) {
-                const float* v_col = a.v_cache + head_base * hd + d;
-                float acc = 0.0f;
-                for (int j = 0; j < ctx; ++j) acc = fmaf(sq[j], load_coherent(v_col + size_t(j) * hd), acc);
-                a.out[size_t(t) * a.ld_out + size_t(h) * hd + d] = l > 0.0f ? acc / l : 0.0f;
-            }
-        }
-        __syncwarp();  // q_s and s_s are reused by the warp's next head
-    }
-}
-
-// grid: gemv's (output rows / GEMV_WARPS, 1): NB = T rows per block.
-template <int NB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2) gemv_attention_kernel(const GemvArgs g,
-                                                                                        const AttentionArgs a) {
-    gemv_vec_block<NB, 1, false>(g);
-    __shared__ int is_last;
-    __threadfence();  // this block's qkv rows, before it counts itself done
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const uint32_t before = atomicAdd(a.counters, 1u);
-        is_last = before == gridDim.x * gridDim.y - 1u;
-        if (is_last) *a.counters = 0u;  // every block has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    attention_tail(a);
-}
-
 // A batched prefill launch: the table and its host-side totals (each entry was checked by the
 // caller that wrote it).
 void attention_prefill_validate(const AttentionArgs& a) {
@@ -757,35 +651,6 @@ void attention(const AttentionArgs& a, const Launch& l) {
     smem_limit_raise(attention_kernel, smem, raised);
     const dim3 decode_grid(a.n_kv, a.grid_splits > 0 ? a.grid_splits : a.splits, grid.z);
     KERNEL_CUDA_CHECK(launch_kernel(l, decode_grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
-}
-
-bool attention_tail_fits(const AttentionArgs& a) {
-    return !a.seqs && !a.prefill_seqs && a.batch == 1 && a.append && !a.qkv_lo && !a.out_split && !a.pos_dev &&
-           a.T >= 1 && a.T <= 2 && a.splits == 1 && a.max_ctx <= ATTN_TAIL_MAX_CTX && a.counters;
-}
-
-void gemv_attention(const GemvArgs& g, const AttentionArgs& a, const Launch& l) {
-    attention_validate(a);
-    gemv_validate(g);
-    if (!attention_tail_fits(a) || g.y != a.qkv || g.ldy != a.ld_qkv || g.rows != a.T ||
-        g.out != (a.n_heads + 2 * a.n_kv) * a.head_dim || g.output != GemvOutput::GEMV_OUTPUT_STORE || g.w2)
-        check_fail("gemv_attention",
-                   "invalid arguments (one sequence, host position, T <= 2, splits 1, max_ctx <= 32, counters; "
-                   "the product writes the qkv rows the attention reads)",
-                   __func__, __FILE__, __LINE__);
-    const int nq = a.T * (a.n_heads / a.n_kv);
-    const size_t smem = std::max(size_t(a.T) * size_t(g.in),
-                                 size_t(GEMV_WARPS) * size_t(attention_tail_warp_floats(nq, a.head_dim))) *
-                        sizeof(float);
-    const dim3 grid((g.out + GEMV_WARPS - 1) / GEMV_WARPS, 1);
-    static std::atomic<uint64_t> raised[2];
-    if (a.T == 1) {
-        smem_limit_raise(gemv_attention_kernel<1>, smem, raised[0]);
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_attention_kernel<1>, g, a));
-    } else {
-        smem_limit_raise(gemv_attention_kernel<2>, smem, raised[1]);
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_attention_kernel<2>, g, a));
-    }
 }
 
 void kv_append(const AttentionArgs& a, const Launch& l) {
