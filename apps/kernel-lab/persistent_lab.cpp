@@ -64,7 +64,7 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     const size_t logit_floats = size_t(passes) * size_t(w.predictor_vocab);
     qc::DeviceArray<float> d_x_in{x_in.size()}, d_caches{caches0.size()}, x{size_t(H)}, qkv{size_t(P.qkv_dim())},
         attn{size_t(P.q_dim())}, mlp{size_t(P.intermediate)}, logits_chain{logit_floats}, logits_persist{logit_floats};
-    qc::DeviceArray<unsigned> barrier(2);
+    qc::DeviceArray<unsigned> barrier(4096);
     CUDA_CHECK(cudaMemcpy(d_x_in.get(), x_in.data(), x_in.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
     float* k_cache = d_caches.get();
@@ -153,6 +153,8 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     for (int i = 0; i < 3; ++i) qc::graph_replay(ctx, graph);
     const double chain_ms = qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { qc::graph_replay(ctx, graph); });
     const auto persist_time = [&](const PersistArgs& args, int grid) {
+        // Every block starts a launch with the same arrival count: zero them for a new grid.
+        CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
         for (int i = 0; i < 3; ++i) persist_launch(args, grid, ctx.stream());
         return qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { persist_launch(args, grid, ctx.stream()); });
     };
@@ -162,6 +164,16 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     PersistArgs bare = a;
     bare.barriers_only = true;
     const double barriers_ms = persist_time(bare, blocks);
+    bare.prefetch = false;
+    const double barriers_alone_ms = persist_time(bare, blocks);
+    bare.counter_barrier = true;
+    const double counter_alone_ms = persist_time(bare, blocks);
+    PersistArgs counter = a;
+    counter.counter_barrier = true;
+    const double counter_ms = persist_time(counter, blocks);
+    PersistArgs no_prefetch = a;
+    no_prefetch.prefetch = false;
+    const double no_prefetch_ms = persist_time(no_prefetch, blocks);
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
 
     const double bytes = double(P.layer_weight_bytes()) + double(w.predictor_vocab) * H * 2.0;  // per pass
@@ -176,6 +188,10 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     std::printf("  persistent, %d blocks (one per SM): %8.2f us a pass\n", sms, one_per_sm_ms * 1e3 / passes);
     std::printf("  persistent, barriers and prefetches only (%d blocks, 27 barriers a pass): %8.2f us a pass\n",
                 blocks, barriers_ms * 1e3 / passes);
+    std::printf("  persistent, barriers alone (no prefetch): %8.2f us a pass; with the one-counter barrier %8.2f us\n",
+                barriers_alone_ms * 1e3 / passes, counter_alone_ms * 1e3 / passes);
+    std::printf("  persistent with the one-counter barrier: %8.2f us a pass; without weight prefetches: %8.2f us a pass\n",
+                counter_ms * 1e3 / passes, no_prefetch_ms * 1e3 / passes);
     std::printf("  bitwise: logits %s, caches %s (max |diff| logits %.3g, caches %.3g); chain logits finite: %s\n",
                 same_logits ? "equal" : "DIFFER", same_caches ? "equal" : "DIFFER",
                 max_abs_diff(got_logits, ref_logits), max_abs_diff(got_caches, ref_caches), finite ? "yes" : "NO");

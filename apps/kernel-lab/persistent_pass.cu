@@ -19,19 +19,46 @@ constexpr int PS_WARPS = 8;
 constexpr int PS_THREADS = PS_WARPS * 32;  // 256, as the product's gemv: the same norm sums
 constexpr int PS_MAX_IN = 4096;            // floats of one staged input row
 
-// All blocks of the grid meet here (they are resident together: cooperative launch). bar[0]
-// counts arrivals, bar[1] is the generation the last arrival advances; bar[0] is back at 0 after
-// every barrier. Writes before the barrier are visible to every block after it (fences around).
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+// All blocks of the grid meet here (they are resident together: cooperative launch). Each block
+// has an arrival word (flags[block]) that only it writes: it stores its running barrier count
+// there and then waits until every block's word has reached that count, warp 0 reading 32 words
+// a load. No block waits for an atomic on a shared word (one word for all 264 blocks serialised
+// their arrivals: 2.8 us a barrier). `target` is the block's count after this barrier; every
+// block starts a launch with the same count (all run the same barriers), read from its own word.
+// Writes before the barrier are visible to every block after it (fences around).
+__device__ __forceinline__ void grid_barrier_flags(unsigned* flags, unsigned& target) {
+    __syncthreads();
+    ++target;
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) {
+            __threadfence();
+            *reinterpret_cast<volatile unsigned*>(flags + blockIdx.x) = target;
+        }
+        const volatile unsigned* f = flags;
+        for (;;) {
+            bool all = true;
+            for (unsigned b = threadIdx.x; b < gridDim.x; b += 32) all &= int(f[b] - target) >= 0;
+            if (__all_sync(0xffffffffu, all)) break;
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// The first form, kept for the comparison (PersistArgs::counter_barrier): one arrival counter
+// (flags[gridDim.x]) that the last block to arrive resets before it advances the generation
+// word (flags[gridDim.x + 1]) the others wait on.
+__device__ __forceinline__ void grid_barrier_counter(unsigned* flags) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        volatile unsigned* generation = bar + 1;
+        unsigned* count = flags + gridDim.x;
+        volatile unsigned* generation = flags + gridDim.x + 1;
         const unsigned seen = *generation;
         __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
+        if (atomicAdd(count, 1u) == gridDim.x - 1) {
+            atomicExch(count, 0u);
             __threadfence();
-            atomicAdd(bar + 1, 1u);
+            atomicAdd(flags + gridDim.x + 1, 1u);
         } else {
             while (*generation == seen) {
             }
@@ -39,6 +66,13 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar) {
         __threadfence();
     }
     __syncthreads();
+}
+
+__device__ __forceinline__ void grid_barrier(const PersistArgs& a, unsigned& target) {
+    if (a.counter_barrier)
+        grid_barrier_counter(a.barrier);
+    else
+        grid_barrier_flags(a.barrier, target);
 }
 
 // One product stage: y[row] (rule) = W[row] · input for every row, rows spread over all warps
@@ -57,9 +91,9 @@ struct Stage {
 
 // This warp's rows of `s` into L2 (fire and forget): the next stage's weights stream while the
 // grid waits at the barrier.
-__device__ __forceinline__ void stage_prefetch(const Stage& s) {
+__device__ __forceinline__ void stage_prefetch(const Stage& s, bool on) {
     const int lane = threadIdx.x & 31;
-    if (lane != 0) return;
+    if (lane != 0 || !on) return;
     const int warps = int(gridDim.x) * PS_WARPS, first = int(blockIdx.x) * PS_WARPS + int(threadIdx.x >> 5);
     const uint32_t bytes = uint32_t(s.in) * 2u;
     for (int row = first; row < s.out; row += warps) {
@@ -274,6 +308,7 @@ __global__ void __launch_bounds__(PS_THREADS, 2) persistent_kernel(const Persist
     const AttnSmem sm = attn_smem(xs + PS_MAX_IN, hd, group);
     const int qkv_dim = (a.n_heads + 2 * a.n_kv) * hd, qd = a.n_heads * hd;
     const bool attends = int(blockIdx.x) < a.n_kv && !a.barriers_only;
+    unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);  // this block's count
 
     auto qkv_stage = [&](int l) {
         const PersistLayer& L = a.layers[l];
@@ -291,27 +326,31 @@ __global__ void __launch_bounds__(PS_THREADS, 2) persistent_kernel(const Persist
         const Stage head{a.head, nullptr, a.vocab, H, a.x, a.final_norm, Rule::STORE, a.logits + size_t(p) * a.vocab};
         for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
             a.x[i] = a.x_in[size_t(p) * H + i];
-        stage_prefetch(qkv_stage(0));
-        grid_barrier(a.barrier);
+        if (p == 0) stage_prefetch(qkv_stage(0), a.prefetch);  // later passes: during the previous one's last layer
+        grid_barrier(a, target);
+        // Each stage's work starts with the prefetch of the next product's weights, so that they
+        // have that stage and two barriers to arrive.
         for (int l = 0; l < a.n_layers; ++l) {
+            const bool last = l + 1 == a.n_layers;
+            stage_prefetch(o_stage(l), a.prefetch);
             stage_run<1>(qkv_stage(l), a.eps, xs, partial, a.barriers_only);
             if (attends) attention_stage_begin(a, l, pos, sm);
-            stage_prefetch(o_stage(l));
-            grid_barrier(a.barrier);
+            grid_barrier(a, target);
+            stage_prefetch(gu_stage(l), a.prefetch);
             if (attends) attention_stage(a, l, pos, sm);
-            stage_prefetch(gu_stage(l));
-            grid_barrier(a.barrier);
+            grid_barrier(a, target);
+            stage_prefetch(down_stage(l), a.prefetch);
             stage_run<1>(o_stage(l), a.eps, xs, partial, a.barriers_only);
-            stage_prefetch(down_stage(l));
-            grid_barrier(a.barrier);
+            grid_barrier(a, target);
+            stage_prefetch(last ? head : qkv_stage(l + 1), a.prefetch);
             stage_run<2>(gu_stage(l), a.eps, xs, partial, a.barriers_only);
-            stage_prefetch(l + 1 < a.n_layers ? qkv_stage(l + 1) : head);
-            grid_barrier(a.barrier);
+            grid_barrier(a, target);
+            if (last && p + 1 < a.passes) stage_prefetch(qkv_stage(0), a.prefetch);
             stage_run<1>(down_stage(l), a.eps, xs, partial, a.barriers_only);
-            grid_barrier(a.barrier);
+            grid_barrier(a, target);
         }
         stage_run<1>(head, a.eps, xs, partial, a.barriers_only);
-        grid_barrier(a.barrier);  // the next pass overwrites x
+        grid_barrier(a, target);  // the next pass overwrites x
     }
 }
 

@@ -6,8 +6,8 @@
 // 39 us at the card's 4.3 TB/s: the pass is latency, not bytes. Here one cooperative launch runs
 // `passes` passes (5 layers and the head each, from a given input row per pass; no draw): every
 // stage is spread over all blocks and the stages are separated by grid-wide barriers instead of
-// kernel boundaries, and each warp prefetches its rows of the next stage's weights into L2 before
-// it waits at a barrier, so the weights stream while the barrier settles.
+// kernel boundaries, and each warp prefetches its rows of the weights two stages ahead into L2,
+// so the weights stream while the barriers settle.
 //
 // The arithmetic is the product's, in the same order: a product row is one warp's sum over its
 // lanes' 16-byte weight pieces (kernels/gemv_device.cuh, one row), the RMSNorm input sums its
@@ -58,8 +58,12 @@ struct PersistArgs {
     int pos0 = 0;                 // pass p appends position pos0 + p
     int passes = 0;
     float* logits = nullptr;      // [passes, vocab]
-    unsigned* barrier = nullptr;  // [2] zeros (count, generation); left with count 0
-    bool barriers_only = false;   // measurement: the barriers and prefetches without the stages' work
+    unsigned* barrier = nullptr;  // [launch blocks] arrival words, zeros before the first launch
+    // Measurement switches: the barriers (and prefetches) without the stages' work; the weight
+    // prefetches off; the one-counter barrier instead of the arrival words.
+    bool barriers_only = false;
+    bool prefetch = true;
+    bool counter_barrier = false;
 };
 
 bool persist_supported(const PersistArgs& args);
