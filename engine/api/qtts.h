@@ -263,8 +263,8 @@ struct EngineStats {
     // batch_histogram[n] = steps that advanced n streams together (n >= 2; indices 0 and 1 stay 0;
     // a stream running alone takes its own single-stream step, not counted here).
     std::vector<int64_t> batch_histogram;
-    // Stream chunks whose audio came out of a batched decoder pass (CUDA: the whole chunks of a
-    // batched step's streams, decoded together).
+    // Stream chunks whose audio came out of a batched decoder pass (CUDA: a batched step's
+    // streams that keep the same number of its frames, two or more, decoded together).
     int64_t batch_decoded_chunks = 0;
     // Streams whose first prompt prefill ran in a pass shared with other newcomers' (CUDA: the
     // newcomers of one round start together).

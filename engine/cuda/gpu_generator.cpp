@@ -179,20 +179,21 @@ int GpuGenerator::batch_codes_land(int frames) {
     return valid;
 }
 
-void GpuGenerator::batch_decode_codes(int frames, int32_t* out) const {
-    QTTS_ASSERT(batch_codes_landed_ && precomputed_ == frames && decoder_);
+void GpuGenerator::batch_decode_codes(int kept, int32_t* out) const {
+    QTTS_ASSERT(batch_codes_landed_ && kept >= 1 && kept <= precomputed_ && decoder_);
     const int nq = decoder_->config().num_quantizers;
-    for (int f = 0; f < frames; ++f)
+    for (int f = 0; f < kept; ++f)
         std::copy_n(host_codes_.data() + size_t(computed_ + f) * k::SAMPLE_MAX_GROUPS, nq, out + size_t(f) * nq);
 }
 
-void GpuGenerator::batch_pcm_set(const float* pcm, int frames) {
-    QTTS_ASSERT(batch_codes_landed_ && precomputed_ == frames && decoder_ && !batch_pcm_ready_);
-    batch_pcm_.assign(pcm, pcm + size_t(frames) * decoder_->samples_per_frame());
+void GpuGenerator::batch_pcm_set(const float* pcm, int kept) {
+    QTTS_ASSERT(batch_codes_landed_ && kept >= 1 && kept <= precomputed_ && decoder_ && !batch_pcm_ready_);
+    batch_pcm_.assign(pcm, pcm + size_t(kept) * decoder_->samples_per_frame());
+    batch_pcm_frames_ = kept;
     batch_pcm_ready_ = true;
 }
 
-bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
+int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     const int first = computed_;
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
     int32_t* dst = host_codes_.data() + size_t(first) * k::SAMPLE_MAX_GROUPS;
@@ -206,20 +207,19 @@ bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
         if (batch_codes_landed_) {
             batch_codes_landed_ = false;
             computed_ += made;
-            if (!batch_pcm_ready_) return false;
+            if (!batch_pcm_ready_) return 0;
             batch_pcm_ready_ = false;
-            QTTS_ASSERT(made == frames);  // only a whole chunk is decoded in the batched pass
             pcm->insert(pcm->end(), batch_pcm_.begin(), batch_pcm_.end());
-            return true;
+            return batch_pcm_frames_;  // the frames chunk() keeps (checked there)
         }
     } else if (fused_ && fused_->has(frames)) {
         // One replay, one sync: codes and (unless the chunk holds a stop) audio.
         const bool decoded = fused_->run(frames);
         std::memcpy(dst, fused_->codes(), rows * sizeof(int32_t));
         computed_ += frames;
-        if (decoded)
-            pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
-        return decoded;
+        if (!decoded) return 0;
+        pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
+        return frames;
     } else {
         graphs_.run(frames);
     }
@@ -230,7 +230,7 @@ bool GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     context_.synchronize();
     std::memcpy(dst, chunk_codes_.get(), rows * sizeof(int32_t));
     computed_ += made;
-    return false;
+    return 0;
 }
 
 void GpuGenerator::frames_decode(int first, int frames, std::vector<float>* pcm) {
@@ -275,11 +275,11 @@ ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std:
         if (n <= 0) return ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT;
     }
     const int first = computed_;
-    const bool decoded = chunk_compute(n, pcm);
+    const int decoded = chunk_compute(n, pcm);
     // The frames before an end-of-speech row are emitted; any computed after it are dropped.
     int valid = 0;
     while (valid < n && host_codes_[size_t(first + valid) * k::SAMPLE_MAX_GROUPS] != eos_id_) ++valid;
-    QTTS_ASSERT(!decoded || valid == n);  // the fused replay and the batched pass decode only a whole chunk
+    QTTS_ASSERT(decoded == 0 || decoded == valid);  // a fused replay decodes a whole chunk, a batched pass the kept frames
     const int groups = lm_.weights().num_code_groups;
     for (int f = 0; f < valid; ++f) {
         const int32_t* row = host_codes_.data() + size_t(first + f) * k::SAMPLE_MAX_GROUPS;
@@ -287,7 +287,7 @@ ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std:
         for (int g = 0; g < groups; ++g) c[size_t(g)] = row[g];
         codes->push_back(c);
     }
-    if (decoder_ && !decoded) frames_decode(first, valid, pcm);
+    if (decoder_ && decoded == 0) frames_decode(first, valid, pcm);
     frames_ += valid;
     if (valid < n) {
         done_ = true;

@@ -78,14 +78,15 @@ public:
     // copied to the host for every stream of the step at once — batch_codes_enqueue (asynchronous),
     // one synchronisation by the caller, then batch_codes_land, which returns how many of the
     // chunk's frames the next chunk() keeps (`frames` when the chunk is whole; fewer before an
-    // end-of-speech or the frame limit). A whole chunk's codes [frames, nq] (batch_decode_codes)
-    // may then be decoded in a batched pass with other streams; batch_pcm_set hands its samples
-    // over and chunk() emits them as they are. A chunk whose samples were not set is decoded by
-    // chunk() itself, its kept frames only (the decoder state goes on to the next segment).
+    // end-of-speech or the frame limit). Those `kept` frames' codes [kept, nq] (batch_decode_codes)
+    // may then be decoded in a batched pass with other streams that keep as many;
+    // batch_pcm_set hands their samples over and chunk() emits them as they are. A chunk whose
+    // samples were not set is decoded by chunk() itself, its kept frames only (either way the
+    // decoder state goes on from the kept frames into the next segment).
     void batch_codes_enqueue(int frames);
     int batch_codes_land(int frames);
-    void batch_decode_codes(int frames, int32_t* out) const;
-    void batch_pcm_set(const float* pcm, int frames);
+    void batch_decode_codes(int kept, int32_t* out) const;
+    void batch_pcm_set(const float* pcm, int kept);
 
     StopReason stop_reason() const { return stop_reason_; }
     int frames_emitted() const { return frames_; }
@@ -109,7 +110,9 @@ private:
     void begin(const GenerationParams& params, int L, int text_tokens, bool text_closed);
     void frame_limit_update();
     bool stop_check();                                    // at frames_: end-of-speech or frame limit
-    bool chunk_compute(int frames, std::vector<float>* pcm);  // true: the fused replay decoded them
+    // Frames whose samples it appended to *pcm (the fused replay's whole chunk, or the kept frames
+    // a batched pass decoded), 0 when chunk() must decode them.
+    int chunk_compute(int frames, std::vector<float>* pcm);
     void frames_decode(int first, int frames, std::vector<float>* pcm);  // host codes -> decoder
 
     GpuContext& context_;
@@ -130,6 +133,7 @@ private:
     bool batch_codes_landed_ = false;  // ... whose codes are on the host already (batch_codes_land)
     bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
     std::vector<float> batch_pcm_;
+    int batch_pcm_frames_ = 0;         // frames batch_pcm_ holds (the chunk's kept ones)
     int frame_limit_ = 0;
     int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)
     bool limit_is_explicit_ = false;

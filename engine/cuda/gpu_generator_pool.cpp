@@ -1,6 +1,7 @@
 #include "engine/cuda/gpu_generator_pool.h"
 
 #include <algorithm>
+#include <map>
 #include <thread>
 
 #include "engine/common/device.h"
@@ -336,24 +337,31 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
     for (GpuGenerator* s : states) s->batch_computed(frames);
     if (!batch_decoder_) return 0;  // each chunk() reads and decodes its own frames
 
-    // Every stream's codes in one synchronisation, then one decoder pass for the whole chunks.
+    // Every stream's codes in one synchronisation, then one decoder pass for the streams that keep
+    // the whole chunk, and one for each set of two or more that keep as many fewer frames (the
+    // last chunk of streams ending at an end-of-speech or their frame limit; without it each
+    // would be decoded alone in its chunk()).
     for (GpuGenerator* s : states) s->batch_codes_enqueue(frames);
     context_->synchronize();
-    std::vector<GpuGenerator*> whole;
-    std::vector<GpuSpeechDecoder*> decoders;
-    for (GpuGenerator* s : states)
-        if (s->batch_codes_land(frames) == frames && s->decoder()) {
-            whole.push_back(s);
-            decoders.push_back(s->decoder());
-        }
-    if (whole.size() < 2) return 0;  // a lone stream decodes in its chunk() with its own graph
-    const int nq = decoders.front()->config().num_quantizers, spf = decoders.front()->samples_per_frame();
-    batch_codes_.resize(whole.size() * size_t(frames) * nq);
-    batch_pcm_.resize(whole.size() * size_t(frames) * spf);
-    for (size_t i = 0; i < whole.size(); ++i) whole[i]->batch_decode_codes(frames, batch_codes_.data() + i * frames * nq);
-    batch_decoder_->decode(decoders, batch_codes_.data(), frames, batch_pcm_.data());
-    for (size_t i = 0; i < whole.size(); ++i) whole[i]->batch_pcm_set(batch_pcm_.data() + i * frames * spf, frames);
-    return int(whole.size());
+    std::map<int, std::vector<GpuGenerator*>> by_kept;  // frames kept -> streams
+    for (GpuGenerator* s : states) {
+        const int kept = s->batch_codes_land(frames);
+        if (kept > 0 && s->decoder()) by_kept[kept].push_back(s);
+    }
+    int decoded = 0;
+    for (const auto& [kept, group] : by_kept) {
+        if (group.size() < 2) continue;  // a lone stream decodes in its chunk() with its own graph
+        std::vector<GpuSpeechDecoder*> decoders;
+        for (GpuGenerator* s : group) decoders.push_back(s->decoder());
+        const int nq = decoders.front()->config().num_quantizers, spf = decoders.front()->samples_per_frame();
+        batch_codes_.resize(group.size() * size_t(kept) * nq);
+        batch_pcm_.resize(group.size() * size_t(kept) * spf);
+        for (size_t i = 0; i < group.size(); ++i) group[i]->batch_decode_codes(kept, batch_codes_.data() + i * kept * nq);
+        batch_decoder_->decode(decoders, batch_codes_.data(), kept, batch_pcm_.data());
+        for (size_t i = 0; i < group.size(); ++i) group[i]->batch_pcm_set(batch_pcm_.data() + i * kept * spf, kept);
+        decoded += int(group.size());
+    }
+    return decoded;
 }
 
 void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {

@@ -97,10 +97,11 @@ public:
     bool batch_decoding() const { return bool(batch_decoder_); }
     // The next chunk of each generator (from acquire(), each batch_ready(frames), at most
     // batch_max()) computed in one device step, then every stream's codes brought to the host at
-    // once and the whole chunks (no end-of-speech inside) of two or more streams decoded in one
-    // batched pass; their chunk(frames) calls then emit those frames (decoding any the pass did
-    // not). Owner thread.
-    // Returns the number of streams the batched decoder pass decoded (0: none).
+    // once and the frames each keeps decoded in batched passes: one for the streams that keep the
+    // whole chunk, one for each set of two or more that keep as many fewer frames (an
+    // end-of-speech or the frame limit inside the chunk); their chunk(frames) calls then emit
+    // those frames (decoding any the passes did not). Owner thread.
+    // Returns the number of streams the batched decoder passes decoded (0: none).
     int batch_run(const std::vector<ChunkGenerator*>& generators, int frames);
     // Segment starts of several generators (from acquire()) with their prompts prefilled together
     // (cuda/gpu_prefill_batch.h) instead of one after another: each start's prompt and parameters

@@ -668,6 +668,63 @@ TEST_CASE("utterances started together through the model speak as started alone;
     }
 }
 
+TEST_CASE("streams whose chunk ends early share a decoder pass with those that keep as many frames; each as alone",
+          "[gpu][runtime][batch]") {
+    // Four utterances started together, driven in lockstep through batched steps of 1, then 4
+    // frames: capped at 7, 7, 6 and 12 frames, the third step keeps 2, 2, 1 and 4 of its 4 frames.
+    // The two that keep 2 are decoded in one batched pass; the one that keeps 1 and the one that
+    // keeps the whole chunk are each alone in their set and decode in their own chunk().
+    // Reference: each utterance spoken alone.
+    BackendOptions o;
+    o.name = "cuda";
+    o.states = 4;
+    auto model = SpeechModel::load(tiny_model_dir(), o);
+    REQUIRE(model->batch_max() >= 4);
+    // (The sentences of the capped-chunk test above: the tiny model speaks each past these caps.)
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("Seven frames.", 7, kGreedySeed + 1),
+        qtts_test::greedy_request("Ten frames, sampled.", 7, 6262),
+        qtts_test::greedy_request("Eight frames here.", 6, kGreedySeed + 3),
+        qtts_test::greedy_request("A long stream keeps the batch going while the others end.", 12, kGreedySeed),
+    };
+    requests[1].greedy = false;
+    std::vector<Spoken> alone;
+    for (const SpeechRequest& r : requests) alone.push_back(speak(model, r));
+
+    std::vector<std::unique_ptr<Utterance>> utterances;
+    std::vector<GenerationStart> starts;
+    for (const SpeechRequest& r : requests) {
+        utterances.push_back(std::make_unique<Utterance>(model, model->prepare(r)));
+        starts.push_back(std::move(*utterances.back()->first_request()));
+    }
+    model->batch_start(starts);
+    for (size_t i = 0; i < starts.size(); ++i) {
+        REQUIRE(starts[i].error.empty());
+        utterances[i]->first_started();
+    }
+    std::vector<Spoken> got(requests.size());
+    const int step_frames[] = {1, 4, 4};
+    const int decoded_together[] = {4, 4, 2};  // streams the batched decoder passes decoded per step
+    for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        const int frames = step_frames[step];
+        std::vector<ChunkGenerator*> generators;
+        for (auto& u : utterances) generators.push_back(u->batch_candidate(frames));
+        for (ChunkGenerator* g : generators) REQUIRE(g != nullptr);
+        CHECK(model->batch_run(generators, frames) == decoded_together[step]);
+        for (size_t i = 0; i < utterances.size(); ++i) utterances[i]->chunk(frames, &got[i].pcm, &got[i].codes);
+    }
+    // The last one finishes alone.
+    while (utterances[3]->chunk(4, &got[3].pcm, &got[3].codes) != UtteranceStatus::UTTERANCE_DONE) {
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("utterance " << i);
+        CHECK(int(got[i].codes.size()) == requests[i].max_frames);
+        CHECK(got[i].codes == alone[i].codes);
+        CHECK(max_abs(got[i].pcm, alone[i].pcm) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
+    }
+}
+
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
     Engine engine(tiny_cuda_engine_options(2));
     REQUIRE(engine.backend_name() == "cuda:0");
