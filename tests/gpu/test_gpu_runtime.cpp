@@ -191,6 +191,29 @@ double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::vector<float> read_all(Stream& s) { return qtts_test::stream_read_all(s); }
 
+// The model-level batch tests' model: the tiny model on CUDA with four stream states.
+std::shared_ptr<const SpeechModel> four_stream_model() {
+    BackendOptions o;
+    o.name = "cuda";
+    o.states = 4;
+    return SpeechModel::load(tiny_model_dir(), o);
+}
+
+// An utterance per request (into *utterances) and the start of each one's first segment, for
+// SpeechModel::batch_start; nothing is started yet.
+std::vector<GenerationStart> first_starts(const std::shared_ptr<const SpeechModel>& model,
+                                          const std::vector<SpeechRequest>& requests,
+                                          std::vector<std::unique_ptr<Utterance>>* utterances) {
+    std::vector<GenerationStart> starts;
+    for (const SpeechRequest& r : requests) {
+        utterances->push_back(std::make_unique<Utterance>(model, model->prepare(r)));
+        std::optional<GenerationStart> start = utterances->back()->first_request();
+        REQUIRE(start);
+        starts.push_back(std::move(*start));
+    }
+    return starts;
+}
+
 std::vector<FrameCodes> codes_of(const Stream& s) {
     std::vector<FrameCodes> out;
     for (const auto& f : s.codes()) {
@@ -621,10 +644,7 @@ TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the fra
 
 TEST_CASE("utterances started together through the model speak as started alone; a refused start is left out",
           "[gpu][runtime][batch]") {
-    BackendOptions o;
-    o.name = "cuda";
-    o.states = 4;
-    auto model = SpeechModel::load(tiny_model_dir(), o);
+    const auto model = four_stream_model();
     REQUIRE(model->batch_max() >= 2);
     std::vector<SpeechRequest> requests = {
         qtts_test::greedy_request("The first of three starts together with the others.", 14, kGreedySeed),
@@ -637,13 +657,7 @@ TEST_CASE("utterances started together through the model speak as started alone;
     for (const SpeechRequest& r : requests) alone.push_back(speak(model, r));
 
     std::vector<std::unique_ptr<Utterance>> utterances;
-    std::vector<GenerationStart> starts;
-    for (const SpeechRequest& r : requests) {
-        utterances.push_back(std::make_unique<Utterance>(model, model->prepare(r)));
-        std::optional<GenerationStart> start = utterances.back()->first_request();
-        REQUIRE(start);
-        starts.push_back(std::move(*start));
-    }
+    std::vector<GenerationStart> starts = first_starts(model, requests, &utterances);
     CHECK_FALSE(utterances[0]->first_request() == std::nullopt);  // nothing started yet
     // A prompt that passed the request checks but that the device side refuses: a text id past
     // the vocabulary.
@@ -675,10 +689,7 @@ TEST_CASE("streams whose chunk ends early share a decoder pass with those that k
     // The two that keep 2 are decoded in one batched pass; the one that keeps 1 and the one that
     // keeps the whole chunk are each alone in their set and decode in their own chunk().
     // Reference: each utterance spoken alone.
-    BackendOptions o;
-    o.name = "cuda";
-    o.states = 4;
-    auto model = SpeechModel::load(tiny_model_dir(), o);
+    const auto model = four_stream_model();
     REQUIRE(model->batch_max() >= 4);
     // (The sentences of the capped-chunk test above: the tiny model speaks each past these caps.)
     std::vector<SpeechRequest> requests = {
@@ -692,11 +703,7 @@ TEST_CASE("streams whose chunk ends early share a decoder pass with those that k
     for (const SpeechRequest& r : requests) alone.push_back(speak(model, r));
 
     std::vector<std::unique_ptr<Utterance>> utterances;
-    std::vector<GenerationStart> starts;
-    for (const SpeechRequest& r : requests) {
-        utterances.push_back(std::make_unique<Utterance>(model, model->prepare(r)));
-        starts.push_back(std::move(*utterances.back()->first_request()));
-    }
+    std::vector<GenerationStart> starts = first_starts(model, requests, &utterances);
     model->batch_start(starts);
     for (size_t i = 0; i < starts.size(); ++i) {
         REQUIRE(starts[i].error.empty());
