@@ -57,7 +57,7 @@ void usage() {
         "  --math LIST        arithmetic of the convolution products, measured in turn (fp32, tf32,\n"
         "                     bf16x3; default: the engine's, bf16x3); each but fp32 also gets its SNR\n"
         "                     and largest difference against fp32 products\n"
-        "  --stages           also print a per-stage GPU time breakdown (eager)\n"
+        "  --stages           also print a per-stage GPU time breakdown (eager; of the batched passes too)\n"
         "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
         "  --streams LIST     also time batched passes of that many streams per chunk size\n"
         "  --json FILE        write the results as JSON\n");
@@ -83,7 +83,7 @@ struct Row {
 // host around decode() (codes upload, the pass, samples back, sync); median of `repeats` x 8.
 nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<const qc::GpuSpeechDecoderWeights>& weights,
                              const std::vector<int>& streams, const std::vector<int>& chunks,
-                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs) {
+                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs, bool stages) {
     const int nq = weights->config().num_quantizers, spf = weights->samples_per_frame();
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
@@ -126,9 +126,34 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
             std::printf("  batched %-3d streams x %-2d frames (%s, %s): %8.3f ms per pass, %7.4f ms per stream-frame, "
                         "%7.1f audio-s/s\n",
                         S, n, graphs ? "graph" : "eager", math, median, per_frame, audio_per_s);
-            out.push_back({{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"math", math},
-                           {"graph", batch.has_graph(S, n)}, {"ms_per_pass", median},
-                           {"ms_per_stream_frame", per_frame}, {"audio_s_per_s", audio_per_s}});
+            nlohmann::json row = {{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"math", math},
+                                  {"graph", batch.has_graph(S, n)}, {"ms_per_pass", median},
+                                  {"ms_per_stream_frame", per_frame}, {"audio_s_per_s", audio_per_s}};
+            if (stages) {
+                // One eager pass with events at its stage boundaries (median of 5, GPU ms, summed by kind).
+                std::vector<std::string> names;
+                std::map<std::string, std::vector<double>> sums;
+                for (int r = 0; r < 6; ++r) {
+                    const auto pieces = batch.decode_profile(members, chunk_codes.data(), n);
+                    if (r == 0) continue;  // warm-up
+                    std::map<std::string, double> run;
+                    for (const auto& [name, ms_piece] : pieces) {
+                        if (!run.count(name) && !sums.count(name)) names.push_back(name);
+                        run[name] += ms_piece;
+                    }
+                    for (const auto& [name, ms_piece] : run) sums[name].push_back(ms_piece);
+                }
+                std::printf("    stages (eager, GPU ms per pass):");
+                nlohmann::json stage_ms = nlohmann::json::object();
+                for (const std::string& name : names) {
+                    const double v = qtts_cli::bench_median(sums[name]);
+                    std::printf("  %s %.3f;", name.c_str(), v);
+                    stage_ms[name] = v;
+                }
+                std::printf("\n");
+                row["stages_ms"] = stage_ms;
+            }
+            out.push_back(row);
         }
     return out;
 }
@@ -363,7 +388,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         const std::vector<int> streams = qtts_cli::bench_sizes(*list, "streams");
         for (const qc::DecoderMath m : maths)
             for (const auto& r : bench_batched(context, weights_for(m), streams, chunks, codes, frames, repeats,
-                                               graphs_allowed))
+                                               graphs_allowed, args.has("stages")))
                 batched_json.push_back(r);
     }
 

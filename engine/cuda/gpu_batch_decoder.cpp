@@ -104,6 +104,19 @@ int GpuBatchDecoder::bucket_for(int streams, int n) const {
 
 void GpuBatchDecoder::decode(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n,
                              float* pcm_out) {
+    if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: pcm_out is null");
+    run(streams, codes, n, pcm_out, options_.cuda_graphs, nullptr);
+}
+
+std::vector<std::pair<std::string, float>> GpuBatchDecoder::decode_profile(const std::vector<GpuSpeechDecoder*>& streams,
+                                                                           const int32_t* codes, int n) {
+    std::vector<std::pair<std::string, float>> profile;
+    run(streams, codes, n, nullptr, false, &profile);
+    return profile;
+}
+
+void GpuBatchDecoder::run(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, float* pcm_out,
+                          bool graphs, std::vector<std::pair<std::string, float>>* profile) {
     context_.guard().check("GpuBatchDecoder::decode");
     const int S = int(streams.size());
     if (S < 1 || S > options_.max_streams)
@@ -111,7 +124,7 @@ void GpuBatchDecoder::decode(const std::vector<GpuSpeechDecoder*>& streams, cons
              options_.max_streams);
     if (n < 1 || n > max_n_)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: chunk of {} frames (accepted: 1..{})", n, max_n_);
-    if (!codes || !pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: codes or pcm_out is null");
+    if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: codes is null");
     for (int i = 0; i < S; ++i) {
         GpuSpeechDecoder* d = streams[size_t(i)];
         if (!d || &d->context() != &context_ || !(d->layout() == layout_))
@@ -126,7 +139,7 @@ void GpuBatchDecoder::decode(const std::vector<GpuSpeechDecoder*>& streams, cons
     speech_codes_validate(config, codes, S * n, "GPU batched speech decoder");
 
     DeviceScope scope(context_.device());
-    const int bucket = options_.cuda_graphs ? bucket_for(S, n) : 0;
+    const int bucket = graphs ? bucket_for(S, n) : 0;
     const int rows = bucket > 0 ? bucket : S;  // streams the pass runs for
     // The pinned buffers may still feed the previous call's copies only if it threw midway; wait.
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
@@ -145,13 +158,20 @@ void GpuBatchDecoder::decode(const std::vector<GpuSpeechDecoder*>& streams, cons
         graph_replay(context_, graphs_.at({bucket, n}));
     } else {
         OwnerGuard::Scope owner(context_.guard(), "eager batched decoder pass");
-        pass_.enqueue({table_.get(), S}, n);
+        const auto enqueue = [&] { pass_.enqueue({table_.get(), S}, n); };
+        if (profile)
+            *profile = pass_.profile(enqueue);
+        else
+            enqueue();
     }
-    const size_t samples = size_t(S) * n * spf;
-    CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pass_.pcm_device(), samples * sizeof(float), cudaMemcpyDeviceToHost,
-                               context_.stream()));
+    if (pcm_out) {
+        const size_t samples = size_t(S) * n * spf;
+        CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pass_.pcm_device(), samples * sizeof(float),
+                                   cudaMemcpyDeviceToHost, context_.stream()));
+        CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+        std::memcpy(pcm_out, pcm_host_.get(), samples * sizeof(float));
+    }
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-    std::memcpy(pcm_out, pcm_host_.get(), samples * sizeof(float));
     for (GpuSpeechDecoder* d : streams) d->frames_decoded_add(n);
 }
 

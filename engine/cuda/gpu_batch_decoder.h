@@ -26,6 +26,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,9 +64,18 @@ public:
     // layout; each one's frames_done() advances by n. Codes are checked (0..codebook_size-1)
     // before any state changes. Synchronous (returns with the samples on the host).
     void decode(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, float* pcm_out);
+    // Benchmarks: the same pass run eagerly for exactly these streams, with CUDA events between
+    // its stages (DecoderPass::profile: (what ran, GPU ms) pairs in launch order); the streams
+    // advance as in decode(). Synchronous.
+    std::vector<std::pair<std::string, float>> decode_profile(const std::vector<GpuSpeechDecoder*>& streams,
+                                                              const int32_t* codes, int n);
 
 private:
     int bucket_for(int streams, int n) const;  // 0: none (eager)
+    // decode()'s checks and uploads, the pass (a graph when `graphs` and one fits, else eager:
+    // `profile` then times its stages), the samples into pcm_out (null: left on the device).
+    void run(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, float* pcm_out, bool graphs,
+             std::vector<std::pair<std::string, float>>* profile);
 
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     GpuContext& context_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include <cublas_v2.h>
 
@@ -726,27 +727,22 @@ void DecoderPass::mark(const char* stage) {
     marks_->push_back({stage, e});
 }
 
-std::vector<std::pair<std::string, float>> GpuSpeechDecoder::chunk_profile(int n) {
-    if (n < 1 || n > options_.max_chunk_frames)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: chunk of {} frames (accepted: 1..{})", n,
-             options_.max_chunk_frames);
-    OwnerGuard::Scope owner(context_.guard(), "decoder chunk profile");
-    DeviceScope scope(context_.device());
+std::vector<std::pair<std::string, float>> DecoderPass::profile(const std::function<void()>& enqueue) {
     std::vector<std::pair<const char*, cudaEvent_t>> marks;
-    pass_->marks_set(&marks);
+    marks_set(&marks);
     std::vector<std::pair<std::string, float>> out;
     try {
         cudaEvent_t start = nullptr;
         CUDA_CHECK(cudaEventCreate(&start));
         marks.push_back({"start", start});
         CUDA_CHECK(cudaEventRecord(start, context_.stream()));
-        chunk_enqueue(n);
+        enqueue();
     } catch (...) {
-        pass_->marks_set(nullptr);
+        marks_set(nullptr);
         for (auto& m : marks) cudaEventDestroy(m.second);
         throw;
     }
-    pass_->marks_set(nullptr);
+    marks_set(nullptr);
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
     for (size_t i = 1; i < marks.size(); ++i) {
         float ms = 0.0f;
@@ -755,6 +751,15 @@ std::vector<std::pair<std::string, float>> GpuSpeechDecoder::chunk_profile(int n
     }
     for (auto& m : marks) cudaEventDestroy(m.second);
     return out;
+}
+
+std::vector<std::pair<std::string, float>> GpuSpeechDecoder::chunk_profile(int n) {
+    if (n < 1 || n > options_.max_chunk_frames)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GPU speech decoder: chunk of {} frames (accepted: 1..{})", n,
+             options_.max_chunk_frames);
+    OwnerGuard::Scope owner(context_.guard(), "decoder chunk profile");
+    DeviceScope scope(context_.device());
+    return pass_->profile([&] { chunk_enqueue(n); });
 }
 
 void DecoderPass::enqueue(kernels::DecoderStates states, int n) {

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -239,11 +240,15 @@ public:
     const DecoderStateLayout& layout() const { return layout_; }
     const GpuSpeechDecoderWeights* weights() const { return weights_.get(); }
     const GpuSpeechDecoderOptions& options() const { return options_; }
-    // Stage boundary events for chunk_profile (null: none).
-    void marks_set(std::vector<std::pair<const char*, cudaEvent_t>>* marks) { marks_ = marks; }
+    // Benchmarks: runs `enqueue` (which enqueues this pass's kernels, eagerly) with CUDA events
+    // at the pass's stage boundaries and returns (what ran, GPU ms) pairs in launch order ("rvq",
+    // "transformer", "convnext", "conv im2col", "conv products", ...: sum them by name).
+    // Synchronous.
+    std::vector<std::pair<std::string, float>> profile(const std::function<void()>& enqueue);
 
 private:
     void mark(const char* stage);
+    void marks_set(std::vector<std::pair<const char*, cudaEvent_t>>* marks) { marks_ = marks; }
     void transformer_enqueue(kernels::DecoderStates states, int n, float* x);
     // conv over [tail | snake(x)] for T frames per stream: y [cout, S·T] (= or += when beta is 1).
     void conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv, size_t tail_at,

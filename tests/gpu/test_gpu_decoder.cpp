@@ -14,6 +14,7 @@
 #ifdef QTTS_HAVE_CUDA
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -936,8 +937,28 @@ TEST_CASE("gpu batched decoder: streams at different positions get their samples
     qc::GpuSpeechDecoder other(td->gpu, context(), other_options);
     CHECK_THROWS_AS(graphed.decode({t.batched[0].get(), &other}, bad.data(), 1, pcm.data()), qtts::Error);
     CHECK(t.batched[0]->frames_done() == done0);
+    CHECK_THROWS_AS(graphed.decode({t.batched[0].get()}, bad.data(), 1, nullptr), qtts::Error);
+    CHECK_THROWS_AS(graphed.decode_profile({t.batched[0].get(), t.batched[0].get()}, bad.data(), 1), qtts::Error);
+    CHECK(t.batched[0]->frames_done() == done0);
     // ... and the streams go on exactly.
     CHECK(batch_round(graphed, t, {0, 1, 2, 3, 4}, td->codes, td->n, 4) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
+
+    // A profiled pass (benchmarks: eager, events between stages) names the pass's stages with
+    // their times and advances its streams like decode(); so does each stream's twin alone.
+    const auto pieces = graphed.decode_profile({t.batched[0].get(), t.batched[1].get()}, bad.data(), 1);
+    for (const int i : {0, 1}) {
+        std::vector<float> alone_pcm;
+        t.alone[size_t(i)]->decode(bad.data() + size_t(i) * 16, 1, &alone_pcm);
+    }
+    std::map<std::string, double> by_name;
+    for (const auto& [name, ms] : pieces) {
+        CHECK(ms >= 0.0f);
+        by_name[name] += ms;
+    }
+    for (const char* stage : {"rvq", "transformer", "convnext", "conv im2col", "conv products", "output conv"})
+        CHECK(by_name.count(stage) == 1);
+    CHECK(t.batched[0]->frames_done() == t.alone[0]->frames_done());
+    CHECK(batch_round(graphed, t, {0, 1}, td->codes, td->n, 2) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
 }
 
 // ---------------------------------------------------------------------------------------------
