@@ -230,10 +230,7 @@ void GpuGeneratorPool::batch_enable(int streams) {
     if (streams < 2 || batch_) return;
     GpuBatchOptions o;
     std::vector<int> buckets;
-    // Every even count up to 16, then every eighth: a step's cost grows with its rows (padding
-    // 10 streams to 12 rows cost ~5% of their step) while a bucket costs ~20 ms of capture and a
-    // few MB of graphs; past 16 rows the step time is nearly flat in the row count.
-    for (const int b : {2, 4, 6, 8, 10, 12, 14, 16, 24, 32, 40, 48, 56, 64})
+    for (const int b : {2, 4, 8, 12, 16, 24, 32, 48, 64})
         if (b < streams) buckets.push_back(b);
     buckets.push_back(std::min(streams, kernels::GEMV_MAX_BATCH_ROWS / 2));
     o.buckets = buckets;
