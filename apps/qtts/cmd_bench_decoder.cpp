@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,34 @@ struct Row {
     double wall_ms_per_frame = 0.0;
 };
 
+// A stage breakdown: `profile_once` runs one profiled pass ((what ran, GPU ms) pairs in launch
+// order); after one warm-up, five runs, each summed by kind, and the median per kind, printed
+// after `label` in first-launch order and returned as a {kind: ms} object.
+nlohmann::json stage_medians(const char* label,
+                             const std::function<std::vector<std::pair<std::string, float>>(int run)>& profile_once) {
+    std::vector<std::string> names;                  // kinds in first-launch order
+    std::map<std::string, std::vector<double>> sums;  // kind -> per-run sum
+    for (int r = 0; r < 6; ++r) {
+        const auto pieces = profile_once(r);
+        if (r == 0) continue;  // warm-up
+        std::map<std::string, double> run;
+        for (const auto& [name, ms] : pieces) {
+            if (!run.count(name) && !sums.count(name)) names.push_back(name);
+            run[name] += ms;
+        }
+        for (const auto& [name, ms] : run) sums[name].push_back(ms);
+    }
+    std::printf("%s", label);
+    nlohmann::json stages = nlohmann::json::object();
+    for (const std::string& name : names) {
+        const double ms = qtts_cli::bench_median(sums[name]);
+        std::printf("  %s %.3f;", name.c_str(), ms);
+        stages[name] = ms;
+    }
+    std::printf("\n");
+    return stages;
+}
+
 // Batched passes: S streams (each its own decoder state) x n frames in one pass, timed on the
 // host around decode() (codes upload, the pass, samples back, sync); median of `repeats` x 8.
 nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<const qc::GpuSpeechDecoderWeights>& weights,
@@ -129,30 +158,10 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
             nlohmann::json row = {{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"math", math},
                                   {"graph", batch.has_graph(S, n)}, {"ms_per_pass", median},
                                   {"ms_per_stream_frame", per_frame}, {"audio_s_per_s", audio_per_s}};
-            if (stages) {
-                // One eager pass with events at its stage boundaries (median of 5, GPU ms, summed by kind).
-                std::vector<std::string> names;
-                std::map<std::string, std::vector<double>> sums;
-                for (int r = 0; r < 6; ++r) {
-                    const auto pieces = batch.decode_profile(members, chunk_codes.data(), n);
-                    if (r == 0) continue;  // warm-up
-                    std::map<std::string, double> run;
-                    for (const auto& [name, ms_piece] : pieces) {
-                        if (!run.count(name) && !sums.count(name)) names.push_back(name);
-                        run[name] += ms_piece;
-                    }
-                    for (const auto& [name, ms_piece] : run) sums[name].push_back(ms_piece);
-                }
-                std::printf("    stages (eager, GPU ms per pass):");
-                nlohmann::json stage_ms = nlohmann::json::object();
-                for (const std::string& name : names) {
-                    const double v = qtts_cli::bench_median(sums[name]);
-                    std::printf("  %s %.3f;", name.c_str(), v);
-                    stage_ms[name] = v;
-                }
-                std::printf("\n");
-                row["stages_ms"] = stage_ms;
-            }
+            if (stages)  // one eager pass with events at its stage boundaries
+                row["stages_ms"] = stage_medians("    stages (eager, GPU ms per pass):", [&](int) {
+                    return batch.decode_profile(members, chunk_codes.data(), n);
+                });
             out.push_back(row);
         }
     return out;
@@ -316,27 +325,11 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         qc::GpuSpeechDecoder dec(weights, context, options);
         std::printf("\nstage breakdown (eager, median of 5 chunks, GPU ms per chunk, summed by kind):\n");
         for (const int chunk : chunks) {
-            std::vector<std::string> names;                  // kinds in first-launch order
-            std::map<std::string, std::vector<double>> sums;  // kind -> per-run sum
-            for (int r = 0; r < 6; ++r) {
+            const std::string label = "  chunk " + std::to_string(chunk) + ":";
+            const nlohmann::json stages = stage_medians(label.c_str(), [&](int r) {
                 dec.codes_upload(codes.data() + size_t((r * chunk) % std::max(1, frames - chunk)) * nq, chunk);
-                const auto pieces = dec.chunk_profile(chunk);
-                if (r == 0) continue;  // warm-up
-                std::map<std::string, double> run;
-                for (const auto& [name, ms] : pieces) {
-                    if (!run.count(name) && !sums.count(name)) names.push_back(name);
-                    run[name] += ms;
-                }
-                for (const auto& [name, ms] : run) sums[name].push_back(ms);
-            }
-            std::printf("  chunk %d:", chunk);
-            nlohmann::json stages = nlohmann::json::object();
-            for (const std::string& name : names) {
-                const double ms = qtts_cli::bench_median(sums[name]);
-                std::printf("  %s %.3f;", name.c_str(), ms);
-                stages[name] = ms;
-            }
-            std::printf("\n");
+                return dec.chunk_profile(chunk);
+            });
             stage_json.push_back({{"chunk", chunk}, {"stages_ms", stages}});
         }
     }
