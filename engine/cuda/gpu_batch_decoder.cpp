@@ -164,14 +164,12 @@ void GpuBatchDecoder::run(const std::vector<GpuSpeechDecoder*>& streams, const i
         else
             enqueue();
     }
-    if (pcm_out) {
-        const size_t samples = size_t(S) * n * spf;
+    const size_t samples = pcm_out ? size_t(S) * n * spf : 0;
+    if (pcm_out)
         CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pass_.pcm_device(), samples * sizeof(float),
                                    cudaMemcpyDeviceToHost, context_.stream()));
-        CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-        std::memcpy(pcm_out, pcm_host_.get(), samples * sizeof(float));
-    }
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    if (pcm_out) std::memcpy(pcm_out, pcm_host_.get(), samples * sizeof(float));
     for (GpuSpeechDecoder* d : streams) d->frames_decoded_add(n);
 }
 

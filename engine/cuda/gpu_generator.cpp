@@ -189,7 +189,6 @@ void GpuGenerator::batch_decode_codes(int kept, int32_t* out) const {
 void GpuGenerator::batch_pcm_set(const float* pcm, int kept) {
     QTTS_ASSERT(batch_codes_landed_ && kept >= 1 && kept <= precomputed_ && decoder_ && !batch_pcm_ready_);
     batch_pcm_.assign(pcm, pcm + size_t(kept) * decoder_->samples_per_frame());
-    batch_pcm_frames_ = kept;
     batch_pcm_ready_ = true;
 }
 
@@ -210,7 +209,7 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
             if (!batch_pcm_ready_) return 0;
             batch_pcm_ready_ = false;
             pcm->insert(pcm->end(), batch_pcm_.begin(), batch_pcm_.end());
-            return batch_pcm_frames_;  // the frames chunk() keeps (checked there)
+            return int(batch_pcm_.size()) / decoder_->samples_per_frame();  // the kept frames (checked in chunk())
         }
     } else if (fused_ && fused_->has(frames)) {
         // One replay, one sync: codes and (unless the chunk holds a stop) audio.

@@ -132,8 +132,7 @@ private:
     int precomputed_ = 0;  // frames after computed_ that a batched step made on the device
     bool batch_codes_landed_ = false;  // ... whose codes are on the host already (batch_codes_land)
     bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
-    std::vector<float> batch_pcm_;
-    int batch_pcm_frames_ = 0;         // frames batch_pcm_ holds (the chunk's kept ones)
+    std::vector<float> batch_pcm_;     // the kept frames' samples
     int frame_limit_ = 0;
     int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)
     bool limit_is_explicit_ = false;
