@@ -220,6 +220,30 @@ device() {
             note "decoder bench: $((SECONDS - t)) s"
             grep -E '^\s+batched' "$q/bench-decoder.log" | sed "s/^/  [decoder] /" | tee -a "$summary" || true
         fi
+        # One batched decoder pass per stream count under Nsight Compute (QTTS_PROFILE_DECODER="32,64",
+        # off when empty; chunks of 4): every kernel's GPU time alone, summed per kernel by
+        # tools/ncu_kernels.py.
+        if [ -n "${QTTS_PROFILE_DECODER:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
+            t=$SECONDS
+            local ncu_dec
+            ncu_dec=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+            if [ -n "$ncu_dec" ]; then
+                for s in ${QTTS_PROFILE_DECODER//,/ }; do
+                    timeout 300 "$ncu_dec" --profile-from-start off --clock-control none --cache-control none \
+                        --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \
+                        --log-file "$q/ncu-decoder-$s.csv" "$q/bin/qtts" bench-decoder --chunks 4 --frames 16 --repeats 1 \
+                        --streams "$s" --profile --cache "$q/decoder-model" >"$q/ncu-decoder-$s.log" 2>&1 \
+                        || note "ncu decoder profile $s FAILED (rc $?)"
+                    cp "$q/ncu-decoder-$s.csv" "$out/" 2>/dev/null || true
+                    echo "  [decoder profile $s x 4]" | tee -a "$summary"
+                    python3 "$ROOT/tools/ncu_kernels.py" "$q/ncu-decoder-$s.csv" 25 2>&1 | tee -a "$summary" \
+                        || note "ncu_kernels.py FAILED"
+                done
+            else
+                note "ncu not found: no decoder profile"
+            fi
+            note "decoder profile: $((SECONDS - t)) s"
+        fi
         # The batched frame step per bucket (QTTS_BENCH_BATCH="1,2,4,...", off when empty;
         # QTTS_BENCH_BATCH_ARGS e.g. "--batch-paths auto,sk16 --batch-step-only").
         if [ -n "${QTTS_BENCH_BATCH:-}" ]; then

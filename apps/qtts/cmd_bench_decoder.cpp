@@ -37,6 +37,7 @@
 
 #ifdef QTTS_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include <cuda_profiler_api.h>
 
 #include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_speech_decoder.h"
@@ -61,6 +62,9 @@ void usage() {
         "  --stages           also print a per-stage GPU time breakdown (eager; of the batched passes too)\n"
         "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
         "  --streams LIST     also time batched passes of that many streams per chunk size\n"
+        "  --profile          with --streams: one more eager batched pass per size inside\n"
+        "                     cudaProfilerStart/Stop (for `ncu --profile-from-start off`; tools/ncu_kernels.py\n"
+        "                     sums its kernels)\n"
         "  --json FILE        write the results as JSON\n");
 }
 
@@ -112,7 +116,8 @@ nlohmann::json stage_medians(const char* label,
 // host around decode() (codes upload, the pass, samples back, sync); median of `repeats` x 8.
 nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<const qc::GpuSpeechDecoderWeights>& weights,
                              const std::vector<int>& streams, const std::vector<int>& chunks,
-                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs, bool stages) {
+                             const std::vector<int32_t>& codes, int frames, int repeats, bool graphs, bool stages,
+                             bool profile) {
     const int nq = weights->config().num_quantizers, spf = weights->samples_per_frame();
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
@@ -162,6 +167,11 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
                 row["stages_ms"] = stage_medians("    stages (eager, GPU ms per pass):", [&](int) {
                     return batch.decode_profile(members, chunk_codes.data(), n);
                 });
+            if (profile) {  // the profiler's window: one eager pass
+                CUDA_CHECK(cudaProfilerStart());
+                batch.decode_profile(members, chunk_codes.data(), n);
+                CUDA_CHECK(cudaProfilerStop());
+            }
             out.push_back(row);
         }
     return out;
@@ -381,7 +391,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         const std::vector<int> streams = qtts_cli::bench_sizes(*list, "streams");
         for (const qc::DecoderMath m : maths)
             for (const auto& r : bench_batched(context, weights_for(m), streams, chunks, codes, frames, repeats,
-                                               graphs_allowed, args.has("stages")))
+                                               graphs_allowed, args.has("stages"), args.has("profile")))
                 batched_json.push_back(r);
     }
 
@@ -419,7 +429,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench_decoder(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json", "streams", "math"},
-                        {"help", "no-cuda-graphs", "stages", "variants"});
+                        {"help", "no-cuda-graphs", "stages", "variants", "profile"});
     if (args.has("help")) {
         usage();
         return 0;
