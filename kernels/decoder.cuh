@@ -149,46 +149,6 @@ bool conv_out_direct_fits(int C, int L);
 void conv_out_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K, int dilation,
                     SnakeParams snake, const float* w, float* y, const Launch& launch);
 
-// ---- implicit-GEMM convolutions: the dense convs of the upsampling blocks without an im2col -----
-// y [Cout, S·T] = conv(act(x) with each stream's carried tail) + bias, or y += that (beta = 1),
-// on tensor cores in the split-bf16 arithmetic of the im2col path (hi·hi + hi·lo + lo·hi, fp32
-// accumulation), with the next tail written as conv_im2col_carry does. A block stages the
-// [tail | act(x)] window of 128 output columns and 32 input channels once in shared memory as
-// bf16 hi/lo pairs and makes every tap from it (the im2col path writes and re-reads each input
-// value K times over); the weights are read as ready-made mma fragments (ConvFragments), so no
-// block rearranges them. L = 0 (K = 1): nothing is carried, the S·T columns are one signal.
-//
-// Weight fragments: for each 16 input channels c16, tap k and 16 output channels m16, the 32 lanes
-// of a warp hold four 32-bit words each (16 bytes: one uint4), word q holding two bf16 values
-// (the lower k index in the low half) of the m16 x k16 tile A[m][kk] = W[16·m16 + m][(16·c16 +
-// kk)·K + k] in the mma.m16n8k16 A-operand order (conv_fragment_element); the hi plane holds
-// bf16(w), the lo plane bf16(w - hi).
-struct ConvFragments {
-    const uint32_t* hi = nullptr;  // [Cin/16][K][Cout/16][32 lanes][4 words]
-    const uint32_t* lo = nullptr;
-    const float* bias = nullptr;   // [Cout] fp32, or null
-};
-__host__ __device__ inline size_t conv_fragment_word(int c16, int k, int m16, int lane, int word, int K, int Cout) {
-    return ((((size_t(c16) * K + k) * (Cout / 16) + m16) * 32 + lane) * 4) + word;
-}
-// The tile element (m, kk) in the low (half 0) or high (half 1) bf16 of word `word` of `lane`.
-__host__ __device__ inline void conv_fragment_element(int lane, int word, int half, int* m, int* kk) {
-    const int gid = lane >> 2, tig = lane & 3;
-    *m = gid + ((word & 1) ? 8 : 0);
-    *kk = 2 * tig + half + ((word & 2) ? 8 : 0);
-}
-// Columns per stream from which a carried conv runs implicit (a block takes 128 columns of one
-// stream: below this, most of them would be padding).
-constexpr int CONV_IMPLICIT_MIN_COLUMNS = 64;
-// Shapes the implicit kernel takes: Cin % 32 == 0, Cout % 96 == 0 or % 128 == 0, L <= 64.
-bool conv_implicit_fits(int Cin, int Cout, int L);
-// Blocks of one conv_implicit launch (a block runs the whole reduction: with fewer blocks than
-// the GPU has SMs, the launch leaves SMs idle).
-long long conv_implicit_blocks(int Cout, int T, int streams, int L);
-void conv_implicit(DecoderStates states, size_t tails_at, int L, const float* x, int Cin, int T, int K,
-                   int dilation, SnakeParams snake, ConvFragments w, int Cout, float beta, float* y,
-                   const Launch& launch);
-
 // ---- small-n linear layers (transformer rows of short chunks) ---------------------------------
 // y = epilogue(norm(x) · Wᵀ) for n <= SMALL_LINEAR_MAX_ROWS rows, one warp per output feature,
 // the input rows staged in shared memory (n·in floats <= 12288, in % 4 == 0). One launch

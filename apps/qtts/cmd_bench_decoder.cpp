@@ -62,8 +62,6 @@ void usage() {
         "  --stages           also print a per-stage GPU time breakdown (eager; of the batched passes too)\n"
         "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
         "  --streams LIST     also time batched passes of that many streams per chunk size\n"
-        "  --im2col           also measure every dense conv on the im2col path (no implicit-GEMM convs),\n"
-        "                     one stream and batched\n"
         "  --profile          with --streams: one more eager batched pass per size inside\n"
         "                     cudaProfilerStart/Stop (for `ncu --profile-from-start off`; tools/ncu_kernels.py\n"
         "                     sums its kernels)\n"
@@ -81,7 +79,6 @@ struct Row {
     bool small = false;
     bool pdl = true;
     bool padded = true;
-    bool implicit = false;  // implicit-GEMM convs
     double gpu_ms_per_chunk = 0.0;
     double gpu_ms_per_frame = 0.0;
     double wall_ms_per_frame = 0.0;
@@ -138,7 +135,6 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
     nlohmann::json out = nlohmann::json::array();
     const double frame_s = double(spf) / qtts::SAMPLE_RATE;
     const char* math = qc::decoder_math_name(weights->math());
-    const char* convs = weights->implicit_convs() ? "implicit" : "im2col";
     for (const int S : streams)
         for (const int n : chunks) {
             std::vector<qc::GpuSpeechDecoder*> members;
@@ -161,10 +157,10 @@ nlohmann::json bench_batched(qc::GpuContext& context, const std::shared_ptr<cons
             const double median = ms[ms.size() / 2];
             const double per_frame = median / (double(S) * n);
             const double audio_per_s = double(S) * n * frame_s / (median / 1e3);
-            std::printf("  batched %-3d streams x %-2d frames (%s, %s, %s): %8.3f ms per pass, %7.4f ms per "
-                        "stream-frame, %7.1f audio-s/s\n",
-                        S, n, graphs ? "graph" : "eager", math, convs, median, per_frame, audio_per_s);
-            nlohmann::json row = {{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"math", math}, {"convs", convs},
+            std::printf("  batched %-3d streams x %-2d frames (%s, %s): %8.3f ms per pass, %7.4f ms per stream-frame, "
+                        "%7.1f audio-s/s\n",
+                        S, n, graphs ? "graph" : "eager", math, median, per_frame, audio_per_s);
+            nlohmann::json row = {{"streams", S}, {"chunk", n}, {"graphs", graphs}, {"math", math},
                                   {"graph", batch.has_graph(S, n)}, {"ms_per_pass", median},
                                   {"ms_per_stream_frame", per_frame}, {"audio_s_per_s", audio_per_s}};
             if (stages)  // one eager pass with events at its stage boundaries
@@ -215,7 +211,6 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     qc::GpuContext context(device);
     // One upload per arithmetic (the weights hold the products' operands); fp32 for the accuracy.
     std::map<qc::DecoderMath, std::shared_ptr<const qc::GpuSpeechDecoderWeights>> uploads;
-    std::shared_ptr<const qc::GpuSpeechDecoderWeights> im2col_upload;  // the first arithmetic, implicit convs off
     auto weights_for = [&](qc::DecoderMath m) {
         auto& w = uploads[m];
         if (!w) {
@@ -224,15 +219,6 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
             w = qc::GpuSpeechDecoderWeights::upload(*ckpt, device, wo);
         }
         return w;
-    };
-    auto im2col_weights = [&]() {
-        if (!im2col_upload) {
-            qc::GpuSpeechDecoderWeightOptions wo;
-            wo.math = maths.front();
-            wo.implicit_convs = false;
-            im2col_upload = qc::GpuSpeechDecoderWeights::upload(*ckpt, device, wo);
-        }
-        return im2col_upload;
     };
     const auto weights = weights_for(maths.front());
     const int max_chunk = *std::max_element(chunks.begin(), chunks.end());
@@ -255,7 +241,6 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         bool graphs;
         qc::DecoderMath math;
         bool small, pdl, padded;
-        bool im2col = false;  // implicit-GEMM convs off
     };
     // The first arithmetic with graphs on and off, then variants with graphs on, then the others.
     const qc::DecoderMath first = maths.front();
@@ -266,7 +251,6 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
         modes.push_back({true, first, true, false, true});
         modes.push_back({true, first, false, true, false});  // unpadded weight rows
     }
-    if (args.has("im2col")) modes.push_back({true, first, false, true, true, true});
     for (size_t i = 1; i < maths.size(); ++i) modes.push_back({true, maths[i], false, true, true});
     std::shared_ptr<const qc::GpuSpeechDecoderWeights> unpadded;
     const bool pdl_default = context.pdl();
@@ -285,8 +269,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
             wo.math = mode.math;
             unpadded = qc::GpuSpeechDecoderWeights::upload(*ckpt, device, wo);
         }
-        qc::GpuSpeechDecoder dec(mode.im2col ? im2col_weights() : mode.padded ? weights_for(mode.math) : unpadded,
-                                 context, options);
+        qc::GpuSpeechDecoder dec(mode.padded ? weights_for(mode.math) : unpadded, context, options);
         if (graphs && !dec.graphs_enabled()) {
             std::printf("graphs disabled by the environment: eager only\n");
             continue;
@@ -333,7 +316,6 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
             row.small = mode.small;
             row.pdl = mode.pdl && pdl_default;
             row.padded = mode.padded;
-            row.implicit = dec.weights()->implicit_convs();
             row.gpu_ms_per_chunk = qtts_cli::bench_median(chunk_ms);
             row.gpu_ms_per_frame = row.gpu_ms_per_chunk / chunk;
             row.wall_ms_per_frame = qtts_cli::bench_median(wall_ms) / chunk;
@@ -395,24 +377,21 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     std::printf("\nspeech decoder on %s (device %d): decoder_dim %d, latent %d, %d layers, %d samples/frame (%.0f ms)\n",
                 context.device_name().c_str(), device, d.decoder_dim, d.latent_dim, d.num_layers,
                 weights->samples_per_frame(), frame_ms);
-    std::printf("  %-6s %-7s %-5s %-9s %-12s %-4s %-6s %14s %14s %14s %10s\n", "chunk", "graphs", "math", "convs",
-                "transformer", "pdl", "rows", "GPU ms/chunk", "GPU ms/frame", "decode ms/frm", "x realtime");
+    std::printf("  %-6s %-7s %-5s %-12s %-4s %-6s %14s %14s %14s %10s\n", "chunk", "graphs", "math", "transformer",
+                "pdl", "rows", "GPU ms/chunk", "GPU ms/frame", "decode ms/frm", "x realtime");
     for (const Row& r : rows)
-        std::printf("  %-6d %-7s %-5s %-9s %-12s %-4s %-6s %14.3f %14.3f %14.3f %10.1f\n", r.chunk,
-                    r.graphs ? "on" : "off", qc::decoder_math_name(r.math), r.implicit ? "implicit" : "im2col",
-                    r.small ? "small-row" : "cublas", r.pdl ? "on" : "off", r.padded ? "pad4" : "odd", r.gpu_ms_per_chunk,
+        std::printf("  %-6d %-7s %-5s %-12s %-4s %-6s %14.3f %14.3f %14.3f %10.1f\n", r.chunk, r.graphs ? "on" : "off",
+                    qc::decoder_math_name(r.math), r.small ? "small-row" : "cublas", r.pdl ? "on" : "off",
+                    r.padded ? "pad4" : "odd", r.gpu_ms_per_chunk,
                     r.gpu_ms_per_frame, r.wall_ms_per_frame, frame_ms / r.gpu_ms_per_frame);
     for (const std::string& line : accuracy_lines) std::printf("%s\n", line.c_str());
 
     nlohmann::json batched_json = nlohmann::json::array();
     if (auto list = args.get("streams")) {
         const std::vector<int> streams = qtts_cli::bench_sizes(*list, "streams");
-        std::vector<std::shared_ptr<const qc::GpuSpeechDecoderWeights>> uploads_timed;
-        for (const qc::DecoderMath m : maths) uploads_timed.push_back(weights_for(m));
-        if (args.has("im2col")) uploads_timed.push_back(im2col_weights());
-        for (const auto& w : uploads_timed)
-            for (const auto& r : bench_batched(context, w, streams, chunks, codes, frames, repeats, graphs_allowed,
-                                               args.has("stages"), args.has("profile")))
+        for (const qc::DecoderMath m : maths)
+            for (const auto& r : bench_batched(context, weights_for(m), streams, chunks, codes, frames, repeats,
+                                               graphs_allowed, args.has("stages"), args.has("profile")))
                 batched_json.push_back(r);
     }
 
@@ -433,7 +412,6 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
                                {"small_row_transformer", r.small},
                                {"pdl", r.pdl},
                                {"padded_rows", r.padded},
-                               {"convs", r.implicit ? "implicit" : "im2col"},
                                {"gpu_ms_per_chunk", r.gpu_ms_per_chunk},
                                {"gpu_ms_per_frame", r.gpu_ms_per_frame},
                                {"decode_wall_ms_per_frame", r.wall_ms_per_frame}});
@@ -451,7 +429,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench_decoder(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "cache", "chunks", "frames", "repeats", "device", "json", "streams", "math"},
-                        {"help", "no-cuda-graphs", "stages", "variants", "profile", "im2col"});
+                        {"help", "no-cuda-graphs", "stages", "variants", "profile"});
     if (args.has("help")) {
         usage();
         return 0;

@@ -96,27 +96,6 @@ std::vector<uint16_t> split_triple(const std::vector<float>& v, size_t rows, siz
 
 }  // namespace
 
-std::vector<uint16_t> conv_fragments_pack(const std::vector<float>& w, int row, int cin, int cout, int k) {
-    QTTS_ASSERT(cin % 16 == 0 && cout % 16 == 0 && row >= cin * k && w.size() >= size_t(cout) * row);
-    const size_t words = kernels::conv_fragment_word(cin / 16, 0, 0, 0, 0, k, cout);  // one past the last
-    std::vector<uint16_t> out(4 * words);  // [hi words·2 | lo words·2]
-    for (int c16 = 0; c16 < cin / 16; ++c16)
-        for (int tap = 0; tap < k; ++tap)
-            for (int m16 = 0; m16 < cout / 16; ++m16)
-                for (int lane = 0; lane < 32; ++lane)
-                    for (int word = 0; word < 4; ++word)
-                        for (int half = 0; half < 2; ++half) {
-                            int m = 0, kk = 0;
-                            kernels::conv_fragment_element(lane, word, half, &m, &kk);
-                            const float v = w[size_t(16 * m16 + m) * row + size_t(16 * c16 + kk) * k + tap];
-                            const uint16_t hi = f32_to_bf16(v), lo = f32_to_bf16(v - bf16_to_f32(hi));
-                            const size_t at = 2 * kernels::conv_fragment_word(c16, tap, m16, lane, word, k, cout) + half;
-                            out[at] = hi;
-                            out[2 * words + at] = lo;
-                        }
-    return out;
-}
-
 std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(const Checkpoint& checkpoint, int device,
                                                                                GpuSpeechDecoderWeightOptions options) {
     return upload(checkpoint.speech_config.decoder, checkpoint.decoder, device, std::move(options));
@@ -188,12 +167,6 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
             packed[size_t(o) * c.row + row] = b[size_t(o)];
         }
         if (split) c.planes = g.store(split_triple(packed, size_t(c.cout), size_t(c.row), false));
-        if (split && options.implicit_convs && kernels::conv_implicit_fits(c.cin, c.cout, c.tail())) {
-            const size_t words = kernels::conv_fragment_word(c.cin / 16, 0, 0, 0, 0, c.k, c.cout);
-            const auto* hi = reinterpret_cast<const uint32_t*>(g.store(conv_fragments_pack(packed, c.row, c.cin, c.cout, c.k)));
-            c.frags = {hi, hi + words, g.store(b)};
-            g.implicit_convs_ = true;
-        }
         if (!split || keep_f32) c.w = g.store(packed);
         return c;
     };
@@ -620,15 +593,6 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
                                float beta) {
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
-    // Implicit where its blocks fill the GPU (a smaller launch leaves SMs idle that cuBLAS's split
-    // products would use) and a stream's columns are not mostly padding.
-    if (conv.frags.hi && (L == 0 || T >= kernels::CONV_IMPLICIT_MIN_COLUMNS) &&
-        kernels::conv_implicit_blocks(conv.cout, T, states.count, L) >= context_.sm_count()) {
-        CUDA_CHECK_KERNEL(kernels::conv_implicit(states, tail_at, L, x, conv.cin, T, conv.k, conv.dilation, snake,
-                                                 conv.frags, conv.cout, beta, y, l));
-        mark("conv implicit");
-        return;
-    }
     if (conv.planes) {
         if (L > 0)
             CUDA_CHECK_KERNEL(kernels::conv_im2col_carry_split(states, tail_at, L, x, conv.cin, T, conv.k,

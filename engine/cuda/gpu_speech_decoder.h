@@ -89,16 +89,7 @@ struct GpuSpeechDecoderWeightOptions {
     bool pad_rows = true;
     // The default: bf16x3, measured against fp32 in docs/cuda.md ("Split-bf16 products").
     DecoderMath math = DecoderMath::DECODER_MATH_BF16X3;
-    // Under bf16x3: the dense convs that kernels::conv_implicit takes (the upsampling blocks'
-    // residual convs) also get their weights as mma fragments, and a pass runs them as implicit
-    // GEMMs (no im2col) where a stream has at least CONV_IMPLICIT_MIN_COLUMNS columns.
-    bool implicit_convs = true;
 };
-
-// A dense conv's weights (w [cout, row], element (co, c·k + tap)) as the mma fragments of
-// kernels::conv_implicit (kernels/decoder.cuh, ConvFragments): two bf16 values per fragment word,
-// the hi plane, then the lo plane.
-std::vector<uint16_t> conv_fragments_pack(const std::vector<float>& w, int row, int cin, int cout, int k);
 
 class GpuSpeechDecoderWeights {
 public:
@@ -110,7 +101,6 @@ public:
         int cin = 0, cout = 0, k = 0, dilation = 1, row = 0;
         const float* w = nullptr;
         const uint16_t* planes = nullptr;  // [cout, 3·row] bf16: each row's hi, hi again, lo
-        kernels::ConvFragments frags;      // the implicit GEMM's weights (hi null: not taken)
         int tail() const { return (k - 1) * dilation; }
     };
     struct TransConv {
@@ -161,7 +151,6 @@ public:
 
     const DecoderConfig& config() const { return config_; }
     DecoderMath math() const { return math_; }
-    bool implicit_convs() const { return implicit_convs_; }  // some convs have fragments (see options)
     int device() const { return device_; }
     int samples_per_frame() const { return samples_per_frame_; }
     size_t device_bytes() const { return device_bytes_; }
@@ -193,7 +182,6 @@ private:
 
     DecoderConfig config_;
     DecoderMath math_ = DecoderMath::DECODER_MATH_FP32;
-    bool implicit_convs_ = false;
     int device_ = 0;
     int samples_per_frame_ = 0;
     size_t device_bytes_ = 0;
