@@ -368,61 +368,81 @@ __global__ void window_attention_kernel(const float* qkv, int heads, int kv_head
     }
 }
 
-// Same as window_attention_kernel with the visible keys/values staged in shared memory first
-// (coalesced loads, all in flight at once) instead of one dependent global-load chain per
-// thread. Rows are padded to head_dim + 1 floats so that threads reading different keys at the
-// same dimension hit different banks.
+// Same as window_attention_kernel for a group of G consecutive query rows of one stream and head
+// (grid (groups, heads, S)): the keys and values any of them sees (window - 1 + G rows at most)
+// are staged in shared memory once (coalesced loads, all in flight at once), then each warp
+// takes one query row at a time: a lane scores keys lane, lane + 32, ...; warp reductions make
+// the softmax; a lane sums the values of dimensions lane, lane + 32, ... Staged rows are padded
+// to head_dim + 1 floats so that lanes reading different keys at one dimension hit different banks.
 constexpr int STAGED_ATTENTION_SMEM_FLOATS = 12288;  // 48 KB
+constexpr int GROUP_ATTENTION_WARPS = 4;
+constexpr int GROUP_ATTENTION_MAX_ROWS = 8;  // G: up to two query rows per warp
 
-__host__ __device__ inline int staged_attention_floats(int window, int head_dim) {
-    return 2 * window * (head_dim + 1) + head_dim + window;
+__host__ __device__ inline int group_attention_floats(int window, int head_dim, int group) {
+    const int rows = window - 1 + group;
+    return 2 * rows * (head_dim + 1) + GROUP_ATTENTION_WARPS * (head_dim + rows);
 }
 
-__global__ void window_attention_staged_kernel(const float* qkv, int heads, int kv_heads, int head_dim,
-                                               DecoderStates states, size_t k_at, size_t v_at, int ring, int window,
-                                               float* out) {
+__global__ void __launch_bounds__(GROUP_ATTENTION_WARPS * 32)
+    window_attention_group_kernel(const float* qkv, int n, int group, int heads, int kv_heads, int head_dim,
+                                  DecoderStates states, size_t k_at, size_t v_at, int ring, int window, float* out) {
     extern __shared__ float smem[];
-    __shared__ float shared[32];
     pdl_wait();
     pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t0 = blockIdx.x * group, here = min(group, n - t0);
     const int qd = heads * head_dim, kvd = kv_heads * head_dim, stride = qd + 2 * kvd;
-    const int kvh = h / (heads / kv_heads);
+    const int kvh = h / (heads / kv_heads), row = head_dim + 1, max_rows = window - 1 + group;
     const float* k_ring = state_at<const float>(states, b, k_at);
     const float* v_ring = state_at<const float>(states, b, v_at);
-    const size_t row_index = size_t(b) * gridDim.x + t;
-    const WindowSpan span = window_span(*state_at<const int64_t>(states, b, DECODER_STATE_POSITION_AT), t, window);
-    const int64_t first = span.first;
-    const int count = span.count;
-    const int row = head_dim + 1;
-    float* ks = smem;
-    float* vs = ks + window * row;
-    float* qs = vs + window * row;
-    float* scores = qs + head_dim;
-    for (int idx = threadIdx.x; idx < count * head_dim; idx += blockDim.x) {
+    const int64_t pos0 = *state_at<const int64_t>(states, b, DECODER_STATE_POSITION_AT);
+    // Keys of the group: from the first query's window start to the last query's position.
+    const int64_t first = window_span(pos0, t0, window).first;
+    const int rows = int(pos0 + t0 + here - first);
+    float* ks = smem;                                  // [max_rows, row]
+    float* vs = ks + max_rows * row;                   // [max_rows, row]
+    float* qs = vs + max_rows * row + warp * head_dim;  // this warp's query [head_dim]
+    float* probs = smem + 2 * max_rows * row + GROUP_ATTENTION_WARPS * head_dim + warp * max_rows;  // [max_rows]
+    for (int idx = threadIdx.x; idx < rows * head_dim; idx += blockDim.x) {
         const int j = idx / head_dim, d = idx - j * head_dim;
         const size_t src = size_t((first + j) % ring) * kvd + size_t(kvh) * head_dim + d;
         ks[j * row + d] = k_ring[src];
         vs[j * row + d] = v_ring[src];
     }
-    const float* q = qkv + row_index * stride + size_t(h) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = q[d];
     __syncthreads();
     const float scale = 1.0f / sqrtf(float(head_dim));
-    float local_max = -INFINITY;
-    for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        const float* k = ks + j * row;
-        float dot = 0.0f;
-        for (int d = 0; d < head_dim; ++d) dot += qs[d] * k[d];
-        scores[j] = dot * scale;
-        local_max = fmaxf(local_max, scores[j]);
-    }
-    const float inv = window_softmax_unnormalised(scores, count, local_max, shared);
-    float* o = out + row_index * qd + size_t(h) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < count; ++j) acc += scores[j] * vs[j * row + d];
-        o[d] = acc * inv;
+    for (int qi = warp; qi < here; qi += GROUP_ATTENTION_WARPS) {
+        const int t = t0 + qi;
+        const size_t row_index = size_t(b) * n + t;
+        const WindowSpan span = window_span(pos0, t, window);
+        const int off = int(span.first - first), count = span.count;
+        const float* q = qkv + row_index * stride + size_t(h) * head_dim;
+        for (int d = lane; d < head_dim; d += 32) qs[d] = q[d];
+        __syncwarp();
+        float local_max = -INFINITY;
+        for (int j = lane; j < count; j += 32) {
+            const float* k = ks + (off + j) * row;
+            float dot = 0.0f;
+            for (int d = 0; d < head_dim; ++d) dot += qs[d] * k[d];
+            probs[j] = dot * scale;
+            local_max = fmaxf(local_max, probs[j]);
+        }
+        const float max_s = warp_max(local_max);
+        float local_sum = 0.0f;
+        for (int j = lane; j < count; j += 32) {
+            const float e = expf(probs[j] - max_s);
+            probs[j] = e;
+            local_sum += e;
+        }
+        const float inv = 1.0f / warp_sum(local_sum);
+        __syncwarp();  // every lane's probabilities written before any lane reads them
+        float* o = out + row_index * qd + size_t(h) * head_dim;
+        for (int d = lane; d < head_dim; d += 32) {
+            float acc = 0.0f;
+            for (int j = 0; j < count; ++j) acc += probs[j] * vs[(off + j) * row + d];
+            o[d] = acc * inv;
+        }
+        __syncwarp();  // qs and probs are rewritten by the next row
     }
 }
 
@@ -802,14 +822,18 @@ void window_attention(const float* qkv, int n, int heads, int kv_heads, int head
     if (n <= 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || window < 1 || window > MAX_WINDOW ||
         ring < window - 1 + n || !qkv || !states_ok(states) || states.count > 65535 || !out)
         bad_args("window_attention", __func__);
-    const dim3 grid(n, heads, states.count);
-    const int staged = staged_attention_floats(window, head_dim);
-    if (staged <= STAGED_ATTENTION_SMEM_FLOATS) {
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(128), size_t(staged) * sizeof(float),
-                                        window_attention_staged_kernel, qkv, heads, kv_heads, head_dim, states, k_at,
-                                        v_at, ring, window, out));
+    // The grouped kernel with the largest group (up to GROUP_ATTENTION_MAX_ROWS rows) whose keys fit
+    // in 48 KB of shared memory; one block per query row and head without staging otherwise.
+    for (int group = std::min(n, GROUP_ATTENTION_MAX_ROWS); group >= 1; --group) {
+        const int floats = group_attention_floats(window, head_dim, group);
+        if (floats > STAGED_ATTENTION_SMEM_FLOATS) continue;
+        const dim3 grid((n + group - 1) / group, heads, states.count);
+        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GROUP_ATTENTION_WARPS * 32), size_t(floats) * sizeof(float),
+                                        window_attention_group_kernel, qkv, n, group, heads, kv_heads, head_dim,
+                                        states, k_at, v_at, ring, window, out));
         return;
     }
+    const dim3 grid(n, heads, states.count);
     KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(128), 0, window_attention_kernel, qkv, heads, kv_heads, head_dim,
                                     states, k_at, v_at, ring, window, out));
 }

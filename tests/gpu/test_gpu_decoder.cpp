@@ -555,17 +555,20 @@ TEST_CASE("gpu decoder kernels: depthwise conv, LayerNorm over channels, RMSNorm
 
 TEST_CASE("gpu decoder kernels: RoPE + sliding-window attention over the K/V ring", "[gpu][decoder]") {
     const qk::Launch l = context().launch();
-    // Window 12 / head_dim 16 runs the shared-memory staged kernel; window 200 / head_dim 64 is
-    // too large for it and runs the direct one.
+    // Windows whose keys fit in shared memory run the grouped kernel (a block per group of up to 8
+    // query rows: one group of 5, the release decoder's window 72 with 4 rows, and 11 rows = groups
+    // of 8 and 3, starting inside the first window); window 200 / head_dim 64 is too large for it
+    // and runs the direct one.
     struct Shape {
-        int hd, window;
+        int hd, window, n;
+        int64_t p0;  // position of the first new row
     };
-    for (const Shape shape : {Shape{16, 12}, Shape{64, 200}}) {
-    const int heads = 4, kv = 2, hd = shape.hd, window = shape.window, n = 5, ring = window - 1 + n;
-    CAPTURE(hd, window);
+    for (const Shape shape : {Shape{16, 12, 5, 30}, Shape{64, 72, 4, 90}, Shape{16, 12, 11, 3}, Shape{64, 200, 5, 218}}) {
+    const int heads = 4, kv = 2, hd = shape.hd, window = shape.window, n = shape.n, ring = window - 1 + n;
+    CAPTURE(hd, window, n, shape.p0);
     const int qd = heads * hd, kvd = kv * hd, stride = qd + 2 * kvd;
-    const int64_t p0 = window + 18;  // past positions p0-window+1 .. p0-1 are in the ring
-    const int past = window - 1;
+    const int64_t p0 = shape.p0;  // past positions max(0, p0-window+1) .. p0-1 are in the ring
+    const int past = int(std::min<int64_t>(window - 1, p0));
     auto qkv = qtts_test::random_floats(size_t(n) * stride, 31);
     auto past_k = qtts_test::random_floats(size_t(past) * kvd, 32);  // already rotated
     auto past_v = qtts_test::random_floats(size_t(past) * kvd, 33);
