@@ -164,7 +164,11 @@ __device__ __forceinline__ float overlap_sum(const float* cols, int co, int K, i
     return sum;
 }
 
-// grid.y: the stream.
+// grid.y: the stream. A thread takes one input column t of one output channel and writes the
+// stride outputs m = t·stride + r it starts; the contributions to m come from columns t, t - 1,
+// ... (taps r, r + stride, ...), summed in that order (as overlap_sum does). Lanes of a warp take
+// consecutive columns, so every read of `cols` is one coalesced row segment and each value is
+// read once.
 __global__ void trans_conv_overlap_add_kernel(const float* cols, int Cout, int K, int stride, int T, const float* bias,
                                               DecoderStates states, size_t overlap_at, float* y) {
     pdl_wait();
@@ -173,19 +177,25 @@ __global__ void trans_conv_overlap_add_kernel(const float* cols, int Cout, int K
     const int O = K - stride, emit = T * stride, ld = states.count * T, y_ld = states.count * emit;
     const float* cols_b = cols + size_t(b) * T;
     float* overlap = O > 0 ? state_at<float>(states, b, overlap_at) : nullptr;
-    const long long total = (long long)Cout * emit;
+    const long long total = (long long)Cout * T;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int co = int(i / emit), m = int(i - (long long)co * emit);
-        float v = overlap_sum(cols_b, co, K, stride, T, ld, m);
-        if (m < O) {
-            // This thread owns overlap[co][m]: read the old spill-over, then store the new one
-            // (output emit + m of this chunk, which exists since O <= emit).
-            float* o = overlap + size_t(co) * O + m;
-            v += *o;
-            *o = overlap_sum(cols_b, co, K, stride, T, ld, emit + m);
+        const int co = int(i / T), t = int(i - (long long)co * T);
+        const float* taps = cols_b + size_t(co) * K * ld;  // row co·K + k at taps + k·ld
+        float* yrow = y + size_t(co) * y_ld + size_t(b) * emit;
+        for (int r = 0; r < stride; ++r) {
+            const int m = t * stride + r;
+            float v = 0.0f;
+            for (int j = 0, k = r; k < K && t - j >= 0; ++j, k += stride) v += taps[size_t(k) * ld + (t - j)];
+            if (m < O) {
+                // This thread owns overlap[co][m]: read the old spill-over, then store the new one
+                // (output emit + m of this chunk, which exists since O <= emit).
+                float* o = overlap + size_t(co) * O + m;
+                v += *o;
+                *o = overlap_sum(cols_b, co, K, stride, T, ld, emit + m);
+            }
+            yrow[m] = v + bias[co];
         }
-        y[size_t(co) * y_ld + size_t(b) * emit + m] = v + bias[co];
     }
 }
 
@@ -764,7 +774,7 @@ void trans_conv_overlap_add(const float* cols, int Cout, int K, int stride, int 
     if (Cout <= 0 || T <= 0 || stride <= 0 || K < stride || K - stride > T * stride || !cols || !bias || !y ||
         !states_ok(states) || states.count > 65535)
         bad_args("trans_conv_overlap_add", __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T * stride), states.count), dim3(THREADS), 0,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)Cout * T), states.count), dim3(THREADS), 0,
                                     trans_conv_overlap_add_kernel, cols, Cout, K, stride, T, bias, states, overlap_at,
                                     y));
 }
