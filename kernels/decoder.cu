@@ -62,6 +62,24 @@ struct ColumnSink {
         *reinterpret_cast<uint2*>(planes + plane + i) =
             make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
     }
+    // Eight consecutive columns from i (a multiple of 8): one 16-byte store per plane.
+    __device__ __forceinline__ void put8(size_t i, const float* v) const {
+        if (col) {
+            *reinterpret_cast<float4*>(col + i) = make_float4(v[0], v[1], v[2], v[3]);
+            *reinterpret_cast<float4*>(col + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+            return;
+        }
+        uint32_t hi[4], lo[4];
+        for (int q = 0; q < 4; ++q) {
+            bf16_t h0, l0, h1, l1;
+            bf16_split(v[2 * q], &h0, &l0);
+            bf16_split(v[2 * q + 1], &h1, &l1);
+            hi[q] = h0 | uint32_t(h1) << 16;
+            lo[q] = l0 | uint32_t(l1) << 16;
+        }
+        *reinterpret_cast<uint4*>(planes + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(planes + plane + i) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
 };
 
 __device__ __forceinline__ float gelu_erf_ref(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -518,7 +536,8 @@ constexpr int IM2COL_THREADS = 128;
 
 // im2col of one stream (grid.y; a single signal without `carry`): a block takes one input channel
 // (or, as channel C, the ones row and the zero padding rows) and IM2COL_THREADS·V output columns
-// (V per thread: 4 when T is a multiple of 4, stored 16 or 8 bytes at a time, else 1), stages the
+// (V per thread, im2col_columns_per_thread: 8 for long multiples of 8 and 4 for multiples of 4,
+// stored 16 or 8 bytes at a time, else 1), stages the
 // window [tail | snake(x)] those columns read once in shared memory (each input value is
 // activated once, not once per tap) and writes the channel's K rows from it. With `carry` the
 // block holding the stream's last columns also writes the next tail (the window's last L values)
@@ -538,7 +557,9 @@ __global__ void __launch_bounds__(IM2COL_THREADS)
     const size_t first = size_t(b) * T + t0;  // this block's first output column
     auto row_put = [&](int r, const float* v) {
         const size_t at = size_t(r) * ld + first + j;
-        if constexpr (V == 4)
+        if constexpr (V == 8)
+            col.put8(at, v);
+        else if constexpr (V == 4)
             col.put4(at, make_float4(v[0], v[1], v[2], v[3]));
         else
             col.put(at, v[0]);
@@ -567,6 +588,28 @@ __global__ void __launch_bounds__(IM2COL_THREADS)
         }
     if (CARRY && tile == tiles - 1)  // the window ends at column T + L of [tail | x]: the next tail
         for (int i = threadIdx.x; i < L; i += IM2COL_THREADS) slots.next[size_t(c) * L + i] = window[here + i];
+}
+
+// Columns per thread of the im2col: 8 (16-byte bf16 stores) for long signals whose length is a
+// multiple of 8, 4 for other multiples of 4, else 1.
+constexpr int IM2COL_WIDE_MIN_COLUMNS = 2048;
+int im2col_columns_per_thread(int T) {
+    return T % 8 == 0 && T >= IM2COL_WIDE_MIN_COLUMNS ? 8 : T % 4 == 0 ? 4 : 1;
+}
+
+template <bool CARRY>
+cudaError_t im2col_dispatch(const Launch& l, dim3 grid, int V, size_t smem, DecoderStates states, size_t tails_at,
+                            const float* tail, int L, const float* x, int C, int T, int K, int dilation,
+                            SnakeParams snake, ColumnSink col, int col_rows) {
+    const dim3 block(IM2COL_THREADS);
+    if (V == 8)
+        return launch_kernel(l, grid, block, smem, conv_im2col_tiled_kernel<CARRY, 8>, states, tails_at, tail, L, x, C,
+                             T, K, dilation, snake, col, col_rows);
+    if (V == 4)
+        return launch_kernel(l, grid, block, smem, conv_im2col_tiled_kernel<CARRY, 4>, states, tails_at, tail, L, x, C,
+                             T, K, dilation, snake, col, col_rows);
+    return launch_kernel(l, grid, block, smem, conv_im2col_tiled_kernel<CARRY, 1>, states, tails_at, tail, L, x, C, T,
+                         K, dilation, snake, col, col_rows);
 }
 
 // grid.y: the stream.
@@ -724,15 +767,11 @@ void im2col_launch(const float* tail, int L, const float* x, int C, int T, int K
     if (T <= 0 || C <= 0 || K <= 0 || L < 0 || L > MAX_TAIL || L != (K - 1) * dilation || (L > 0 && !tail) || !x ||
         !(col.col || col.planes) || col_rows < C * K + 1)
         bad_args(what, __func__);
-    const int V = T % 4 == 0 ? 4 : 1, tile = IM2COL_THREADS * V;
+    const int V = im2col_columns_per_thread(T), tile = IM2COL_THREADS * V;
     const long long blocks = (long long)(C + 1) * ((T + tile - 1) / tile);
     if (blocks > 0x7fffffffLL) bad_args(what, __func__);
     const size_t smem = size_t(tile + L) * sizeof(float);
-    KERNEL_CUDA_CHECK(V == 4 ? launch_kernel(l, dim3(unsigned(blocks)), dim3(IM2COL_THREADS), smem,
-                                             conv_im2col_tiled_kernel<false, 4>, DecoderStates{}, size_t(0), tail, L, x,
-                                             C, T, K, dilation, snake, col, col_rows)
-                             : launch_kernel(l, dim3(unsigned(blocks)), dim3(IM2COL_THREADS), smem,
-                                             conv_im2col_tiled_kernel<false, 1>, DecoderStates{}, size_t(0), tail, L, x,
+    KERNEL_CUDA_CHECK(im2col_dispatch<false>(l, dim3(unsigned(blocks)), V, smem, DecoderStates{}, size_t(0), tail, L, x,
                                              C, T, K, dilation, snake, col, col_rows));
 }
 
@@ -880,15 +919,13 @@ void im2col_carry_launch(DecoderStates states, size_t tails_at, int L, const flo
     if (T <= 0 || C <= 0 || K <= 0 || L <= 0 || L > MAX_TAIL || L != (K - 1) * dilation || !states_ok(states) ||
         states.count > 65535 || !x || !(col.col || col.planes) || col_rows < C * K + 1)
         bad_args(what, __func__);
-    const int V = T % 4 == 0 ? 4 : 1, tile = IM2COL_THREADS * V;
+    const int V = im2col_columns_per_thread(T), tile = IM2COL_THREADS * V;
     const long long blocks = (long long)(C + 1) * ((T + tile - 1) / tile);
     if (blocks > 0x7fffffffLL) bad_args(what, __func__);
     const dim3 grid(unsigned(blocks), unsigned(states.count));
     const size_t smem = size_t(tile + L) * sizeof(float);
-    KERNEL_CUDA_CHECK(V == 4 ? launch_kernel(l, grid, dim3(IM2COL_THREADS), smem, conv_im2col_tiled_kernel<true, 4>,
-                                             states, tails_at, nullptr, L, x, C, T, K, dilation, snake, col, col_rows)
-                             : launch_kernel(l, grid, dim3(IM2COL_THREADS), smem, conv_im2col_tiled_kernel<true, 1>,
-                                             states, tails_at, nullptr, L, x, C, T, K, dilation, snake, col, col_rows));
+    KERNEL_CUDA_CHECK(im2col_dispatch<true>(l, grid, V, smem, states, tails_at, nullptr, L, x, C, T, K, dilation, snake,
+                                            col, col_rows));
 }
 
 }  // namespace

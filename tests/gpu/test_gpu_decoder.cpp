@@ -134,8 +134,9 @@ std::vector<float> positive(size_t n, uint64_t seed) { return qtts_test::random_
 
 TEST_CASE("gpu decoder kernels: causal conv with tail and SnakeBeta", "[gpu][decoder]") {
     // T = 301: im2col tiles of 128 columns, one per thread, the last partial; T = 1300: four
-    // columns per thread (T a multiple of 4), tiles of 512, the last partial.
-    for (const int T : {301, 1300}) {
+    // columns per thread (T a multiple of 4), tiles of 512, the last partial; T = 2600: eight
+    // columns per thread (a long multiple of 8), tiles of 1024, the last partial.
+    for (const int T : {301, 1300, 2600}) {
         CAPTURE(T);
         const int C = 24, Cout = 20, K = 7, d = 3, L = (K - 1) * d;
         const qk::Launch l = context().launch();
@@ -328,6 +329,25 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     CHECK(pair_mismatches(planes, to_host(col.get(), col.size())) == 0);
     const auto new_tail_f32 = block_f32.piece(0, 0, tails2.size()), new_tail_split = block_split.piece(0, 0, tails2.size());
     CHECK(std::memcmp(new_tail_f32.data(), new_tail_split.data(), tails2.size() * sizeof(float)) == 0);
+    {
+        // Eight columns per thread (a long multiple of 8: 16-byte plane stores), plain and carried.
+        const int T8 = 2056;
+        auto x8 = qtts_test::random_floats(size_t(C) * T8, seed + 6);
+        auto dx8 = to_device(x8);
+        qc::DeviceArray<float> col8(size_t(rows) * T8);
+        qc::DeviceArray<uint16_t> planes8(2 * col8.size());
+        qk::conv_im2col(dtail.get(), L, dx8.get(), C, T8, K, d, snake, col8.get(), l, rows);
+        CUDA_CHECK(cudaMemset(planes8.get(), 0xff, planes8.bytes()));
+        qk::conv_im2col_split(dtail.get(), L, dx8.get(), C, T8, K, d, snake, planes8.get(), l, rows);
+        CHECK(pair_mismatches(planes8, to_host(col8.get(), col8.size())) == 0);
+        const StateBlocks carried_f32({{tails2}}, {0}, {0}), carried_split({{tails2}}, {0}, {0});
+        qk::conv_im2col_carry(carried_f32.states(), carried_f32.at[0], L, dx8.get(), C, T8, K, d, snake, col8.get(), l,
+                              rows);
+        CUDA_CHECK(cudaMemset(planes8.get(), 0xff, planes8.bytes()));
+        qk::conv_im2col_carry_split(carried_split.states(), carried_split.at[0], L, dx8.get(), C, T8, K, d, snake,
+                                    planes8.get(), l, rows);
+        CHECK(pair_mismatches(planes8, to_host(col8.get(), col8.size())) == 0);
+    }
 
     // A transposed conv's product: W [Cin, Cout·Kt] transposed, its input snake(x) as planes.
     const int Cin = C, cols_t = Cout * 6, N = T;
