@@ -536,10 +536,9 @@ constexpr int IM2COL_THREADS = 128;
 
 // im2col of one stream (grid.y; a single signal without `carry`): a block takes one input channel
 // (or, as channel C, the ones row and the zero padding rows) and IM2COL_THREADS·V output columns
-// (V per thread, im2col_columns_per_thread: 8 for long multiples of 8 and 4 for multiples of 4,
-// stored 16 or 8 bytes at a time, else 1), stages the
-// window [tail | snake(x)] those columns read once in shared memory (each input value is
-// activated once, not once per tap) and writes the channel's K rows from it. With `carry` the
+// (V per thread, im2col_columns_per_thread: 8 or 4 consecutive columns stored 16 or 8 bytes at a
+// time, else 1), stages the window [tail | snake(x)] those columns read once in shared memory
+// (each input value is activated once, not once per tap) and writes the channel's K rows from it. With `carry` the
 // block holding the stream's last columns also writes the next tail (the window's last L values)
 // into the other slot. x: this stream's columns at stride ld (S·T, or T alone).
 template <bool CARRY, int V>

@@ -86,6 +86,12 @@ build() {
     echo "staged: $(du -sh "$DIST" | cut -f1) in $DIST (carry build-gpu/dist)"
 }
 
+# Nsight Compute on the GPU machine (empty when absent), and the flags of a kernel-time profile:
+# every kernel of the profiled window alone, its GPU time only, as CSV.
+ncu_find() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true; }
+NCU_TIME_FLAGS=(--profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum
+                --csv --print-units base --print-kernel-base function)
+
 device() {
     local out=${OUT:-/tmp/qtts-out}
     local q=/tmp/qtts-gpu
@@ -226,13 +232,12 @@ device() {
         if [ -n "${QTTS_PROFILE_DECODER:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
             t=$SECONDS
             local ncu_dec
-            ncu_dec=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+            ncu_dec=$(ncu_find)
             if [ -n "$ncu_dec" ]; then
                 for s in ${QTTS_PROFILE_DECODER//,/ }; do
-                    timeout 300 "$ncu_dec" --profile-from-start off --clock-control none --cache-control none \
-                        --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \
-                        --log-file "$q/ncu-decoder-$s.csv" "$q/bin/qtts" bench-decoder --chunks 4 --frames 16 --repeats 1 \
-                        --streams "$s" --profile --cache "$q/decoder-model" >"$q/ncu-decoder-$s.log" 2>&1 \
+                    timeout 300 "$ncu_dec" "${NCU_TIME_FLAGS[@]}" --log-file "$q/ncu-decoder-$s.csv" \
+                        "$q/bin/qtts" bench-decoder --chunks 4 --frames 16 --repeats 1 --streams "$s" --profile \
+                        --cache "$q/decoder-model" >"$q/ncu-decoder-$s.log" 2>&1 \
                         || note "ncu decoder profile $s FAILED (rc $?)"
                     cp "$q/ncu-decoder-$s.csv" "$out/" 2>/dev/null || true
                     echo "  [decoder profile $s x 4]" | tee -a "$summary"
@@ -262,11 +267,10 @@ device() {
         if [ -n "${QTTS_PROFILE_BATCH:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
             t=$SECONDS
             local ncu
-            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+            ncu=$(ncu_find)
             if [ -n "$ncu" ]; then
-                timeout 300 "$ncu" --profile-from-start off --clock-control none --cache-control none \
-                    --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \
-                    --log-file "$q/ncu-batch.csv" "$q/bin/qtts" bench --model "$dir" --batch "$QTTS_PROFILE_BATCH" \
+                timeout 300 "$ncu" "${NCU_TIME_FLAGS[@]}" --log-file "$q/ncu-batch.csv" \
+                    "$q/bin/qtts" bench --model "$dir" --batch "$QTTS_PROFILE_BATCH" \
                     --frames 8 --chunk 1 --batch-paths "${QTTS_PROFILE_PATHS:-auto}" --batch-step-only --batch-profile \
                     >"$q/ncu-bench.log" 2>&1 || note "ncu profile FAILED (rc $?)"
                 cp "$q/ncu-batch.csv" "$out/" 2>/dev/null || true
