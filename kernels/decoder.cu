@@ -402,7 +402,7 @@ __global__ void window_attention_kernel(const float* qkv, int heads, int kv_head
 // takes one query row at a time: a lane scores keys lane, lane + 32, ...; warp reductions make
 // the softmax; a lane sums the values of dimensions lane, lane + 32, ... Staged rows are padded
 // to head_dim + 1 floats so that lanes reading different keys at one dimension hit different banks.
-constexpr int STAGED_ATTENTION_SMEM_FLOATS = 12288;  // 48 KB
+constexpr int GROUP_ATTENTION_SMEM_FLOATS = 12288;  // 48 KB
 constexpr int GROUP_ATTENTION_WARPS = 4;
 constexpr int GROUP_ATTENTION_MAX_ROWS = 8;  // G: up to two query rows per warp
 
@@ -874,7 +874,7 @@ void window_attention(const float* qkv, int n, int heads, int kv_heads, int head
     // in 48 KB of shared memory; one block per query row and head without staging otherwise.
     for (int group = std::min(n, GROUP_ATTENTION_MAX_ROWS); group >= 1; --group) {
         const int floats = group_attention_floats(window, head_dim, group);
-        if (floats > STAGED_ATTENTION_SMEM_FLOATS) continue;
+        if (floats > GROUP_ATTENTION_SMEM_FLOATS) continue;
         const dim3 grid((n + group - 1) / group, heads, states.count);
         KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GROUP_ATTENTION_WARPS * 32), size_t(floats) * sizeof(float),
                                         window_attention_group_kernel, qkv, n, group, heads, kv_heads, head_dim,
