@@ -262,12 +262,20 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         };
         cx.pw1_row = row_len(latent + 1);
         cx.pw2_row = row_len(4 * latent + 1);
-        cx.pw1 = g.store(linear_with_bias(speech_weight_f32(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight"),
-                                          speech_weight_f32(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias"), 4 * latent,
-                                          latent, cx.pw1_row));
-        cx.pw2 = g.store(linear_with_bias(speech_weight_f32(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight"),
-                                          speech_weight_f32(cw.pw2_b, latent, "convnext pwconv2.bias"), latent, 4 * latent,
-                                          cx.pw2_row));
+        const std::vector<float> pw1 =
+            linear_with_bias(speech_weight_f32(cw.pw1_w, int64_t(4) * latent * latent, "convnext pwconv1.weight"),
+                             speech_weight_f32(cw.pw1_b, int64_t(4) * latent, "convnext pwconv1.bias"), 4 * latent, latent,
+                             cx.pw1_row);
+        const std::vector<float> pw2 =
+            linear_with_bias(speech_weight_f32(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight"),
+                             speech_weight_f32(cw.pw2_b, latent, "convnext pwconv2.bias"), latent, 4 * latent, cx.pw2_row);
+        if (split) {
+            cx.pw1_planes = g.store(split_triple(pw1, size_t(4) * latent, size_t(cx.pw1_row), false));
+            cx.pw2_planes = g.store(split_triple(pw2, size_t(latent), size_t(cx.pw2_row), false));
+        } else {
+            cx.pw1 = g.store(pw1);
+            cx.pw2 = g.store(pw2);
+        }
         cx.gamma = g.store(speech_weight_f32(cw.gamma, latent, "convnext gamma"));
         g.convnext.push_back(cx);
         g.samples_per_frame_ *= r;
@@ -395,8 +403,10 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
         trans_plan(up, T);
         T *= size_t(up.stride);
         plan.signal_max(size_t(up.cout) * T);
-        plan.col_max(size_t(w.convnext[i].pw1_row) * T);
-        plan.aux_max(size_t(w.convnext[i].pw2_row) * T);
+        const auto& cx = w.convnext[i];
+        plan.col_max(size_t(cx.pw1_row) * T);
+        plan.aux_max(size_t(cx.pw2_row) * T);
+        if (cx.pw1_planes) plan.planes_max(2 * size_t(std::max(cx.pw1_row, cx.pw2_row)) * T);  // the products' inputs
     }
     conv_plan(w.conv_in, int(T));
     for (const auto& blk : w.blocks) {
@@ -651,10 +661,22 @@ void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeec
         kernels::depthwise_conv_carry(states, tail_at, cx.k - 1, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l));
     CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, columns, cx.norm_w, cx.norm_b, SPEECH_DECODER_CONVNEXT_EPS, col_.get(),
                                                    l, cx.pw1_row));
-    gemm(false, false, C4, columns, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), columns, 0.0f, aux_.get(),
-         columns);                                                             // [4C, S·T]
+    // The two products: [4C, S·T] = pw1 · [LN rows; ones; zeros], [C, S·T] = pw2 · [gelu rows; ones; zeros].
+    if (cx.pw1_planes) {  // split-bf16: each input row block split into hi/lo planes first
+        CUDA_CHECK_KERNEL(kernels::split_planes(col_.get(), cx.pw1_row, columns, {}, planes_.get(), l));
+        split_gemm_row_major(context_, false, C4, columns, cx.pw1_row, cx.pw1_planes, 3 * cx.pw1_row, planes_.get(),
+                             0.0f, aux_.get(), columns);
+    } else {
+        gemm(false, false, C4, columns, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), columns, 0.0f, aux_.get(), columns);
+    }
     CUDA_CHECK_KERNEL(kernels::gelu_ones(aux_.get(), C4, columns, l, cx.pw2_row));  // gelu rows, ones, zeros
-    gemm(false, false, C, columns, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), columns, 0.0f, dw, columns);  // [C, S·T]
+    if (cx.pw2_planes) {
+        CUDA_CHECK_KERNEL(kernels::split_planes(aux_.get(), cx.pw2_row, columns, {}, planes_.get(), l));
+        split_gemm_row_major(context_, false, C, columns, cx.pw2_row, cx.pw2_planes, 3 * cx.pw2_row, planes_.get(),
+                             0.0f, dw, columns);
+    } else {
+        gemm(false, false, C, columns, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), columns, 0.0f, dw, columns);
+    }
     CUDA_CHECK_KERNEL(kernels::scaled_add_channels(x, dw, cx.gamma, C, columns, l));
 }
 

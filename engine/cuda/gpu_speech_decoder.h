@@ -129,6 +129,10 @@ public:
         const float* pw1 = nullptr;     // [4C, pw1_row] (bias in column C, zeros after)
         const float* pw2 = nullptr;     // [C, pw2_row] (bias in column 4C, zeros after)
         int pw1_row = 0, pw2_row = 0;
+        // Under DECODER_MATH_BF16X3 the two products' weights as bf16 pairs instead ([hi | hi | lo]
+        // per row, as Conv::planes; pw1 and pw2 are null).
+        const uint16_t* pw1_planes = nullptr;
+        const uint16_t* pw2_planes = nullptr;
         const float* gamma = nullptr;   // [C]
     };
     struct ResidualUnit {
