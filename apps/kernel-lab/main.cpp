@@ -292,19 +292,19 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
              GI::GEMV_INPUT_GATHER, nullptr, GO::GEMV_OUTPUT_STORE);
     }
     // The batched step's one-launch tensor-core products (kernels/skinny.cuh) on the same shapes,
-    // at 4-16 rows (the engine's one-launch range), with 16 and 8 output features per tile (the
-    // SwiGLU product always takes 8) and one, two or four tiles per block.
+    // at 4-32 rows, with 16 and 8 output features per tile (the SwiGLU product always takes 8) and
+    // one or two tiles per block.
     {
-        const int max_rows = 16;
+        const int max_rows = 32;
         const size_t widest_in = size_t(std::max({T.hidden, T.q_dim(), T.intermediate, P.hidden, P.intermediate}));
         const size_t widest_out = size_t(std::max({T.qkv_dim(), T.intermediate, w.codec_vocab, P.qkv_dim(), w.predictor_vocab}));
         auto xs = make(size_t(max_rows) * widest_in), ys = make(size_t(max_rows) * widest_out);
         auto skinny = [&](const std::string& name, const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in,
                           k::GemvInput input, const float* norm, k::GemvOutput output) {
-            for (const int rows : {4, 8, 12, 16}) {
+            for (const int rows : {4, 8, 16, 24, 32}) {
                 for (const int features : {16, 8}) {
                     if (wt2 && features == 16) continue;
-                    for (const int tiles : {1, 2, 4}) {
+                    for (const int tiles : {1, 2}) {
                         const k::GemvArgs a =
                             product_args(wt, wt2, out_rows, in, rows, input, norm, output, xs.get(), ys.get());
                         const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);

@@ -7,8 +7,8 @@
 // product over at least 4 rows ("split", the default before the one-launch kernel); "auto" is the
 // batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
 // skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk16" / "sk32" as auto with
-// one launch up to 16 / 32 rows; "t1" / "t2" as auto with at most one / two tiles per block in the
-// one-launch products (the kernel before two-tile / four-tile blocks); "unfused" as auto with three launches per split product
+// one launch up to 16 / 32 rows; "t1" as auto with one tile per block in every one-launch product
+// (the kernel before two-tile blocks); "unfused" as auto with three launches per split product
 // (GpuBatchOptions::split_fusion off). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
 // audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
@@ -290,11 +290,11 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                            int chunk, const BatchBenchOptions& bench) {
     const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
                                   {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1},
-                                  {"t2", 0, -1, 2},      {"unfused", 0, -1, 0, false}};
+                                  {"unfused", 0, -1, 0, false}};
     for (const std::string& name : bench.paths)
         if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1, t2, unfused)", name);
+                       "sk16, sk32, t1, unfused)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());

@@ -58,10 +58,9 @@ struct GpuBatchOptions {
     // with one launch up to 24; at 16 one launch wins, 5.66 against 6.06: docs/performance.md).
     // 0: always cuBLAS. At most SKINNY_MAX_ROWS.
     int skinny_max_rows = 16;
-    // At most this many tiles per block in those one-launch products (1, 2 or 4; 0: no cap): each
-    // takes the kernel's choice by W's shape (kernels/skinny.cuh, skinny_default_tiles) or the
-    // cap, whichever is smaller. The same bits either way; only the speed differs (`qtts bench
-    // --batch` compares them: path t1 caps at one tile, t2 at two).
+    // Tiles per block of those one-launch products (kernels/skinny.cuh): 1 or 2 for every
+    // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
+    // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
     // each residual combine into the next product's split, the SwiGLU combine writes its split,
