@@ -638,12 +638,17 @@ __global__ void depthwise_conv_carry_kernel(DecoderStates states, size_t tails_a
 
 constexpr int CONV_OUT_TILE = 64;         // output samples per block
 constexpr int CONV_OUT_SMEM_FLOATS = 12288;  // 48 KB
-constexpr int CONV_OUT_SPLIT = 4;         // threads per output sample (channel split)
+constexpr int CONV_OUT_RUN = 4;           // consecutive output samples per thread
+constexpr int CONV_OUT_SPLIT = 16;        // threads per run of outputs (channel split; consecutive lanes)
+constexpr int CONV_OUT_THREADS = CONV_OUT_TILE / CONV_OUT_RUN * CONV_OUT_SPLIT;
 constexpr int CONV_OUT_LOADS = 8;         // staged values a thread loads before storing them
 
 // Block: CONV_OUT_TILE outputs; stage snake([tail | x]) for every channel over the tile's
-// input window in shared memory, then 4 threads per output split the channels.
-__global__ void __launch_bounds__(CONV_OUT_TILE * CONV_OUT_SPLIT)
+// input window in shared memory, then CONV_OUT_SPLIT threads per run of CONV_OUT_RUN outputs
+// split the channels: each weight is read once for the run's outputs, whose sums are
+// independent (one output per thread, 4 threads a sample, ran a serial chain of loads and
+// FMAs: 326 us for a 64 x 4 pass).
+__global__ void __launch_bounds__(CONV_OUT_THREADS)
     conv_out_carry_kernel(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                           int dilation, SnakeParams snake, const float* w, float* y) {
     extern __shared__ float window[];  // [C, CONV_OUT_TILE + L]
@@ -654,8 +659,7 @@ __global__ void __launch_bounds__(CONV_OUT_TILE * CONV_OUT_SPLIT)
     const float* xb = x + size_t(b) * T;
     const int t0 = blockIdx.x * CONV_OUT_TILE;
     const int width = CONV_OUT_TILE + L, n = C * width;
-    // CONV_OUT_LOADS reads in flight per thread before their stores: one at a time, a block's
-    // staging waited for memory once per value (measured: 326 us for a 64 x 4 pass's output conv).
+    // CONV_OUT_LOADS reads in flight per thread before their stores.
     for (int base = threadIdx.x; base < n; base += CONV_OUT_LOADS * blockDim.x) {
         float v[CONV_OUT_LOADS];
 #pragma unroll
@@ -677,17 +681,28 @@ __global__ void __launch_bounds__(CONV_OUT_TILE * CONV_OUT_SPLIT)
         }
     }
     __syncthreads();
-    const int local = threadIdx.x / CONV_OUT_SPLIT, part = threadIdx.x % CONV_OUT_SPLIT;
-    float sum = 0.0f;
+    const int run = threadIdx.x / CONV_OUT_SPLIT, part = threadIdx.x % CONV_OUT_SPLIT;
+    const int local0 = run * CONV_OUT_RUN;
+    float acc[CONV_OUT_RUN];
+#pragma unroll
+    for (int o = 0; o < CONV_OUT_RUN; ++o) acc[o] = 0.0f;
     for (int c = part; c < C; c += CONV_OUT_SPLIT) {
         const float* wc = w + size_t(c) * K;
-        const float* xc = window + c * width + local;
-        for (int k = 0; k < K; ++k) sum += wc[k] * xc[k * dilation];
+        const float* xc = window + c * width + local0;
+        for (int k = 0; k < K; ++k) {
+            const float wk = wc[k];
+            const float* xk = xc + k * dilation;
+#pragma unroll
+            for (int o = 0; o < CONV_OUT_RUN; ++o) acc[o] = fmaf(wk, xk[o], acc[o]);
+        }
     }
 #pragma unroll
-    for (int o = CONV_OUT_SPLIT / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const int t = t0 + local;
-    if (part == 0 && t < T) y[size_t(b) * T + t] = fminf(1.0f, fmaxf(-1.0f, sum + w[size_t(C) * K]));
+    for (int o = 0; o < CONV_OUT_RUN; ++o) {
+#pragma unroll
+        for (int off = CONV_OUT_SPLIT / 2; off > 0; off >>= 1) acc[o] += __shfl_xor_sync(0xffffffffu, acc[o], off);
+        const int t = t0 + local0 + o;
+        if (part == o && t < T) y[size_t(b) * T + t] = fminf(1.0f, fmaxf(-1.0f, acc[o] + w[size_t(C) * K]));
+    }
 }
 
 constexpr int SMALL_LINEAR_WARPS = 4;
@@ -974,7 +989,7 @@ void conv_out_carry(DecoderStates states, size_t tails_at, int L, const float* x
         bad_args("conv_out_carry", __func__);
     const int blocks = (T + CONV_OUT_TILE - 1) / CONV_OUT_TILE;
     const size_t smem = size_t(C) * (CONV_OUT_TILE + L) * sizeof(float);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks, states.count), dim3(CONV_OUT_TILE * CONV_OUT_SPLIT), smem,
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(blocks, states.count), dim3(CONV_OUT_THREADS), smem,
                                     conv_out_carry_kernel, states, tails_at, L, x, C, T, K, dilation, snake, w, y));
 }
 
