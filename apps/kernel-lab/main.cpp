@@ -56,6 +56,14 @@ namespace k = qtts::kernels;
 namespace lab = qtts::kernel_lab;
 using bf16_t_ptr = const k::bf16_t*;
 
+// A product's weights in one layer (w2: SwiGLU's up rows; norm: its RMSNorm weight), and the same
+// product in every layer of a stack (or every head).
+struct ProductWeights {
+    bf16_t_ptr w, w2;
+    const float* norm;
+};
+using ProductLayers = std::vector<ProductWeights>;
+
 using qtts::cuda::time_on_stream;
 
 float bf16_to_f32(uint16_t b) {
@@ -234,9 +242,10 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
     CUDA_CHECK(cudaMemcpy(state.get(), &st, sizeof(st), cudaMemcpyHostToDevice));
 
     std::vector<KernelTime> out;
-    auto time = [&](const std::string& name, double bytes, const std::function<void()>& launch) {
+    // `launch(i)`: the i-th of the 64 launches of the graph.
+    auto time = [&](const std::string& name, double bytes, const std::function<void(int)>& launch) {
         const qc::GraphExec g = qc::graph_capture(ctx, "kernel " + name, [&] {
-            for (int i = 0; i < 64; ++i) launch();
+            for (int i = 0; i < 64; ++i) launch(i);
         }, nullptr);
         qc::graph_replay(ctx, g);
         const double ms = time_on_stream(ctx.stream(), 5, [&] { qc::graph_replay(ctx, g); });
@@ -252,44 +261,69 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         a.output = output;
         return a;
     };
-    auto gemv = [&](const char* name, const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in, int rows,
-                    k::GemvInput input, const float* norm, k::GemvOutput output) {
-        k::GemvArgs a = product_args(wt, wt2, out_rows, in, rows, input, norm, output, x.get(), y.get());
-        a.table = w.codec_embedding;
-        a.index = d_ints.get() + 1;
-        const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);
-        time(name, bytes, [&, a] { k::gemv(a, ctx.launch()); });
+    // The timed launches of a product take its weights in every layer of the stack (every head) in
+    // turn, so that they stream from DRAM as in a frame: 64 launches on one layer's weights read
+    // them from L2 after the first, which flatters the kernels that read x more often (the
+    // per-product tables of docs/performance.md before 2026-12-03's sixteenth session were timed
+    // that way).
+    auto gemv = [&](const char* name, const ProductLayers& layers, int out_rows, int in, int rows, k::GemvInput input,
+                    k::GemvOutput output) {
+        std::vector<k::GemvArgs> args;
+        for (const ProductWeights& pw : layers) {
+            k::GemvArgs a = product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output, x.get(), y.get());
+            a.table = w.codec_embedding;
+            a.index = d_ints.get() + 1;
+            args.push_back(a);
+        }
+        const double bytes = double(out_rows) * in * 2 * (layers[0].w2 ? 2 : 1);
+        time(name, bytes, [&, args](int i) { k::gemv(args[size_t(i) % args.size()], ctx.launch()); });
     };
     using GI = k::GemvInput;
     using GO = k::GemvOutput;
+    // The four products of every layer of a stack.
+    struct StackProducts {
+        ProductLayers qkv, o, gate_up, down;
+    };
+    auto stack_products = [](const qc::GpuStack& S) {
+        StackProducts p;
+        for (const auto& L : S.layers) {
+            p.qkv.push_back({L.qkv, nullptr, L.input_norm});
+            p.o.push_back({L.o, nullptr, nullptr});
+            p.gate_up.push_back({L.gate_up, L.gate_up + size_t(S.intermediate) * S.hidden, L.post_norm});
+            p.down.push_back({L.down, nullptr, nullptr});
+        }
+        return p;
+    };
+    const StackProducts products[2] = {stack_products(T), stack_products(P)};
+    ProductLayers predictor_heads;
+    for (const bf16_t_ptr head : w.predictor_head) predictor_heads.push_back({head, nullptr, P.norm});
+    const ProductLayers codec_head = {{w.codec_head, nullptr, nullptr}};  // one: stays in L2
     for (int s = 0; s < 2; ++s) {
         const qc::GpuStack& S = s == 0 ? T : P;
         const std::string who = s == 0 ? "talker " : "predictor ";
-        const auto& L = S.layers[0];
-        gemv((who + "qkv gemv (norm)").c_str(), L.qkv, nullptr, S.qkv_dim(), S.hidden, 1, GI::GEMV_INPUT_RMSNORM,
-             L.input_norm, GO::GEMV_OUTPUT_STORE);
-        gemv((who + "o gemv (+res)").c_str(), L.o, nullptr, S.hidden, S.q_dim(), 1, GI::GEMV_INPUT_PLAIN, nullptr,
+        const StackProducts& sp = products[s];
+        gemv((who + "qkv gemv (norm)").c_str(), sp.qkv, S.qkv_dim(), S.hidden, 1, GI::GEMV_INPUT_RMSNORM,
+             GO::GEMV_OUTPUT_STORE);
+        gemv((who + "o gemv (+res)").c_str(), sp.o, S.hidden, S.q_dim(), 1, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_ADD);
+        gemv((who + "gate/up gemv (swiglu)").c_str(), sp.gate_up, S.intermediate, S.hidden, 1, GI::GEMV_INPUT_RMSNORM,
+             GO::GEMV_OUTPUT_SWIGLU);
+        gemv((who + "down gemv (+res)").c_str(), sp.down, S.hidden, S.intermediate, 1, GI::GEMV_INPUT_PLAIN,
              GO::GEMV_OUTPUT_ADD);
-        gemv((who + "gate/up gemv (swiglu)").c_str(), L.gate_up, L.gate_up + size_t(S.intermediate) * S.hidden,
-             S.intermediate, S.hidden, 1, GI::GEMV_INPUT_RMSNORM, L.post_norm, GO::GEMV_OUTPUT_SWIGLU);
-        gemv((who + "down gemv (+res)").c_str(), L.down, nullptr, S.hidden, S.intermediate, 1, GI::GEMV_INPUT_PLAIN,
-             nullptr, GO::GEMV_OUTPUT_ADD);
         // The arguments the product passes (engine/cuda/gpu_lm_launch.h), on layer 0's caches.
         const k::AttentionArgs a = qc::attention_args(
             S, 0, x.get(), y2.get(), kc.get(), vc.get(), s == 0 ? ctx_len : 16, s == 0 ? k::attention_splits(ctx_len) : 1,
             partial.get(), counters.get(), 1, s == 0 ? d_ints.get() : nullptr, 8);
         time(who + (s == 0 ? "attention (ctx 300, split-K)" : "attention (pos 8)"),
-             s == 0 ? double(pos) * S.kv_dim() * 8 : 0.0, [&, a] { k::attention(a, ctx.launch()); });
+             s == 0 ? double(pos) * S.kv_dim() * 8 : 0.0, [&, a](int) { k::attention(a, ctx.launch()); });
     }
-    gemv("codec head gemv", w.codec_head, nullptr, w.codec_vocab, T.hidden, 1, GI::GEMV_INPUT_PLAIN, nullptr,
+    gemv("codec head gemv", codec_head, w.codec_vocab, T.hidden, 1, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_STORE);
+    gemv("predictor lm_head gemv (norm)", predictor_heads, w.predictor_vocab, P.hidden, 1, GI::GEMV_INPUT_RMSNORM,
          GO::GEMV_OUTPUT_STORE);
-    gemv("predictor lm_head gemv (norm)", w.predictor_head[0], nullptr, w.predictor_vocab, P.hidden, 1,
-         GI::GEMV_INPUT_RMSNORM, P.norm, GO::GEMV_OUTPUT_STORE);
-    gemv("predictor pass-1 qkv gemv (2 rows)", P.layers[0].qkv, nullptr, P.qkv_dim(), P.hidden, 2,
-         GI::GEMV_INPUT_RMSNORM, P.layers[0].input_norm, GO::GEMV_OUTPUT_STORE);
-    if (w.predictor_proj_w) {
-        gemv("predictor input projection (gather)", w.predictor_proj_w, nullptr, P.hidden, T.hidden, 1,
-             GI::GEMV_INPUT_GATHER, nullptr, GO::GEMV_OUTPUT_STORE);
+    gemv("predictor pass-1 qkv gemv (2 rows)", products[1].qkv, P.qkv_dim(), P.hidden, 2, GI::GEMV_INPUT_RMSNORM,
+         GO::GEMV_OUTPUT_STORE);
+    if (w.predictor_proj_w) {  // one: stays in L2
+        gemv("predictor input projection (gather)", {{w.predictor_proj_w, nullptr, nullptr}}, P.hidden, T.hidden, 1,
+             GI::GEMV_INPUT_GATHER, GO::GEMV_OUTPUT_STORE);
     }
     // The batched step's one-launch tensor-core products (kernels/skinny.cuh) on the same shapes,
     // at 4-32 rows, with 16 and 8 output features per tile (the SwiGLU product always takes 8) and
@@ -299,18 +333,23 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         const size_t widest_in = size_t(std::max({T.hidden, T.q_dim(), T.intermediate, P.hidden, P.intermediate}));
         const size_t widest_out = size_t(std::max({T.qkv_dim(), T.intermediate, w.codec_vocab, P.qkv_dim(), w.predictor_vocab}));
         auto xs = make(size_t(max_rows) * widest_in), ys = make(size_t(max_rows) * widest_out);
-        auto skinny = [&](const std::string& name, const bf16_t_ptr wt, const bf16_t_ptr wt2, int out_rows, int in,
-                          k::GemvInput input, const float* norm, k::GemvOutput output) {
+        auto skinny = [&](const std::string& name, const ProductLayers& layers, int out_rows, int in,
+                          k::GemvInput input, k::GemvOutput output) {
+            const bool swiglu = layers[0].w2 != nullptr;
             for (const int rows : {4, 8, 16, 24, 32}) {
                 for (const int features : {16, 8}) {
-                    if (wt2 && features == 16) continue;
+                    if (swiglu && features == 16) continue;
                     for (const int tiles : {1, 2}) {
-                        const k::GemvArgs a =
-                            product_args(wt, wt2, out_rows, in, rows, input, norm, output, xs.get(), ys.get());
-                        const double bytes = double(out_rows) * in * 2 * (wt2 ? 2 : 1);
+                        std::vector<k::GemvArgs> args;
+                        for (const ProductWeights& pw : layers)
+                            args.push_back(
+                                product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output, xs.get(), ys.get()));
+                        const double bytes = double(out_rows) * in * 2 * (swiglu ? 2 : 1);
                         time("skinny " + name + " x" + std::to_string(rows) + " f" + std::to_string(features) + " t" +
                                  std::to_string(tiles),
-                             bytes, [&, a, features, tiles] { k::skinny_product(a, ctx.launch(), features, tiles); });
+                             bytes, [&, args, features, tiles](int i) {
+                                 k::skinny_product(args[size_t(i) % args.size()], ctx.launch(), features, tiles);
+                             });
                     }
                 }
             }
@@ -318,21 +357,18 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         for (int s = 0; s < 2; ++s) {
             const qc::GpuStack& S = s == 0 ? T : P;
             const std::string who = s == 0 ? "talker " : "predictor ";
-            const auto& L = S.layers[0];
-            skinny(who + "qkv", L.qkv, nullptr, S.qkv_dim(), S.hidden, GI::GEMV_INPUT_RMSNORM, L.input_norm,
-                   GO::GEMV_OUTPUT_STORE);
-            skinny(who + "o", L.o, nullptr, S.hidden, S.q_dim(), GI::GEMV_INPUT_PLAIN, nullptr, GO::GEMV_OUTPUT_ADD);
-            skinny(who + "gate/up", L.gate_up, L.gate_up + size_t(S.intermediate) * S.hidden, S.intermediate,
-                   S.hidden, GI::GEMV_INPUT_RMSNORM, L.post_norm, GO::GEMV_OUTPUT_SWIGLU);
-            skinny(who + "down", L.down, nullptr, S.hidden, S.intermediate, GI::GEMV_INPUT_PLAIN, nullptr,
-                   GO::GEMV_OUTPUT_ADD);
+            const StackProducts& sp = products[s];
+            skinny(who + "qkv", sp.qkv, S.qkv_dim(), S.hidden, GI::GEMV_INPUT_RMSNORM, GO::GEMV_OUTPUT_STORE);
+            skinny(who + "o", sp.o, S.hidden, S.q_dim(), GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_ADD);
+            skinny(who + "gate/up", sp.gate_up, S.intermediate, S.hidden, GI::GEMV_INPUT_RMSNORM,
+                   GO::GEMV_OUTPUT_SWIGLU);
+            skinny(who + "down", sp.down, S.hidden, S.intermediate, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_ADD);
         }
-        skinny("predictor lm_head", w.predictor_head[0], nullptr, w.predictor_vocab, P.hidden,
-               GI::GEMV_INPUT_RMSNORM, P.norm, GO::GEMV_OUTPUT_STORE);
-        skinny("codec head", w.codec_head, nullptr, w.codec_vocab, T.hidden, GI::GEMV_INPUT_PLAIN, nullptr,
+        skinny("predictor lm_head", predictor_heads, w.predictor_vocab, P.hidden, GI::GEMV_INPUT_RMSNORM,
                GO::GEMV_OUTPUT_STORE);
+        skinny("codec head", codec_head, w.codec_vocab, T.hidden, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_STORE);
     }
-    time("rmsnorm (1 row)", 0.0, [&] { k::rmsnorm(x.get(), 1, T.hidden, T.hidden, T.norm, 1e-6f, y2.get(), T.hidden, ctx.launch()); });
+    time("rmsnorm (1 row)", 0.0, [&](int) { k::rmsnorm(x.get(), 1, T.hidden, T.hidden, T.norm, 1e-6f, y2.get(), T.hidden, ctx.launch()); });
     {
         k::FrameEmbedArgs f;
         f.tables[0] = w.codec_embedding;
@@ -346,7 +382,7 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         f.pad = x.get();
         f.out = y2.get();
         f.ldo = T.hidden;
-        time("frame embed (16 codebooks + text)", 0.0, [&, f] { k::frame_embed(f, ctx.launch()); });
+        time("frame embed (16 codebooks + text)", 0.0, [&, f](int) { k::frame_embed(f, ctx.launch()); });
     }
     for (const int group : {0, 5}) {
         k::SampleArgs a;
@@ -358,7 +394,7 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         a.codes = codes.get();
         a.suppress_begin = w.codec_vocab - 1024;
         time(group == 0 ? "sample codebook 0 (top-k 50)" : "sample predictor (top-k 50)", 0.0,
-             [&, a] { k::sample(a, ctx.launch()); });
+             [&, a](int) { k::sample(a, ctx.launch()); });
     }
     return out;
 }
