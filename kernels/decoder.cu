@@ -47,20 +47,25 @@ struct ColumnSink {
         else
             bf16_split(v, planes + i, planes + plane + i);
     }
+    // Two consecutive columns' hi and lo halves, each pair packed in 32 bits (first column low).
+    static __device__ __forceinline__ void split_packed(float a, float b, uint32_t& hi, uint32_t& lo) {
+        bf16_t ha, la, hb, lb;
+        bf16_split(a, &ha, &la);
+        bf16_split(b, &hb, &lb);
+        hi = ha | uint32_t(hb) << 16;
+        lo = la | uint32_t(lb) << 16;
+    }
     // Four consecutive columns from i (a multiple of 4) in one store per plane.
     __device__ __forceinline__ void put4(size_t i, float4 v) const {
         if (col) {
             *reinterpret_cast<float4*>(col + i) = v;
             return;
         }
-        bf16_t hi[4], lo[4];
-        bf16_split(v.x, &hi[0], &lo[0]);
-        bf16_split(v.y, &hi[1], &lo[1]);
-        bf16_split(v.z, &hi[2], &lo[2]);
-        bf16_split(v.w, &hi[3], &lo[3]);
-        *reinterpret_cast<uint2*>(planes + i) = make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
-        *reinterpret_cast<uint2*>(planes + plane + i) =
-            make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
+        uint32_t hi[2], lo[2];
+        split_packed(v.x, v.y, hi[0], lo[0]);
+        split_packed(v.z, v.w, hi[1], lo[1]);
+        *reinterpret_cast<uint2*>(planes + i) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(planes + plane + i) = make_uint2(lo[0], lo[1]);
     }
     // Eight consecutive columns from i (a multiple of 8): one 16-byte store per plane.
     __device__ __forceinline__ void put8(size_t i, const float* v) const {
@@ -70,13 +75,7 @@ struct ColumnSink {
             return;
         }
         uint32_t hi[4], lo[4];
-        for (int q = 0; q < 4; ++q) {
-            bf16_t h0, l0, h1, l1;
-            bf16_split(v[2 * q], &h0, &l0);
-            bf16_split(v[2 * q + 1], &h1, &l1);
-            hi[q] = h0 | uint32_t(h1) << 16;
-            lo[q] = l0 | uint32_t(l1) << 16;
-        }
+        for (int q = 0; q < 4; ++q) split_packed(v[2 * q], v[2 * q + 1], hi[q], lo[q]);
         *reinterpret_cast<uint4*>(planes + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         *reinterpret_cast<uint4*>(planes + plane + i) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }

@@ -661,23 +661,21 @@ void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeec
         kernels::depthwise_conv_carry(states, tail_at, cx.k - 1, x, C, T, cx.k, 1, cx.dw_w, cx.dw_b, dw, l));
     CUDA_CHECK_KERNEL(kernels::layer_norm_channels(dw, C, columns, cx.norm_w, cx.norm_b, SPEECH_DECODER_CONVNEXT_EPS, col_.get(),
                                                    l, cx.pw1_row));
-    // The two products: [4C, S·T] = pw1 · [LN rows; ones; zeros], [C, S·T] = pw2 · [gelu rows; ones; zeros].
-    if (cx.pw1_planes) {  // split-bf16: each input row block split into hi/lo planes first
-        CUDA_CHECK_KERNEL(kernels::split_planes(col_.get(), cx.pw1_row, columns, {}, planes_.get(), l));
-        split_gemm_row_major(context_, false, C4, columns, cx.pw1_row, cx.pw1_planes, 3 * cx.pw1_row, planes_.get(),
-                             0.0f, aux_.get(), columns);
-    } else {
-        gemm(false, false, C4, columns, cx.pw1_row, cx.pw1, cx.pw1_row, col_.get(), columns, 0.0f, aux_.get(), columns);
-    }
+    // [4C, S·T] = pw1 · [LN rows; ones; zeros], then [C, S·T] = pw2 · [gelu rows; ones; zeros].
+    weight_product(C4, columns, cx.pw1_row, cx.pw1, cx.pw1_planes, col_.get(), aux_.get());
     CUDA_CHECK_KERNEL(kernels::gelu_ones(aux_.get(), C4, columns, l, cx.pw2_row));  // gelu rows, ones, zeros
-    if (cx.pw2_planes) {
-        CUDA_CHECK_KERNEL(kernels::split_planes(aux_.get(), cx.pw2_row, columns, {}, planes_.get(), l));
-        split_gemm_row_major(context_, false, C, columns, cx.pw2_row, cx.pw2_planes, 3 * cx.pw2_row, planes_.get(),
-                             0.0f, dw, columns);
-    } else {
-        gemm(false, false, C, columns, cx.pw2_row, cx.pw2, cx.pw2_row, aux_.get(), columns, 0.0f, dw, columns);
-    }
+    weight_product(C, columns, cx.pw2_row, cx.pw2, cx.pw2_planes, aux_.get(), dw);
     CUDA_CHECK_KERNEL(kernels::scaled_add_channels(x, dw, cx.gamma, C, columns, l));
+}
+
+void DecoderPass::weight_product(int M, int N, int K, const float* w, const uint16_t* planes, const float* B,
+                                 float* C) {
+    if (planes) {
+        CUDA_CHECK_KERNEL(kernels::split_planes(B, K, N, {}, planes_.get(), context_.launch()));
+        split_gemm_row_major(context_, false, M, N, K, planes, 3 * K, planes_.get(), 0.0f, C, N);
+    } else {
+        gemm(false, false, M, N, K, w, K, B, N, 0.0f, C, N);
+    }
 }
 
 // x [latent, S·n] -> x [latent, S·n] through the time-major transformer (rows [S·n, D]).

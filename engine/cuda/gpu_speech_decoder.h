@@ -263,6 +263,9 @@ private:
                             size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y);
     void convnext_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::ConvNeXt& cx, size_t tail_at,
                           float* x, int T);
+    // C [M, N] = W [M, K] · B [K, N] (B fp32, row-major): on split-bf16 pairs when `planes` is set
+    // (B split into the planes_ scratch first), else the fp32 weights `w` (SGEMM or TF32).
+    void weight_product(int M, int N, int K, const float* w, const uint16_t* planes, const float* B, float* C);
     void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
               float beta, float* C, int ldc) {
         sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc,
