@@ -16,7 +16,6 @@ __global__ void arch_probe_kernel(int* out) {
 constexpr int MAX_DEVICES = 64;
 std::atomic<size_t> g_smem_limit[MAX_DEVICES];  // 0 = not queried yet
 std::atomic<size_t> g_smem_cap{0};
-std::atomic<int> g_clusters[MAX_DEVICES];  // 0 = not queried yet, 1 = no, 2 = yes
 
 }  // namespace
 
@@ -33,19 +32,6 @@ KernelArch kernel_arch_current() {
     // Device code built from compute_90 or newer has the Hopper instructions compiled in.
     arch.path = arch.ptx_version >= 90 ? KernelPath::KERNEL_PATH_HOPPER : KernelPath::KERNEL_PATH_PORTABLE;
     return arch;
-}
-
-bool clusters_supported() {
-    int device = 0;
-    KERNEL_CUDA_CHECK(cudaGetDevice(&device));
-    const bool cached = device >= 0 && device < MAX_DEVICES;
-    int known = cached ? g_clusters[device].load() : 0;
-    if (known == 0) {
-        // Code from compute_90 or newer runs only on sm_90+ devices, which all have clusters.
-        known = kernel_arch_current().path == KernelPath::KERNEL_PATH_HOPPER ? 2 : 1;
-        if (cached) g_clusters[device].store(known);
-    }
-    return known == 2;
 }
 
 size_t smem_block_limit() {

@@ -31,10 +31,6 @@ struct KernelArch {
 // Throws KernelError when this binary has no code the device can run.
 KernelArch kernel_arch_current();
 
-// Whether the current device runs this binary's sm_90+ code, so that kernels may be launched in
-// thread-block clusters (launch_kernel_clustered). Cached per device.
-bool clusters_supported();
-
 // Largest dynamic + static shared memory one block may use on the current device
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 163 KiB on sm_80/87, 99 KiB on
 // sm_86/89), lowered to the cap of smem_block_cap_set when one is set. Cached per device.

@@ -58,28 +58,6 @@ cudaError_t launch_kernel(const Launch& l, dim3 grid, dim3 block, size_t smem, v
     return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// As launch_kernel, in thread-block clusters of `cluster` blocks along x (grid.x a multiple of
-// it). Only for kernels built from sm_90+ code (kernels/arch.cuh, clusters_supported()).
-template <typename... KArgs, typename... Args>
-cudaError_t launch_kernel_clustered(const Launch& l, dim3 grid, dim3 block, size_t smem, unsigned cluster,
-                                    void (*kernel)(KArgs...), Args&&... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = smem;
-    config.stream = l.stream;
-    cudaLaunchAttribute attribute[2];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = cluster;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[1].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = l.pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 // Shared memory per block: the default limit is 48 KiB (static and dynamic together); beyond it a
 // kernel must be allowed more, up to the device's opt-in limit (kernels/arch.cuh,
 // smem_block_limit: 227 KiB on sm_90, 163 KiB on sm_80/87, only 99 KiB on sm_86/89). The dynamic
@@ -157,32 +135,6 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
 #else
     (void)ptr;
     (void)bytes;
-#endif
-}
-
-// Thread-block clusters (sm_90+; launched only where clusters_supported(), so the portable
-// build's copies trap if ever reached). cluster_sync: every thread of every block of the cluster
-// arrives (release) and waits (acquire), so shared-memory writes before it are visible to the
-// cluster's blocks after it; all threads of the block must call it. cluster_map: the address of
-// the same shared-memory variable in block `rank` of the cluster (distributed shared memory).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-template <typename T>
-__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t mapped;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(mapped) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
-    return reinterpret_cast<const T*>(mapped);
-#else
-    (void)rank;
-    __trap();
-    return p;
 #endif
 }
 

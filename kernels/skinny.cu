@@ -8,8 +8,8 @@ namespace qtts::kernels {
 
 namespace {
 
-constexpr int SK_WARPS = 8;          // warps of a tile, splitting the inputs (twice as many for few blocks)
-constexpr int SK_FEW_BLOCKS = 256;   // products with fewer tiles (about 2 per SM) take 2 x SK_WARPS warps
+constexpr int SK_WARPS = 8;          // warps of a block, splitting the inputs (twice as many for few blocks)
+constexpr int SK_FEW_BLOCKS = 256;   // products with fewer blocks (about 2 per SM) take 2 x SK_WARPS warps
 constexpr int SK_FEATURES = 16;      // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;          // inputs per warp step: two m16n8k16 products per 8 rows
 constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with one tile (registers)
@@ -18,53 +18,33 @@ constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
 constexpr int SK_TWO_TILES_MIN = 192;
 
-// Products with few tiles spread each tile's 16 warps over a cluster of this many blocks by
-// default (where the device has clusters).
-constexpr int SK_SPLIT_DEFAULT = 2;
-
 // Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
 constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
 // NT: n-tiles of 8 x rows (rows <= 8 NT). A tile's 16 weight rows are 16 features of W; with
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
 // rows of W2 (tile rows 8-15), so a lane holds a feature's gate and up sums together.
-// WARPS: warps per tile group (8, or 16 when the product has few tiles: more loads in flight per
-// SM and half the steps per warp on long inputs).
-// SPLIT: blocks sharing one tile group (a thread-block cluster, sm_90+), WARPS / SPLIT warps
-// each: block `rank` of the cluster holds the group's warps rank x WARPS / SPLIT, ..., so a
-// product with few tiles keeps its weight loads on SPLIT times as many SMs. The warps' sums meet
-// through distributed shared memory and are added in the same warp order, so any SPLIT gives
-// the same bits.
+// WARPS: warps per block (8, or 16 when the product has few blocks: more loads in flight per SM
+// and half the steps per warp on long inputs).
 // TILES: tiles per block (1 or 2), side by side over consecutive features: a warp splits and
 // multiplies each x piece once for all of them, so the x rows are read from L2 once per TILES
 // tiles (what grows with the rows) and a warp has TILES times the weight loads in flight. Every
 // feature's sum is made by the same warps over the same steps in the same order for any TILES,
 // so the results are the same bits.
-template <int NT, int WARPS, int SPLIT, int TILES>
-__global__ void __launch_bounds__(WARPS / SPLIT * 32, WARPS / SPLIT == 16 ? 1 : 16 / (WARPS / SPLIT))
-    skinny_kernel(GemvArgs a, int features) {
-    constexpr int BLOCK_WARPS = WARPS / SPLIT;
-    extern __shared__ __align__(16) float sk_sums[];        // [BLOCK_WARPS][NT][32][4]
-    __shared__ float ss_part[BLOCK_WARPS][NT * 8];  // the warps' sums of squares of the rows
+template <int NT, int WARPS, int TILES>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
+    extern __shared__ __align__(16) float sk_sums[];
+    __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
     // Weight steps in flight per warp: the same bytes for one tile or two.
     constexpr int PREFETCH = SK_PREFETCH / TILES;
 
-    const int rank = blockIdx.x % SPLIT;  // in the cluster (1-D clusters: blockIdx.x mod SPLIT)
-    const int bw = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int kw = rank * BLOCK_WARPS + bw;  // the warp in its tile group, = its first input step
+    const int kw = threadIdx.x / 32, lane = threadIdx.x % 32;  // kw: the warp, = its first input step
     const int g = lane / 4, q = lane % 4;
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
-    const int f0 = blockIdx.x / SPLIT * features * TILES;
+    const int f0 = blockIdx.x * features * TILES;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
-    // Every block waits for its cluster (SPLIT > 1) or itself.
-    const auto group_sync = [] {
-        if constexpr (SPLIT > 1)
-            cluster_sync();
-        else
-            __syncthreads();
-    };
 
     // This lane's weight rows in each tile, tile rows g and g + 8 (rows past `out` read the last
     // row; their sums are never stored).
@@ -91,17 +71,12 @@ __global__ void __launch_bounds__(WARPS / SPLIT * 32, WARPS / SPLIT == 16 ? 1 : 
         }
     };
 
-    // The group's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
-    // one range, two for SwiGLU; each block of a cluster asks for its share of the rows), so the
-    // loads below mostly hit L2.
+    // The block's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
+    // one range, two for SwiGLU), so the loads below mostly hit L2.
     if (threadIdx.x == 0) {
-        const int rows = min(features * TILES, a.out - f0);
-        const int r0 = rows * rank / SPLIT, r1 = rows * (rank + 1) / SPLIT;
-        const uint32_t bytes = uint32_t(size_t(r1 - r0) * in * sizeof(bf16_t));
-        if (bytes > 0) {
-            prefetch_l2(a.w + size_t(f0 + r0) * in, bytes);
-            if (swiglu) prefetch_l2(a.w2 + size_t(f0 + r0) * in, bytes);
-        }
+        const uint32_t bytes = uint32_t(size_t(min(features * TILES, a.out - f0)) * in * sizeof(bf16_t));
+        prefetch_l2(a.w + size_t(f0) * in, bytes);
+        if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
     }
     uint4 wcur[PREFETCH][TILES][2];
 #pragma unroll
@@ -185,23 +160,26 @@ __global__ void __launch_bounds__(WARPS / SPLIT * 32, WARPS / SPLIT == 16 ? 1 : 
         }
     }
 
-    // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp).
+    // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp), then each row's scale.
     if (norm) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             float s = sumsq[n];
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
-            if (q == 0) ss_part[bw][n * 8 + g] = s;
+            if (q == 0) ss_part[kw][n * 8 + g] = s;
         }
     }
-    // Warp v of the group keeps its sums in block v / BLOCK_WARPS of the cluster.
-    const float* sums_of[SPLIT];
-    const float* ss_of[SPLIT];
+    __syncthreads();
+    if (int(threadIdx.x) < a.rows) {
+        float scale = 1.0f;
+        if (norm) {
+            float s = 0.0f;
 #pragma unroll
-    for (int r = 0; r < SPLIT; ++r) {
-        sums_of[r] = SPLIT > 1 ? cluster_map(sk_sums, unsigned(r)) : sk_sums;
-        ss_of[r] = SPLIT > 1 ? cluster_map(&ss_part[0][0], unsigned(r)) : &ss_part[0][0];
+            for (int v = 0; v < WARPS; ++v) s += ss_part[v][threadIdx.x];
+            scale = 1.0f / sqrtf(s / float(a.in) + a.eps);
+        }
+        row_scale[threadIdx.x] = scale;
     }
 
     // The full sum of tile row m (0..15) and x row r: the C fragment of m16n8 holds (m, r) at
@@ -210,35 +188,20 @@ __global__ void __launch_bounds__(WARPS / SPLIT * 32, WARPS / SPLIT == 16 ? 1 : 
         const int idx = ((r / 8) * 32 + (m % 8) * 4 + (r % 8) / 2) * 4 + (m / 8) * 2 + r % 2;
         float sum = 0.0f;
 #pragma unroll
-        for (int v = 0; v < WARPS; ++v) sum += sums_of[v / BLOCK_WARPS][(v % BLOCK_WARPS) * NT * 32 * 4 + idx];
+        for (int v = 0; v < WARPS; ++v) sum += sk_sums[v * NT * 32 * 4 + idx];
         return sum;
     };
-    // One tile at a time through the shared sums (the shared memory of one tile, for any TILES);
-    // the group's outputs are spread over the threads of all its blocks.
+    // One tile at a time through the shared sums (the shared memory of one tile, for any TILES).
 #pragma unroll
     for (int t = 0; t < TILES; ++t) {
-        if (t > 0) group_sync();  // the previous tile's sums are read
+        if (t > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
         for (int n = 0; n < NT; ++n)
-            *reinterpret_cast<float4*>(sk_sums + ((bw * NT + n) * 32 + lane) * 4) =
+            *reinterpret_cast<float4*>(sk_sums + ((kw * NT + n) * 32 + lane) * 4) =
                 make_float4(acc[t][n][0], acc[t][n][1], acc[t][n][2], acc[t][n][3]);
-        group_sync();
-        if (t == 0) {  // each row's scale, from every warp's sums of squares in order
-            if (int(threadIdx.x) < a.rows) {
-                float scale = 1.0f;
-                if (norm) {
-                    float s = 0.0f;
-#pragma unroll
-                    for (int v = 0; v < WARPS; ++v)
-                        s += ss_of[v / BLOCK_WARPS][(v % BLOCK_WARPS) * NT * 8 + threadIdx.x];
-                    scale = 1.0f / sqrtf(s / float(a.in) + a.eps);
-                }
-                row_scale[threadIdx.x] = scale;
-            }
-            __syncthreads();
-        }
+        __syncthreads();
         const int ft = f0 + t * features;
-        for (int o = rank * blockDim.x + threadIdx.x; o < features * a.rows; o += SPLIT * blockDim.x) {
+        for (int o = threadIdx.x; o < features * a.rows; o += blockDim.x) {
             const int m = o % features, r = o / features, f = ft + m;
             if (f >= a.out) continue;
             float* y = a.y + size_t(r) * size_t(a.ldy) + f;
@@ -254,43 +217,34 @@ __global__ void __launch_bounds__(WARPS / SPLIT * 32, WARPS / SPLIT == 16 ? 1 : 
             }
         }
     }
-    if constexpr (SPLIT > 1) cluster_sync();  // the other blocks have read this one's sums
 }
 
-template <int NT, int WARPS, int SPLIT, int TILES>
+template <int NT, int WARPS, int TILES>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
-    constexpr size_t smem = skinny_smem(NT, WARPS / SPLIT);
+    constexpr size_t smem = skinny_smem(NT, WARPS);
     static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
-    const dim3 grid((a.out + features * TILES - 1) / (features * TILES) * SPLIT);
-    const dim3 block(WARPS / SPLIT * 32);
-    if constexpr (SPLIT > 1)
-        KERNEL_CUDA_CHECK(launch_kernel_clustered(l, grid, block, smem, SPLIT, skinny_kernel<NT, WARPS, SPLIT, TILES>,
-                                                  a, features));
-    else
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, block, smem, skinny_kernel<NT, WARPS, 1, TILES>, a, features));
+    const dim3 grid((a.out + features * TILES - 1) / (features * TILES));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES>, a, features));
 }
 
-// 16 warps a tile group when the product has few tiles (the choice depends on the shape of W
-// only, never on the rows, the tiles per block or the blocks per group, so a row's result does
-// not depend on how many rows share the launch or how the work is grouped); only those groups
-// are spread over a cluster (`split` blocks).
+// 16 warps when the product has few tiles (the choice depends on the shape of W only, never on
+// the rows or the tiles per block, so a row's result does not depend on how many rows share the
+// launch or how the tiles are grouped).
 template <int NT, int TILES>
-void skinny_launch_warps(const GemvArgs& a, int features, int split, const Launch& l) {
+void skinny_launch_warps(const GemvArgs& a, int features, const Launch& l) {
     const int tiles = (a.out + features - 1) / features;
-    if (tiles >= SK_FEW_BLOCKS) return skinny_launch<NT, SK_WARPS, 1, TILES>(a, features, l);
-    switch (split) {
-        case 2: return skinny_launch<NT, 2 * SK_WARPS, 2, TILES>(a, features, l);
-        case 4: return skinny_launch<NT, 2 * SK_WARPS, 4, TILES>(a, features, l);
-        default: return skinny_launch<NT, 2 * SK_WARPS, 1, TILES>(a, features, l);
-    }
+    if (tiles < SK_FEW_BLOCKS)
+        skinny_launch<NT, 2 * SK_WARPS, TILES>(a, features, l);
+    else
+        skinny_launch<NT, SK_WARPS, TILES>(a, features, l);
 }
 
 template <int NT>
-void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, int split, const Launch& l) {
+void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, const Launch& l) {
     if (tiles == 2)
-        skinny_launch_warps<NT, 2>(a, features, split, l);
+        skinny_launch_warps<NT, 2>(a, features, l);
     else
-        skinny_launch_warps<NT, 1>(a, features, split, l);
+        skinny_launch_warps<NT, 1>(a, features, l);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -307,7 +261,7 @@ bool skinny_supported(const GemvArgs& a) {
            a.ldy >= a.out;
 }
 
-void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles, int split) {
+void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles) {
     if (!skinny_supported(a))
         check_fail("skinny_product",
                    "unsupported arguments (rows 1..32, in a positive multiple of 8, 16-byte aligned rows, no "
@@ -318,23 +272,16 @@ void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles,
                    __LINE__);
     if (tiles < 0 || tiles > 2)
         check_fail("skinny_product", "tiles per block must be 0 (the default), 1 or 2", __func__, __FILE__, __LINE__);
-    if (split != 0 && split != 1 && split != 2 && split != 4)
-        check_fail("skinny_product", "blocks per tile group must be 0 (the default), 1, 2 or 4", __func__, __FILE__,
-                   __LINE__);
-    if (split > 1 && !clusters_supported())
-        check_fail("skinny_product", "blocks per tile group above 1 need thread-block clusters (sm_90 code)", __func__,
-                   __FILE__, __LINE__);
-    if (split == 0) split = clusters_supported() ? SK_SPLIT_DEFAULT : 1;
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
         features = SK_FEATURES / 2;
     else if (features == 0)
         features = SK_FEATURES;
     if (tiles == 0) tiles = (a.out + features - 1) / features >= SK_TWO_TILES_MIN ? 2 : 1;
     switch ((a.rows + 7) / 8) {
-        case 1: return skinny_launch_tiles<1>(a, features, tiles, split, l);
-        case 2: return skinny_launch_tiles<2>(a, features, tiles, split, l);
-        case 3: return skinny_launch_tiles<3>(a, features, tiles, split, l);
-        default: return skinny_launch_tiles<4>(a, features, tiles, split, l);
+        case 1: return skinny_launch_tiles<1>(a, features, tiles, l);
+        case 2: return skinny_launch_tiles<2>(a, features, tiles, l);
+        case 3: return skinny_launch_tiles<3>(a, features, tiles, l);
+        default: return skinny_launch_tiles<4>(a, features, tiles, l);
     }
 }
 

@@ -28,11 +28,6 @@
 // many blocks read the x rows; 8-32% faster on those shapes, slower on the narrow ones (few
 // blocks), measured in the kernel lab (docs/performance.md). Same bits as one tile per block (the
 // same warps make each feature's sums in the same order).
-// The products with few tiles (the o and down products, the predictor's head, the codec head:
-// under 256 tiles, 16 warps a tile) spread each tile's warps over a thread-block cluster of 2
-// blocks by default where the device has clusters (sm_90 code): twice the SMs streaming their
-// weights, and the warps' sums meet through distributed shared memory in the same order, so the
-// same bits as one block (measured in the kernel lab and `qtts bench --batch`, docs/performance.md).
 // Within a 32-input step the inputs are taken in a permuted order (any order gives the same
 // products as long as A and B agree): lane (g, q) holds inputs 8q .. 8q + 7 of its rows.
 // Requirements: in % 8 == 0, x rows and weight rows 16-byte aligned (ldx % 4 == 0), GATHER input
@@ -52,10 +47,7 @@ bool skinny_supported(const GemvArgs& args);
 // `features`: output features per block, 16 (0: the default) or 8 (twice the blocks, half of each
 // tensor-core tile idle; for products with few features: measured in the kernel lab). SwiGLU
 // products always take 8 (gate and up rows fill the tile). `tiles`: tiles per block, 1 or 2 (0:
-// the default for W's shape, above); any choice gives the same bits. `split`: blocks per tile group
-// for products with few tiles (above), 1, 2 or 4 (0: the default, 2 where clusters_supported(),
-// else 1; above 1 throws without clusters); the same bits for any choice; products with many
-// tiles always take one block per group.
-void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0, int split = 0);
+// the default for W's shape, above); any choice gives the same bits.
+void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0);
 
 }  // namespace qtts::kernels

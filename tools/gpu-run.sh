@@ -258,7 +258,7 @@ device() {
                 >"$q/bench-$p-batch.log" 2>&1 || { note "batch bench $p FAILED"; failed=1; }
             cat "$q/bench-$p-batch.log" >>"$out/bench.log"
             note "batch bench $p: $((SECONDS - t)) s"
-            grep -E '^\s+[0-9]+\s+(gemv|split|auto|sk16|sk32|t1|unfused|c1)' "$q/bench-$p-batch.log" | sed "s/^/  [$p batch] /" | tee -a "$summary" || true
+            grep -E '^\s+[0-9]+\s+(gemv|split|auto|sk16|sk32|t1|unfused)' "$q/bench-$p-batch.log" | sed "s/^/  [$p batch] /" | tee -a "$summary" || true
             sed -n '/prompt prefills/,$p' "$q/bench-$p-batch.log" | sed "s/^/  [$p prefill] /" | tee -a "$summary" || true
         fi
         # One replay of the batched step per bucket under Nsight Compute (QTTS_PROFILE_BATCH="12,64",

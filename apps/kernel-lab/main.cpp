@@ -43,7 +43,6 @@
 #include "engine/cuda/gpu_lm.h"
 #include "engine/cuda/gpu_lm_launch.h"
 #include "engine/model/weights.h"
-#include "kernels/arch.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -337,28 +336,20 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         auto skinny = [&](const std::string& name, const ProductLayers& layers, int out_rows, int in,
                           k::GemvInput input, k::GemvOutput output) {
             const bool swiglu = layers[0].w2 != nullptr;
-            // Blocks per tile group (a cluster) only where the kernel takes them: products with
-            // few tiles (16-warp groups) on a device with clusters.
-            const bool clusters = k::clusters_supported();
             for (const int rows : {4, 8, 16, 24, 32}) {
                 for (const int features : {16, 8}) {
                     if (swiglu && features == 16) continue;
                     for (const int tiles : {1, 2}) {
-                        const bool few_tiles = (out_rows + features - 1) / features < 256;
-                        for (const int split : {1, 2, 4}) {
-                            if (split > 1 && (!clusters || !few_tiles || features == 8)) continue;
-                            std::vector<k::GemvArgs> args;
-                            for (const ProductWeights& pw : layers)
-                                args.push_back(product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output,
-                                                            xs.get(), ys.get()));
-                            const double bytes = double(out_rows) * in * 2 * (swiglu ? 2 : 1);
-                            time("skinny " + name + " x" + std::to_string(rows) + " f" + std::to_string(features) +
-                                     " t" + std::to_string(tiles) + " c" + std::to_string(split),
-                                 bytes, [&, args, features, tiles, split](int i) {
-                                     k::skinny_product(args[size_t(i) % args.size()], ctx.launch(), features, tiles,
-                                                       split);
-                                 });
-                        }
+                        std::vector<k::GemvArgs> args;
+                        for (const ProductWeights& pw : layers)
+                            args.push_back(
+                                product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output, xs.get(), ys.get()));
+                        const double bytes = double(out_rows) * in * 2 * (swiglu ? 2 : 1);
+                        time("skinny " + name + " x" + std::to_string(rows) + " f" + std::to_string(features) + " t" +
+                                 std::to_string(tiles),
+                             bytes, [&, args, features, tiles](int i) {
+                                 k::skinny_product(args[size_t(i) % args.size()], ctx.launch(), features, tiles);
+                             });
                     }
                 }
             }

@@ -38,8 +38,6 @@ void gpu_batch_options_validate(const GpuBatchOptions& o) {
              k::SKINNY_MAX_ROWS);
     if (o.skinny_tiles < 0 || o.skinny_tiles > 2)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_tiles {} must be 0 (the default), 1 or 2", o.skinny_tiles);
-    if (o.skinny_split != 0 && o.skinny_split != 1 && o.skinny_split != 2 && o.skinny_split != 4)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_split {} must be 0 (the default), 1, 2 or 4", o.skinny_split);
     if (o.long_slices_rows < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "long_slices_rows {} must be 0 (by SM count) or a row count",
              o.long_slices_rows);
@@ -172,7 +170,7 @@ void GpuBatch::product(const k::GemvArgs& a) {
     }
     // Tensor cores, few rows: one launch (split, products and output rule inside).
     if (a.rows <= options_.skinny_max_rows && k::skinny_supported(a)) {
-        CUDA_CHECK_KERNEL(k::skinny_product(a, l, 0, options_.skinny_tiles, options_.skinny_split));
+        CUDA_CHECK_KERNEL(k::skinny_product(a, l, 0, options_.skinny_tiles));
         return;
     }
     // Tensor cores, many rows: rows split into bf16 hi + lo halves ([2 rows, in]), one GEMM

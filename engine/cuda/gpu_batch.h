@@ -62,9 +62,6 @@ struct GpuBatchOptions {
     // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
-    // Blocks per tile group of the one-launch products with few tiles (kernels/skinny.cuh: a
-    // thread-block cluster): 1, 2 or 4, 0 the kernel's default. The same bits either way.
-    int skinny_split = 0;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
     // each residual combine into the next product's split, the SwiGLU combine writes its split,
     // and the attention reads the qkv GEMM's halves and writes the o product's split

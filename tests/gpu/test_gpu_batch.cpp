@@ -447,9 +447,6 @@ TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
     bad.skinny_tiles = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.skinny_tiles = 0;
-    bad.skinny_split = 3;
-    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
-    bad.skinny_split = 0;
     bad.long_slices_rows = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
 

@@ -16,7 +16,6 @@
 #include "engine/cpu/ops.h"
 #include "engine/cuda/gpu_context.h"
 #include "engine/cuda/gpu_lm_launch.h"
-#include "kernels/arch.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemv.cuh"
@@ -223,11 +222,11 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         a.ldx = ldx;
         a.ldy = ldy;
         // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched.
-        // `tiles`: tiles per block, `split`: blocks per tile group (0: the kernel's defaults).
-        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0, int split = 0) {
+        // `tiles`: tiles per block (0: the kernel's default for the rows).
+        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0) {
             a.y = d_y.get();
             REQUIRE(k::skinny_supported(a));
-            k::skinny_product(a, context().launch(), 0, tiles, split);
+            k::skinny_product(a, context().launch(), 0, tiles);
             const auto y_all = download(d_y, before.size());
             std::vector<float> y(size_t(s.rows) * s.out);
             for (size_t i = 0; i < y_all.size(); ++i) {
@@ -240,18 +239,14 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             return y;
         };
         const std::vector<float> nan_y(size_t(s.rows + 1) * ldy, std::numeric_limits<float>::quiet_NaN());
-        // One and two tiles per block, and one, two or four blocks per tile group (a cluster, where
-        // the device has them; the defaults are among these) make every sum the same way: the same
-        // bits, each checked against `y` from a fresh copy of `before`.
-        const std::vector<int> splits = k::clusters_supported() ? std::vector<int>{1, 2, 4} : std::vector<int>{1};
+        // One and two tiles per block (the default is one of them) make every sum the same way:
+        // the same bits, each checked against `y` from a fresh copy of `before`.
         const auto same_bits_any_tiles = [&](const std::vector<float>& y, const std::vector<float>& before) {
             for (const int tiles : {1, 2}) {
-                for (const int split : splits) {
-                    INFO("tiles per block " << tiles << ", blocks per tile group " << split);
-                    auto d_t = upload(before);
-                    const auto yt = run(d_t, before, tiles, split);
-                    CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
-                }
+                INFO("tiles per block " << tiles);
+                auto d_t = upload(before);
+                const auto yt = run(d_t, before, tiles);
+                CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
             }
         };
 
@@ -356,9 +351,6 @@ TEST_CASE("skinny products refuse what they cannot take", "[gpu][skinny]") {
     CHECK_THROWS_AS(k::skinny_product(bad, context().launch()), k::KernelError);
     CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 12), k::KernelError);  // 8 or 16 features per block
     CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 0, 3), k::KernelError);  // 1 or 2 tiles per block
-    CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 0, 0, 3), k::KernelError);  // 1, 2 or 4 blocks a group
-    if (!k::clusters_supported())
-        CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 0, 0, 2), k::KernelError);
 }
 
 TEST_CASE("gemv computes every row of a wide batch exactly as alone", "[gpu][gemv][batch]") {
