@@ -1,8 +1,6 @@
 // One-launch tensor-core products over a few rows (see skinny.cuh for the design).
 #include "kernels/skinny.cuh"
 
-#include <atomic>
-
 #include "kernels/check.cuh"
 #include "kernels/mma.cuh"
 
@@ -20,37 +18,8 @@ constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
 constexpr int SK_TWO_TILES_MIN = 192;
 
-// Deepest x ring (steps a warp keeps in flight); the launcher takes less where shared memory is short.
-constexpr int SK_X_STAGES_MAX = 8;
-
-// Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats, then every warp's x ring,
-// [warps][stages][pieces][32 lanes] float4 (pieces: two per 8-row n-tile, two of the norm weight).
-constexpr int sk_pieces(int nt) { return 2 * nt + 2; }
-constexpr size_t skinny_sums_bytes(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
-constexpr size_t skinny_smem(int nt, int warps, int stages) {
-    return skinny_sums_bytes(nt, warps) + size_t(warps) * size_t(stages) * size_t(sk_pieces(nt)) * 32 * sizeof(float4);
-}
-
-// 16-byte copy global -> shared that bypasses L1; src_bytes 0 writes zeros (nothing is read).
-__device__ __forceinline__ void copy_async16(float4* dst, const float* src, bool valid) {
-    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most `pending` of this thread's newest copy groups are still in flight
-// (an immediate operand: one case per ring depth).
-__device__ __forceinline__ void copy_async_wait(int pending) {
-    switch (pending) {
-        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-        case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    }
-}
+// Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
+constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
 // NT: n-tiles of 8 x rows (rows <= 8 NT). A tile's 16 weight rows are 16 features of W; with
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
@@ -62,11 +31,8 @@ __device__ __forceinline__ void copy_async_wait(int pending) {
 // tiles (what grows with the rows) and a warp has TILES times the weight loads in flight. Every
 // feature's sum is made by the same warps over the same steps in the same order for any TILES,
 // so the results are the same bits.
-// stages: the depth of each warp's x ring (1..SK_X_STAGES_MAX, from the shared memory the launch
-// has): the x pieces (and norm weights) of that many steps are in flight at once, copied straight
-// into shared memory, so a warp waits for L2 about once per `stages` steps at any row count.
 template <int NT, int WARPS, int TILES>
-__global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features, int stages) {
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
     __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
@@ -115,41 +81,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     uint4 wcur[PREFETCH][TILES][2];
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i) load_step(i, wcur[i]);
-
-    // This warp's x ring: step j in slot j % stages, one copy group per step. The norm weights
-    // (constant) of the first `stages` steps are copied before the wait, in a group of their own.
-    constexpr int PIECES = sk_pieces(NT);
-    float4* ring = reinterpret_cast<float4*>(sk_sums + skinny_sums_bytes(NT, WARPS) / sizeof(float)) +
-                   size_t(kw) * stages * PIECES * 32 + lane;
-    const auto copy_norm = [&](int j) {
-        const int k = piece(j);
-        const bool inside = norm && j < mine && k < a.in;
-        float4* slot = ring + (j % stages) * PIECES * 32;
-        copy_async16(slot + (2 * NT) * 32, inside ? a.norm_w + k : a.norm_w, inside);
-        copy_async16(slot + (2 * NT + 1) * 32, inside ? a.norm_w + k + 4 : a.norm_w, inside);
-    };
-    const auto copy_x = [&](int j) {
-        const int k = piece(j);
-        const bool inside = j < mine && k < a.in;
-        float4* slot = ring + (j % stages) * PIECES * 32;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const int r = n * 8 + g;
-            const bool valid = inside && r < a.rows;
-            const float* xr = valid ? a.x + size_t(r) * size_t(a.ldx) + k : a.x;
-            copy_async16(slot + (2 * n) * 32, xr, valid);
-            copy_async16(slot + (2 * n + 1) * 32, valid ? xr + 4 : a.x, valid);
-        }
-    };
-    if (norm)
-        for (int j = 0; j < stages && j < mine; ++j) copy_norm(j);
-    copy_async_commit();
     pdl_wait();  // the weights above are constant; x comes from the previous kernel
     pdl_trigger();
-    for (int j = 0; j < stages; ++j) {
-        if (j < mine) copy_x(j);
-        copy_async_commit();
-    }
 
     float acc[TILES][NT][4];
     float sumsq[NT];
@@ -162,51 +95,68 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
             for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.0f;
     }
 
-    // Step j: wait for its copy group (the `stages` - 1 newer ones may still be in flight), take
-    // its x pieces into registers, multiply, then refill its slot with step j + stages.
+    // x (and the norm weight) for XG steps at a time, all loads issued before their products, so
+    // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
+    // stay within the registers).
+    constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
+    constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
+    static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
     for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
 #pragma unroll
-        for (int i = 0; i < PREFETCH; ++i) {
-            const int j = j0 + i;
-            if (j >= mine) break;  // warp-uniform: every lane runs the mma below
-            copy_async_wait(stages - 1);
-            const float4* slot = ring + (j % stages) * PIECES * 32;
-            float4 nw0 = make_float4(1.f, 1.f, 1.f, 1.f), nw1 = nw0;
-            if (norm) {
-                nw0 = slot[(2 * NT) * 32];
-                nw1 = slot[(2 * NT + 1) * 32];
-            }
+        for (int h = 0; h < PREFETCH; h += XG) {
+            float4 xv[XG][NT][2];
+            float4 nw[XG][2];
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                float4 x0 = slot[(2 * n) * 32], x1 = slot[(2 * n + 1) * 32];
-                if (norm) {
-                    sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
-                                x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-                    x0 = make_float4(x0.x * nw0.x, x0.y * nw0.y, x0.z * nw0.z, x0.w * nw0.w);
-                    x1 = make_float4(x1.x * nw1.x, x1.y * nw1.y, x1.z * nw1.z, x1.w * nw1.w);
+            for (int s = 0; s < XG; ++s) {
+                const int k = piece(j0 + h + s);
+                const bool inside = j0 + h + s < mine && k < a.in;
+                nw[s][0] = nw[s][1] = make_float4(1.f, 1.f, 1.f, 1.f);
+                if (norm && inside) {
+                    nw[s][0] = *reinterpret_cast<const float4*>(a.norm_w + k);
+                    nw[s][1] = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
                 }
-                uint32_t hi[4], lo[4];
-                split_pair(x0.x, x0.y, hi[0], lo[0]);
-                split_pair(x0.z, x0.w, hi[1], lo[1]);
-                split_pair(x1.x, x1.y, hi[2], lo[2]);
-                split_pair(x1.z, x1.w, hi[3], lo[3]);
 #pragma unroll
-                for (int t = 0; t < TILES; ++t) {
-                    const uint4& r0 = wcur[i][t][0];
-                    const uint4& r8 = wcur[i][t][1];
-                    mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
-                    mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
-                    mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
-                    mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+                for (int n = 0; n < NT; ++n) {
+                    const int r = n * 8 + g;
+                    xv[s][n][0] = xv[s][n][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (inside && r < a.rows) {
+                        const float* xr = a.x + size_t(r) * size_t(a.ldx) + k;
+                        xv[s][n][0] = *reinterpret_cast<const float4*>(xr);
+                        xv[s][n][1] = *reinterpret_cast<const float4*>(xr + 4);
+                    }
                 }
             }
-            // The slot's values are in registers and used above; refill it.
-            if (j + stages < mine) {
-                if (norm) copy_norm(j + stages);
-                copy_x(j + stages);
+#pragma unroll
+            for (int s = 0; s < XG; ++s) {
+                const int i = h + s;
+                if (j0 + i >= mine) break;  // warp-uniform: every lane runs the mma below
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    float4 x0 = xv[s][n][0], x1 = xv[s][n][1];
+                    if (norm) {
+                        sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
+                                    x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                        const float4 n0 = nw[s][0], n1 = nw[s][1];
+                        x0 = make_float4(x0.x * n0.x, x0.y * n0.y, x0.z * n0.z, x0.w * n0.w);
+                        x1 = make_float4(x1.x * n1.x, x1.y * n1.y, x1.z * n1.z, x1.w * n1.w);
+                    }
+                    uint32_t hi[4], lo[4];
+                    split_pair(x0.x, x0.y, hi[0], lo[0]);
+                    split_pair(x0.z, x0.w, hi[1], lo[1]);
+                    split_pair(x1.x, x1.y, hi[2], lo[2]);
+                    split_pair(x1.z, x1.w, hi[3], lo[3]);
+#pragma unroll
+                    for (int t = 0; t < TILES; ++t) {
+                        const uint4& r0 = wcur[i][t][0];
+                        const uint4& r8 = wcur[i][t][1];
+                        mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
+                        mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
+                        mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
+                        mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+                    }
+                }
+                load_step(j0 + i + PREFETCH, wcur[i]);  // a ring: this slot takes the step PREFETCH on
             }
-            copy_async_commit();
-            load_step(j + PREFETCH, wcur[i]);  // a ring: this slot takes the step PREFETCH on
         }
     }
 
@@ -269,28 +219,12 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     }
 }
 
-// The x ring's depth: as deep as SK_X_STAGES_MAX allows within the shared memory a block may
-// have, shared by the blocks an SM should hold (1 with 16 warps, 2 with 8, as the launch bounds
-// say); at least 1.
-template <int NT, int WARPS>
-int skinny_stages() {
-    constexpr int blocks_per_sm = WARPS == 16 ? 1 : 2;
-    const size_t per_sm = smem_block_limit() + SMEM_STATIC_ALLOWANCE;  // about the SM's shared memory
-    const size_t budget = per_sm / blocks_per_sm - 2 * SMEM_STATIC_ALLOWANCE;
-    int stages = SK_X_STAGES_MAX;
-    while (stages > 1 && skinny_smem(NT, WARPS, stages) > budget) --stages;
-    return stages;
-}
-
 template <int NT, int WARPS, int TILES>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
-    static std::atomic<uint64_t> raised{0};
-    const int stages = skinny_stages<NT, WARPS>();
-    const size_t smem = skinny_smem(NT, WARPS, stages);
-    smem_limit_raise(skinny_kernel<NT, WARPS, TILES>, smem, raised);
+    constexpr size_t smem = skinny_smem(NT, WARPS);
+    static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
     const dim3 grid((a.out + features * TILES - 1) / (features * TILES));
-    KERNEL_CUDA_CHECK(
-        launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES>, a, features, stages));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES>, a, features));
 }
 
 // 16 warps when the product has few tiles (the choice depends on the shape of W only, never on
@@ -323,13 +257,8 @@ bool skinny_supported(const GemvArgs& a) {
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU && !a.w2) return false;
     if (a.input == GemvInput::GEMV_INPUT_RMSNORM && (!a.norm_w || !aligned16(a.norm_w))) return false;
     // 16-byte loads of weight rows and input rows.
-    if (!aligned16(a.w) || (a.w2 && !aligned16(a.w2)) || !aligned16(a.x) || a.ldx % 4 != 0 || a.ldx < a.in ||
-        a.ldy < a.out)
-        return false;
-    // A 16-warp block with a one-step x ring fits the device's shared memory (32 rows do not on
-    // GPUs with 99 KiB a block: their caller takes another path).
-    const int nt = (a.rows + 7) / 8;
-    return skinny_smem(nt, 2 * SK_WARPS, 1) + SMEM_STATIC_ALLOWANCE <= smem_block_limit();
+    return aligned16(a.w) && (!a.w2 || aligned16(a.w2)) && aligned16(a.x) && a.ldx % 4 == 0 && a.ldx >= a.in &&
+           a.ldy >= a.out;
 }
 
 void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles) {

@@ -15,13 +15,10 @@
 //   * the block's weight rows are prefetched into L2 before the PDL wait (while the previous
 //     kernel finishes); each lane then loads them straight into mma.sync A fragments, one
 //     16-byte load per fragment row, four steps ahead in registers;
-//   * x rows are copied from global memory (L2) into a ring in shared memory with cp.async, each
-//     warp its own pieces, up to 8 steps ahead (as deep as the device's shared memory allows: 4-6
-//     steps on the H200 at up to 16 rows), so a warp waits for L2 about once per ring rather than
-//     once every 1-4 steps as when the pieces went to registers; then split in registers into a
-//     bf16 hi/lo pair, so the fp32 activations keep ~16 bits of mantissa against bf16 weights (as
-//     the split cuBLAS path and prefill do); the 1/rms of a row (RMSNorm input) is applied to the
-//     finished sums, as gemv does;
+//   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once, and
+//     split in registers into a bf16 hi/lo pair, so the fp32 activations keep ~16 bits of
+//     mantissa against bf16 weights (as the split cuBLAS path and prefill do); the 1/rms of a row
+//     (RMSNorm input) is applied to the finished sums, as gemv does;
 //   * the warps' sums meet in shared memory and are added in warp order, so results are
 //     deterministic, and a row's result does not depend on the other rows of the batch (the
 //     block shape depends on W's shape only).
@@ -34,8 +31,7 @@
 // Within a 32-input step the inputs are taken in a permuted order (any order gives the same
 // products as long as A and B agree): lane (g, q) holds inputs 8q .. 8q + 7 of its rows.
 // Requirements: in % 8 == 0, x rows and weight rows 16-byte aligned (ldx % 4 == 0), GATHER input
-// not supported, and a one-step ring within the block's shared memory (25-32 rows need more than
-// the 99 KiB of sm_86/89); skinny_supported says, and the caller keeps gemv or cuBLAS for the rest.
+// not supported (skinny_supported says; the caller keeps gemv or cuBLAS for those).
 #pragma once
 
 #include "kernels/gemv.cuh"
