@@ -16,7 +16,6 @@ __global__ void arch_probe_kernel(int* out) {
 constexpr int MAX_DEVICES = 64;
 std::atomic<size_t> g_smem_limit[MAX_DEVICES];  // 0 = not queried yet
 std::atomic<size_t> g_smem_cap{0};
-std::atomic<int> g_sm_count[MAX_DEVICES];  // 0 = not queried yet
 
 }  // namespace
 
@@ -33,17 +32,6 @@ KernelArch kernel_arch_current() {
     // Device code built from compute_90 or newer has the Hopper instructions compiled in.
     arch.path = arch.ptx_version >= 90 ? KernelPath::KERNEL_PATH_HOPPER : KernelPath::KERNEL_PATH_PORTABLE;
     return arch;
-}
-
-int sm_count() {
-    int device = 0;
-    KERNEL_CUDA_CHECK(cudaGetDevice(&device));
-    int count = device >= 0 && device < MAX_DEVICES ? g_sm_count[device].load() : 0;
-    if (count == 0) {
-        KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-        if (device >= 0 && device < MAX_DEVICES) g_sm_count[device].store(count);
-    }
-    return count;
 }
 
 size_t smem_block_limit() {

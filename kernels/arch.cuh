@@ -31,9 +31,6 @@ struct KernelArch {
 // Throws KernelError when this binary has no code the device can run.
 KernelArch kernel_arch_current();
 
-// Streaming multiprocessors of the current device (cached per device).
-int sm_count();
-
 // Largest dynamic + static shared memory one block may use on the current device
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on sm_90, 163 KiB on sm_80/87, 99 KiB on
 // sm_86/89), lowered to the cap of smem_block_cap_set when one is set. Cached per device.

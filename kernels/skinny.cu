@@ -17,10 +17,6 @@ constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with
 // 4-32 rows): 192-768 tiles 8-32% faster with two, 64-128 tiles (the o, down and predictor
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
 constexpr int SK_TWO_TILES_MIN = 192;
-// Blocks of 8 warps an SM holds (the launch bounds): a product whose two-tile blocks would not
-// fit in one wave of them takes three tiles per block when those do (the talker's gate/up: 768
-// tiles, 384 blocks of two against 264 slots on 132 SMs, 256 blocks of three).
-constexpr int SK_BLOCKS_PER_SM = 2;
 
 // Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
 constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
@@ -30,7 +26,7 @@ constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(
 // rows of W2 (tile rows 8-15), so a lane holds a feature's gate and up sums together.
 // WARPS: warps per block (8, or 16 when the product has few blocks: more loads in flight per SM
 // and half the steps per warp on long inputs).
-// TILES: tiles per block (1, 2 or 3), side by side over consecutive features: a warp splits and
+// TILES: tiles per block (1 or 2), side by side over consecutive features: a warp splits and
 // multiplies each x piece once for all of them, so the x rows are read from L2 once per TILES
 // tiles (what grows with the rows) and a warp has TILES times the weight loads in flight. Every
 // feature's sum is made by the same warps over the same steps in the same order for any TILES,
@@ -40,8 +36,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     extern __shared__ __align__(16) float sk_sums[];
     __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
-    // Weight steps in flight per warp: the same bytes for one tile or two, 1.5 times them for three.
-    constexpr int PREFETCH = TILES == 1 ? SK_PREFETCH : SK_PREFETCH / 2;
+    // Weight steps in flight per warp: the same bytes for one tile or two.
+    constexpr int PREFETCH = SK_PREFETCH / TILES;
 
     const int kw = threadIdx.x / 32, lane = threadIdx.x % 32;  // kw: the warp, = its first input step
     const int g = lane / 4, q = lane % 4;
@@ -245,22 +241,10 @@ void skinny_launch_warps(const GemvArgs& a, int features, const Launch& l) {
 
 template <int NT>
 void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, const Launch& l) {
-    if (tiles == 3)
-        skinny_launch_warps<NT, 3>(a, features, l);
-    else if (tiles == 2)
+    if (tiles == 2)
         skinny_launch_warps<NT, 2>(a, features, l);
     else
         skinny_launch_warps<NT, 1>(a, features, l);
-}
-
-// The default tiles per block for W's shape (never the rows: any choice gives the same bits):
-// one below SK_TWO_TILES_MIN tiles, else two, or three where two-tile blocks of 8 warps would
-// need a second, partial wave and three-tile ones fit in one.
-int skinny_default_tiles(int tiles_of_w) {
-    if (tiles_of_w < SK_TWO_TILES_MIN) return 1;
-    const int slots = SK_BLOCKS_PER_SM * sm_count();
-    if (tiles_of_w >= SK_FEW_BLOCKS && (tiles_of_w + 1) / 2 > slots && (tiles_of_w + 2) / 3 <= slots) return 3;
-    return 2;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -286,14 +270,13 @@ void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles)
     if (features != 0 && features != SK_FEATURES / 2 && features != SK_FEATURES)
         check_fail("skinny_product", "features per block must be 0 (the default), 8 or 16", __func__, __FILE__,
                    __LINE__);
-    if (tiles < 0 || tiles > 3)
-        check_fail("skinny_product", "tiles per block must be 0 (the default), 1, 2 or 3", __func__, __FILE__,
-                   __LINE__);
+    if (tiles < 0 || tiles > 2)
+        check_fail("skinny_product", "tiles per block must be 0 (the default), 1 or 2", __func__, __FILE__, __LINE__);
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
         features = SK_FEATURES / 2;
     else if (features == 0)
         features = SK_FEATURES;
-    if (tiles == 0) tiles = skinny_default_tiles((a.out + features - 1) / features);
+    if (tiles == 0) tiles = (a.out + features - 1) / features >= SK_TWO_TILES_MIN ? 2 : 1;
     switch ((a.rows + 7) / 8) {
         case 1: return skinny_launch_tiles<1>(a, features, tiles, l);
         case 2: return skinny_launch_tiles<2>(a, features, tiles, l);

@@ -26,10 +26,8 @@
 // codec head) take two tiles per block (32 features; 16 for SwiGLU): each warp splits an x piece
 // once and multiplies it against both tiles, with twice the weight loads in flight, and half as
 // many blocks read the x rows; 8-32% faster on those shapes, slower on the narrow ones (few
-// blocks), measured in the kernel lab (docs/performance.md). A product whose two-tile blocks
-// would need a second, partial wave on the device (the talker's gate/up: 384 blocks, 264 slots on
-// an H200) takes three tiles per block, one wave. Same bits for any tiles per block (the same
-// warps make each feature's sums in the same order).
+// blocks), measured in the kernel lab (docs/performance.md). Same bits as one tile per block (the
+// same warps make each feature's sums in the same order).
 // Within a 32-input step the inputs are taken in a permuted order (any order gives the same
 // products as long as A and B agree): lane (g, q) holds inputs 8q .. 8q + 7 of its rows.
 // Requirements: in % 8 == 0, x rows and weight rows 16-byte aligned (ldx % 4 == 0), GATHER input
@@ -48,8 +46,8 @@ bool skinny_supported(const GemvArgs& args);
 // Throws kernels::KernelError (kernels/check.cuh) on a bad launch or unsupported arguments.
 // `features`: output features per block, 16 (0: the default) or 8 (twice the blocks, half of each
 // tensor-core tile idle; for products with few features: measured in the kernel lab). SwiGLU
-// products always take 8 (gate and up rows fill the tile). `tiles`: tiles per block, 1, 2 or 3
-// (0: the default for W's shape and the device's SM count, above); any choice gives the same bits.
+// products always take 8 (gate and up rows fill the tile). `tiles`: tiles per block, 1 or 2 (0:
+// the default for W's shape, above); any choice gives the same bits.
 void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0);
 
 }  // namespace qtts::kernels

@@ -339,7 +339,7 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
             for (const int rows : {4, 8, 16, 24, 32}) {
                 for (const int features : {16, 8}) {
                     if (swiglu && features == 16) continue;
-                    for (const int tiles : {1, 2, 3}) {
+                    for (const int tiles : {1, 2}) {
                         std::vector<k::GemvArgs> args;
                         for (const ProductWeights& pw : layers)
                             args.push_back(

@@ -36,8 +36,8 @@ void gpu_batch_options_validate(const GpuBatchOptions& o) {
     if (o.skinny_max_rows < 0 || o.skinny_max_rows > k::SKINNY_MAX_ROWS)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_max_rows {} must be in 0..{}", o.skinny_max_rows,
              k::SKINNY_MAX_ROWS);
-    if (o.skinny_tiles < 0 || o.skinny_tiles > 3)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_tiles {} must be 0 (the default), 1, 2 or 3", o.skinny_tiles);
+    if (o.skinny_tiles < 0 || o.skinny_tiles > 2)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_tiles {} must be 0 (the default), 1 or 2", o.skinny_tiles);
     if (o.long_slices_rows < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "long_slices_rows {} must be 0 (by SM count) or a row count",
              o.long_slices_rows);

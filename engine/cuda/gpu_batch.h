@@ -58,8 +58,8 @@ struct GpuBatchOptions {
     // with one launch up to 24; at 16 one launch wins, 5.66 against 6.06: docs/performance.md).
     // 0: always cuBLAS. At most SKINNY_MAX_ROWS.
     int skinny_max_rows = 16;
-    // Tiles per block of those one-launch products (kernels/skinny.cuh): 1, 2 or 3 for every
-    // product, 0 the kernel's choice by W's shape (and the SM count). The same bits either way; only the speed
+    // Tiles per block of those one-launch products (kernels/skinny.cuh): 1 or 2 for every
+    // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse

@@ -442,7 +442,7 @@ TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
     bad.skinny_max_rows = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.skinny_max_rows = 16;
-    bad.skinny_tiles = 4;
+    bad.skinny_tiles = 3;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.skinny_tiles = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
