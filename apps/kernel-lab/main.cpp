@@ -18,7 +18,6 @@
 //       the code predictor's 15 passes as the product's launches against one launch of the lab's
 //       persistent kernel (persistent_pass.h): compared bitwise, then timed.
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -368,44 +367,6 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         skinny("predictor lm_head", predictor_heads, w.predictor_vocab, P.hidden, GI::GEMV_INPUT_RMSNORM,
                GO::GEMV_OUTPUT_STORE);
         skinny("codec head", codec_head, w.codec_vocab, T.hidden, GI::GEMV_INPUT_PLAIN, GO::GEMV_OUTPUT_STORE);
-
-        // A layer's four products in their order (qkv, o, gate/up, down; the attention left out),
-        // one timed call per layer, every layer in turn, at the batched step's row counts, with
-        // the default tiles per block ("auto") and one or two in every product: each product's
-        // grid then meets its neighbours' as in the step (the SM slots its waves leave for the
-        // next product's blocks to start under PDL), which the rows above, one product timed
-        // against itself, cannot show (three tiles per block looked 23% faster there and made the
-        // step slower: docs/performance.md, seventeenth session).
-        for (int s = 0; s < 2; ++s) {
-            const qc::GpuStack& S = s == 0 ? T : P;
-            const StackProducts& sp = products[s];
-            const double bytes =
-                2.0 * S.hidden * (double(S.qkv_dim()) + S.q_dim() + 3.0 * S.intermediate);  // bf16 weights
-            for (const int rows : {4, 8, 12, 16}) {
-                std::vector<std::array<k::GemvArgs, 4>> layers;
-                for (size_t l = 0; l < sp.qkv.size(); ++l) {
-                    layers.push_back({product_args(sp.qkv[l].w, nullptr, S.qkv_dim(), S.hidden, rows,
-                                                   GI::GEMV_INPUT_RMSNORM, sp.qkv[l].norm, GO::GEMV_OUTPUT_STORE,
-                                                   xs.get(), ys.get()),
-                                      product_args(sp.o[l].w, nullptr, S.hidden, S.q_dim(), rows, GI::GEMV_INPUT_PLAIN,
-                                                   nullptr, GO::GEMV_OUTPUT_ADD, ys.get(), xs.get()),
-                                      product_args(sp.gate_up[l].w, sp.gate_up[l].w2, S.intermediate, S.hidden, rows,
-                                                   GI::GEMV_INPUT_RMSNORM, sp.gate_up[l].norm, GO::GEMV_OUTPUT_SWIGLU,
-                                                   xs.get(), ys.get()),
-                                      product_args(sp.down[l].w, nullptr, S.hidden, S.intermediate, rows,
-                                                   GI::GEMV_INPUT_PLAIN, nullptr, GO::GEMV_OUTPUT_ADD, ys.get(),
-                                                   xs.get())});
-                }
-                for (const int tiles : {0, 1, 2}) {
-                    time(std::string("skinny layer ") + (s == 0 ? "talker" : "predictor") + " x" +
-                             std::to_string(rows) + (tiles == 0 ? " auto" : " t" + std::to_string(tiles)),
-                         bytes, [&, layers, tiles](int i) {
-                             for (const k::GemvArgs& a : layers[size_t(i) % layers.size()])
-                                 k::skinny_product(a, ctx.launch(), 0, tiles);
-                         });
-                }
-            }
-        }
     }
     time("rmsnorm (1 row)", 0.0, [&](int) { k::rmsnorm(x.get(), 1, T.hidden, T.hidden, T.norm, 1e-6f, y2.get(), T.hidden, ctx.launch()); });
     {
