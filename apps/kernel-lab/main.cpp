@@ -266,17 +266,26 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
     // them from L2 after the first, which flatters the kernels that read x more often (the
     // per-product tables of docs/performance.md before 2026-12-03's sixteenth session were timed
     // that way).
+    // One product's arguments in every layer, and the weight bytes one launch reads.
+    auto layer_args = [&](const ProductLayers& layers, int out_rows, int in, int rows, k::GemvInput input,
+                          k::GemvOutput output, const float* xp, float* yp) {
+        std::vector<k::GemvArgs> args;
+        for (const ProductWeights& pw : layers)
+            args.push_back(product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output, xp, yp));
+        return args;
+    };
+    auto weight_bytes = [](const ProductLayers& layers, int out_rows, int in) {
+        return double(out_rows) * in * 2 * (layers[0].w2 ? 2 : 1);
+    };
     auto gemv = [&](const char* name, const ProductLayers& layers, int out_rows, int in, int rows, k::GemvInput input,
                     k::GemvOutput output) {
-        std::vector<k::GemvArgs> args;
-        for (const ProductWeights& pw : layers) {
-            k::GemvArgs a = product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output, x.get(), y.get());
+        std::vector<k::GemvArgs> args = layer_args(layers, out_rows, in, rows, input, output, x.get(), y.get());
+        for (k::GemvArgs& a : args) {  // the gathered input's table and ids (other inputs ignore them)
             a.table = w.codec_embedding;
             a.index = d_ints.get() + 1;
-            args.push_back(a);
         }
-        const double bytes = double(out_rows) * in * 2 * (layers[0].w2 ? 2 : 1);
-        time(name, bytes, [&, args](int i) { k::gemv(args[size_t(i) % args.size()], ctx.launch()); });
+        time(name, weight_bytes(layers, out_rows, in),
+             [&, args](int i) { k::gemv(args[size_t(i) % args.size()], ctx.launch()); });
     };
     using GI = k::GemvInput;
     using GO = k::GemvOutput;
@@ -336,15 +345,13 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         auto skinny = [&](const std::string& name, const ProductLayers& layers, int out_rows, int in,
                           k::GemvInput input, k::GemvOutput output) {
             const bool swiglu = layers[0].w2 != nullptr;
+            const double bytes = weight_bytes(layers, out_rows, in);
             for (const int rows : {4, 8, 16, 24, 32}) {
+                const std::vector<k::GemvArgs> args =
+                    layer_args(layers, out_rows, in, rows, input, output, xs.get(), ys.get());
                 for (const int features : {16, 8}) {
                     if (swiglu && features == 16) continue;
                     for (const int tiles : {1, 2}) {
-                        std::vector<k::GemvArgs> args;
-                        for (const ProductWeights& pw : layers)
-                            args.push_back(
-                                product_args(pw.w, pw.w2, out_rows, in, rows, input, pw.norm, output, xs.get(), ys.get()));
-                        const double bytes = double(out_rows) * in * 2 * (swiglu ? 2 : 1);
                         time("skinny " + name + " x" + std::to_string(rows) + " f" + std::to_string(features) + " t" +
                                  std::to_string(tiles),
                              bytes, [&, args, features, tiles](int i) {
