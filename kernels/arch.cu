@@ -16,7 +16,6 @@ __global__ void arch_probe_kernel(int* out) {
 constexpr int MAX_DEVICES = 64;
 std::atomic<size_t> g_smem_limit[MAX_DEVICES];  // 0 = not queried yet
 std::atomic<size_t> g_smem_cap{0};
-std::atomic<int> g_sm_count[MAX_DEVICES];  // 0 = not queried yet
 
 }  // namespace
 
@@ -50,16 +49,5 @@ size_t smem_block_limit() {
 }
 
 void smem_block_cap_set(size_t bytes) { g_smem_cap.store(bytes); }
-
-int sm_count() {
-    int device = 0;
-    KERNEL_CUDA_CHECK(cudaGetDevice(&device));
-    int count = device >= 0 && device < MAX_DEVICES ? g_sm_count[device].load() : 0;
-    if (count == 0) {
-        KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-        if (device >= 0 && device < MAX_DEVICES) g_sm_count[device].store(count);
-    }
-    return count;
-}
 
 }  // namespace qtts::kernels

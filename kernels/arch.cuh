@@ -39,8 +39,4 @@ size_t smem_block_limit();
 // the fallbacks of smaller GPUs run on a large one. Not for concurrent use with launches.
 void smem_block_cap_set(size_t bytes);
 
-// Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount: 132 on the
-// H200). Cached per device. For grids of persistent blocks (one per SM).
-int sm_count();
-
 }  // namespace qtts::kernels

@@ -1,12 +1,6 @@
 // One-launch tensor-core products over a few rows (see skinny.cuh for the design).
 #include "kernels/skinny.cuh"
 
-#include <cuda_pipeline.h>
-
-#include <algorithm>
-#include <atomic>
-
-#include "kernels/arch.cuh"
 #include "kernels/check.cuh"
 #include "kernels/mma.cuh"
 
@@ -23,108 +17,66 @@ constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with
 // 4-32 rows): 192-768 tiles 8-32% faster with two, 64-128 tiles (the o, down and predictor
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
 constexpr int SK_TWO_TILES_MIN = 192;
-// Warps of a block that stages x in shared memory: one block per SM, in teams of the product's
-// warp count (two teams of 8, or one of 16).
-constexpr int SK_STAGED_WARPS = 16;
-// Staging is the default up to this many x rows (two 8-row n-tiles).
-constexpr int SK_STAGED_MAX_ROWS = 16;
 
-// Shared memory: every warp's sums, [teams][warps][nt][32 lanes][4] floats ...
+// Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
 constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
-// ... then, in a staged block, the x rows, [rows][in + 4] floats: 4 floats of padding, so that
-// the 16-byte reads of a quarter warp (lanes g = 0, 1 at inputs 8q) fall in distinct banks.
-constexpr size_t skinny_x_floats(int rows, int in) { return size_t(rows) * size_t(in + 4); }
-
-// Team barrier: the WARPS warps of team `team` (barrier 0, __syncthreads, when the block is one team).
-template <int TEAMS, int WARPS>
-__device__ __forceinline__ void team_sync(int team) {
-    if (TEAMS == 1)
-        __syncthreads();
-    else
-        asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "r"(WARPS * 32) : "memory");
-}
-
 // NT: n-tiles of 8 x rows (rows <= 8 NT). A tile's 16 weight rows are 16 features of W; with
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
 // rows of W2 (tile rows 8-15), so a lane holds a feature's gate and up sums together.
-// WARPS: warps per team (8, or 16 when the product has few blocks: more loads in flight per SM
+// WARPS: warps per block (8, or 16 when the product has few blocks: more loads in flight per SM
 // and half the steps per warp on long inputs).
-// TILES: tiles per group (1 or 2), side by side over consecutive features: a warp splits and
-// multiplies each x piece once for all of them, so the x rows are read once per TILES tiles
-// (what grows with the rows) and a warp has TILES times the weight loads in flight.
-// STAGED: false, a block is one team and computes one group, reading its x pieces from global
-// memory (L2); true, a block of SK_STAGED_WARPS warps (one per SM, a grid of at most the SM
-// count) copies the x rows into shared memory once, after the PDL wait, and its teams take groups
-// in turn (team t of block b: groups b * teams + t, + teams * blocks, ...), each warp's weight
-// ring running on from one group into the next, so x is read from L2 once per SM instead of once
-// per group and the warps never wait for L2 on x inside the loop.
-// Every feature's sum is made by the same warps over the same steps in the same order for any
-// TILES and either STAGED, so the results are the same bits.
-template <int NT, int WARPS, int TILES, bool STAGED>
-__global__ void __launch_bounds__(STAGED ? SK_STAGED_WARPS * 32 : WARPS * 32, (STAGED || WARPS == 16) ? 1 : 2)
-    skinny_kernel(GemvArgs a, int features) {
-    constexpr int TEAMS = STAGED ? SK_STAGED_WARPS / WARPS : 1;
-    extern __shared__ __align__(16) float sk_smem[];
-    __shared__ float ss_part[TEAMS][WARPS][NT * 8];  // the warps' sums of squares of the rows
-    __shared__ float row_scale[TEAMS][NT * 8];
+// TILES: tiles per block (1 or 2), side by side over consecutive features: a warp splits and
+// multiplies each x piece once for all of them, so the x rows are read from L2 once per TILES
+// tiles (what grows with the rows) and a warp has TILES times the weight loads in flight. Every
+// feature's sum is made by the same warps over the same steps in the same order for any TILES,
+// so the results are the same bits.
+template <int NT, int WARPS, int TILES>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
+    extern __shared__ __align__(16) float sk_sums[];
+    __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
+    __shared__ float row_scale[NT * 8];
     // Weight steps in flight per warp: the same bytes for one tile or two.
     constexpr int PREFETCH = SK_PREFETCH / TILES;
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int team = warp / WARPS, kw = warp % WARPS;  // kw: the warp in its team, = its first input step
-    const int tt = int(threadIdx.x) % (WARPS * 32);     // the thread in its team
+    const int kw = threadIdx.x / 32, lane = threadIdx.x % 32;  // kw: the warp, = its first input step
     const int g = lane / 4, q = lane % 4;
-    float* sk_sums = sk_smem + size_t(team) * WARPS * NT * 32 * 4;
-    float* xs = sk_smem + size_t(TEAMS) * WARPS * NT * 32 * 4;  // staged x rows
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
+    const int f0 = blockIdx.x * features * TILES;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
 
-    // This team's groups of TILES tiles: first, first + stride, ... (one, blockIdx.x, unstaged).
-    const int per_group = features * TILES;
-    const int groups = (a.out + per_group - 1) / per_group;
-    const int first = STAGED ? int(blockIdx.x) * TEAMS + team : int(blockIdx.x);
-    const int stride = STAGED ? int(gridDim.x) * TEAMS : 1;
-    const int my_groups = first < groups ? (groups - 1 - first) / stride + 1 : 0;
-    const auto group_f0 = [&](int i) { return (first + i * stride) * per_group; };
-
+    // This lane's weight rows in each tile, tile rows g and g + 8 (rows past `out` read the last
+    // row; their sums are never stored).
     const size_t in = size_t(a.in);
+    const bf16_t* w0[TILES];
+    const bf16_t* w8[TILES];
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+        const int ft = f0 + t * features;
+        w0[t] = a.w + size_t(min(ft + g, a.out - 1)) * in;
+        w8[t] = swiglu ? a.w2 + size_t(min(ft + g, a.out - 1)) * in : a.w + size_t(min(ft + g + 8, a.out - 1)) * in;
+    }
     const int steps = (a.in + SK_STEP - 1) / SK_STEP;
     const int mine = kw < steps ? (steps - 1 - kw) / WARPS + 1 : 0;  // this warp's: kw, kw + WARPS, ...
-    // The weight ring counts a group's steps up to a whole number of rings, so a step's slot is
-    // its index in the group modulo PREFETCH in every group.
-    const int padded = (mine + PREFETCH - 1) / PREFETCH * PREFETCH;
     // Input offset of this lane's 8-input piece in the warp's j-th step (>= in: past the end).
     const auto piece = [&](int j) { return (kw + j * WARPS) * SK_STEP + 8 * q; };
-    // The weights of position p of the warp's sequence (group p / padded, step p % padded); zeros
-    // past the warp's steps. This lane's rows in each tile: tile rows g and g + 8 (rows past
-    // `out` read the last row; their sums are never stored).
-    const auto load_step = [&](int p, uint4 (&dst)[TILES][2]) {
-        const int i = padded > 0 ? p / padded : 0, j = p - i * padded;
+    const auto load_step = [&](int j, uint4 (&dst)[TILES][2]) {
         const int k = piece(j);
-        const bool inside = padded > 0 && i < my_groups && j < mine && k < a.in;
-        const int f0 = group_f0(i);
+        const bool inside = j < mine && k < a.in;
 #pragma unroll
         for (int t = 0; t < TILES; ++t) {
-            const int ft = f0 + t * features;
-            const bf16_t* w0 = a.w + size_t(min(ft + g, a.out - 1)) * in + k;
-            const bf16_t* w8 =
-                swiglu ? a.w2 + size_t(min(ft + g, a.out - 1)) * in + k : a.w + size_t(min(ft + g + 8, a.out - 1)) * in + k;
-            dst[t][0] = inside ? load_weights(w0) : make_uint4(0u, 0u, 0u, 0u);
-            dst[t][1] = inside && upper ? load_weights(w8) : make_uint4(0u, 0u, 0u, 0u);
+            dst[t][0] = inside ? load_weights(w0[t] + k) : make_uint4(0u, 0u, 0u, 0u);
+            dst[t][1] = inside && upper ? load_weights(w8[t] + k) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
 
-    // The team's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
-    // one range per group, two for SwiGLU), so the loads below mostly hit L2.
-    if (tt == 0) {
-        for (int i = 0; i < my_groups; ++i) {
-            const int f0 = group_f0(i);
-            const uint32_t bytes = uint32_t(size_t(min(per_group, a.out - f0)) * in * sizeof(bf16_t));
-            prefetch_l2(a.w + size_t(f0) * in, bytes);
-            if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
-        }
+    // The block's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
+    // one range, two for SwiGLU), so the loads below mostly hit L2.
+    if (threadIdx.x == 0) {
+        const uint32_t bytes = uint32_t(size_t(min(features * TILES, a.out - f0)) * in * sizeof(bf16_t));
+        prefetch_l2(a.w + size_t(f0) * in, bytes);
+        if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
     }
     uint4 wcur[PREFETCH][TILES][2];
 #pragma unroll
@@ -132,217 +84,167 @@ __global__ void __launch_bounds__(STAGED ? SK_STAGED_WARPS * 32 : WARPS * 32, (S
     pdl_wait();  // the weights above are constant; x comes from the previous kernel
     pdl_trigger();
 
-    // Staged: the x rows into shared memory, every copy in flight at once (tile rows past the
-    // batch read nothing, as from global memory).
-    const float* xbase = a.x;
-    size_t xld = size_t(a.ldx);
-    if (STAGED) {
-        const int in4 = a.in / 4;
-        for (int c = threadIdx.x; c < a.rows * in4; c += blockDim.x) {
-            const int r = c / in4, v = c - r * in4;
-            __pipeline_memcpy_async(xs + size_t(r) * (in + 4) + 4 * v, a.x + size_t(r) * size_t(a.ldx) + 4 * v, 16);
-        }
-        __pipeline_commit();
-        __pipeline_wait_prior(0);
-        __syncthreads();
-        xbase = xs;
-        xld = in + 4;
+    float acc[TILES][NT][4];
+    float sumsq[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        sumsq[n] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < TILES; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.0f;
     }
 
-    for (int gi = 0; gi < my_groups; ++gi) {
-        float acc[TILES][NT][4];
-        float sumsq[NT];
+    // x (and the norm weight) for XG steps at a time, all loads issued before their products, so
+    // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
+    // stay within the registers).
+    constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
+    constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
+    static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
+    for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
+#pragma unroll
+        for (int h = 0; h < PREFETCH; h += XG) {
+            float4 xv[XG][NT][2];
+            float4 nw[XG][2];
+#pragma unroll
+            for (int s = 0; s < XG; ++s) {
+                const int k = piece(j0 + h + s);
+                const bool inside = j0 + h + s < mine && k < a.in;
+                nw[s][0] = nw[s][1] = make_float4(1.f, 1.f, 1.f, 1.f);
+                if (norm && inside) {
+                    nw[s][0] = *reinterpret_cast<const float4*>(a.norm_w + k);
+                    nw[s][1] = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int r = n * 8 + g;
+                    xv[s][n][0] = xv[s][n][1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (inside && r < a.rows) {
+                        const float* xr = a.x + size_t(r) * size_t(a.ldx) + k;
+                        xv[s][n][0] = *reinterpret_cast<const float4*>(xr);
+                        xv[s][n][1] = *reinterpret_cast<const float4*>(xr + 4);
+                    }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < XG; ++s) {
+                const int i = h + s;
+                if (j0 + i >= mine) break;  // warp-uniform: every lane runs the mma below
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    float4 x0 = xv[s][n][0], x1 = xv[s][n][1];
+                    if (norm) {
+                        sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
+                                    x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                        const float4 n0 = nw[s][0], n1 = nw[s][1];
+                        x0 = make_float4(x0.x * n0.x, x0.y * n0.y, x0.z * n0.z, x0.w * n0.w);
+                        x1 = make_float4(x1.x * n1.x, x1.y * n1.y, x1.z * n1.z, x1.w * n1.w);
+                    }
+                    uint32_t hi[4], lo[4];
+                    split_pair(x0.x, x0.y, hi[0], lo[0]);
+                    split_pair(x0.z, x0.w, hi[1], lo[1]);
+                    split_pair(x1.x, x1.y, hi[2], lo[2]);
+                    split_pair(x1.z, x1.w, hi[3], lo[3]);
+#pragma unroll
+                    for (int t = 0; t < TILES; ++t) {
+                        const uint4& r0 = wcur[i][t][0];
+                        const uint4& r8 = wcur[i][t][1];
+                        mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
+                        mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
+                        mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
+                        mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
+                    }
+                }
+                load_step(j0 + i + PREFETCH, wcur[i]);  // a ring: this slot takes the step PREFETCH on
+            }
+        }
+    }
+
+    // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp), then each row's scale.
+    if (norm) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            sumsq[n] = 0.0f;
-#pragma unroll
-            for (int t = 0; t < TILES; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[t][n][e] = 0.0f;
+            float s = sumsq[n];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            if (q == 0) ss_part[kw][n * 8 + g] = s;
         }
-
-        // x (and the norm weight) for XG steps at a time, all loads issued before their products,
-        // so a warp waits for L2 once per group rather than once per step (XG shrinks as rows
-        // grow, to stay within the registers).
-        constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
-        constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
-        static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
-        for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
-#pragma unroll
-            for (int h = 0; h < PREFETCH; h += XG) {
-                float4 xv[XG][NT][2];
-                float4 nw[XG][2];
-#pragma unroll
-                for (int s = 0; s < XG; ++s) {
-                    const int k = piece(j0 + h + s);
-                    const bool inside = j0 + h + s < mine && k < a.in;
-                    nw[s][0] = nw[s][1] = make_float4(1.f, 1.f, 1.f, 1.f);
-                    if (norm && inside) {
-                        nw[s][0] = *reinterpret_cast<const float4*>(a.norm_w + k);
-                        nw[s][1] = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
-                    }
-#pragma unroll
-                    for (int n = 0; n < NT; ++n) {
-                        const int r = n * 8 + g;
-                        xv[s][n][0] = xv[s][n][1] = make_float4(0.f, 0.f, 0.f, 0.f);
-                        if (inside && r < a.rows) {
-                            const float* xr = xbase + size_t(r) * xld + k;
-                            xv[s][n][0] = *reinterpret_cast<const float4*>(xr);
-                            xv[s][n][1] = *reinterpret_cast<const float4*>(xr + 4);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int s = 0; s < XG; ++s) {
-                    const int i = h + s;
-                    if (j0 + i < mine) {  // warp-uniform: every lane runs the mma below
-#pragma unroll
-                        for (int n = 0; n < NT; ++n) {
-                            float4 x0 = xv[s][n][0], x1 = xv[s][n][1];
-                            if (norm) {
-                                sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
-                                            x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-                                const float4 n0 = nw[s][0], n1 = nw[s][1];
-                                x0 = make_float4(x0.x * n0.x, x0.y * n0.y, x0.z * n0.z, x0.w * n0.w);
-                                x1 = make_float4(x1.x * n1.x, x1.y * n1.y, x1.z * n1.z, x1.w * n1.w);
-                            }
-                            uint32_t hi[4], lo[4];
-                            split_pair(x0.x, x0.y, hi[0], lo[0]);
-                            split_pair(x0.z, x0.w, hi[1], lo[1]);
-                            split_pair(x1.x, x1.y, hi[2], lo[2]);
-                            split_pair(x1.z, x1.w, hi[3], lo[3]);
-#pragma unroll
-                            for (int t = 0; t < TILES; ++t) {
-                                const uint4& r0 = wcur[i][t][0];
-                                const uint4& r8 = wcur[i][t][1];
-                                mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
-                                mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
-                                mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
-                                mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
-                            }
-                        }
-                    }
-                    // A ring: this slot takes the position PREFETCH on (the next group's first
-                    // steps once this group's run out).
-                    load_step(gi * padded + j0 + i + PREFETCH, wcur[i]);
-                }
-            }
-        }
-
-        // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp), then each row's scale.
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < a.rows) {
+        float scale = 1.0f;
         if (norm) {
+            float s = 0.0f;
 #pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                float s = sumsq[n];
-                s += __shfl_xor_sync(0xffffffffu, s, 1);
-                s += __shfl_xor_sync(0xffffffffu, s, 2);
-                if (q == 0) ss_part[team][kw][n * 8 + g] = s;
-            }
+            for (int v = 0; v < WARPS; ++v) s += ss_part[v][threadIdx.x];
+            scale = 1.0f / sqrtf(s / float(a.in) + a.eps);
         }
-        team_sync<TEAMS, WARPS>(team);
-        if (tt < a.rows) {
-            float scale = 1.0f;
-            if (norm) {
-                float s = 0.0f;
-#pragma unroll
-                for (int v = 0; v < WARPS; ++v) s += ss_part[team][v][tt];
-                scale = 1.0f / sqrtf(s / float(a.in) + a.eps);
-            }
-            row_scale[team][tt] = scale;
-        }
+        row_scale[threadIdx.x] = scale;
+    }
 
-        // The full sum of tile row m (0..15) and x row r: the C fragment of m16n8 holds (m, r) at
-        // lane (m % 8) * 4 + (r % 8) / 2, element (m / 8) * 2 + r % 2; warps added in order.
-        const auto full_sum = [&](int m, int r) {
-            const int idx = ((r / 8) * 32 + (m % 8) * 4 + (r % 8) / 2) * 4 + (m / 8) * 2 + r % 2;
-            float sum = 0.0f;
+    // The full sum of tile row m (0..15) and x row r: the C fragment of m16n8 holds (m, r) at
+    // lane (m % 8) * 4 + (r % 8) / 2, element (m / 8) * 2 + r % 2; warps added in order.
+    const auto full_sum = [&](int m, int r) {
+        const int idx = ((r / 8) * 32 + (m % 8) * 4 + (r % 8) / 2) * 4 + (m / 8) * 2 + r % 2;
+        float sum = 0.0f;
 #pragma unroll
-            for (int v = 0; v < WARPS; ++v) sum += sk_sums[v * NT * 32 * 4 + idx];
-            return sum;
-        };
-        // One tile at a time through the shared sums (the shared memory of one tile, for any TILES).
-        const int f0 = group_f0(gi);
+        for (int v = 0; v < WARPS; ++v) sum += sk_sums[v * NT * 32 * 4 + idx];
+        return sum;
+    };
+    // One tile at a time through the shared sums (the shared memory of one tile, for any TILES).
 #pragma unroll
-        for (int t = 0; t < TILES; ++t) {
-            if (t > 0) team_sync<TEAMS, WARPS>(team);  // the previous tile's sums are read
+    for (int t = 0; t < TILES; ++t) {
+        if (t > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
-                *reinterpret_cast<float4*>(sk_sums + ((kw * NT + n) * 32 + lane) * 4) =
-                    make_float4(acc[t][n][0], acc[t][n][1], acc[t][n][2], acc[t][n][3]);
-            team_sync<TEAMS, WARPS>(team);
-            const int ft = f0 + t * features;
-            for (int o = tt; o < features * a.rows; o += WARPS * 32) {
-                const int m = o % features, r = o / features, f = ft + m;
-                if (f >= a.out) continue;
-                float* y = a.y + size_t(r) * size_t(a.ldy) + f;
-                const float scale = row_scale[team][r];
-                if (swiglu) {
-                    *y = silu_ref(full_sum(m, r) * scale) * (full_sum(m + 8, r) * scale);
-                } else {
-                    const float v = full_sum(m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
-                    if (a.output == GemvOutput::GEMV_OUTPUT_ADD)
-                        *y += v;
-                    else
-                        *y = v;
-                }
+        for (int n = 0; n < NT; ++n)
+            *reinterpret_cast<float4*>(sk_sums + ((kw * NT + n) * 32 + lane) * 4) =
+                make_float4(acc[t][n][0], acc[t][n][1], acc[t][n][2], acc[t][n][3]);
+        __syncthreads();
+        const int ft = f0 + t * features;
+        for (int o = threadIdx.x; o < features * a.rows; o += blockDim.x) {
+            const int m = o % features, r = o / features, f = ft + m;
+            if (f >= a.out) continue;
+            float* y = a.y + size_t(r) * size_t(a.ldy) + f;
+            const float scale = row_scale[r];
+            if (swiglu) {
+                *y = silu_ref(full_sum(m, r) * scale) * (full_sum(m + 8, r) * scale);
+            } else {
+                const float v = full_sum(m, r) * scale + (a.bias ? a.bias[f] : 0.0f);
+                if (a.output == GemvOutput::GEMV_OUTPUT_ADD)
+                    *y += v;
+                else
+                    *y = v;
             }
         }
-        // The next group writes the sums and row scales again: every read of these is done.
-        team_sync<TEAMS, WARPS>(team);
     }
 }
 
-// Dynamic shared memory of a staged launch: every warp's sums (SK_STAGED_WARPS warps, in any
-// teams), then the x rows.
-constexpr size_t skinny_staged_smem(int nt, int rows, int in) {
-    return skinny_smem(nt, SK_STAGED_WARPS) + skinny_x_floats(rows, in) * sizeof(float);
-}
-
-template <int NT, int WARPS, int TILES, bool STAGED>
+template <int NT, int WARPS, int TILES>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
-    const int groups = (a.out + features * TILES - 1) / (features * TILES);
-    if constexpr (STAGED) {
-        constexpr int TEAMS = SK_STAGED_WARPS / WARPS;
-        static std::atomic<uint64_t> raised{0};
-        const size_t smem = skinny_staged_smem(NT, a.rows, a.in);
-        smem_limit_raise(skinny_kernel<NT, WARPS, TILES, true>, smem, raised);
-        const dim3 grid(std::min((groups + TEAMS - 1) / TEAMS, sm_count()));
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(SK_STAGED_WARPS * 32), smem,
-                                        skinny_kernel<NT, WARPS, TILES, true>, a, features));
-    } else {
-        constexpr size_t smem = skinny_smem(NT, WARPS);
-        static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
-        KERNEL_CUDA_CHECK(launch_kernel(l, dim3(groups), dim3(WARPS * 32), smem,
-                                        skinny_kernel<NT, WARPS, TILES, false>, a, features));
-    }
+    constexpr size_t smem = skinny_smem(NT, WARPS);
+    static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
+    const dim3 grid((a.out + features * TILES - 1) / (features * TILES));
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES>, a, features));
 }
 
 // 16 warps when the product has few tiles (the choice depends on the shape of W only, never on
-// the rows, the tiles per block or the staging, so a row's result does not depend on how many
-// rows share the launch or how the tiles are grouped).
-bool skinny_few_tiles(const GemvArgs& a, int features) { return (a.out + features - 1) / features < SK_FEW_BLOCKS; }
-
-template <int NT, int TILES, bool STAGED>
+// the rows or the tiles per block, so a row's result does not depend on how many rows share the
+// launch or how the tiles are grouped).
+template <int NT, int TILES>
 void skinny_launch_warps(const GemvArgs& a, int features, const Launch& l) {
-    if (skinny_few_tiles(a, features))
-        skinny_launch<NT, 2 * SK_WARPS, TILES, STAGED>(a, features, l);
+    const int tiles = (a.out + features - 1) / features;
+    if (tiles < SK_FEW_BLOCKS)
+        skinny_launch<NT, 2 * SK_WARPS, TILES>(a, features, l);
     else
-        skinny_launch<NT, SK_WARPS, TILES, STAGED>(a, features, l);
+        skinny_launch<NT, SK_WARPS, TILES>(a, features, l);
 }
 
-template <int NT, bool STAGED>
+template <int NT>
 void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, const Launch& l) {
     if (tiles == 2)
-        skinny_launch_warps<NT, 2, STAGED>(a, features, l);
+        skinny_launch_warps<NT, 2>(a, features, l);
     else
-        skinny_launch_warps<NT, 1, STAGED>(a, features, l);
-}
-
-// Whether the x rows and the warps' sums fit one block's shared memory (with room for the static
-// arrays), for rows <= SK_STAGED_MAX_ROWS (the staged kernel is built for one and two n-tiles).
-bool skinny_staged_fits(const GemvArgs& a) {
-    if (a.rows > SK_STAGED_MAX_ROWS) return false;
-    return skinny_staged_smem((a.rows + 7) / 8, a.rows, a.in) + 2 * SMEM_STATIC_ALLOWANCE <= smem_block_limit();
+        skinny_launch_warps<NT, 1>(a, features, l);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -359,12 +261,7 @@ bool skinny_supported(const GemvArgs& a) {
            a.ldy >= a.out;
 }
 
-bool skinny_staged(const GemvArgs& a, SkinnyX x) {
-    if (x == SkinnyX::SKINNY_X_GLOBAL || !skinny_supported(a)) return false;
-    return skinny_staged_fits(a);
-}
-
-void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles, SkinnyX x) {
+void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles) {
     if (!skinny_supported(a))
         check_fail("skinny_product",
                    "unsupported arguments (rows 1..32, in a positive multiple of 8, 16-byte aligned rows, no "
@@ -380,19 +277,11 @@ void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles,
     else if (features == 0)
         features = SK_FEATURES;
     if (tiles == 0) tiles = (a.out + features - 1) / features >= SK_TWO_TILES_MIN ? 2 : 1;
-    const bool staged = x != SkinnyX::SKINNY_X_GLOBAL && skinny_staged_fits(a);
-    if (x == SkinnyX::SKINNY_X_SHARED && !staged)
-        check_fail("skinny_product", "x staged in shared memory: at most 16 rows that fit a block's shared memory",
-                   __func__, __FILE__, __LINE__);
-    if (staged) {
-        if (a.rows <= 8) return skinny_launch_tiles<1, true>(a, features, tiles, l);
-        return skinny_launch_tiles<2, true>(a, features, tiles, l);
-    }
     switch ((a.rows + 7) / 8) {
-        case 1: return skinny_launch_tiles<1, false>(a, features, tiles, l);
-        case 2: return skinny_launch_tiles<2, false>(a, features, tiles, l);
-        case 3: return skinny_launch_tiles<3, false>(a, features, tiles, l);
-        default: return skinny_launch_tiles<4, false>(a, features, tiles, l);
+        case 1: return skinny_launch_tiles<1>(a, features, tiles, l);
+        case 2: return skinny_launch_tiles<2>(a, features, tiles, l);
+        case 3: return skinny_launch_tiles<3>(a, features, tiles, l);
+        default: return skinny_launch_tiles<4>(a, features, tiles, l);
     }
 }
 

@@ -28,13 +28,6 @@
 // many blocks read the x rows; 8-32% faster on those shapes, slower on the narrow ones (few
 // blocks), measured in the kernel lab (docs/performance.md). Same bits as one tile per block (the
 // same warps make each feature's sums in the same order).
-// x staged in shared memory (the default up to 16 rows, when the rows fit a block's shared
-// memory: all but the 1.7B talker's down product past 8 rows): instead of every block reading
-// its warps' x pieces from L2 a few steps at a time (a wait for L2 every one or two steps at
-// 9-16 rows), one block per SM copies the x rows into shared memory once, after the PDL wait,
-// every copy in flight together; its 16 warps work as teams of the product's warp count (two
-// of 8, or one of 16) that take groups of tiles in turn, each warp's weight ring running on from
-// one group into the next. The same bits as x from L2 (the same sums in the same order).
 // Within a 32-input step the inputs are taken in a permuted order (any order gives the same
 // products as long as A and B agree): lane (g, q) holds inputs 8q .. 8q + 7 of its rows.
 // Requirements: in % 8 == 0, x rows and weight rows 16-byte aligned (ldx % 4 == 0), GATHER input
@@ -47,26 +40,14 @@ namespace qtts::kernels {
 
 constexpr int SKINNY_MAX_ROWS = 32;
 
-// Where the blocks read the x rows from (above): the default, shared memory where the rows fit
-// (skinny_staged says), else global memory; or one of them (SHARED fails where it cannot be).
-enum class SkinnyX {
-    SKINNY_X_AUTO,
-    SKINNY_X_GLOBAL,
-    SKINNY_X_SHARED,
-};
-
 // Whether skinny_product takes these arguments (shape and input rules above).
 bool skinny_supported(const GemvArgs& args);
-// Whether a launch with `x` stages the x rows in shared memory (false for unsupported arguments).
-bool skinny_staged(const GemvArgs& args, SkinnyX x = SkinnyX::SKINNY_X_AUTO);
 
 // Throws kernels::KernelError (kernels/check.cuh) on a bad launch or unsupported arguments.
 // `features`: output features per block, 16 (0: the default) or 8 (twice the blocks, half of each
 // tensor-core tile idle; for products with few features: measured in the kernel lab). SwiGLU
 // products always take 8 (gate and up rows fill the tile). `tiles`: tiles per block, 1 or 2 (0:
-// the default for W's shape, above); `x`: where x is read from (above). Any choice gives the
-// same bits.
-void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0,
-                    SkinnyX x = SkinnyX::SKINNY_X_AUTO);
+// the default for W's shape, above); any choice gives the same bits.
+void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0);
 
 }  // namespace qtts::kernels

@@ -62,10 +62,6 @@ struct GpuBatchOptions {
     // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
-    // Where those products read x from: AUTO stages it in shared memory once per SM where the rows
-    // fit (up to 16 rows), GLOBAL reads it from L2 in every block (the kernel before staging;
-    // measurements). The same bits either way.
-    kernels::SkinnyX skinny_x = kernels::SkinnyX::SKINNY_X_AUTO;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
     // each residual combine into the next product's split, the SwiGLU combine writes its split,
     // and the attention reads the qkv GEMM's halves and writes the o product's split

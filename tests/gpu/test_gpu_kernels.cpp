@@ -202,15 +202,10 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
     // warp's 32-input step (1096, 72, 200: some lanes past the end) or give some warps no step
     // at all (64, 72, 128), row counts that leave part of an 8-row tile empty (every n-tile
     // count 1..4: 1, 5, 17, 24, 25, 29, 31, 32), padded strides.
-    // Up to 16 rows x is staged in shared memory by default: 6144 features (SwiGLU: 768 tiles)
-    // and 3200 (200 tiles of 16-warp teams, one tile per group) give some teams two groups on an
-    // H200 (132 SMs); 6144 inputs at 8 rows just fit a block's shared memory.
     const Shape shapes[] = {{4096, 2048, 16, 0, 0}, {2048, 6144, 8, 0, 0}, {3072, 2048, 4, 0, 0},
                             {1024, 3072, 24, 4, 3}, {61, 64, 5, 0, 0},     {2050, 1096, 31, 8, 1},
                             {33, 128, 17, 0, 7},    {100, 576, 1, 4, 0},   {1024, 1024, 32, 0, 0},
-                            {77, 72, 25, 4, 2},     {4096, 1024, 32, 0, 0}, {40, 200, 29, 0, 0},
-                            {6144, 2048, 12, 4, 3}, {3200, 1024, 9, 0, 0},  {77, 200, 13, 4, 2},
-                            {1024, 3072, 16, 0, 0}};
+                            {77, 72, 25, 4, 2},     {4096, 1024, 32, 0, 0}, {40, 200, 29, 0, 0}};
     for (const Shape s : shapes) {
         const uint64_t seed = fresh_seed();
         INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " ldx +" << s.ldx_pad << " ldy +" << s.ldy_pad
@@ -227,12 +222,11 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         a.ldx = ldx;
         a.ldy = ldy;
         // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched.
-        // `tiles`: tiles per block (0: the kernel's default for the rows); `xs`: where x is read from.
-        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0,
-                             k::SkinnyX xs = k::SkinnyX::SKINNY_X_AUTO) {
+        // `tiles`: tiles per block (0: the kernel's default for the rows).
+        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0) {
             a.y = d_y.get();
             REQUIRE(k::skinny_supported(a));
-            k::skinny_product(a, context().launch(), 0, tiles, xs);
+            k::skinny_product(a, context().launch(), 0, tiles);
             const auto y_all = download(d_y, before.size());
             std::vector<float> y(size_t(s.rows) * s.out);
             for (size_t i = 0; i < y_all.size(); ++i) {
@@ -245,21 +239,15 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             return y;
         };
         const std::vector<float> nan_y(size_t(s.rows + 1) * ldy, std::numeric_limits<float>::quiet_NaN());
-        // One and two tiles per block (the default is one of them), with x read from global
-        // memory or staged in shared memory (where the rows fit), make every sum the same way:
+        // One and two tiles per block (the default is one of them) make every sum the same way:
         // the same bits, each checked against `y` from a fresh copy of `before`.
-        const bool stageable = s.rows <= 16 && k::skinny_staged(a, k::SkinnyX::SKINNY_X_SHARED);
-        CHECK(k::skinny_staged(a) == stageable);
-        CHECK_FALSE(k::skinny_staged(a, k::SkinnyX::SKINNY_X_GLOBAL));
         const auto same_bits_any_tiles = [&](const std::vector<float>& y, const std::vector<float>& before) {
-            for (const int tiles : {1, 2})
-                for (const k::SkinnyX xs : {k::SkinnyX::SKINNY_X_GLOBAL, k::SkinnyX::SKINNY_X_SHARED}) {
-                    if (xs == k::SkinnyX::SKINNY_X_SHARED && !stageable) continue;
-                    INFO("tiles per block " << tiles << ", x " << (xs == k::SkinnyX::SKINNY_X_SHARED ? "staged" : "global"));
-                    auto d_t = upload(before);
-                    const auto yt = run(d_t, before, tiles, xs);
-                    CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
-                }
+            for (const int tiles : {1, 2}) {
+                INFO("tiles per block " << tiles);
+                auto d_t = upload(before);
+                const auto yt = run(d_t, before, tiles);
+                CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
+            }
         };
 
         SECTION("plain input, store with bias; the same bits twice, and the last row's bits alone") {
@@ -363,19 +351,6 @@ TEST_CASE("skinny products refuse what they cannot take", "[gpu][skinny]") {
     CHECK_THROWS_AS(k::skinny_product(bad, context().launch()), k::KernelError);
     CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 12), k::KernelError);  // 8 or 16 features per block
     CHECK_THROWS_AS(k::skinny_product(a, context().launch(), 0, 3), k::KernelError);  // 1 or 2 tiles per block
-    // x staged in shared memory: up to 16 rows that fit a block's shared memory.
-    CHECK(k::skinny_staged(a));
-    bad = a;
-    bad.rows = 17;
-    CHECK_FALSE(k::skinny_staged(bad));
-    CHECK_THROWS_AS(k::skinny_product(bad, context().launch(), 0, 0, k::SkinnyX::SKINNY_X_SHARED), k::KernelError);
-    bad = a;
-    bad.in = 1 << 16;  // 9 rows of 65536 inputs: more than any GPU's shared memory (nothing is launched)
-    bad.ldx = 1 << 16;
-    bad.rows = 9;
-    CHECK(k::skinny_supported(bad));
-    CHECK_FALSE(k::skinny_staged(bad));
-    CHECK_THROWS_AS(k::skinny_product(bad, context().launch(), 0, 0, k::SkinnyX::SKINNY_X_SHARED), k::KernelError);
 }
 
 TEST_CASE("gemv computes every row of a wide batch exactly as alone", "[gpu][gemv][batch]") {
