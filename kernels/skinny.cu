@@ -1,6 +1,8 @@
 // One-launch tensor-core products over a few rows (see skinny.cuh for the design).
 #include "kernels/skinny.cuh"
 
+#include <atomic>
+
 #include "kernels/check.cuh"
 #include "kernels/mma.cuh"
 
@@ -13,13 +15,32 @@ constexpr int SK_FEW_BLOCKS = 256;   // products with fewer blocks (about 2 per 
 constexpr int SK_FEATURES = 16;      // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;          // inputs per warp step: two m16n8k16 products per 8 rows
 constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with one tile (registers)
+constexpr int SK_RING_STEPS = 8;     // the same through a shared-memory ring (twice the bytes in flight)
 // Products of at least this many tiles take two per block by default. Measured on the H200 (1.7B,
 // 4-32 rows): 192-768 tiles 8-32% faster with two, 64-128 tiles (the o, down and predictor
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
 constexpr int SK_TWO_TILES_MIN = 192;
 
-// Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats.
-constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float); }
+// Weight steps a warp keeps in flight: the same bytes for one tile or two.
+constexpr int skinny_depth(bool ring, int tiles) { return (ring ? SK_RING_STEPS : SK_PREFETCH) / tiles; }
+// Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats, then with the shared-memory
+// ring every warp's weight steps, [warps][depth][tiles][2 halves][32 lanes] 16-byte pieces.
+constexpr size_t skinny_smem(int nt, int warps, int tiles, bool ring) {
+    return size_t(warps) * size_t(nt) * 32 * 4 * sizeof(float) +
+           (ring ? size_t(warps) * size_t(skinny_depth(true, tiles)) * size_t(tiles) * 2 * 32 * 16 : 0);
+}
+
+// A 16-byte copy global -> shared that bypasses L1; `valid` false writes zeros (nothing is read).
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
+    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most PENDING of this thread's newest copy groups are in flight.
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
 // NT: n-tiles of 8 x rows (rows <= 8 NT). A tile's 16 weight rows are 16 features of W; with
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up
@@ -31,13 +52,16 @@ constexpr size_t skinny_smem(int nt, int warps) { return size_t(warps) * size_t(
 // tiles (what grows with the rows) and a warp has TILES times the weight loads in flight. Every
 // feature's sum is made by the same warps over the same steps in the same order for any TILES,
 // so the results are the same bits.
-template <int NT, int WARPS, int TILES>
+// RING: where a warp keeps its weight steps in flight: registers (false: SK_PREFETCH steps, as
+// many as the registers allow beside x), or a ring in shared memory filled by cp.async (true:
+// SK_RING_STEPS steps, twice the bytes in flight per SM; each lane reads back only the pieces it
+// copied itself, so a per-thread wait is the only synchronisation). The same sums either way.
+template <int NT, int WARPS, int TILES, bool RING>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
     __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
     __shared__ float row_scale[NT * 8];
-    // Weight steps in flight per warp: the same bytes for one tile or two.
-    constexpr int PREFETCH = SK_PREFETCH / TILES;
+    constexpr int PREFETCH = skinny_depth(RING, TILES);
 
     const int kw = threadIdx.x / 32, lane = threadIdx.x % 32;  // kw: the warp, = its first input step
     const int g = lane / 4, q = lane % 4;
@@ -61,14 +85,27 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     const int mine = kw < steps ? (steps - 1 - kw) / WARPS + 1 : 0;  // this warp's: kw, kw + WARPS, ...
     // Input offset of this lane's 8-input piece in the warp's j-th step (>= in: past the end).
     const auto piece = [&](int j) { return (kw + j * WARPS) * SK_STEP + 8 * q; };
-    const auto load_step = [&](int j, uint4 (&dst)[TILES][2]) {
+    // The weight ring: slot i holds a step's two 16-byte halves (tile rows g and g + 8) per tile,
+    // in registers or in this warp's part of the shared memory (lane-contiguous pieces).
+    uint4 wreg[RING ? 1 : PREFETCH][TILES][2];
+    uint4* const wring = reinterpret_cast<uint4*>(sk_sums + skinny_smem(NT, WARPS, TILES, false) / sizeof(float)) +
+                         size_t(kw) * PREFETCH * TILES * 2 * 32 + lane;
+    const auto slot = [&](int i, int t, int half) { return wring + ((i * TILES + t) * 2 + half) * 32; };
+    // Step j into slot i (zeros past the end); with the shared ring, one copy group per step.
+    const auto load_step = [&](int j, int i) {
         const int k = piece(j);
         const bool inside = j < mine && k < a.in;
 #pragma unroll
         for (int t = 0; t < TILES; ++t) {
-            dst[t][0] = inside ? load_weights(w0[t] + k) : make_uint4(0u, 0u, 0u, 0u);
-            dst[t][1] = inside && upper ? load_weights(w8[t] + k) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (RING) {
+                copy_async16(slot(i, t, 0), inside ? w0[t] + k : a.w, inside);
+                copy_async16(slot(i, t, 1), inside && upper ? w8[t] + k : a.w, inside && upper);
+            } else {
+                wreg[RING ? 0 : i][t][0] = inside ? load_weights(w0[t] + k) : make_uint4(0u, 0u, 0u, 0u);
+                wreg[RING ? 0 : i][t][1] = inside && upper ? load_weights(w8[t] + k) : make_uint4(0u, 0u, 0u, 0u);
+            }
         }
+        if constexpr (RING) copy_async_commit();
     };
 
     // The block's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
@@ -78,9 +115,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
         prefetch_l2(a.w + size_t(f0) * in, bytes);
         if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
     }
-    uint4 wcur[PREFETCH][TILES][2];
 #pragma unroll
-    for (int i = 0; i < PREFETCH; ++i) load_step(i, wcur[i]);
+    for (int i = 0; i < PREFETCH; ++i) load_step(i, i);
     pdl_wait();  // the weights above are constant; x comes from the previous kernel
     pdl_trigger();
 
@@ -130,6 +166,13 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
             for (int s = 0; s < XG; ++s) {
                 const int i = h + s;
                 if (j0 + i >= mine) break;  // warp-uniform: every lane runs the mma below
+                // Slot i's step: the oldest of the PREFETCH copy groups in flight (shared ring).
+                uint4 wi[TILES][2];
+                if constexpr (RING) copy_async_wait<PREFETCH - 1>();
+#pragma unroll
+                for (int t = 0; t < TILES; ++t)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) wi[t][half] = RING ? *slot(i, t, half) : wreg[RING ? 0 : i][t][half];
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     float4 x0 = xv[s][n][0], x1 = xv[s][n][1];
@@ -147,18 +190,20 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
                     split_pair(x1.z, x1.w, hi[3], lo[3]);
 #pragma unroll
                     for (int t = 0; t < TILES; ++t) {
-                        const uint4& r0 = wcur[i][t][0];
-                        const uint4& r8 = wcur[i][t][1];
+                        const uint4& r0 = wi[t][0];
+                        const uint4& r8 = wi[t][1];
                         mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, hi[0], hi[1]);
                         mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, hi[2], hi[3]);
                         mma_16816(acc[t][n], r0.x, r8.x, r0.y, r8.y, lo[0], lo[1]);
                         mma_16816(acc[t][n], r0.z, r8.z, r0.w, r8.w, lo[2], lo[3]);
                     }
                 }
-                load_step(j0 + i + PREFETCH, wcur[i]);  // a ring: this slot takes the step PREFETCH on
+                load_step(j0 + i + PREFETCH, i);  // a ring: this slot takes the step PREFETCH on
             }
         }
     }
+
+    if constexpr (RING) copy_async_wait<0>();  // the copies past the last step (zeros) have landed
 
     // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp), then each row's scale.
     if (norm) {
@@ -219,32 +264,49 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     }
 }
 
-template <int NT, int WARPS, int TILES>
+template <int NT, int WARPS, int TILES, bool RING>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
-    constexpr size_t smem = skinny_smem(NT, WARPS);
-    static_assert(smem + SMEM_STATIC_ALLOWANCE <= 48 * 1024, "the warps' sums fit the default shared memory");
+    constexpr size_t smem = skinny_smem(NT, WARPS, TILES, RING);
+    // The blocks an SM should hold (the launch bounds: two of 8 warps, one of 16) fit an sm_90 SM's
+    // shared memory; GPUs with less a block (sm_80: 163 KiB, sm_86 / sm_89: 99 KiB) keep the
+    // weights in registers where the ring does not fit (the same bits).
+    static_assert((WARPS == 16 ? smem : 2 * smem) + 2 * SMEM_STATIC_ALLOWANCE <= 227 * 1024, "the SM's blocks fit");
+    if constexpr (RING) {
+        if (!smem_fits(smem)) return skinny_launch<NT, WARPS, TILES, false>(a, features, l);
+    }
+    static std::atomic<uint64_t> raised{0};
+    smem_limit_raise(skinny_kernel<NT, WARPS, TILES, RING>, smem, raised);
     const dim3 grid((a.out + features * TILES - 1) / (features * TILES));
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES>, a, features));
+    KERNEL_CUDA_CHECK(
+        launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES, RING>, a, features));
 }
 
 // 16 warps when the product has few tiles (the choice depends on the shape of W only, never on
 // the rows or the tiles per block, so a row's result does not depend on how many rows share the
 // launch or how the tiles are grouped).
-template <int NT, int TILES>
+template <int NT, int TILES, bool RING>
 void skinny_launch_warps(const GemvArgs& a, int features, const Launch& l) {
     const int tiles = (a.out + features - 1) / features;
     if (tiles < SK_FEW_BLOCKS)
-        skinny_launch<NT, 2 * SK_WARPS, TILES>(a, features, l);
+        skinny_launch<NT, 2 * SK_WARPS, TILES, RING>(a, features, l);
     else
-        skinny_launch<NT, SK_WARPS, TILES>(a, features, l);
+        skinny_launch<NT, SK_WARPS, TILES, RING>(a, features, l);
+}
+
+template <int NT, bool RING>
+void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, const Launch& l) {
+    if (tiles == 2)
+        skinny_launch_warps<NT, 2, RING>(a, features, l);
+    else
+        skinny_launch_warps<NT, 1, RING>(a, features, l);
 }
 
 template <int NT>
-void skinny_launch_tiles(const GemvArgs& a, int features, int tiles, const Launch& l) {
-    if (tiles == 2)
-        skinny_launch_warps<NT, 2>(a, features, l);
+void skinny_launch_weights(const GemvArgs& a, int features, int tiles, SkinnyWeights weights, const Launch& l) {
+    if (weights == SkinnyWeights::SKINNY_WEIGHTS_REGISTERS)
+        skinny_launch_tiles<NT, false>(a, features, tiles, l);
     else
-        skinny_launch_warps<NT, 1>(a, features, l);
+        skinny_launch_tiles<NT, true>(a, features, tiles, l);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -261,7 +323,7 @@ bool skinny_supported(const GemvArgs& a) {
            a.ldy >= a.out;
 }
 
-void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles) {
+void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles, SkinnyWeights weights) {
     if (!skinny_supported(a))
         check_fail("skinny_product",
                    "unsupported arguments (rows 1..32, in a positive multiple of 8, 16-byte aligned rows, no "
@@ -278,10 +340,10 @@ void skinny_product(const GemvArgs& a, const Launch& l, int features, int tiles)
         features = SK_FEATURES;
     if (tiles == 0) tiles = (a.out + features - 1) / features >= SK_TWO_TILES_MIN ? 2 : 1;
     switch ((a.rows + 7) / 8) {
-        case 1: return skinny_launch_tiles<1>(a, features, tiles, l);
-        case 2: return skinny_launch_tiles<2>(a, features, tiles, l);
-        case 3: return skinny_launch_tiles<3>(a, features, tiles, l);
-        default: return skinny_launch_tiles<4>(a, features, tiles, l);
+        case 1: return skinny_launch_weights<1>(a, features, tiles, weights, l);
+        case 2: return skinny_launch_weights<2>(a, features, tiles, weights, l);
+        case 3: return skinny_launch_weights<3>(a, features, tiles, weights, l);
+        default: return skinny_launch_weights<4>(a, features, tiles, weights, l);
     }
 }
 

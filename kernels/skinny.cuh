@@ -13,8 +13,11 @@
 //     flight per SM, half the steps per warp) take the 32-input steps in turn (warp w: steps w,
 //     w + warps, ...), so a block reads its weight rows front to back together;
 //   * the block's weight rows are prefetched into L2 before the PDL wait (while the previous
-//     kernel finishes); each lane then loads them straight into mma.sync A fragments, one
-//     16-byte load per fragment row, four steps ahead in registers;
+//     kernel finishes); each lane then copies its pieces of the mma.sync A fragments (one 16-byte
+//     piece per fragment row) eight steps ahead into its own slots of a shared-memory ring with
+//     cp.async, and reads them back when their step comes (SKINNY_WEIGHTS_SHARED, the default;
+//     the kernel before it held four steps in registers, SKINNY_WEIGHTS_REGISTERS: the registers
+//     also hold x, so twice the bytes in flight needed another place);
 //   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once, and
 //     split in registers into a bf16 hi/lo pair, so the fp32 activations keep ~16 bits of
 //     mantissa against bf16 weights (as the split cuBLAS path and prefill do); the 1/rms of a row
@@ -40,6 +43,12 @@ namespace qtts::kernels {
 
 constexpr int SKINNY_MAX_ROWS = 32;
 
+// Where a warp keeps the weight steps it has in flight (above). The same bits either way.
+enum class SkinnyWeights {
+    SKINNY_WEIGHTS_SHARED,     // a cp.async ring in shared memory, eight steps (the default)
+    SKINNY_WEIGHTS_REGISTERS,  // registers, four steps
+};
+
 // Whether skinny_product takes these arguments (shape and input rules above).
 bool skinny_supported(const GemvArgs& args);
 
@@ -47,7 +56,9 @@ bool skinny_supported(const GemvArgs& args);
 // `features`: output features per block, 16 (0: the default) or 8 (twice the blocks, half of each
 // tensor-core tile idle; for products with few features: measured in the kernel lab). SwiGLU
 // products always take 8 (gate and up rows fill the tile). `tiles`: tiles per block, 1 or 2 (0:
-// the default for W's shape, above); any choice gives the same bits.
-void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0);
+// the default for W's shape, above); `weights`: where the weight steps in flight are kept. Any
+// choice gives the same bits.
+void skinny_product(const GemvArgs& args, const Launch& launch, int features = 0, int tiles = 0,
+                    SkinnyWeights weights = SkinnyWeights::SKINNY_WEIGHTS_SHARED);
 
 }  // namespace qtts::kernels

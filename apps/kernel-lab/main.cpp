@@ -336,7 +336,8 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
     }
     // The batched step's one-launch tensor-core products (kernels/skinny.cuh) on the same shapes,
     // at 4-32 rows, with 16 and 8 output features per tile (the SwiGLU product always takes 8) and
-    // one or two tiles per block.
+    // one or two tiles per block; then the default features and tiles with the weight steps in
+    // registers instead of the shared-memory ring ("wr").
     {
         const int max_rows = 32;
         const size_t widest_in = size_t(std::max({T.hidden, T.q_dim(), T.intermediate, P.hidden, P.intermediate}));
@@ -346,7 +347,7 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
                           k::GemvInput input, k::GemvOutput output) {
             const bool swiglu = layers[0].w2 != nullptr;
             const double bytes = weight_bytes(layers, out_rows, in);
-            for (const int rows : {4, 8, 16, 24, 32}) {
+            for (const int rows : {4, 8, 12, 16, 24, 32}) {
                 const std::vector<k::GemvArgs> args =
                     layer_args(layers, out_rows, in, rows, input, output, xs.get(), ys.get());
                 for (const int features : {16, 8}) {
@@ -359,6 +360,10 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
                              });
                     }
                 }
+                time("skinny " + name + " x" + std::to_string(rows) + " default, wr", bytes, [&, args](int i) {
+                    k::skinny_product(args[size_t(i) % args.size()], ctx.launch(), 0, 0,
+                                      k::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS);
+                });
             }
         };
         for (int s = 0; s < 2; ++s) {

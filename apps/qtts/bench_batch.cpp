@@ -8,8 +8,10 @@
 // batch's default choice (tensor cores from GpuBatchOptions::wide_rows rows, one launch each up to
 // skinny_max_rows rows: kernels/skinny.cuh, split cuBLAS past that); "sk16" / "sk32" as auto with
 // one launch up to 16 / 32 rows; "t1" as auto with one tile per block in every one-launch product
-// (the kernel before two-tile blocks); "unfused" as auto with three launches per split product
-// (GpuBatchOptions::split_fusion off). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
+// (the kernel before two-tile blocks); "wr" as auto with every one-launch product keeping its
+// weight steps in registers (GpuBatchOptions::skinny_weights; the kernel before the shared-memory
+// ring); "unfused" as auto with three launches per split product (GpuBatchOptions::split_fusion
+// off). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
 // audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
 // graph's nodes and device memory.
@@ -61,6 +63,7 @@ struct PathSpec {
     int skinny_max_rows;  // -1: the default
     int skinny_tiles;     // 0: the default
     bool split_fusion = true;
+    qtts::kernels::SkinnyWeights skinny_weights = qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED;
 };
 
 // Starts the first b streams on the bench prompt (stream i seeded seed_base + i) and binds them
@@ -290,11 +293,12 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                            int chunk, const BatchBenchOptions& bench) {
     const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
                                   {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1},
-                                  {"unfused", 0, -1, 0, false}};
+                                  {"unfused", 0, -1, 0, false},
+                                  {"wr", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS}};
     for (const std::string& name : bench.paths)
         if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1, unfused)", name);
+                       "sk16, sk32, t1, unfused, wr)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -356,6 +360,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         if (path.skinny_max_rows >= 0) options.skinny_max_rows = path.skinny_max_rows;
         options.skinny_tiles = path.skinny_tiles;
         options.split_fusion = path.split_fusion;
+        options.skinny_weights = path.skinny_weights;
         const auto t0 = Clock::now();
         qc::GpuBatch batch(weights, context, max_context, options);
         batch.capture();
@@ -364,6 +369,8 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                                    {"skinny_max_rows", options.skinny_max_rows},
                                    {"skinny_tiles", options.skinny_tiles},
                                    {"split_fusion", options.split_fusion},
+                                   {"skinny_weights_in_registers",
+                                    options.skinny_weights == qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS},
                                    {"capture_ms", capture_ms},
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};

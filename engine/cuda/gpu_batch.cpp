@@ -170,7 +170,7 @@ void GpuBatch::product(const k::GemvArgs& a) {
     }
     // Tensor cores, few rows: one launch (split, products and output rule inside).
     if (a.rows <= options_.skinny_max_rows && k::skinny_supported(a)) {
-        CUDA_CHECK_KERNEL(k::skinny_product(a, l, 0, options_.skinny_tiles));
+        CUDA_CHECK_KERNEL(k::skinny_product(a, l, 0, options_.skinny_tiles, options_.skinny_weights));
         return;
     }
     // Tensor cores, many rows: rows split into bf16 hi + lo halves ([2 rows, in]), one GEMM

@@ -62,6 +62,9 @@ struct GpuBatchOptions {
     // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).
     int skinny_tiles = 0;
+    // Where those products keep the weight steps they have in flight: a shared-memory ring (the
+    // default) or registers (the kernel before; measurements). The same bits either way.
+    kernels::SkinnyWeights skinny_weights = kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED;
     // Passes whose products all take the split cuBLAS path (more than skinny_max_rows rows) fuse
     // each residual combine into the next product's split, the SwiGLU combine writes its split,
     // and the attention reads the qkv GEMM's halves and writes the o product's split

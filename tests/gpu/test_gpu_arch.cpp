@@ -9,6 +9,8 @@
 // Skipped (exit 77, tests/support/test_main.cpp) without a GPU.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +29,7 @@
 #include "engine/runtime/utterance.h"
 #include "kernels/arch.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/skinny.cuh"
 #include "test_streams.h"
 #include "test_support.h"
 
@@ -190,4 +193,55 @@ TEST_CASE("more streams than the GPU memory limit holds fail at load with the nu
                             Catch::Contains("limit 512 MiB"));
     // Nothing is left behind: what qtts tracks on the device is back to what the context holds.
     CHECK(qtts::gpu_memory_use(0).current_bytes <= context().cublas_workspace_bytes());
+}
+
+TEST_CASE("skinny products keep their weights in registers where a smaller GPU's shared memory is short",
+          "[gpu][arch][skinny]") {
+    // 12 rows against 1024 features (64 tiles: 16-warp blocks, whose weight ring takes 144 KiB)
+    // and 4096 features (8-warp blocks, 72 KiB). Capped at sm_86/89's 99 KiB a block, the first
+    // keeps its weight steps in registers, the second keeps the ring; both give the bits of the
+    // register kernel uncapped.
+    const int rows = 12, in = 2048;
+    for (const int out : {1024, 4096}) {
+        INFO("out " << out);
+        const auto x = qtts_test::random_floats(size_t(rows) * in, 21, -2.0f, 2.0f);
+        const auto wf = qtts_test::random_floats(size_t(out) * in, 22, -0.05f, 0.05f);
+        std::vector<uint16_t> w(wf.size());
+        for (size_t i = 0; i < w.size(); ++i) {
+            uint32_t u;
+            std::memcpy(&u, &wf[i], 4);
+            w[i] = uint16_t(u >> 16);
+        }
+        DeviceArray<uint16_t> d_w(w.size());
+        DeviceArray<float> d_x(x.size()), d_regs(size_t(rows) * out), d_capped(size_t(rows) * out);
+        REQUIRE(cudaMemcpy(d_w.get(), w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(d_x.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemset(d_regs.get(), 0xff, size_t(rows) * out * 4) == cudaSuccess);  // NaN: must be overwritten
+        REQUIRE(cudaMemset(d_capped.get(), 0xff, size_t(rows) * out * 4) == cudaSuccess);
+        k::GemvArgs a;
+        a.w = d_w.get();
+        a.out = out;
+        a.in = in;
+        a.rows = rows;
+        a.x = d_x.get();
+        a.ldx = in;
+        a.ldy = out;
+        a.y = d_regs.get();
+        k::skinny_product(a, context().launch(), 0, 0, k::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS);
+        k::smem_block_cap_set(99 * 1024);
+        a.y = d_capped.get();
+        try {
+            k::skinny_product(a, context().launch(), 0, 0, k::SkinnyWeights::SKINNY_WEIGHTS_SHARED);
+        } catch (...) {
+            k::smem_block_cap_set(0);
+            throw;
+        }
+        k::smem_block_cap_set(0);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        std::vector<float> regs(size_t(rows) * out), capped(regs.size());
+        REQUIRE(cudaMemcpy(regs.data(), d_regs.get(), regs.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        REQUIRE(cudaMemcpy(capped.data(), d_capped.get(), capped.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(std::all_of(regs.begin(), regs.end(), [](float v) { return std::isfinite(v); }));
+        CHECK(std::memcmp(regs.data(), capped.data(), regs.size() * 4) == 0);
+    }
 }

@@ -222,11 +222,13 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
         a.ldx = ldx;
         a.ldy = ldy;
         // y as the kernel wrote it, rows [0, rows) x [0, out); everything else must be untouched.
-        // `tiles`: tiles per block (0: the kernel's default for the rows).
-        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0) {
+        // `tiles`: tiles per block (0: the kernel's default for the rows); `weights`: where the
+        // weight steps in flight are kept.
+        const auto run = [&](DeviceArray<float>& d_y, const std::vector<float>& before, int tiles = 0,
+                             k::SkinnyWeights weights = k::SkinnyWeights::SKINNY_WEIGHTS_SHARED) {
             a.y = d_y.get();
             REQUIRE(k::skinny_supported(a));
-            k::skinny_product(a, context().launch(), 0, tiles);
+            k::skinny_product(a, context().launch(), 0, tiles, weights);
             const auto y_all = download(d_y, before.size());
             std::vector<float> y(size_t(s.rows) * s.out);
             for (size_t i = 0; i < y_all.size(); ++i) {
@@ -239,15 +241,19 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             return y;
         };
         const std::vector<float> nan_y(size_t(s.rows + 1) * ldy, std::numeric_limits<float>::quiet_NaN());
-        // One and two tiles per block (the default is one of them) make every sum the same way:
-        // the same bits, each checked against `y` from a fresh copy of `before`.
+        // One and two tiles per block (the default is one of them), with the weight steps in
+        // flight in the shared-memory ring (the default) or in registers, make every sum the same
+        // way: the same bits, each checked against `y` from a fresh copy of `before`.
         const auto same_bits_any_tiles = [&](const std::vector<float>& y, const std::vector<float>& before) {
-            for (const int tiles : {1, 2}) {
-                INFO("tiles per block " << tiles);
-                auto d_t = upload(before);
-                const auto yt = run(d_t, before, tiles);
-                CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
-            }
+            for (const int tiles : {1, 2})
+                for (const k::SkinnyWeights weights :
+                     {k::SkinnyWeights::SKINNY_WEIGHTS_SHARED, k::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS}) {
+                    INFO("tiles per block " << tiles << ", weights in "
+                                            << (weights == k::SkinnyWeights::SKINNY_WEIGHTS_SHARED ? "shared memory" : "registers"));
+                    auto d_t = upload(before);
+                    const auto yt = run(d_t, before, tiles, weights);
+                    CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
+                }
         };
 
         SECTION("plain input, store with bias; the same bits twice, and the last row's bits alone") {
