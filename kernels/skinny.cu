@@ -15,7 +15,7 @@ constexpr int SK_FEW_BLOCKS = 256;   // products with fewer blocks (about 2 per 
 constexpr int SK_FEATURES = 16;      // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;          // inputs per warp step: two m16n8k16 products per 8 rows
 constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with one tile (registers)
-constexpr int SK_RING_STEPS = 8;     // the same through a shared-memory ring (twice the bytes in flight)
+constexpr int SK_RING_STEPS = 12;    // the same through a shared-memory ring (three times the bytes in flight)
 // Products of at least this many tiles take two per block by default. Measured on the H200 (1.7B,
 // 4-32 rows): 192-768 tiles 8-32% faster with two, 64-128 tiles (the o, down and predictor
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
@@ -23,6 +23,12 @@ constexpr int SK_TWO_TILES_MIN = 192;
 
 // Weight steps a warp keeps in flight: the same bytes for one tile or two.
 constexpr int skinny_depth(bool ring, int tiles) { return (ring ? SK_RING_STEPS : SK_PREFETCH) / tiles; }
+// Steps of x a warp loads together: the most, up to `most`, that tile a ring of `depth` steps.
+constexpr int skinny_x_group(int most, int depth) {
+    int xg = most < depth ? most : depth;
+    while (depth % xg != 0) --xg;
+    return xg;
+}
 // Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats, then with the shared-memory
 // ring every warp's weight steps, [warps][depth][tiles][2 halves][32 lanes] 16-byte pieces.
 constexpr size_t skinny_smem(int nt, int warps, int tiles, bool ring) {
@@ -54,7 +60,7 @@ __device__ __forceinline__ void copy_async_wait() {
 // so the results are the same bits.
 // RING: where a warp keeps its weight steps in flight: registers (false: SK_PREFETCH steps, as
 // many as the registers allow beside x), or a ring in shared memory filled by cp.async (true:
-// SK_RING_STEPS steps, twice the bytes in flight per SM; each lane reads back only the pieces it
+// SK_RING_STEPS steps, three times the bytes in flight per SM; each lane reads back only the pieces it
 // copied itself, so a per-thread wait is the only synchronisation). The same sums either way.
 template <int NT, int WARPS, int TILES, bool RING>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
@@ -135,8 +141,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
     // stay within the registers).
     constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
-    constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
-    static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
+    constexpr int XG = skinny_x_group(XG_ROWS, PREFETCH);
     for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
 #pragma unroll
         for (int h = 0; h < PREFETCH; h += XG) {
