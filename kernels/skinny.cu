@@ -273,11 +273,12 @@ template <int NT, int WARPS, int TILES, bool RING>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
     constexpr size_t smem = skinny_smem(NT, WARPS, TILES, RING);
     // The blocks an SM should hold (the launch bounds: two of 8 warps, one of 16) fit an sm_90 SM's
-    // shared memory; GPUs with less a block (sm_80: 163 KiB, sm_86 / sm_89: 99 KiB) keep the
-    // weights in registers where the ring does not fit (the same bits).
-    static_assert((WARPS == 16 ? smem : 2 * smem) + 2 * SMEM_STATIC_ALLOWANCE <= 227 * 1024, "the SM's blocks fit");
+    // shared memory; GPUs with less (sm_80: 163 KiB a block, sm_86 / sm_89: 99 KiB) keep the
+    // weights in registers where the ring would cost them a block per SM (the same bits).
+    constexpr size_t per_sm = (WARPS == 16 ? 1 : 2) * (smem + SMEM_STATIC_ALLOWANCE);
+    static_assert(per_sm <= 227 * 1024, "the SM's blocks fit");
     if constexpr (RING) {
-        if (!smem_fits(smem)) return skinny_launch<NT, WARPS, TILES, false>(a, features, l);
+        if (per_sm > smem_block_limit()) return skinny_launch<NT, WARPS, TILES, false>(a, features, l);
     }
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(skinny_kernel<NT, WARPS, TILES, RING>, smem, raised);

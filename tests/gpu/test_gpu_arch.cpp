@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,54 @@ qtts::cuda::GpuContext& context() {
     static qtts::cuda::GpuContext c(0);
     return c;
 }
+
+// A product of random bf16 weights [out, in] (the top halves of random floats) and x [rows, in]
+// on the device; run() launches it with the shared memory per block capped at `cap` bytes (0: the
+// device's own limit) into a NaN-filled output and returns the output (all finite, checked).
+struct CappedProduct {
+    DeviceArray<uint16_t> w;
+    DeviceArray<float> x, y;
+    k::GemvArgs a;
+
+    CappedProduct(int rows, int in, int out, uint64_t seed) : w(size_t(out) * in), x(size_t(rows) * in), y(size_t(rows) * out) {
+        const auto xf = qtts_test::random_floats(size_t(rows) * in, seed, -2.0f, 2.0f);
+        const auto wf = qtts_test::random_floats(size_t(out) * in, seed + 1, -0.05f, 0.05f);
+        std::vector<uint16_t> wb(wf.size());
+        for (size_t i = 0; i < wb.size(); ++i) {
+            uint32_t u;
+            std::memcpy(&u, &wf[i], 4);
+            wb[i] = uint16_t(u >> 16);
+        }
+        REQUIRE(cudaMemcpy(w.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+        REQUIRE(cudaMemcpy(x.get(), xf.data(), xf.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        a.w = w.get();
+        a.out = out;
+        a.in = in;
+        a.rows = rows;
+        a.x = x.get();
+        a.ldx = in;
+        a.ldy = out;
+        a.y = y.get();
+    }
+
+    std::vector<float> run(size_t cap, const std::function<void(const k::GemvArgs&)>& launch) {
+        const size_t n = size_t(a.rows) * size_t(a.out);
+        REQUIRE(cudaMemset(y.get(), 0xff, n * 4) == cudaSuccess);  // NaN: every output must be written
+        k::smem_block_cap_set(cap);
+        try {
+            launch(a);
+        } catch (...) {
+            k::smem_block_cap_set(0);
+            throw;
+        }
+        k::smem_block_cap_set(0);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        std::vector<float> out(n);
+        REQUIRE(cudaMemcpy(out.data(), y.get(), n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
+        return out;
+    }
+};
 
 // The qtts program beside this test (tools/gpu-run.sh stages them together) or in the build.
 std::string qtts_exe() {
@@ -102,43 +151,29 @@ TEST_CASE("gemv rows per block shrink to a smaller GPU's shared memory with the 
     // 8 rows over 6144 inputs (the 1.7B talker's down projection, batched) stage 192 KiB of
     // input: sm_90 takes it in one block; capped at sm_86/89's 99 KiB the launcher takes 2 rows
     // per block. Every row is computed as in a one-row launch, so the outputs are equal bit for bit.
-    const int rows = 8, in = 6144, out = 256;
-    const auto x = qtts_test::random_floats(size_t(rows) * in, 11, -2.0f, 2.0f);
-    std::vector<uint16_t> w(size_t(out) * in);
-    const auto wf = qtts_test::random_floats(w.size(), 12, -0.05f, 0.05f);
-    for (size_t i = 0; i < w.size(); ++i) {
-        uint32_t u;
-        std::memcpy(&u, &wf[i], 4);
-        w[i] = uint16_t(u >> 16);
-    }
-    DeviceArray<uint16_t> d_w(w.size());
-    DeviceArray<float> d_x(x.size()), d_big(size_t(rows) * out), d_small(size_t(rows) * out);
-    REQUIRE(cudaMemcpy(d_w.get(), w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaMemcpy(d_x.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    k::GemvArgs a;
-    a.w = d_w.get();
-    a.out = out;
-    a.in = in;
-    a.rows = rows;
-    a.x = d_x.get();
-    a.ldx = in;
-    a.ldy = out;
-    a.y = d_big.get();
-    k::gemv(a, context().launch());
-    k::smem_block_cap_set(99 * 1024);
-    a.y = d_small.get();
-    try {
-        k::gemv(a, context().launch());
-    } catch (...) {
-        k::smem_block_cap_set(0);
-        throw;
-    }
-    k::smem_block_cap_set(0);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    std::vector<float> big(size_t(rows) * out), small(big.size());
-    REQUIRE(cudaMemcpy(big.data(), d_big.get(), big.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    REQUIRE(cudaMemcpy(small.data(), d_small.get(), small.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CappedProduct p(8, 6144, 256, 11);
+    const auto gemv = [](const k::GemvArgs& a) { k::gemv(a, context().launch()); };
+    const auto big = p.run(0, gemv), small = p.run(99 * 1024, gemv);
     CHECK(std::memcmp(big.data(), small.data(), big.size() * 4) == 0);
+}
+
+TEST_CASE("skinny products keep their weights in registers where a smaller GPU's shared memory is short",
+          "[gpu][arch][skinny]") {
+    // 12 rows against 1024 features (64 tiles: one 16-warp block per SM, whose weight ring takes
+    // 208 KiB) and 4096 features (two 8-warp blocks per SM, 104 KiB each). Capped at sm_80's 163
+    // KiB a block or sm_86/89's 99 KiB, both keep their weight steps in registers; uncapped (sm_90),
+    // the ring. The same bits either way.
+    for (const int out : {1024, 4096}) {
+        INFO("out " << out);
+        CappedProduct p(12, 2048, out, 21);
+        const auto skinny = [](const k::GemvArgs& a) { k::skinny_product(a, context().launch()); };
+        const auto ring = p.run(0, skinny);
+        for (const size_t cap : {size_t(163) * 1024, size_t(99) * 1024}) {
+            INFO("cap " << cap);
+            const auto capped = p.run(cap, skinny);
+            CHECK(std::memcmp(ring.data(), capped.data(), ring.size() * 4) == 0);
+        }
+    }
 }
 
 TEST_CASE("the GPU memory limit is honoured: slots fitted, peak under the limit", "[gpu][memory]") {
@@ -193,55 +228,4 @@ TEST_CASE("more streams than the GPU memory limit holds fail at load with the nu
                             Catch::Contains("limit 512 MiB"));
     // Nothing is left behind: what qtts tracks on the device is back to what the context holds.
     CHECK(qtts::gpu_memory_use(0).current_bytes <= context().cublas_workspace_bytes());
-}
-
-TEST_CASE("skinny products keep their weights in registers where a smaller GPU's shared memory is short",
-          "[gpu][arch][skinny]") {
-    // 12 rows against 1024 features (64 tiles: 16-warp blocks, whose weight ring takes 144 KiB)
-    // and 4096 features (8-warp blocks, 72 KiB). Capped at sm_86/89's 99 KiB a block, the first
-    // keeps its weight steps in registers, the second keeps the ring; both give the bits of the
-    // register kernel uncapped.
-    const int rows = 12, in = 2048;
-    for (const int out : {1024, 4096}) {
-        INFO("out " << out);
-        const auto x = qtts_test::random_floats(size_t(rows) * in, 21, -2.0f, 2.0f);
-        const auto wf = qtts_test::random_floats(size_t(out) * in, 22, -0.05f, 0.05f);
-        std::vector<uint16_t> w(wf.size());
-        for (size_t i = 0; i < w.size(); ++i) {
-            uint32_t u;
-            std::memcpy(&u, &wf[i], 4);
-            w[i] = uint16_t(u >> 16);
-        }
-        DeviceArray<uint16_t> d_w(w.size());
-        DeviceArray<float> d_x(x.size()), d_regs(size_t(rows) * out), d_capped(size_t(rows) * out);
-        REQUIRE(cudaMemcpy(d_w.get(), w.data(), w.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-        REQUIRE(cudaMemcpy(d_x.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        REQUIRE(cudaMemset(d_regs.get(), 0xff, size_t(rows) * out * 4) == cudaSuccess);  // NaN: must be overwritten
-        REQUIRE(cudaMemset(d_capped.get(), 0xff, size_t(rows) * out * 4) == cudaSuccess);
-        k::GemvArgs a;
-        a.w = d_w.get();
-        a.out = out;
-        a.in = in;
-        a.rows = rows;
-        a.x = d_x.get();
-        a.ldx = in;
-        a.ldy = out;
-        a.y = d_regs.get();
-        k::skinny_product(a, context().launch(), 0, 0, k::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS);
-        k::smem_block_cap_set(99 * 1024);
-        a.y = d_capped.get();
-        try {
-            k::skinny_product(a, context().launch(), 0, 0, k::SkinnyWeights::SKINNY_WEIGHTS_SHARED);
-        } catch (...) {
-            k::smem_block_cap_set(0);
-            throw;
-        }
-        k::smem_block_cap_set(0);
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        std::vector<float> regs(size_t(rows) * out), capped(regs.size());
-        REQUIRE(cudaMemcpy(regs.data(), d_regs.get(), regs.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-        REQUIRE(cudaMemcpy(capped.data(), d_capped.get(), capped.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-        CHECK(std::all_of(regs.begin(), regs.end(), [](float v) { return std::isfinite(v); }));
-        CHECK(std::memcmp(regs.data(), capped.data(), regs.size() * 4) == 0);
-    }
 }
