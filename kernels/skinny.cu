@@ -15,7 +15,7 @@ constexpr int SK_FEW_BLOCKS = 256;   // products with fewer blocks (about 2 per 
 constexpr int SK_FEATURES = 16;      // output features per tile (the m of m16n8k16)
 constexpr int SK_STEP = 32;          // inputs per warp step: two m16n8k16 products per 8 rows
 constexpr int SK_PREFETCH = 4;       // weight steps a warp keeps in flight with one tile (registers)
-constexpr int SK_RING_STEPS = 12;    // the same through a shared-memory ring (three times the bytes in flight)
+constexpr int SK_RING_STEPS = 8;     // the same through a shared-memory ring (twice the bytes in flight)
 // Products of at least this many tiles take two per block by default. Measured on the H200 (1.7B,
 // 4-32 rows): 192-768 tiles 8-32% faster with two, 64-128 tiles (the o, down and predictor
 // head products: 16-warp blocks, 1 per SM or fewer) 10-40% slower.
@@ -60,7 +60,7 @@ __device__ __forceinline__ void copy_async_wait() {
 // so the results are the same bits.
 // RING: where a warp keeps its weight steps in flight: registers (false: SK_PREFETCH steps, as
 // many as the registers allow beside x), or a ring in shared memory filled by cp.async (true:
-// SK_RING_STEPS steps, three times the bytes in flight per SM; each lane reads back only the pieces it
+// SK_RING_STEPS steps, twice the bytes in flight per SM; each lane reads back only the pieces it
 // copied itself, so a per-thread wait is the only synchronisation). The same sums either way.
 template <int NT, int WARPS, int TILES, bool RING>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {

@@ -14,10 +14,11 @@
 //     w + warps, ...), so a block reads its weight rows front to back together;
 //   * the block's weight rows are prefetched into L2 before the PDL wait (while the previous
 //     kernel finishes); each lane then copies its pieces of the mma.sync A fragments (one 16-byte
-//     piece per fragment row) twelve steps ahead into its own slots of a shared-memory ring with
+//     piece per fragment row) eight steps ahead into its own slots of a shared-memory ring with
 //     cp.async, and reads them back when their step comes (SKINNY_WEIGHTS_SHARED, the default;
 //     the kernel before it held four steps in registers, SKINNY_WEIGHTS_REGISTERS: the registers
-//     also hold x, so three times the bytes in flight needed another place);
+//     also hold x, so twice the bytes in flight needed another place; twelve steps were slower:
+//     the ring then left too little of the SM's L1 for the x rows);
 //   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once, and
 //     split in registers into a bf16 hi/lo pair, so the fp32 activations keep ~16 bits of
 //     mantissa against bf16 weights (as the split cuBLAS path and prefill do); the 1/rms of a row
@@ -45,7 +46,7 @@ constexpr int SKINNY_MAX_ROWS = 32;
 
 // Where a warp keeps the weight steps it has in flight (above). The same bits either way.
 enum class SkinnyWeights {
-    SKINNY_WEIGHTS_SHARED,     // a cp.async ring in shared memory, twelve steps (the default)
+    SKINNY_WEIGHTS_SHARED,     // a cp.async ring in shared memory, eight steps (the default)
     SKINNY_WEIGHTS_REGISTERS,  // registers, four steps
 };
 

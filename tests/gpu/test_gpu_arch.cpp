@@ -160,9 +160,9 @@ TEST_CASE("gemv rows per block shrink to a smaller GPU's shared memory with the 
 TEST_CASE("skinny products keep their weights in registers where a smaller GPU's shared memory is short",
           "[gpu][arch][skinny]") {
     // 12 rows against 1024 features (64 tiles: one 16-warp block per SM, whose weight ring takes
-    // 208 KiB) and 4096 features (two 8-warp blocks per SM, 104 KiB each). Capped at sm_80's 163
-    // KiB a block or sm_86/89's 99 KiB, both keep their weight steps in registers; uncapped (sm_90),
-    // the ring. The same bits either way.
+    // 144 KiB) and 4096 features (two 8-warp blocks per SM, 72 KiB each). Uncapped (sm_90) and
+    // capped at sm_80's 163 KiB a block both keep the ring; capped at sm_86/89's 99 KiB both keep
+    // their weight steps in registers. The same bits either way.
     for (const int out : {1024, 4096}) {
         INFO("out " << out);
         CappedProduct p(12, 2048, out, 21);
