@@ -177,7 +177,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
 #pragma unroll
                 for (int t = 0; t < TILES; ++t)
 #pragma unroll
-                    for (int half = 0; half < 2; ++half) wi[t][half] = RING ? *slot(i, t, half) : wreg[RING ? 0 : i][t][half];
+                    for (int half = 0; half < 2; ++half)
+                        wi[t][half] = RING ? *slot(i, t, half) : wreg[RING ? 0 : i][t][half];
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     float4 x0 = xv[s][n][0], x1 = xv[s][n][1];

@@ -54,7 +54,8 @@ struct CappedProduct {
     DeviceArray<float> x, y;
     k::GemvArgs a;
 
-    CappedProduct(int rows, int in, int out, uint64_t seed) : w(size_t(out) * in), x(size_t(rows) * in), y(size_t(rows) * out) {
+    CappedProduct(int rows, int in, int out, uint64_t seed)
+        : w(size_t(out) * in), x(size_t(rows) * in), y(size_t(rows) * out) {
         const auto xf = qtts_test::random_floats(size_t(rows) * in, seed, -2.0f, 2.0f);
         const auto wf = qtts_test::random_floats(size_t(out) * in, seed + 1, -0.05f, 0.05f);
         std::vector<uint16_t> wb(wf.size());

@@ -248,8 +248,8 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
             for (const int tiles : {1, 2})
                 for (const k::SkinnyWeights weights :
                      {k::SkinnyWeights::SKINNY_WEIGHTS_SHARED, k::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS}) {
-                    INFO("tiles per block " << tiles << ", weights in "
-                                            << (weights == k::SkinnyWeights::SKINNY_WEIGHTS_SHARED ? "shared memory" : "registers"));
+                    const bool ring = weights == k::SkinnyWeights::SKINNY_WEIGHTS_SHARED;
+                    INFO("tiles per block " << tiles << ", weights in " << (ring ? "shared memory" : "registers"));
                     auto d_t = upload(before);
                     const auto yt = run(d_t, before, tiles, weights);
                     CHECK(std::memcmp(yt.data(), y.data(), y.size() * sizeof(float)) == 0);
