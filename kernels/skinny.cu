@@ -23,12 +23,6 @@ constexpr int SK_TWO_TILES_MIN = 192;
 
 // Weight steps a warp keeps in flight: the same bytes for one tile or two.
 constexpr int skinny_depth(bool ring, int tiles) { return (ring ? SK_RING_STEPS : SK_PREFETCH) / tiles; }
-// Steps of x a warp loads together: the most, up to `most`, that tile a ring of `depth` steps.
-constexpr int skinny_x_group(int most, int depth) {
-    int xg = most < depth ? most : depth;
-    while (depth % xg != 0) --xg;
-    return xg;
-}
 // Shared memory: every warp's sums, [warps][nt][32 lanes][4] floats, then with the shared-memory
 // ring every warp's weight steps, [warps][depth][tiles][2 halves][32 lanes] 16-byte pieces.
 constexpr size_t skinny_smem(int nt, int warps, int tiles, bool ring) {
@@ -141,7 +135,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
     // stay within the registers).
     constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
-    constexpr int XG = skinny_x_group(XG_ROWS, PREFETCH);
+    constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
+    static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
     for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
 #pragma unroll
         for (int h = 0; h < PREFETCH; h += XG) {

@@ -25,7 +25,9 @@
 #include "engine/common/device.h"
 #include "engine/common/error.h"
 #include "engine/cuda/gpu_context.h"
+#include "engine/cuda/gpu_lm_launch.h"
 #include "engine/model/make_model.h"
+#include "engine/model/safetensors.h"
 #include "engine/runtime/speech_model.h"
 #include "engine/runtime/utterance.h"
 #include "kernels/arch.cuh"
@@ -46,7 +48,7 @@ qtts::cuda::GpuContext& context() {
     return c;
 }
 
-// A product of random bf16 weights [out, in] (the top halves of random floats) and x [rows, in]
+// A product of random bf16 weights [out, in] and x [rows, in]
 // on the device; run() launches it with the shared memory per block capped at `cap` bytes (0: the
 // device's own limit) into a NaN-filled output and returns the output (all finite, checked).
 struct CappedProduct {
@@ -59,21 +61,10 @@ struct CappedProduct {
         const auto xf = qtts_test::random_floats(size_t(rows) * in, seed, -2.0f, 2.0f);
         const auto wf = qtts_test::random_floats(size_t(out) * in, seed + 1, -0.05f, 0.05f);
         std::vector<uint16_t> wb(wf.size());
-        for (size_t i = 0; i < wb.size(); ++i) {
-            uint32_t u;
-            std::memcpy(&u, &wf[i], 4);
-            wb[i] = uint16_t(u >> 16);
-        }
+        for (size_t i = 0; i < wb.size(); ++i) wb[i] = qtts::f32_to_bf16(wf[i]);
         REQUIRE(cudaMemcpy(w.get(), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
         REQUIRE(cudaMemcpy(x.get(), xf.data(), xf.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        a.w = w.get();
-        a.out = out;
-        a.in = in;
-        a.rows = rows;
-        a.x = x.get();
-        a.ldx = in;
-        a.ldy = out;
-        a.y = y.get();
+        a = qtts::cuda::gemv_product(w.get(), out, in, rows, x.get(), y.get());
     }
 
     std::vector<float> run(size_t cap, const std::function<void(const k::GemvArgs&)>& launch) {
