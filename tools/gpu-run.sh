@@ -170,11 +170,12 @@ device() {
         fi
         # The serving benchmark (QTTS_BENCH_SERVE="1,4,10,16,32,64": closed-loop concurrency levels,
         # batched and, up to QTTS_BENCH_SERVE_OFF, unbatched; QTTS_BENCH_SERVE_RATE: paced arrivals/s,
-        # with 96 stream slots: Poisson bursts at 30 requests/s fill 64 at times, docs/performance.md).
+        # with 96 stream slots: Poisson bursts at 30 requests/s fill 64 at times, docs/performance.md;
+        # QTTS_BENCH_SERVE_ARGS: more closed-loop options, e.g. --trace).
         if [ -n "${QTTS_BENCH_SERVE:-}" ] && [ "$p" = "1.7b-customvoice" ]; then
             t=$SECONDS
             local serve="$q/bin/qtts bench-serve --model $dir --backend cuda --frames 75"
-            { timeout 300 $serve --concurrency "$QTTS_BENCH_SERVE" --json "$out/serve-$p.json" 2>&1 || note "bench-serve FAILED";
+            { timeout 300 $serve --concurrency "$QTTS_BENCH_SERVE" ${QTTS_BENCH_SERVE_ARGS:-} --json "$out/serve-$p.json" 2>&1 || note "bench-serve FAILED";
               [ -n "${QTTS_BENCH_SERVE_OFF:-}" ] && { timeout 300 $serve --no-batching --concurrency "$QTTS_BENCH_SERVE_OFF" \
                   --json "$out/serve-$p-nobatch.json" 2>&1 || note "bench-serve --no-batching FAILED"; }
               [ -n "${QTTS_BENCH_SERVE_RATE:-}" ] && { timeout 200 $serve --paced --rate "$QTTS_BENCH_SERVE_RATE" --duration 10 \
@@ -192,7 +193,7 @@ device() {
             local real=/tmp/qtts-models/$p-real-tokenizer
             "$q/bin/qtts" make-model --preset "$p" --out "$real" --tokenizer-from "$q/ref/models/tiny-customvoice" >>"$out/bench.log" 2>&1
             if [ -n "${QTTS_BENCH_SERVE:-}" ]; then
-                timeout 300 "$q/bin/qtts" bench-serve --model "$real" --backend cuda --frames 75 --concurrency "$QTTS_BENCH_SERVE" \
+                timeout 300 "$q/bin/qtts" bench-serve --model "$real" --backend cuda --frames 75 --concurrency "$QTTS_BENCH_SERVE" ${QTTS_BENCH_SERVE_ARGS:-} \
                     --json "$out/serve-$p-real-tokenizer.json" >"$q/serve-real.log" 2>&1 || note "bench-serve (real tokenizer) FAILED"
                 grep -vE '^\[' "$q/serve-real.log" | sed "s/^/  [real tokenizer] /" | tee -a "$summary" >/dev/null
                 cat "$q/serve-real.log" >>"$out/bench.log"

@@ -38,6 +38,7 @@
 #include "engine/common/device.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/runtime/engine_debug.h"
 
 namespace {
 
@@ -82,6 +83,8 @@ void usage() {
         " closed loop:\n"
         "  --concurrency LIST     client threads per level (default 1,4,10,16,32,64)\n"
         "  --requests N           requests per level (default max(2 x concurrency, 8))\n"
+        "  --trace                the JSON gets each level's chunks in the order the engine made them\n"
+        "                         ([round, stream, frames, batched] each: which streams shared its rounds)\n"
         " paced (--paced):\n"
         "  --rate R               new requests per second (> 0)\n"
         "  --duration S           seconds of arrivals (> 0)\n"
@@ -108,6 +111,7 @@ struct ServeOptions {
     // closed loop
     std::vector<int> concurrency;
     long long requests = 0;  // 0: max(2c, 8)
+    bool trace = false;      // each level's chunks (engine_trace) in the JSON
     // paced
     bool paced = false;
     double rate = 0.0;
@@ -142,8 +146,9 @@ ServeOptions options_parse(const qtts_cli::Args& args) {
     o.frames = int(option_int(args, "frames", o.frames, 0, 100000));
     o.timeout_s = option_number(args, "timeout-s", o.timeout_s, 0.1, 86400.0);
     o.paced = args.has("paced");
+    o.trace = args.has("trace");
     if (o.paced) {
-        for (const char* closed_only : {"concurrency", "requests"})
+        for (const char* closed_only : {"concurrency", "requests", "trace"})
             if (args.has(closed_only))
                 fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--{} is for closed-loop runs; --paced takes --rate and --duration",
                      closed_only);
@@ -373,6 +378,7 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
     const uint64_t base = *next_index;
     *next_index += uint64_t(n);
     const qtts::EngineStats before = engine.stats();
+    if (o.trace) engine_trace_start(engine, size_t(1) << 18);
     const auto t0 = Clock::now();
     std::vector<std::thread> clients;
     for (int c = 0; c < concurrency; ++c) {
@@ -399,6 +405,12 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
     level["batch_histogram"] = histogram_delta(before, engine.stats());
     engine_delta(before, engine.stats(), level);
     if (const std::string e = first_error(results); !e.empty()) level["first_error"] = e;
+    if (o.trace) {
+        nlohmann::json chunks = nlohmann::json::array();
+        for (const qtts::EngineTraceEntry& t : engine_trace_take(engine))
+            chunks.push_back({t.round, t.stream_id, t.frames, t.batched});
+        level["trace"] = std::move(chunks);
+    }
     return level;
 }
 
@@ -600,7 +612,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
                                "duration", "arrivals", "prebuffer-ms", "period-ms", "admission", "gpu-memory-limit",
                                "max-context"},
-                              {"help", "paced", "no-batching", "batch-exact"});
+                              {"help", "paced", "no-batching", "batch-exact", "trace"});
     if (args.has("help")) {
         usage();
         return 0;

@@ -111,4 +111,22 @@ private:
     size_t count_ = 0;
 };
 
+// A CUDA event without timing, for "has the work enqueued before this point finished?" on one
+// stream: e.g. a pinned staging buffer may be refilled once the copy that reads it is done,
+// without waiting for everything else on the stream (cudaStreamSynchronize). Not copyable.
+class StreamMark {
+public:
+    StreamMark() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+    ~StreamMark() { cudaEventDestroy(event_); }
+    StreamMark(const StreamMark&) = delete;
+    StreamMark& operator=(const StreamMark&) = delete;
+
+    void record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(event_, stream)); }
+    // Blocks until the work enqueued before the last record() is done (at once when never recorded).
+    void wait() const { CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+private:
+    cudaEvent_t event_ = nullptr;
+};
+
 }  // namespace qtts::cuda

@@ -64,6 +64,7 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
     precomputed_ = 0;
     batch_codes_landed_ = false;
     batch_pcm_ready_ = false;
+    start_landed_ = true;  // start_finish() clears it until start_land()
     done_ = false;
     stop_reason_ = StopReason::STOP_NONE;
     frame_limit_update();
@@ -94,7 +95,15 @@ void GpuGenerator::start_finish(const Prompt& prompt, const GpuLm::PromptRows& r
                                 uint64_t seed) {
     lm_.generation_begin(rows, setup_from(params, seed));
     begin(params, rows.positions, prompt.text_tokens, prompt.text_complete);
-    lm_.codes_read(0, 1, host_codes_.data());
+    if (chunk_codes_.size() < size_t(k::SAMPLE_MAX_GROUPS)) chunk_codes_ = PinnedArray<int32_t>(k::SAMPLE_MAX_GROUPS);
+    lm_.codes_read_async(0, 1, chunk_codes_.get());
+    start_landed_ = false;
+}
+
+void GpuGenerator::start_land() {
+    QTTS_ASSERT(started_ && !start_landed_);
+    std::memcpy(host_codes_.data(), chunk_codes_.get(), k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
+    start_landed_ = true;
 }
 
 void GpuGenerator::frame_limit_update() {
@@ -148,6 +157,7 @@ std::vector<int> GpuGenerator::fused_sizes() const {
 }
 
 bool GpuGenerator::batch_ready(int frames) const {
+    QTTS_ASSERT(start_landed_);
     if (!started_ || done_ || precomputed_ > 0 || frames_ != computed_ || frames < 1) return false;
     if (host_codes_[size_t(frames_) * k::SAMPLE_MAX_GROUPS] == eos_id_) return false;  // stop_check's rules
     if (computed_ >= frame_limit_) return false;      // the next chunk() ends the segment
@@ -262,6 +272,7 @@ bool GpuGenerator::stop_check() {
 
 ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) {
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk before start()");
+    QTTS_ASSERT(start_landed_);
     QTTS_ASSERT(frames >= 1 && codes && (pcm || !decoder_));
     if (done_) return ChunkStatus::CHUNK_STATUS_DONE;
     // Nothing is computed past a chunk: every computed frame was emitted.

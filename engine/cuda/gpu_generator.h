@@ -52,10 +52,13 @@ public:
     // start(prompt, params, seed) in two halves around a prefill run elsewhere (several streams'
     // prompts together: GpuGeneratorPool::batch_start): start_load() checks the parameters and the
     // prompt (throws ERROR_INVALID_ARGUMENT with the state unchanged) and loads the prompt
-    // (GpuLm::prompt_load); after the prefill of its rows, start_finish() begins the segment.
+    // (GpuLm::prompt_load); after the prefill of its rows, start_finish() begins the segment: it
+    // enqueues the first draw and the read of its code, and start_land(), after the caller has
+    // synchronised the context (once for every stream started together), takes the code in.
     GpuLm::PromptRows start_load(const Prompt& prompt, const GenerationParams& params);
     void start_finish(const Prompt& prompt, const GpuLm::PromptRows& rows, const GenerationParams& params,
                       uint64_t seed);
+    void start_land();
 
     // Up to `frames` (>= 1) frames: codes appended to *codes and, with a decoder attached, their
     // samples to *pcm (untouched without one; may then be null). See ChunkGenerator::chunk.
@@ -126,6 +129,7 @@ private:
     int text_tokens_ = 0;
     bool text_closed_ = true;
     bool started_ = false;
+    bool start_landed_ = true;  // false between start_finish() and start_land(): host_codes_[0] not in
     bool done_ = false;
     int frames_ = 0;    // frames emitted (== frames computed, but for those dropped after an end-of-speech)
     int computed_ = 0;  // frames whose 16 codes are on the host (codebook 0 of frame computed_ too)

@@ -401,7 +401,11 @@ void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {
         positions.push_back(l.rows.positions);
     }
     prefill_batch_->run(lms, positions);
+    // Every first draw enqueued behind the prefill, then one synchronisation for all their codes
+    // (not a host-device round trip per stream).
     for (const Loaded& l : loaded) l.state->start_finish(l.start->prompt, l.rows, l.start->params, l.start->seed);
+    context_->synchronize();
+    for (const Loaded& l : loaded) l.state->start_land();
 }
 
 void GpuGeneratorPool::owner_adopt() { context_->guard().adopt(); }

@@ -262,6 +262,10 @@ private:
     PinnedArray<int32_t> pinned_ints_;
     PinnedArray<float> pinned_floats_;
     PinnedArray<kernels::GenerationDeviceState> pinned_state_;
+    PinnedArray<int32_t> pinned_codes_;  // codes_read's landing rows (grown on demand)
+    // After the last copy out of pinned_ints_ / pinned_state_: they are refilled once it is done,
+    // so a round of starts does not wait for the whole stream before each upload.
+    StreamMark staged_;
 };
 
 }  // namespace qtts::cuda

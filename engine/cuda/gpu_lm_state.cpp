@@ -159,15 +159,15 @@ void GpuLm::upload_ints(const int32_t* host, size_t n, int32_t* dev) {
     if (n == 0) return;
     if (n > pinned_ints_.size())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "GpuLm: {} ids exceed the staging capacity {}", n, pinned_ints_.size());
-    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // the staging buffer may still be in use
+    staged_.wait();  // the staging buffer may still feed the previous upload
     std::memcpy(pinned_ints_.get(), host, n * sizeof(int32_t));
     CUDA_CHECK(cudaMemcpyAsync(dev, pinned_ints_.get(), n * sizeof(int32_t), cudaMemcpyHostToDevice,
                                context_.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    staged_.record(context_.stream());
 }
 
 void GpuLm::state_upload(int L, int trailing, const GpuGenerationSetup& setup) {
-    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // the pinned mirror may still be in flight
+    staged_.wait();  // the pinned mirror may still feed the previous upload
     k::GenerationDeviceState& s = pinned_state_[0];
     s = k::GenerationDeviceState{};
     s.seed = setup.seed;
@@ -190,6 +190,7 @@ void GpuLm::state_upload(int L, int trailing, const GpuGenerationSetup& setup) {
     s.predictor.top_p = setup.predictor.top_p;
     s.predictor.repetition_penalty = 1.0f;
     CUDA_CHECK(cudaMemcpyAsync(state_, &s, sizeof(s), cudaMemcpyHostToDevice, context_.stream()));
+    staged_.record(context_.stream());
     CUDA_CHECK(cudaMemsetAsync(seen_, 0, size_t(weights_->codec_vocab) * 4, context_.stream()));
     CUDA_CHECK(cudaMemsetAsync(codes_, 0xff, size_t(code_capacity_) * k::SAMPLE_MAX_GROUPS * 4, context_.stream()));
     trailing_rows_ = trailing;
@@ -233,9 +234,12 @@ void GpuLm::codes_read_async(int first, int count, int32_t* pinned_out) {
 }
 
 void GpuLm::codes_read(int first, int count, int32_t* out) {
-    PinnedArray<int32_t> pinned(size_t(std::max(count, 1)) * k::SAMPLE_MAX_GROUPS);
-    codes_read_async(first, count, pinned.get());
+    // Landing rows kept from call to call: a pinned allocation and its free (which waits for the
+    // whole device) per call cost each start ~0.1 ms.
+    const size_t values = size_t(std::max(count, 1)) * k::SAMPLE_MAX_GROUPS;
+    if (pinned_codes_.size() < values) pinned_codes_ = PinnedArray<int32_t>(values);
+    codes_read_async(first, count, pinned_codes_.get());
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-    std::memcpy(out, pinned.get(), size_t(count) * k::SAMPLE_MAX_GROUPS * 4);
+    std::memcpy(out, pinned_codes_.get(), size_t(count) * k::SAMPLE_MAX_GROUPS * 4);
 }
 }  // namespace qtts::cuda

@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/api/qtts.h"
 #include "engine/common/device.h"
 #include "test_support.h"
 
@@ -302,6 +305,7 @@ TEST_CASE("qtts bench-serve refuses bad options before it loads a model, naming 
         {"--paced --rate 2 --duration 1 --period-ms 0", "--period-ms must be a number from 1"},
         {"--paced --rate 2 --duration 1 --prebuffer-ms -5", "--prebuffer-ms must be a number from 0"},
         {"--paced --rate 2 --duration 1 --concurrency 4", "--concurrency is for closed-loop runs"},
+        {"--paced --rate 2 --duration 1 --trace", "--trace is for closed-loop runs"},
         {"--concurrenc 4", "unknown option --concurrenc"},
     };
     for (const auto& [flags, reason] : cases) {
@@ -320,7 +324,7 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
     const std::string json = temp_path("serve.json");
     const int frames = 4, requests = 2;
     const Run r = qtts_run("bench-serve -q --backend cpu --concurrency 1,2 --requests " + std::to_string(requests) +
-                           " --frames " + std::to_string(frames) + " --json " + json);
+                           " --frames " + std::to_string(frames) + " --trace --json " + json);
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Catch::Contains("TTFA p50/p95/p99 (ms)") && Catch::Contains("audio-s/s"));
@@ -370,6 +374,24 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
         for (const char* part : {"starts", "first_steps", "steps", "service", "idle"}) parts += t.at(part).get<double>();
         CHECK(parts <= total + 1e-6);
         CHECK(total <= wall + 0.5);  // the snapshots may each trail the level by a round or an idle wait
+        // --trace: the level's chunks in the order made, each stream's first one first-chunk sized
+        // and its chunks adding up to the request's frames; rounds never go back; CPU: none batched.
+        const auto& trace = l.at("trace");
+        REQUIRE(trace.is_array());
+        std::map<uint64_t, std::vector<int>> chunks;  // stream -> its chunks' frames, in order
+        uint64_t last_round = 0;
+        for (const auto& e : trace) {
+            REQUIRE(e.size() == 4);
+            CHECK(e[0].get<uint64_t>() >= last_round);
+            last_round = e[0].get<uint64_t>();
+            chunks[e[1].get<uint64_t>()].push_back(e[2].get<int>());
+            CHECK_FALSE(e[3].get<bool>());
+        }
+        CHECK(chunks.size() == size_t(requests));
+        for (const auto& [stream, sizes] : chunks) {
+            CHECK(sizes.front() == qtts::FIRST_CHUNK_FRAMES_DEFAULT);
+            CHECK(std::accumulate(sizes.begin(), sizes.end(), 0) == frames);
+        }
     }
     CHECK_THAT(r.out, Catch::Contains("engine thread: "));
 }
