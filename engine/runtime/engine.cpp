@@ -332,6 +332,9 @@ struct Engine::Impl {
             return true;
         }
         s.waiting_for_text_ = status == UtteranceStatus::UTTERANCE_WAITING_FOR_TEXT && frames.empty();
+        // Ended with this chunk's frames (or with none): the stream ends now, not a round later,
+        // so its listener hears the end and its slot is free as soon as its last audio is out.
+        const bool ends = status == UtteranceStatus::UTTERANCE_DONE || s.utterance_->done();
         if (!frames.empty()) {
             const double gap = play_clock_publish(s.clock_, now_s(), int64_t(pcm.size()), s.excused_ || was_waiting);
             s.excused_ = false;
@@ -341,10 +344,10 @@ struct Engine::Impl {
             }
             s.publish(pcm, frames);
             s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
-            seams_after_chunk(s, int32_t(frames.size()));
+            seams_after_chunk(s, int32_t(frames.size()), ends);
         }
         if (s.waiting_for_text_ && !was_waiting) s.event_emit(StreamEventKind::STREAM_EVENT_WAITING);
-        if (status == UtteranceStatus::UTTERANCE_DONE) {
+        if (ends) {
             finish(s, s.utterance_->stop_reason(), "");
             finished = true;
         }
@@ -378,10 +381,11 @@ struct Engine::Impl {
     }
 
     // Test seams after a chunk that made audio (engine_debug.h); nothing when they are off.
-    void seams_after_chunk(const StreamImpl& s, int32_t frames) {
+    void seams_after_chunk(const StreamImpl& s, int32_t frames, bool ends) {
         if (trace_on.load(std::memory_order_relaxed)) {
             std::lock_guard<std::mutex> lock(trace_mutex);
-            if (trace.size() < trace_capacity) trace.push_back(EngineTraceEntry{round, s.id(), frames, s.batched_round_ == round});
+            if (trace.size() < trace_capacity)
+                trace.push_back(EngineTraceEntry{round, s.id(), frames, s.batched_round_ == round, ends});
         }
         if (const int64_t us = chunk_delay_us.load(std::memory_order_relaxed); us > 0)
             std::this_thread::sleep_for(std::chrono::microseconds(us));

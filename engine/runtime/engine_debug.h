@@ -53,6 +53,7 @@ struct EngineTraceEntry {
     uint64_t stream_id = 0;
     int32_t frames = 0;
     bool batched = false;    // its frames were made in a batched step (CUDA) with other streams'
+    bool ended = false;      // the stream ended with this chunk (its last frames)
 };
 void engine_trace_start(Engine& engine, size_t capacity);
 std::vector<EngineTraceEntry> engine_trace_take(Engine& engine);

@@ -61,6 +61,10 @@ public:
 
     StopReason stop_reason() const { return stop_reason_; }
     int64_t frames() const { return frames_; }
+    // True once the utterance has nothing left to make: chunk() returns UTTERANCE_DONE from its
+    // next call on. Already true after the chunk that made the last frames (which chunk() reports
+    // as UTTERANCE_CHUNK), so a caller can end the stream with that chunk instead of a call later.
+    bool done() const { return done_; }
 
 private:
     bool segment_start();              // starts the next complete segment; false when none is left

@@ -378,19 +378,25 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
         // and its chunks adding up to the request's frames; rounds never go back; CPU: none batched.
         const auto& trace = l.at("trace");
         REQUIRE(trace.is_array());
+        // The stream ends with its last chunk (not with an empty call a round later).
         std::map<uint64_t, std::vector<int>> chunks;  // stream -> its chunks' frames, in order
+        std::map<uint64_t, std::vector<bool>> ended;
         uint64_t last_round = 0;
         for (const auto& e : trace) {
-            REQUIRE(e.size() == 4);
+            REQUIRE(e.size() == 5);
             CHECK(e[0].get<uint64_t>() >= last_round);
             last_round = e[0].get<uint64_t>();
             chunks[e[1].get<uint64_t>()].push_back(e[2].get<int>());
             CHECK_FALSE(e[3].get<bool>());
+            ended[e[1].get<uint64_t>()].push_back(e[4].get<bool>());
         }
         CHECK(chunks.size() == size_t(requests));
         for (const auto& [stream, sizes] : chunks) {
             CHECK(sizes.front() == qtts::FIRST_CHUNK_FRAMES_DEFAULT);
             CHECK(std::accumulate(sizes.begin(), sizes.end(), 0) == frames);
+            const std::vector<bool>& e = ended[stream];
+            CHECK(std::count(e.begin(), e.end(), true) == 1);
+            CHECK(e.back());
         }
     }
     CHECK_THAT(r.out, Catch::Contains("engine thread: "));

@@ -393,6 +393,33 @@ std::vector<bool> rounds_in_order(const std::vector<EngineTraceEntry>& trace, ui
 
 }  // namespace
 
+TEST_CASE("a stream ends with the chunk that makes its last frames, not a round later", "[engine][scheduling]") {
+    EngineOptions options;
+    options.max_streams = 2;
+    Engine engine(options);
+    engine_trace_start(engine, 4096);
+    // Capped at 5 frames (chunks of 1 then 4: the cap falls on a chunk's end) and at 7 (inside one).
+    auto even = engine.submit(qtts_test::greedy_request("The first stream ends on a chunk boundary.", 5, kGreedySeed));
+    auto odd = engine.submit(qtts_test::greedy_request("The second one ends inside a chunk.", 7, kGreedySeed + 1));
+    read_all(*even);
+    read_all(*odd);
+    const auto trace = engine_trace_take(engine);
+    for (const auto& [stream, frames] : {std::pair{even->id(), 5}, std::pair{odd->id(), 7}}) {
+        std::vector<EngineTraceEntry> mine;
+        std::copy_if(trace.begin(), trace.end(), std::back_inserter(mine),
+                     [id = stream](const EngineTraceEntry& t) { return t.stream_id == id; });
+        INFO("stream " << stream);
+        REQUIRE_FALSE(mine.empty());
+        int total = 0;
+        for (const EngineTraceEntry& t : mine) total += t.frames;
+        CHECK(total == frames);
+        // Only the last chunk ends the stream: the end came with its audio.
+        CHECK(mine.back().ended);
+        CHECK(std::count_if(mine.begin(), mine.end(), [](const EngineTraceEntry& t) { return t.ended; }) == 1);
+    }
+    CHECK(even->metrics().stop_reason == StopReason::STOP_MAX_FRAMES);
+}
+
 TEST_CASE("deadline order: a newcomer with little audio buffered is served before a stream far ahead", "[engine][scheduling]") {
     EngineOptions options;
     options.max_streams = 2;
