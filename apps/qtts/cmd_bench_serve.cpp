@@ -4,8 +4,9 @@
 //                    [--frames F] [--backend auto|cpu|cuda] [--device N] [--max-streams N] [--json FILE]
 //   qtts bench-serve --paced --rate R --duration S [--arrivals poisson|fixed] [--prebuffer-ms M] ...
 //
-// Closed loop: for each concurrency level c, c client threads each submit a request, drain its
-// stream as fast as it comes, then submit the next, until the level's N requests are done.
+// Closed loop: for each concurrency level c, c client threads (all made first, then started
+// together) each submit a request, drain its stream as fast as it comes, then submit the next,
+// until the level's N requests are done.
 // Paced: requests arrive at R per second for S seconds; each admitted stream is played by a
 // simulated player (prebuffer, then one period of audio per period of wall time) that counts
 // underruns. Both report time to first audio, latency, real-time factor, throughput, refusals,
@@ -18,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -379,10 +381,23 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
     *next_index += uint64_t(n);
     const qtts::EngineStats before = engine.stats();
     if (o.trace) engine_trace_start(engine, size_t(1) << 18);
-    const auto t0 = Clock::now();
+    // Every client thread is made first and they start together at t0: c clients means c
+    // requests at once, not a first wave spread over the time it takes to create the threads (on
+    // the GPU machine 16 of 64 came after the engine had started the other 48's first chunks, and
+    // that group stayed a round behind the rest for the whole level: bench-serve --trace).
+    std::mutex gate_mutex;
+    std::condition_variable gate;
+    int ready = 0;
+    bool open = false;
     std::vector<std::thread> clients;
     for (int c = 0; c < concurrency; ++c) {
         clients.emplace_back([&] {
+            {
+                std::unique_lock<std::mutex> lock(gate_mutex);
+                ++ready;
+                gate.notify_all();
+                gate.wait(lock, [&] { return open; });
+            }
             for (long long i = taken.fetch_add(1); i < n; i = taken.fetch_add(1)) {
                 try {
                     results[size_t(i)] = request_drain(engine, request_make(o, base + uint64_t(i)), o.timeout_s);
@@ -394,6 +409,13 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
             }
         });
     }
+    {
+        std::unique_lock<std::mutex> lock(gate_mutex);
+        gate.wait(lock, [&] { return ready == concurrency; });
+        open = true;
+    }
+    const auto t0 = Clock::now();
+    gate.notify_all();
     for (auto& t : clients) t.join();
     const double wall_s = ms_between(t0, Clock::now()) / 1e3;
     nlohmann::json level = results_summary(results);
