@@ -105,6 +105,11 @@ public:
     T* get() const { return ptr_; }
     T& operator[](size_t i) const { return ptr_[i]; }
     size_t size() const { return count_; }
+    // Room for at least `count` values: a new (uninitialised) allocation when it has less. The
+    // caller makes sure no copy still reads or writes the old one.
+    void ensure(size_t count) {
+        if (count > count_) *this = PinnedArray(count);
+    }
 
 private:
     T* ptr_ = nullptr;

@@ -95,8 +95,7 @@ void GpuGenerator::start_finish(const Prompt& prompt, const GpuLm::PromptRows& r
                                 uint64_t seed) {
     lm_.generation_begin(rows, setup_from(params, seed));
     begin(params, rows.positions, prompt.text_tokens, prompt.text_complete);
-    if (chunk_codes_.size() < size_t(k::SAMPLE_MAX_GROUPS)) chunk_codes_ = PinnedArray<int32_t>(k::SAMPLE_MAX_GROUPS);
-    lm_.codes_read_async(0, 1, chunk_codes_.get());
+    lm_.codes_read_async(0, 1, chunk_codes_.get());  // the constructor sized it for a chunk's rows
     start_landed_ = false;
 }
 
@@ -173,7 +172,7 @@ void GpuGenerator::batch_computed(int frames) {
 void GpuGenerator::batch_codes_enqueue(int frames) {
     QTTS_ASSERT(precomputed_ == frames && !batch_codes_landed_);
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
-    if (chunk_codes_.size() < rows) chunk_codes_ = PinnedArray<int32_t>(rows);
+    chunk_codes_.ensure(rows);
     lm_.codes_read_async(computed_, frames + 1, chunk_codes_.get());
 }
 
@@ -234,7 +233,7 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     }
     // One copy per chunk: the chunk's frames and codebook 0 of the frame after it. A size larger
     // than any configured one (a caller off the engine's sizes) grows the pinned buffer once.
-    if (chunk_codes_.size() < rows) chunk_codes_ = PinnedArray<int32_t>(rows);
+    chunk_codes_.ensure(rows);
     lm_.codes_read_async(first, frames + 1, chunk_codes_.get());
     context_.synchronize();
     std::memcpy(dst, chunk_codes_.get(), rows * sizeof(int32_t));

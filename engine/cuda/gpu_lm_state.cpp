@@ -237,7 +237,7 @@ void GpuLm::codes_read(int first, int count, int32_t* out) {
     // Landing rows kept from call to call: not a pinned allocation and its free (which waits for
     // the whole device) in every start.
     const size_t values = size_t(std::max(count, 1)) * k::SAMPLE_MAX_GROUPS;
-    if (pinned_codes_.size() < values) pinned_codes_ = PinnedArray<int32_t>(values);
+    pinned_codes_.ensure(values);
     codes_read_async(first, count, pinned_codes_.get());
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
     std::memcpy(out, pinned_codes_.get(), size_t(count) * k::SAMPLE_MAX_GROUPS * 4);

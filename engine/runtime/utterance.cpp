@@ -152,18 +152,15 @@ UtteranceStatus Utterance::chunk(int frames, std::vector<float>* pcm, std::vecto
         QTTS_ASSERT(pcm->size() - pcm_before == size_t(made) * SAMPLES_PER_FRAME);
         frames_ += made;
         if (codes) codes->insert(codes->end(), chunk_codes_.begin(), chunk_codes_.end());
+        // The segment finished, or the cap fell on this chunk's end (done now: done() says so).
         const bool out_of_frames = prepared_.max_frames > 0 && frames_ >= prepared_.max_frames;
-        if (status == ChunkStatus::CHUNK_STATUS_DONE) {  // segment finished
+        if (status == ChunkStatus::CHUNK_STATUS_DONE || out_of_frames) {
             generating_ = false;
             stop_reason_ = generator_->stop_reason();
             if (prepared_.incremental || out_of_frames || next_segment_ >= prepared_.segments.size()) {
                 if (out_of_frames) stop_reason_ = StopReason::STOP_MAX_FRAMES;
                 done_ = true;
             }
-        } else if (out_of_frames) {  // the cap fell on this chunk's end: done now (done() says so)
-            generating_ = false;
-            stop_reason_ = StopReason::STOP_MAX_FRAMES;
-            done_ = true;
         }
         if (made > 0) return UtteranceStatus::UTTERANCE_CHUNK;
         if (done_) return UtteranceStatus::UTTERANCE_DONE;
