@@ -22,6 +22,7 @@
 #include "engine/cuda/event_timer.h"
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_context.h"
+#include "apps/kernel-lab/rows_gemm.h"
 #include "apps/kernel-lab/wide_product.h"
 #include "engine/cuda/gpu_lm.h"
 #include "engine/cuda/gpu_lm_launch.h"
@@ -200,6 +201,33 @@ std::vector<float> download(const qc::DeviceArray<float>& d, size_t n) {
     return h;
 }
 
+// x rows [rows, in] uniform in (-2, 2), split as the step splits them: bf16 hi rows, then the lo
+// rows (x - hi): [2 rows, in].
+std::vector<uint16_t> split_rows_random(int rows, int in) {
+    std::mt19937 rng(20261202);
+    std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
+    std::vector<uint16_t> xb(size_t(2 * rows) * size_t(in));
+    auto to_bf16 = [](float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    };
+    auto from_bf16 = [](uint16_t b) {
+        const uint32_t u = uint32_t(b) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    };
+    for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < in; ++i) {
+            const float x = uni(rng);
+            const uint16_t hi = to_bf16(x);
+            xb[size_t(r) * in + i] = hi;
+            xb[size_t(rows + r) * in + i] = to_bf16(x - from_bf16(hi));
+        }
+    return xb;
+}
+
 }  // namespace
 
 int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int device) {
@@ -218,28 +246,7 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
     }
     for (const int r : rows_list) most_rows = std::max(most_rows, r);
     const int most_n = 2 * most_rows;
-    // x rows split as the step splits them: bf16 hi rows, then the lo rows (x - hi).
-    std::mt19937 rng(20261202);
-    std::uniform_real_distribution<float> uni(-2.0f, 2.0f);
-    std::vector<uint16_t> xb(size_t(most_n) * widest_in);
-    auto to_bf16 = [](float f) {
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    };
-    auto from_bf16 = [](uint16_t b) {
-        const uint32_t u = uint32_t(b) << 16;
-        float f;
-        std::memcpy(&f, &u, 4);
-        return f;
-    };
-    for (int r = 0; r < most_rows; ++r)
-        for (int i = 0; i < widest_in; ++i) {
-            const float x = uni(rng);
-            const uint16_t hi = to_bf16(x);
-            xb[size_t(r) * widest_in + i] = hi;
-            xb[size_t(most_rows + r) * widest_in + i] = to_bf16(x - from_bf16(hi));
-        }
+    const std::vector<uint16_t> xb = split_rows_random(most_rows, widest_in);
     qc::DeviceArray<uint16_t> d_xb(xb.size());
     CUDA_CHECK(cudaMemcpy(d_xb.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
     const size_t y_floats = size_t(most_n) * widest_out;
@@ -337,6 +344,110 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
     return failures ? 1 : 0;
 }
 
+
+int lab_rows(const std::string& model, const std::vector<int>& rows_list, int device) {
+    qc::GpuContext ctx(device);
+    const auto weights = qc::GpuLmWeights::upload(qtts::checkpoint_load(model), device);
+    const std::vector<GemmShape> shapes = step_shapes(*weights);
+    const std::vector<RowsGemmConfig> configs{{8, 1}, {4, 1}, {2, 1}, {4, 2}, {2, 2}, {1, 1}};
+    int widest_in = 0, widest_out = 0, most_rows = 0;
+    for (const GemmShape& g : shapes) {
+        widest_in = std::max(widest_in, g.in);
+        widest_out = std::max(widest_out, g.out);
+    }
+    for (const int r : rows_list) most_rows = std::max(most_rows, r);
+    const int most_n = 2 * most_rows;
+    const std::vector<uint16_t> xb = split_rows_random(most_rows, widest_in);
+    qc::DeviceArray<uint16_t> d_xb(xb.size());
+    CUDA_CHECK(cudaMemcpy(d_xb.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+    const size_t y_floats = size_t(most_n) * widest_out;
+    qc::DeviceArray<float> y_ref(y_floats), y_a(y_floats), y_b(y_floats);
+    size_t partial_floats = 1, counter_count = 1;
+    for (const GemmShape& g : shapes)
+        for (const RowsGemmConfig& c : configs) {
+            partial_floats = std::max(partial_floats, rows_gemm_partial_floats(g.out, g.in, most_n, c));
+            counter_count = std::max(counter_count, rows_gemm_counter_count(g.out, c));
+        }
+    qc::DeviceArray<float> partial(partial_floats);
+    qc::DeviceArray<uint32_t> counters(counter_count);
+    CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+
+    std::printf("qtts-kernel-lab rows: %s, device %d (%s); the split path's GEMMs, cublasGemmEx against rows_gemm "
+                "(warps_m x warps_k), us per launch in graphs of 64 over the layers' weights (PDL on)\n",
+                model.c_str(), device, ctx.device_name().c_str());
+    std::printf("  %-28s %5s %9s", "product", "rows", "GemmEx");
+    for (const RowsGemmConfig& c : configs) std::printf("   %dx%d", c.warps_m, c.warps_k);
+    std::printf("   best  gain  max |rel|\n");
+    int failures = 0;
+    const float one = 1.0f, zero = 0.0f;
+    const auto xb_ptr = reinterpret_cast<const bf16_t*>(d_xb.get());
+    for (const int rows : rows_list) {
+        const int n = 2 * rows;
+        double frame_default = 0.0, frame_best = 0.0;
+        for (const GemmShape& g : shapes) {
+            auto gemm_ex = [&](int i, float* y) {
+                const bf16_t* w = g.weights[size_t(i) % g.weights.size()];
+                CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, g.out, n, g.in, &one, w, CUDA_R_16BF,
+                                          g.in, xb_ptr, CUDA_R_16BF, g.in, &zero, y, CUDA_R_32F, g.out,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            };
+            CUDA_CHECK(cudaMemsetAsync(y_ref.get(), 0xff, y_ref.bytes(), ctx.stream()));
+            gemm_ex(0, y_ref.get());
+            CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+            const size_t n_out = size_t(n) * g.out;
+            const std::vector<float> ref = download(y_ref, n_out);
+            double ref_max = 0.0;
+            for (float v : ref) ref_max = std::max(ref_max, double(std::fabs(v)));
+            const double t_default = graph_us(ctx, 64, [&](int i) { gemm_ex(i, y_a.get()); });
+            std::printf("  %-28s %5d %9.2f", g.name.c_str(), rows, t_default);
+            double t_best = -1.0, worst_err = 0.0;
+            std::string best = "-";
+            for (const RowsGemmConfig& c : configs) {
+                if (!rows_gemm_supported(g.out, g.in, n, c)) {
+                    std::printf(" %6s", "-");
+                    continue;
+                }
+                auto ours = [&](int i, float* y) {
+                    rows_gemm(g.weights[size_t(i) % g.weights.size()], g.out, g.in, xb_ptr, n, y, c, partial.get(),
+                              counters.get(), ctx.launch());
+                };
+                // Checked on poisoned outputs: against cublasGemmEx, and run to run bitwise.
+                CUDA_CHECK(cudaMemsetAsync(y_a.get(), 0xff, y_a.bytes(), ctx.stream()));
+                CUDA_CHECK(cudaMemsetAsync(y_b.get(), 0x7f, y_b.bytes(), ctx.stream()));
+                ours(0, y_a.get());
+                ours(0, y_b.get());
+                CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+                const std::vector<float> a = download(y_a, n_out), b = download(y_b, n_out);
+                double err = 0.0;
+                for (size_t i = 0; i < n_out; ++i) {
+                    const double d = std::fabs(double(a[i]) - double(ref[i]));
+                    err = std::max(err, std::isfinite(d) ? d : 1e30);
+                }
+                err /= std::max(ref_max, 1e-30);
+                worst_err = std::max(worst_err, err);
+                if (err > 1e-4 || std::memcmp(a.data(), b.data(), n_out * 4) != 0) {
+                    std::printf(" %6s", "BAD");
+                    ++failures;
+                    continue;
+                }
+                const double t = graph_us(ctx, 64, [&](int i) { ours(i, y_a.get()); });
+                std::printf(" %6.2f", t);
+                if (t > 0.0 && (t_best < 0.0 || t < t_best)) {
+                    t_best = t;
+                    best = std::to_string(c.warps_m) + "x" + std::to_string(c.warps_k);
+                }
+            }
+            std::printf(" %6s %5.2fx %9.1e\n", best.c_str(), t_best > 0.0 ? t_default / t_best : 0.0, worst_err);
+            frame_default += t_default * g.per_frame;
+            frame_best += (t_best > 0.0 ? std::min(t_best, t_default) : t_default) * g.per_frame;
+        }
+        std::printf("  frame at %d rows: GEMMs %.3f ms with cublasGemmEx, %.3f ms with the faster of it and the best "
+                    "rows_gemm per shape (%.1f%% less)\n",
+                    rows, frame_default / 1e3, frame_best / 1e3, 100.0 * (1.0 - frame_best / frame_default));
+    }
+    std::printf("%s\n", failures ? "FAILED: rows_gemm disagrees with cublasGemmEx (BAD above)" : "rows_gemm agrees everywhere");
+    return failures ? 1 : 0;
+}
 
 namespace {
 

@@ -14,6 +14,9 @@
 //   qtts-kernel-lab wide --model DIR [--rows LIST] [--device N]
 //       the batched step's products at each row count: the split path against the lab's
 //       one-launch wide product (wide_product.h), checked, then timed.
+//   qtts-kernel-lab rows --model DIR [--rows LIST] [--device N]
+//       the split path's GEMMs at each row count: cublasGemmEx against the lab's rows_gemm in
+//       several block shapes (rows_gemm.h), checked, then timed.
 //   qtts-kernel-lab persist --model DIR [--seed S] [--device N]
 //       the code predictor's 15 passes as the product's launches against one launch of the lab's
 //       persistent kernel (persistent_pass.h): compared bitwise, then timed.
@@ -428,6 +431,7 @@ void usage() {
         "       qtts-kernel-lab frame --model DIR [--device N]\n"
         "       qtts-kernel-lab gemm --model DIR [--rows LIST] [--device N]\n"
         "       qtts-kernel-lab wide --model DIR [--rows LIST] [--device N]\n"
+        "       qtts-kernel-lab rows --model DIR [--rows LIST] [--device N]\n"
         "       qtts-kernel-lab persist --model DIR [--seed S] [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
         "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
@@ -435,6 +439,8 @@ void usage() {
         "         (each checked, then timed) at each row count (default 24,32,48,64)\n"
         "  wide   the batched step's products on the split path against the lab's one-launch wide\n"
         "         product (checked, then timed) at each row count (default 24,32,48,64)\n"
+        "  rows   the batched step's split-path GEMMs: cublasGemmEx against the lab's rows_gemm in\n"
+        "         several block shapes (each checked, then timed) at each row count (24,32,48,64)\n"
         "  persist  the code predictor's passes as launches against one persistent launch (compared\n"
         "         bitwise, then timed)\n");
 }
@@ -480,6 +486,7 @@ int main(int argc, char** argv) {
         if (mode == "frame" && !model.empty()) return lab_frame(model, device);
         if (mode == "gemm" && !model.empty()) return qtts::kernel_lab::lab_gemm(model, rows, device);
         if (mode == "wide" && !model.empty()) return qtts::kernel_lab::lab_wide(model, rows, device);
+        if (mode == "rows" && !model.empty()) return qtts::kernel_lab::lab_rows(model, rows, device);
         if (mode == "persist" && !model.empty()) return qtts::kernel_lab::lab_persist(model, device, seed);
         usage();
         return 2;
