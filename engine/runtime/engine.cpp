@@ -183,9 +183,6 @@ public:
     bool waiting_for_text_ = false;        // engine thread only
     uint64_t served_round_ = 0;            // engine thread only: the last round that serviced it
     uint64_t batched_round_ = 0;           // engine thread only: the last round whose batched step it was in
-    // Engine thread only: the round whose steady batched step made this stream's next chunk after
-    // it had its first chunk earlier in the same round (service_pass then serves it again).
-    uint64_t second_round_ = 0;
     size_t text_seen_ = 0;                 // engine thread only
     // Scheduling (engine thread only; scheduler.h): the stream's real-time listener, whether it
     // waited for text or for its reader since its last chunk (a gap then is not the engine's),
@@ -491,47 +488,35 @@ struct Engine::Impl {
         if (started >= 2) stats.batch_started += started;
     }
 
-    // The steady step: every stream whose next chunk is a steady one and can be made now, in the
-    // round's (deadline) order; then, while the step has room, the streams that had their first
-    // chunk earlier in this round, so that their second chunk comes in the same round (their
-    // listeners have 5 frames instead of 1 after their first round, and a wave of newcomers
-    // shares the step with the streams already speaking instead of making a step of its own a
-    // round later). service_pass serves those a second time (second_round_). Engine thread.
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.chunk_frames;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
-        std::vector<StreamImpl*> seconds;  // the members that had their first chunk this round
-        for (const bool newcomers : {false, true}) {
-            for (auto& s : active) {
-                if (int(generators.size()) == batch_max) break;
-                if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
-                if ((s->served_round_ == round) != newcomers) continue;
-                if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
-                if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
-                    generators.push_back(g);
-                    members.push_back(s.get());
-                    if (newcomers) seconds.push_back(s.get());
-                }
+        for (auto& s : active) {
+            if (int(generators.size()) == batch_max) break;
+            if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
+            if (s->served_round_ == round) continue;  // had its first chunk this round
+            if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
+            if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
+                generators.push_back(g);
+                members.push_back(s.get());
             }
         }
         const PartClock clock(*this, round_time.steps_s);
-        if (generators.size() < 2) return;  // one stream alone takes its own path in service()
-        if (batch_run(active, generators, members, k))
-            for (StreamImpl* s : seconds) s->second_round_ = round;
+        if (generators.size() >= 2) batch_run(active, generators, members, k);
     }
 
     // One batched step of `frames` frames for `members` (their generators), then the stats. A
-    // failed step ends its streams with the error (their device state is unknown; returns false);
-    // the others go on if the device still works. Engine thread.
-    bool batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
+    // failed step ends its streams with the error (their device state is unknown); the others go
+    // on if the device still works. Engine thread.
+    void batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
                    const std::vector<StreamImpl*>& members, int frames) {
         int decoded = 0;  // chunks the batched decoder pass made audio for
         try {
             decoded = model->batch_run(generators, frames);
         } catch (const std::exception& e) {
             batch_failed(active, members, "step", e);
-            return false;
+            return;
         }
         for (StreamImpl* s : members) s->batched_round_ = round;
         round_batch = std::max(round_batch, int64_t(generators.size()));
@@ -539,7 +524,6 @@ struct Engine::Impl {
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
         stats.batch_decoded_chunks += decoded;
-        return true;
     }
 
     // A batched device call (`what`: "step", "start") for `members` failed: they end with its error
@@ -671,8 +655,8 @@ struct Engine::Impl {
             // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
             // the first chunks of requests that arrived meanwhile (they have no audio yet; the
             // steady streams have theirs buffered), then the batched LM step of the streams due
-            // together, the newcomers' second chunks included (CUDA), then every other stream's
-            // chunk; each pass in deadline order (schedule).
+            // together (CUDA), then every other stream's chunk; each pass in deadline order
+            // (schedule).
             schedule(active);
             const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
             const auto every = [](const StreamImpl&) { return true; };
@@ -715,22 +699,18 @@ struct Engine::Impl {
                       int64_t& round_streams) {
         const PartClock clock(*this, round_time.service_s);
         for (auto it = active.begin(); it != active.end();) {
-            // Served once a round, except a stream whose second chunk the steady step made after
-            // its first chunk this round (batch_step).
-            const bool again = (*it)->served_round_ == round;
-            if ((again && (*it)->second_round_ != round) || !wanted(**it)) {
+            if ((*it)->served_round_ == round || !wanted(**it)) {
                 ++it;
                 continue;
             }
             (*it)->served_round_ = round;
-            (*it)->second_round_ = 0;
             bool finished = false;
             frames.clear();  // service() may return before it makes any
             try {
                 progressed |= service(**it, pcm, frames, finished);
                 if (!frames.empty()) {
                     round_frames += int64_t(frames.size());
-                    if (!again) ++round_streams;
+                    ++round_streams;
                 }
             } catch (const std::exception& e) {
                 QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());
