@@ -11,10 +11,8 @@
 // (the kernel before two-tile blocks); "wr" as auto with every one-launch product keeping its
 // weight steps in registers (GpuBatchOptions::skinny_weights; the kernel before the shared-memory
 // ring); "unfused" as auto with three launches per split product (GpuBatchOptions::split_fusion
-// off); "ts4" / "ts8" / "ts12" as auto with the talker's layers on the split path from 4 / 8 / 12
-// rows (GpuBatchOptions::talker_split_rows). `--batch-paths` picks some of them. Reported per
-// bucket and path: step time per frame, audio seconds per wall second of LM work (b x 80 ms /
-// step), the bytes a step must read
+// off). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
+// audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
 // graph's nodes and device memory.
 // Then the batched prefill (engine/cuda/gpu_prefill_batch.h): for each bucket b, b prompts started
@@ -66,7 +64,6 @@ struct PathSpec {
     int skinny_tiles;     // 0: the default
     bool split_fusion = true;
     qtts::kernels::SkinnyWeights skinny_weights = qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED;
-    int talker_split_rows = 0;  // 0: the default
 };
 
 // Starts the first b streams on the bench prompt (stream i seeded seed_base + i) and binds them
@@ -297,14 +294,11 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
                                   {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1},
                                   {"unfused", 0, -1, 0, false},
-                                  {"wr", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS},
-                                  {"ts4", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED, 4},
-                                  {"ts8", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED, 8},
-                                  {"ts12", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED, 12}};
+                                  {"wr", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS}};
     for (const std::string& name : bench.paths)
         if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1, unfused, wr, ts4, ts8, ts12)", name);
+                       "sk16, sk32, t1, unfused, wr)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -367,7 +361,6 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         options.skinny_tiles = path.skinny_tiles;
         options.split_fusion = path.split_fusion;
         options.skinny_weights = path.skinny_weights;
-        if (path.talker_split_rows > 0) options.talker_split_rows = path.talker_split_rows;
         const auto t0 = Clock::now();
         qc::GpuBatch batch(weights, context, max_context, options);
         batch.capture();
@@ -378,7 +371,6 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                                    {"split_fusion", options.split_fusion},
                                    {"skinny_weights_in_registers",
                                     options.skinny_weights == qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS},
-                                   {"talker_split_rows", options.talker_split_rows},
                                    {"capture_ms", capture_ms},
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};

@@ -38,9 +38,6 @@ void gpu_batch_options_validate(const GpuBatchOptions& o) {
              k::SKINNY_MAX_ROWS);
     if (o.skinny_tiles < 0 || o.skinny_tiles > 2)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_tiles {} must be 0 (the default), 1 or 2", o.skinny_tiles);
-    if (o.talker_split_rows < 0)
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "talker_split_rows {} must be 0 (as the predictor) or a row count",
-             o.talker_split_rows);
     if (o.long_slices_rows < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "long_slices_rows {} must be 0 (by SM count) or a row count",
              o.long_slices_rows);
@@ -194,10 +191,7 @@ void GpuBatch::product(const k::GemvArgs& a) {
 template <typename Attend>
 void GpuBatch::stack_pass(const GpuStack& s, const DecodeRows& b, Attend&& attend) {
     const k::Launch l = context_.launch();
-    const bool talker = &s == &weights_->talker;
-    const int split_from = talker && options_.talker_split_rows > 0 ? options_.talker_split_rows
-                                                                     : options_.skinny_max_rows + 1;
-    const bool split = b.rows >= options_.wide_rows && b.rows >= split_from;
+    const bool split = b.rows >= options_.wide_rows && b.rows > options_.skinny_max_rows;
     if (split && options_.split_fusion) {
         QTTS_ASSERT(b.rows <= rows_cap_ && std::max({s.hidden, s.q_dim(), s.intermediate}) <= max_in_ &&
                     std::max(s.qkv_dim(), 2 * s.intermediate) <= max_out_);

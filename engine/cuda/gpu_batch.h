@@ -58,11 +58,6 @@ struct GpuBatchOptions {
     // with one launch up to 24; at 16 one launch wins, 5.66 against 6.06: docs/performance.md).
     // 0: always cuBLAS. At most SKINNY_MAX_ROWS.
     int skinny_max_rows = 16;
-    // The talker's layers take the split path from this many rows on, whatever skinny_max_rows
-    // says (0: as the predictor's). Its products are 8-50 MB, where cuBLAS streams the weights
-    // faster than the one-launch kernel at 8-16 rows; the predictor's are 4-13 MB, where one
-    // launch wins (measurements: docs/performance.md). At least wide_rows.
-    int talker_split_rows = 0;
     // Tiles per block of those one-launch products (kernels/skinny.cuh): 1 or 2 for every
     // product, 0 the kernel's choice by W's shape. The same bits either way; only the speed
     // differs (`qtts bench --batch` compares them).

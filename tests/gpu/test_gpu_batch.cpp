@@ -221,7 +221,6 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         std::vector<int> order;
         bool bitwise;  // gemv everywhere: bitwise equal logits
         int long_slices_rows = 0;  // GpuBatchOptions::long_slices_rows (0: by SM count, never here)
-        int talker_split_rows = 0;  // GpuBatchOptions::talker_split_rows (0: as the predictor)
     };
     const int skinny = qtts::kernels::SKINNY_MAX_ROWS;
     const std::vector<Case> cases = {
@@ -232,7 +231,6 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         {"long attention slices (one per 128 keys) from 1 row, bucket 8", {8}, {4}, 4, true, 1, skinny, {4, 2, 0, 3, 1}, false, 1},
         {"tensor cores from 8 rows (the predictor's first pass), bucket 6", {6}, {3}, 3, true, 8, skinny, {1, 3, 0, 2, 4}, false},
         {"one launch up to 8 rows, split cuBLAS past (the predictor's first pass of bucket 6: 12 rows), eager", {6}, {3}, 3, false, 4, 8, {3, 1, 4, 0, 2}, false},
-        {"the talker on split cuBLAS products from 4 rows, the predictor in one launch, bucket 8, 4-frame graphs", {8}, {4}, 4, true, 2, skinny, {1, 4, 2, 0, 3}, false, 0, 4},
     };
     for (const Case& c : cases) {
         SECTION(c.name) {
@@ -243,7 +241,6 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
             o.wide_rows = c.wide_rows;
             o.skinny_max_rows = c.skinny_max_rows;
             o.long_slices_rows = c.long_slices_rows;
-            o.talker_split_rows = c.talker_split_rows;
             const BatchRun run = run_batched(specs, c.order, FRAMES, c.chunk, o);
             for (size_t i = 0; i < specs.size(); ++i)
                 check_codes(run.codes[i], alone[i].codes, FRAMES, specs[i].frame_end, "stream " + std::to_string(i));
@@ -451,9 +448,6 @@ TEST_CASE("batch options and bindings are checked", "[gpu][batch]") {
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
     bad.skinny_tiles = 0;
     bad.long_slices_rows = -1;
-    expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
-    bad.long_slices_rows = 0;
-    bad.talker_split_rows = -1;
     expect_invalid([&] { qc::gpu_batch_options_validate(bad); });
 
     qc::GpuBatchOptions o;
