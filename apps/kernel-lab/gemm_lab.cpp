@@ -228,6 +228,67 @@ std::vector<uint16_t> split_rows_random(int rows, int in) {
     return xb;
 }
 
+// cublasGemmEx as split_gemm calls it: y [n, out] = xb [n, in] · W^T on the shape's i-th weights
+// (cycling through them).
+void gemm_ex(qc::GpuContext& ctx, const GemmShape& g, int n, const bf16_t* xb, int i, float* y) {
+    const float one = 1.0f, zero = 0.0f;
+    const bf16_t* w = g.weights[size_t(i) % g.weights.size()];
+    CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, g.out, n, g.in, &one, w, CUDA_R_16BF, g.in, xb,
+                              CUDA_R_16BF, g.in, &zero, y, CUDA_R_32F, g.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// A shape's reference: cublasGemmEx's result on the first weights (into `y_ref`, poisoned first),
+// its largest magnitude, and cublasGemmEx's time per launch (into `y_time`).
+struct GemmReference {
+    std::vector<float> y;
+    double max_abs = 0.0;
+    double us = 0.0;
+};
+GemmReference gemm_reference(qc::GpuContext& ctx, const GemmShape& g, int n, const bf16_t* xb,
+                             qc::DeviceArray<float>& y_ref, qc::DeviceArray<float>& y_time) {
+    GemmReference r;
+    CUDA_CHECK(cudaMemsetAsync(y_ref.get(), 0xff, y_ref.bytes(), ctx.stream()));
+    gemm_ex(ctx, g, n, xb, 0, y_ref.get());
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+    r.y = download(y_ref, size_t(n) * g.out);
+    for (float v : r.y) r.max_abs = std::max(r.max_abs, double(std::fabs(v)));
+    r.us = graph_us(ctx, 64, [&](int i) { gemm_ex(ctx, g, n, xb, i, y_time.get()); });
+    return r;
+}
+
+// A candidate's check: `run(y)` twice on outputs poisoned two ways, then its largest difference
+// from the reference (relative to the reference's largest magnitude) and whether the two runs
+// agree bitwise. `launched` false: a run threw (the candidate is left out).
+struct GemmCheck {
+    bool launched = false;
+    double err = 0.0;
+    bool repeats = false;
+};
+GemmCheck gemm_check(qc::GpuContext& ctx, const std::function<void(float*)>& run, const GemmReference& ref,
+                     qc::DeviceArray<float>& y_a, qc::DeviceArray<float>& y_b) {
+    GemmCheck c;
+    CUDA_CHECK(cudaMemsetAsync(y_a.get(), 0xff, y_a.bytes(), ctx.stream()));
+    CUDA_CHECK(cudaMemsetAsync(y_b.get(), 0x7f, y_b.bytes(), ctx.stream()));
+    try {
+        run(y_a.get());
+        run(y_b.get());
+        CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+    } catch (const std::exception&) {
+        cudaGetLastError();
+        return c;
+    }
+    c.launched = true;
+    const size_t n = ref.y.size();
+    const std::vector<float> a = download(y_a, n), b = download(y_b, n);
+    for (size_t i = 0; i < n; ++i) {
+        const double d = std::fabs(double(a[i]) - double(ref.y[i]));
+        c.err = std::max(c.err, std::isfinite(d) ? d : 1e30);
+    }
+    c.err /= std::max(ref.max_abs, 1e-30);
+    c.repeats = std::memcmp(a.data(), b.data(), n * 4) == 0;
+    return c;
+}
+
 }  // namespace
 
 int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int device) {
@@ -263,21 +324,9 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
         double frame_default = 0.0, frame_best = 0.0;
         for (const GemmShape& g : shapes) {
             const auto xb_ptr = reinterpret_cast<const bf16_t*>(d_xb.get());
-            auto gemm_ex = [&](int i, float* y) {
-                const bf16_t* w = g.weights[size_t(i) % g.weights.size()];
-                CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, g.out, n, g.in, &one, w, CUDA_R_16BF,
-                                          g.in, xb_ptr, CUDA_R_16BF, g.in, &zero, y, CUDA_R_32F, g.out,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            };
             // The reference result: cublasGemmEx on the first weights, as the product runs today.
-            CUDA_CHECK(cudaMemsetAsync(y_ref.get(), 0xff, y_ref.bytes(), ctx.stream()));
-            gemm_ex(0, y_ref.get());
-            CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-            const size_t n_out = size_t(n) * g.out;
-            const std::vector<float> ref = download(y_ref, n_out);
-            double ref_max = 0.0;
-            for (float v : ref) ref_max = std::max(ref_max, double(std::fabs(v)));
-            const double t_default = graph_us(ctx, 64, [&](int i) { gemm_ex(i, y_a.get()); });
+            const GemmReference ref = gemm_reference(ctx, g, n, xb_ptr, y_ref, y_a);
+            const double t_default = ref.us;
 
             uint32_t align_a = 256;
             for (const bf16_t* w : g.weights)
@@ -294,25 +343,11 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
                                                 workspace.get(), c.workspace, ctx.stream()));
                 };
                 // Checked twice on poisoned outputs: against cublasGemmEx, and run to run bitwise.
-                CUDA_CHECK(cudaMemsetAsync(y_a.get(), 0xff, y_a.bytes(), ctx.stream()));
-                CUDA_CHECK(cudaMemsetAsync(y_b.get(), 0x7f, y_b.bytes(), ctx.stream()));
-                try {
-                    lt_run(0, y_a.get());
-                    lt_run(0, y_b.get());
-                    CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-                } catch (const std::exception&) {
-                    cudaGetLastError();
-                    continue;
-                }
+                const GemmCheck check = gemm_check(ctx, [&](float* y) { lt_run(0, y); }, ref, y_a, y_b);
+                if (!check.launched) continue;
                 ++tried;
-                const std::vector<float> a = download(y_a, n_out), b = download(y_b, n_out);
-                double err = 0.0;
-                for (size_t i = 0; i < n_out; ++i) {
-                    const double d = std::fabs(double(a[i]) - double(ref[i]));
-                    err = std::max(err, std::isfinite(d) ? d : 1e30);
-                }
-                err /= std::max(ref_max, 1e-30);
-                const bool repeats = std::memcmp(a.data(), b.data(), n_out * 4) == 0;
+                const double err = check.err;
+                const bool repeats = check.repeats;
                 // fp32 sums of the same bf16 products in another order: ~1e-6 of the largest value.
                 if (err > 1e-4 || !repeats) {
                     std::printf("  %-28s %5d  MISMATCH %s: max |rel| %.2e, repeats bitwise: %s\n", g.name.c_str(), rows,
@@ -379,26 +414,13 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
     for (const RowsGemmConfig& c : configs) std::printf("   %dx%d", c.warps_m, c.warps_k);
     std::printf("   best  gain  max |rel|\n");
     int failures = 0;
-    const float one = 1.0f, zero = 0.0f;
     const auto xb_ptr = reinterpret_cast<const bf16_t*>(d_xb.get());
     for (const int rows : rows_list) {
         const int n = 2 * rows;
         double frame_default = 0.0, frame_best = 0.0;
         for (const GemmShape& g : shapes) {
-            auto gemm_ex = [&](int i, float* y) {
-                const bf16_t* w = g.weights[size_t(i) % g.weights.size()];
-                CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, g.out, n, g.in, &one, w, CUDA_R_16BF,
-                                          g.in, xb_ptr, CUDA_R_16BF, g.in, &zero, y, CUDA_R_32F, g.out,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            };
-            CUDA_CHECK(cudaMemsetAsync(y_ref.get(), 0xff, y_ref.bytes(), ctx.stream()));
-            gemm_ex(0, y_ref.get());
-            CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-            const size_t n_out = size_t(n) * g.out;
-            const std::vector<float> ref = download(y_ref, n_out);
-            double ref_max = 0.0;
-            for (float v : ref) ref_max = std::max(ref_max, double(std::fabs(v)));
-            const double t_default = graph_us(ctx, 64, [&](int i) { gemm_ex(i, y_a.get()); });
+            const GemmReference ref = gemm_reference(ctx, g, n, xb_ptr, y_ref, y_a);
+            const double t_default = ref.us;
             std::printf("  %-28s %5d %9.2f", g.name.c_str(), rows, t_default);
             double t_best = -1.0, worst_err = 0.0;
             std::string best = "-";
@@ -412,20 +434,9 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
                               counters.get(), ctx.launch());
                 };
                 // Checked on poisoned outputs: against cublasGemmEx, and run to run bitwise.
-                CUDA_CHECK(cudaMemsetAsync(y_a.get(), 0xff, y_a.bytes(), ctx.stream()));
-                CUDA_CHECK(cudaMemsetAsync(y_b.get(), 0x7f, y_b.bytes(), ctx.stream()));
-                ours(0, y_a.get());
-                ours(0, y_b.get());
-                CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-                const std::vector<float> a = download(y_a, n_out), b = download(y_b, n_out);
-                double err = 0.0;
-                for (size_t i = 0; i < n_out; ++i) {
-                    const double d = std::fabs(double(a[i]) - double(ref[i]));
-                    err = std::max(err, std::isfinite(d) ? d : 1e30);
-                }
-                err /= std::max(ref_max, 1e-30);
-                worst_err = std::max(worst_err, err);
-                if (err > 1e-4 || std::memcmp(a.data(), b.data(), n_out * 4) != 0) {
+                const GemmCheck check = gemm_check(ctx, [&](float* y) { ours(0, y); }, ref, y_a, y_b);
+                worst_err = std::max(worst_err, check.err);
+                if (!check.launched || check.err > 1e-4 || !check.repeats) {
                     std::printf(" %6s", "BAD");
                     ++failures;
                     continue;

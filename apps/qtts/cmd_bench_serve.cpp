@@ -505,7 +505,11 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
     const int64_t per_period = std::max<int64_t>(1, std::llround(o.period_ms * qtts::SAMPLE_RATE / 1e3));
     const int64_t prebuffer = std::llround(o.prebuffer_ms * qtts::SAMPLE_RATE / 1e3);
     PacedShared shared;
+    // Listeners playing at once (a stream's listener plays its audio for its whole duration, long
+    // after the engine made it) and the engine's streams at once (generating or queued), each
+    // sampled every period by the pacing thread.
     int64_t peak_players = 0;
+    int64_t peak_engine_streams = 0;
 
     const qtts::EngineStats before = engine.stats();
     const auto t0 = Clock::now();
@@ -526,6 +530,8 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
                     arrivals_done = shared.arrivals_done;
                 }
                 peak_players = std::max<int64_t>(peak_players, int64_t(players.size()));
+                const qtts::EngineLoad load = engine.load();
+                peak_engine_streams = std::max<int64_t>(peak_engine_streams, load.active + load.queued);
                 const auto now = Clock::now();
                 for (size_t i = 0; i < players.size();) {
                     if (player_tick(players[i], o, now, scratch, results[players[i].index])) {
@@ -605,7 +611,8 @@ nlohmann::json paced_run(qtts::Engine& engine, const ServeOptions& o, uint64_t f
     run["streams_with_underrun"] = with_underrun;
     run["underrun_ms_total"] = underrun_ms;
     run["underrun_ms_max"] = underrun_ms_max;
-    run["peak_streams"] = peak_players;
+    run["peak_listeners"] = peak_players;
+    run["peak_engine_streams"] = peak_engine_streams;
     run["wall_s"] = wall_s;
     run["requests_per_s"] = wall_s > 0 ? double(ok) / wall_s : 0.0;
     run["audio_s_per_wall_s"] = wall_s > 0 ? run["audio_s"].get<double>() / wall_s : 0.0;
@@ -727,9 +734,11 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
         const int64_t bad = run["errors"].get<int64_t>() + run["timeouts"].get<int64_t>();
         std::printf("  paced: %g requests/s (%s arrivals) for %g s; players prebuffer %.0f ms, take %.0f ms every %.0f ms\n",
                     o.rate, o.poisson ? "poisson" : "fixed", o.duration_s, o.prebuffer_ms, o.period_ms, o.period_ms);
-        std::printf("  requests %lld: admitted %lld, refused (busy) %lld, errors %lld; peak streams %lld\n",
+        std::printf("  requests %lld: admitted %lld, refused (busy) %lld, errors %lld; at most %lld streams in the engine "
+                    "and %lld listeners playing at once\n",
                     run["requests"].get<long long>(), run["admitted"].get<long long>(),
-                    run["refused_busy"].get<long long>(), (long long)bad, run["peak_streams"].get<long long>());
+                    run["refused_busy"].get<long long>(), (long long)bad, run["peak_engine_streams"].get<long long>(),
+                    run["peak_listeners"].get<long long>());
         std::printf("  time to first audio p50/p95/p99 %.1f / %.1f / %.1f ms; playback starts p50/p95 %.1f / %.1f ms\n",
                     run["ttfa_ms_p50"].get<double>(), run["ttfa_ms_p95"].get<double>(), run["ttfa_ms_p99"].get<double>(),
                     run["play_start_ms_p50"].get<double>(), run["play_start_ms_p95"].get<double>());

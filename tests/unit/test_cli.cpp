@@ -424,6 +424,10 @@ TEST_CASE("qtts bench-serve paced players on the demo model: arrivals, admission
     CHECK(p.at("timeouts") == 0);
     CHECK(p.at("underruns") == 0);
     CHECK(p.at("streams_with_underrun") == 0);
+    // Three listeners at most, and the engine never held more streams than were admitted.
+    CHECK(p.at("peak_listeners").get<int>() >= 1);
+    CHECK(p.at("peak_listeners").get<int>() <= 3);
+    CHECK(p.at("peak_engine_streams").get<int>() <= p.at("admitted").get<int>());
     CHECK(p.at("audio_s").get<double>() == Approx(p.at("completed").get<int>() * frames * 0.08));
     REQUIRE(p.at("streams").size() == p.at("completed").get<size_t>());
     for (const auto& s : p.at("streams")) {
