@@ -228,6 +228,30 @@ std::vector<uint16_t> split_rows_random(int rows, int in) {
     return xb;
 }
 
+// What the gemm and rows modes share: the split rows for the most rows asked (split_rows_random,
+// on the device) and three outputs for the widest product.
+struct GemmBuffers {
+    int most_n = 0;  // 2 x the most rows
+    qc::DeviceArray<uint16_t> xb;
+    qc::DeviceArray<float> y_ref, y_a, y_b;
+    GemmBuffers(const std::vector<GemmShape>& shapes, const std::vector<int>& rows_list) {
+        int widest_in = 0, widest_out = 0, most_rows = 0;
+        for (const GemmShape& g : shapes) {
+            widest_in = std::max(widest_in, g.in);
+            widest_out = std::max(widest_out, g.out);
+        }
+        for (const int r : rows_list) most_rows = std::max(most_rows, r);
+        most_n = 2 * most_rows;
+        const std::vector<uint16_t> host = split_rows_random(most_rows, widest_in);
+        xb = qc::DeviceArray<uint16_t>(host.size());
+        CUDA_CHECK(cudaMemcpy(xb.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+        const size_t y_floats = size_t(most_n) * widest_out;
+        y_ref = qc::DeviceArray<float>(y_floats);
+        y_a = qc::DeviceArray<float>(y_floats);
+        y_b = qc::DeviceArray<float>(y_floats);
+    }
+};
+
 // cublasGemmEx as split_gemm calls it: y [n, out] = xb [n, in] · W^T on the shape's i-th weights
 // (cycling through them).
 void gemm_ex(qc::GpuContext& ctx, const GemmShape& g, int n, const bf16_t* xb, int i, float* y) {
@@ -300,18 +324,8 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
     const size_t workspace_cap = size_t(32) << 20;
     qc::DeviceArray<uint8_t> workspace(workspace_cap);
 
-    int widest_in = 0, widest_out = 0, most_rows = 0;
-    for (const GemmShape& g : shapes) {
-        widest_in = std::max(widest_in, g.in);
-        widest_out = std::max(widest_out, g.out);
-    }
-    for (const int r : rows_list) most_rows = std::max(most_rows, r);
-    const int most_n = 2 * most_rows;
-    const std::vector<uint16_t> xb = split_rows_random(most_rows, widest_in);
-    qc::DeviceArray<uint16_t> d_xb(xb.size());
-    CUDA_CHECK(cudaMemcpy(d_xb.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    const size_t y_floats = size_t(most_n) * widest_out;
-    qc::DeviceArray<float> y_ref(y_floats), y_a(y_floats), y_b(y_floats);
+    GemmBuffers buffers(shapes, rows_list);
+    qc::DeviceArray<float>&y_ref = buffers.y_ref, &y_a = buffers.y_a, &y_b = buffers.y_b;
 
     std::printf("qtts-kernel-lab gemm: %s, device %d (%s); us per launch in graphs of 64 over the layers' weights\n",
                 model.c_str(), device, ctx.device_name().c_str());
@@ -323,7 +337,7 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
         const int n = 2 * rows;
         double frame_default = 0.0, frame_best = 0.0;
         for (const GemmShape& g : shapes) {
-            const auto xb_ptr = reinterpret_cast<const bf16_t*>(d_xb.get());
+            const auto xb_ptr = reinterpret_cast<const bf16_t*>(buffers.xb.get());
             // The reference result: cublasGemmEx on the first weights, as the product runs today.
             const GemmReference ref = gemm_reference(ctx, g, n, xb_ptr, y_ref, y_a);
             const double t_default = ref.us;
@@ -385,18 +399,9 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
     const auto weights = qc::GpuLmWeights::upload(qtts::checkpoint_load(model), device);
     const std::vector<GemmShape> shapes = step_shapes(*weights);
     const std::vector<RowsGemmConfig> configs{{8, 1}, {4, 1}, {2, 1}, {4, 2}, {2, 2}, {1, 1}};
-    int widest_in = 0, widest_out = 0, most_rows = 0;
-    for (const GemmShape& g : shapes) {
-        widest_in = std::max(widest_in, g.in);
-        widest_out = std::max(widest_out, g.out);
-    }
-    for (const int r : rows_list) most_rows = std::max(most_rows, r);
-    const int most_n = 2 * most_rows;
-    const std::vector<uint16_t> xb = split_rows_random(most_rows, widest_in);
-    qc::DeviceArray<uint16_t> d_xb(xb.size());
-    CUDA_CHECK(cudaMemcpy(d_xb.get(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    const size_t y_floats = size_t(most_n) * widest_out;
-    qc::DeviceArray<float> y_ref(y_floats), y_a(y_floats), y_b(y_floats);
+    GemmBuffers buffers(shapes, rows_list);
+    const int most_n = buffers.most_n;
+    qc::DeviceArray<float>&y_ref = buffers.y_ref, &y_a = buffers.y_a, &y_b = buffers.y_b;
     size_t partial_floats = 1, counter_count = 1;
     for (const GemmShape& g : shapes)
         for (const RowsGemmConfig& c : configs) {
@@ -414,7 +419,7 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
     for (const RowsGemmConfig& c : configs) std::printf("   %dx%d", c.warps_m, c.warps_k);
     std::printf("   best  gain  max |rel|\n");
     int failures = 0;
-    const auto xb_ptr = reinterpret_cast<const bf16_t*>(d_xb.get());
+    const auto xb_ptr = reinterpret_cast<const bf16_t*>(buffers.xb.get());
     for (const int rows : rows_list) {
         const int n = 2 * rows;
         double frame_default = 0.0, frame_best = 0.0;
