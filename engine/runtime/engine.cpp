@@ -183,6 +183,9 @@ public:
     bool waiting_for_text_ = false;        // engine thread only
     uint64_t served_round_ = 0;            // engine thread only: the last round that serviced it
     uint64_t batched_round_ = 0;           // engine thread only: the last round whose batched step it was in
+    // Engine thread only: the round whose steady batched step made this stream's next chunk after
+    // it had its first chunk earlier in the same round (service_pass then serves it again).
+    uint64_t second_round_ = 0;
     size_t text_seen_ = 0;                 // engine thread only
     // Scheduling (engine thread only; scheduler.h): the stream's real-time listener, whether it
     // waited for text or for its reader since its last chunk (a gap then is not the engine's),
@@ -488,35 +491,53 @@ struct Engine::Impl {
         if (started >= 2) stats.batch_started += started;
     }
 
+    // The steady step: every stream whose next chunk is a steady one and can be made now, in the
+    // round's (deadline) order. When there is one (a step runs anyway: batched, or one stream's
+    // own), the streams that had their first chunk earlier in this round join it while it has
+    // room, so that
+    // their second chunk comes in the same round: requests that reached the engine a round after
+    // the others of their wave (a closed loop's clients do not all resubmit within one round's
+    // intake) fall into step with them instead of staying a round apart for their whole life,
+    // with a partial step at each end (docs/performance.md, "Twentieth session"); and their
+    // listeners have 5 frames after their first round instead of 1. A round of newcomers alone
+    // gets no step for them: it would make the requests arriving meanwhile wait for it.
+    // service_pass serves the joined streams a second time (second_round_). Engine thread.
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.chunk_frames;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
-        for (auto& s : active) {
-            if (int(generators.size()) == batch_max) break;
-            if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
-            if (s->served_round_ == round) continue;  // had its first chunk this round
-            if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
-            if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
-                generators.push_back(g);
-                members.push_back(s.get());
+        std::vector<StreamImpl*> seconds;  // the members that had their first chunk this round
+        for (const bool newcomers : {false, true}) {
+            if (newcomers && generators.empty()) break;  // no step anyway: none is made for them
+            for (auto& s : active) {
+                if (int(generators.size()) == batch_max) break;
+                if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
+                if ((s->served_round_ == round) != newcomers) continue;
+                if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
+                if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
+                    generators.push_back(g);
+                    members.push_back(s.get());
+                    if (newcomers) seconds.push_back(s.get());
+                }
             }
         }
         const PartClock clock(*this, round_time.steps_s);
-        if (generators.size() >= 2) batch_run(active, generators, members, k);
+        if (generators.size() < 2) return;  // one stream alone takes its own path in service()
+        if (batch_run(active, generators, members, k))
+            for (StreamImpl* s : seconds) s->second_round_ = round;
     }
 
     // One batched step of `frames` frames for `members` (their generators), then the stats. A
-    // failed step ends its streams with the error (their device state is unknown); the others go
-    // on if the device still works. Engine thread.
-    void batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
+    // failed step ends its streams with the error (their device state is unknown; returns false);
+    // the others go on if the device still works. Engine thread.
+    bool batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
                    const std::vector<StreamImpl*>& members, int frames) {
         int decoded = 0;  // chunks the batched decoder pass made audio for
         try {
             decoded = model->batch_run(generators, frames);
         } catch (const std::exception& e) {
             batch_failed(active, members, "step", e);
-            return;
+            return false;
         }
         for (StreamImpl* s : members) s->batched_round_ = round;
         round_batch = std::max(round_batch, int64_t(generators.size()));
@@ -524,6 +545,7 @@ struct Engine::Impl {
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
         ++stats.batch_histogram[generators.size()];
         stats.batch_decoded_chunks += decoded;
+        return true;
     }
 
     // A batched device call (`what`: "step", "start") for `members` failed: they end with its error
@@ -655,8 +677,8 @@ struct Engine::Impl {
             // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
             // the first chunks of requests that arrived meanwhile (they have no audio yet; the
             // steady streams have theirs buffered), then the batched LM step of the streams due
-            // together (CUDA), then every other stream's chunk; each pass in deadline order
-            // (schedule).
+            // together, the newcomers' second chunks included (CUDA), then every other stream's
+            // chunk; each pass in deadline order (schedule).
             schedule(active);
             const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
             const auto every = [](const StreamImpl&) { return true; };
@@ -699,18 +721,22 @@ struct Engine::Impl {
                       int64_t& round_streams) {
         const PartClock clock(*this, round_time.service_s);
         for (auto it = active.begin(); it != active.end();) {
-            if ((*it)->served_round_ == round || !wanted(**it)) {
+            // Served once a round, except a stream whose second chunk the steady step made after
+            // its first chunk this round (batch_step).
+            const bool again = (*it)->served_round_ == round;
+            if ((again && (*it)->second_round_ != round) || !wanted(**it)) {
                 ++it;
                 continue;
             }
             (*it)->served_round_ = round;
+            (*it)->second_round_ = 0;
             bool finished = false;
             frames.clear();  // service() may return before it makes any
             try {
                 progressed |= service(**it, pcm, frames, finished);
                 if (!frames.empty()) {
                     round_frames += int64_t(frames.size());
-                    ++round_streams;
+                    if (!again) ++round_streams;
                 }
             } catch (const std::exception& e) {
                 QTTS_LOG_WARN("stream {} failed: {}", (*it)->id(), e.what());

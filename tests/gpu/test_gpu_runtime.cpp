@@ -565,6 +565,19 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
                                << batched_stats.batch_decoded_chunks << (how == Batching::EXACT ? " (batch_exact)" : ""));
         CHECK(batched_steps > 0);  // the streams did share steps
         CHECK(batched_stats.batch_decoded_chunks > 0);
+        // A round whose streams are all newcomers makes no steady step for them (engine
+        // batch_step): their second chunks come a round later. (Whether the four submitted
+        // together reach the same round depends on timing; the rule is checked where they did.)
+        for (size_t i = 0; i < 4; ++i) {
+            REQUIRE(batched[i].trace.size() >= 2);
+            const uint64_t first = batched[i].trace[0].round;
+            bool steady_there = false;  // a stream that had started before that round made a chunk in it
+            for (const Heard& other : batched)
+                for (const auto& t : other.trace)
+                    steady_there |= t.round == first && other.trace[0].round < first;
+            INFO("stream " << i << ", first chunk in round " << first);
+            if (!steady_there) CHECK(batched[i].trace[1].round > first);
+        }
         same_speech(batched, alone, requests, how);
     }
 }
@@ -589,7 +602,8 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
         EngineStats batched_stats;
         const std::vector<Heard> batched = speak_joining(requests, how, 30ms, &batched_stats);
         CHECK(batched_stats.batch_started == 3);  // the three newcomers started together (exact: prefilled one by one)
-        // The newcomers' first chunks: one frame each, in the same round, made by a batched step.
+        // The newcomers' first chunks: one frame each, in the same round, made by a batched step;
+        // then, in that round too, their second chunks in the steady step with the long stream.
         const uint64_t first_round = batched[1].trace.front().round;
         for (size_t i = 1; i < batched.size(); ++i) {
             INFO("newcomer " << i);
@@ -598,6 +612,12 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
             CHECK(first.round == first_round);
             CHECK(first.batched);
             CHECK_FALSE(alone[i].trace.front().batched);
+            REQUIRE(batched[i].trace.size() >= 2);
+            const qtts::EngineTraceEntry& second = batched[i].trace[1];
+            CHECK(second.round == first_round);
+            CHECK(second.frames == qtts::CHUNK_FRAMES_DEFAULT);
+            CHECK(second.batched);
+            CHECK(alone[i].trace[1].round > alone[i].trace[0].round);  // one chunk a round without batching
         }
         same_speech(batched, alone, requests, how);
     }
