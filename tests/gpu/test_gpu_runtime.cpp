@@ -473,9 +473,10 @@ EngineOptions batching_options(Batching how) {
     return o;
 }
 
-// requests[0] starts first; once its first audio is heard the others are submitted, arriving
-// while it runs (the engine pauses `pause` after each chunk, the slow-device seam); every stream
-// is read to its end on its own thread. Each stream's speech, error, stop and traced chunks.
+// requests[0] starts first; once its second chunk is heard (it is a steady stream then) the
+// others are submitted, arriving while it runs (the engine pauses `pause` after each chunk, the
+// slow-device seam); every stream is read to its end on its own thread. Each stream's speech,
+// error, stop and traced chunks.
 std::vector<Heard> speak_joining(const std::vector<SpeechRequest>& requests, Batching how,
                                  std::chrono::milliseconds pause, EngineStats* stats) {
     Engine engine(batching_options(how));
@@ -485,7 +486,8 @@ std::vector<Heard> speak_joining(const std::vector<SpeechRequest>& requests, Bat
     std::vector<Heard> heard(requests.size());
     std::vector<std::thread> readers;
     readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
-    while (streams[0]->metrics().samples == 0) std::this_thread::sleep_for(1ms);
+    const int64_t first_chunk = int64_t(qtts::FIRST_CHUNK_FRAMES_DEFAULT) * qtts::SAMPLES_PER_FRAME;
+    while (streams[0]->metrics().samples <= first_chunk) std::this_thread::sleep_for(1ms);
     for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
     for (size_t i = 1; i < requests.size(); ++i) readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
     for (auto& r : readers) r.join();
@@ -587,7 +589,9 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
     // A long stream keeps the engine busy (a 30 ms pause after each of its chunks, the slow-device
     // seam), so three requests submitted during a pause all arrive for the same round: their
     // prompt prefills run in one batched start, their first chunks in one batched step (and one
-    // decoder pass). The same requests on an engine without batching are the reference.
+    // decoder pass), and, the long stream being a steady one by then, their second chunks in that
+    // round's steady step with it. The same requests on an engine without batching are the
+    // reference.
     std::vector<SpeechRequest> requests = {
         qtts_test::greedy_request("A long stream keeps the engine busy while the others arrive.", 40, kGreedySeed),
         qtts_test::greedy_request("First newcomer.", 12, kGreedySeed + 1),
