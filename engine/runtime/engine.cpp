@@ -494,13 +494,12 @@ struct Engine::Impl {
     // The steady step: every stream whose next chunk is a steady one and can be made now, in the
     // round's (deadline) order. When there is one (a step runs anyway: batched, or one stream's
     // own), the streams that had their first chunk earlier in this round join it while it has
-    // room, so that
-    // their second chunk comes in the same round: requests that reached the engine a round after
-    // the others of their wave (a closed loop's clients do not all resubmit within one round's
-    // intake) fall into step with them instead of staying a round apart for their whole life,
-    // with a partial step at each end (docs/performance.md, "Twentieth session"); and their
-    // listeners have 5 frames after their first round instead of 1. A round of newcomers alone
-    // gets no step for them: it would make the requests arriving meanwhile wait for it.
+    // room, so that their second chunk comes in the same round: requests that reached the engine
+    // a round after the others of their wave (a closed loop's clients do not all resubmit within
+    // one round's intake) fall into step with them instead of staying a round apart for their
+    // whole life, with a partial step at each end (docs/performance.md, "Twentieth session"); and
+    // their listeners have 5 frames after their first round instead of 1. A round of newcomers
+    // alone gets no step for them: it would make the requests arriving meanwhile wait for it.
     // service_pass serves the joined streams a second time (second_round_). Engine thread.
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.chunk_frames;
@@ -677,8 +676,8 @@ struct Engine::Impl {
             // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
             // the first chunks of requests that arrived meanwhile (they have no audio yet; the
             // steady streams have theirs buffered), then the batched LM step of the streams due
-            // together, the newcomers' second chunks included (CUDA), then every other stream's
-            // chunk; each pass in deadline order (schedule).
+            // together, joined by the round's newcomers when it runs (CUDA), then every other
+            // stream's chunk; each pass in deadline order (schedule).
             schedule(active);
             const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
             const auto every = [](const StreamImpl&) { return true; };
