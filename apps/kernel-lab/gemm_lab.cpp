@@ -234,6 +234,7 @@ struct GemmBuffers {
     int most_n = 0;  // 2 x the most rows
     qc::DeviceArray<uint16_t> xb;
     qc::DeviceArray<float> y_ref, y_a, y_b;
+    const bf16_t* rows() const { return reinterpret_cast<const bf16_t*>(xb.get()); }
     GemmBuffers(const std::vector<GemmShape>& shapes, const std::vector<int>& rows_list) {
         int widest_in = 0, widest_out = 0, most_rows = 0;
         for (const GemmShape& g : shapes) {
@@ -325,7 +326,6 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
     qc::DeviceArray<uint8_t> workspace(workspace_cap);
 
     GemmBuffers buffers(shapes, rows_list);
-    qc::DeviceArray<float>&y_ref = buffers.y_ref, &y_a = buffers.y_a, &y_b = buffers.y_b;
 
     std::printf("qtts-kernel-lab gemm: %s, device %d (%s); us per launch in graphs of 64 over the layers' weights\n",
                 model.c_str(), device, ctx.device_name().c_str());
@@ -337,9 +337,8 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
         const int n = 2 * rows;
         double frame_default = 0.0, frame_best = 0.0;
         for (const GemmShape& g : shapes) {
-            const auto xb_ptr = reinterpret_cast<const bf16_t*>(buffers.xb.get());
             // The reference result: cublasGemmEx on the first weights, as the product runs today.
-            const GemmReference ref = gemm_reference(ctx, g, n, xb_ptr, y_ref, y_a);
+            const GemmReference ref = gemm_reference(ctx, g, n, buffers.rows(), buffers.y_ref, buffers.y_a);
             const double t_default = ref.us;
 
             uint32_t align_a = 256;
@@ -353,11 +352,11 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
             for (const Candidate& c : cands) {
                 auto lt_run = [&](int i, float* y) {
                     const bf16_t* w = g.weights[size_t(i) % g.weights.size()];
-                    CUBLAS_CHECK(cublasLtMatmul(lt, p.op, &one, w, p.a, xb_ptr, p.b, &zero, y, p.c, y, p.c, &c.algo,
+                    CUBLAS_CHECK(cublasLtMatmul(lt, p.op, &one, w, p.a, buffers.rows(), p.b, &zero, y, p.c, y, p.c, &c.algo,
                                                 workspace.get(), c.workspace, ctx.stream()));
                 };
                 // Checked twice on poisoned outputs: against cublasGemmEx, and run to run bitwise.
-                const GemmCheck check = gemm_check(ctx, [&](float* y) { lt_run(0, y); }, ref, y_a, y_b);
+                const GemmCheck check = gemm_check(ctx, [&](float* y) { lt_run(0, y); }, ref, buffers.y_a, buffers.y_b);
                 if (!check.launched) continue;
                 ++tried;
                 const double err = check.err;
@@ -369,7 +368,7 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows_list, int de
                     ++failures;
                     continue;
                 }
-                const double t = graph_us(ctx, 64, [&](int i) { lt_run(i, y_a.get()); });
+                const double t = graph_us(ctx, 64, [&](int i) { lt_run(i, buffers.y_a.get()); });
                 if (t > 0.0 && (t_best < 0.0 || t < t_best)) {
                     t_best = t;
                     best_err = err;
@@ -401,7 +400,6 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
     const std::vector<RowsGemmConfig> configs{{8, 1}, {4, 1}, {2, 1}, {4, 2}, {2, 2}, {1, 1}};
     GemmBuffers buffers(shapes, rows_list);
     const int most_n = buffers.most_n;
-    qc::DeviceArray<float>&y_ref = buffers.y_ref, &y_a = buffers.y_a, &y_b = buffers.y_b;
     size_t partial_floats = 1, counter_count = 1;
     for (const GemmShape& g : shapes)
         for (const RowsGemmConfig& c : configs) {
@@ -419,12 +417,12 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
     for (const RowsGemmConfig& c : configs) std::printf("   %dx%d", c.warps_m, c.warps_k);
     std::printf("   best  gain  max |rel|\n");
     int failures = 0;
-    const auto xb_ptr = reinterpret_cast<const bf16_t*>(buffers.xb.get());
+    const bf16_t* xb_ptr = buffers.rows();
     for (const int rows : rows_list) {
         const int n = 2 * rows;
         double frame_default = 0.0, frame_best = 0.0;
         for (const GemmShape& g : shapes) {
-            const GemmReference ref = gemm_reference(ctx, g, n, xb_ptr, y_ref, y_a);
+            const GemmReference ref = gemm_reference(ctx, g, n, xb_ptr, buffers.y_ref, buffers.y_a);
             const double t_default = ref.us;
             std::printf("  %-28s %5d %9.2f", g.name.c_str(), rows, t_default);
             double t_best = -1.0, worst_err = 0.0;
@@ -439,14 +437,14 @@ int lab_rows(const std::string& model, const std::vector<int>& rows_list, int de
                               counters.get(), ctx.launch());
                 };
                 // Checked on poisoned outputs: against cublasGemmEx, and run to run bitwise.
-                const GemmCheck check = gemm_check(ctx, [&](float* y) { ours(0, y); }, ref, y_a, y_b);
+                const GemmCheck check = gemm_check(ctx, [&](float* y) { ours(0, y); }, ref, buffers.y_a, buffers.y_b);
                 worst_err = std::max(worst_err, check.err);
                 if (!check.launched || check.err > 1e-4 || !check.repeats) {
                     std::printf(" %6s", "BAD");
                     ++failures;
                     continue;
                 }
-                const double t = graph_us(ctx, 64, [&](int i) { ours(i, y_a.get()); });
+                const double t = graph_us(ctx, 64, [&](int i) { ours(i, buffers.y_a.get()); });
                 std::printf(" %6.2f", t);
                 if (t > 0.0 && (t_best < 0.0 || t < t_best)) {
                     t_best = t;

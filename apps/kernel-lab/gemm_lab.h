@@ -23,11 +23,11 @@ int lab_gemm(const std::string& model, const std::vector<int>& rows, int device)
 // wide product (wide_product.h) and, up to 32 rows, the shipped one-launch kernel; the wide
 // product is checked against the split path (every output) and a CPU fp64 sum (48 outputs).
 // Returns 0, or 1 when it disagrees.
+int lab_wide(const std::string& model, const std::vector<int>& rows, int device);
+
 // The split path's GEMMs (cublasGemmEx, what the step calls) against the lab's rows_gemm
 // (rows_gemm.h) in several block shapes, each checked against cublasGemmEx and for run-to-run
 // equality. Returns 0, or 1 when rows_gemm disagrees.
 int lab_rows(const std::string& model, const std::vector<int>& rows, int device);
-
-int lab_wide(const std::string& model, const std::vector<int>& rows, int device);
 
 }  // namespace qtts::kernel_lab

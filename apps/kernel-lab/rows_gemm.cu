@@ -3,6 +3,8 @@
 
 #include <atomic>
 
+#include <cuda_pipeline.h>
+
 #include "kernels/mma.cuh"
 
 namespace qtts::kernel_lab {
@@ -16,11 +18,6 @@ constexpr int STEPS = ROWS_GEMM_WARP_K / 32;  // 32-input steps per warp
 // Staged xb rows are padded by 32 bf16 (64 bytes): rows g and g + 1 of a fragment read then fall
 // in opposite halves of the 128-byte bank window, so a quarter warp's 16-byte reads do not collide.
 constexpr int PAD = 32;
-
-__device__ __forceinline__ void copy16(void* dst, const void* src) {
-    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
 
 size_t staged_bytes(int n, const RowsGemmConfig& c) {
     return size_t(n) * size_t(ROWS_GEMM_WARP_K * c.warps_k + PAD) * sizeof(bf16_t);
@@ -67,10 +64,10 @@ __global__ void __launch_bounds__(256, 1)
     const int pieces = block_k / 8;
     for (int i = int(threadIdx.x); i < n * pieces; i += int(blockDim.x)) {
         const int r = i / pieces, c = i - r * pieces;
-        copy16(xs + size_t(r) * ld + 8 * c, xb + size_t(r) * size_t(in) + k0 + 8 * c);
+        __pipeline_memcpy_async(xs + size_t(r) * ld + 8 * c, xb + size_t(r) * size_t(in) + k0 + 8 * c, 16);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     __syncthreads();
 
     float acc[NT][4];
