@@ -12,12 +12,14 @@ __global__ void __launch_bounds__(BRIDGE_THREADS) chunk_bridge_kernel(const Chun
     __shared__ int undecodable;
     if (threadIdx.x == 0) undecodable = 0;
     __syncthreads();
-    const int first = a.state->frame - a.frames;  // first frame of the chunk
+    const int first = a.state->frame - a.frames + (a.talker_pending ? 1 : 0);  // first frame of the chunk
     const int rows = a.frames + 1;
     for (int i = threadIdx.x; i < rows * SAMPLE_MAX_GROUPS; i += BRIDGE_THREADS) {
         const int f = i / SAMPLE_MAX_GROUPS, g = i % SAMPLE_MAX_GROUPS;
         const int row = first + f;
-        const int32_t code = (row >= 0 && row < a.code_capacity) ? a.lm_codes[size_t(row) * SAMPLE_MAX_GROUPS + g] : -1;
+        const bool drawn = f < a.frames || !a.talker_pending;
+        const int32_t code =
+            (drawn && row >= 0 && row < a.code_capacity) ? a.lm_codes[size_t(row) * SAMPLE_MAX_GROUPS + g] : -1;
         a.staged[i] = code;
         if (f < a.frames && g < a.groups) {
             a.decoder_codes[f * a.groups + g] = code;
@@ -32,6 +34,13 @@ __global__ void __launch_bounds__(BRIDGE_THREADS) chunk_bridge_kernel(const Chun
     }
 }
 
+__global__ void chunk_row_stage_kernel(const GenerationDeviceState* state, const int32_t* lm_codes, int code_capacity,
+                                       int32_t* out) {
+    const int row = state->frame, g = int(threadIdx.x);
+    if (g < SAMPLE_MAX_GROUPS)
+        out[g] = (row >= 0 && row < code_capacity) ? lm_codes[size_t(row) * SAMPLE_MAX_GROUPS + g] : -1;
+}
+
 }  // namespace
 
 void chunk_bridge(const ChunkBridgeArgs& a, cudaStream_t stream) {
@@ -39,6 +48,14 @@ void chunk_bridge(const ChunkBridgeArgs& a, cudaStream_t stream) {
         a.groups < 1 || a.groups > SAMPLE_MAX_GROUPS || a.codebook_size < 1 || a.code_capacity < 1)
         check_fail("chunk_bridge", "invalid arguments", __func__, __FILE__, __LINE__);
     chunk_bridge_kernel<<<1, BRIDGE_THREADS, 0, stream>>>(a);
+    KERNEL_CUDA_CHECK(cudaGetLastError());
+}
+
+void chunk_row_stage(const GenerationDeviceState* state, const int32_t* lm_codes, int code_capacity, int32_t* out,
+                     cudaStream_t stream) {
+    if (!state || !lm_codes || !out || code_capacity < 1)
+        check_fail("chunk_row_stage", "invalid arguments", __func__, __FILE__, __LINE__);
+    chunk_row_stage_kernel<<<1, 32, 0, stream>>>(state, lm_codes, code_capacity, out);
     KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -127,6 +127,9 @@ public:
     StreamMark& operator=(const StreamMark&) = delete;
 
     void record(cudaStream_t stream) { CUDA_CHECK(cudaEventRecord(event_, stream)); }
+    // Under stream capture: an event-record node in the graph, so that each replay records the
+    // event when the work captured before it is done (the host can wait for part of a replay).
+    void record_node(cudaStream_t stream) { CUDA_CHECK(cudaEventRecordWithFlags(event_, stream, cudaEventRecordExternal)); }
     // Blocks until the work enqueued before the last record() is done (at once when never recorded).
     void wait() const { CUDA_CHECK(cudaEventSynchronize(event_)); }
 

@@ -51,11 +51,12 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto t0 = std::chrono::steady_clock::now();
 
-    // The parent graph: frame steps, bridge, IF node, copies. The IF node is added by hand to
-    // the graph being captured and becomes the stream's only dependency.
+    // The parent graph: frame steps, bridge, IF node, copies, event, tail. The IF node is added
+    // by hand to the graph being captured and becomes the stream's only dependency.
     cudaGraph_t body = nullptr;
     cudaGraph_t graph = stream_capture(stream, [&] {
-        for (int i = 0; i < frames; ++i) lm_.frame_step_enqueue();
+        for (int i = 0; i + 1 < frames; ++i) lm_.frame_step_enqueue();
+        lm_.predictor_frame_enqueue();
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         cudaGraph_t capturing = nullptr;
         CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, &capturing));
@@ -67,6 +68,7 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
         bridge.lm_codes = lm_.codes_device();
         bridge.code_capacity = lm_.code_capacity();
         bridge.frames = frames;
+        bridge.talker_pending = true;
         bridge.groups = decoder_.config().num_quantizers;
         bridge.codebook_size = decoder_.config().codebook_size;
         bridge.staged = staged_dev_.get();
@@ -94,6 +96,15 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
         CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), decoder_.pcm_device(),
                                    size_t(frames) * decoder_.samples_per_frame() * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
+        audio_ready_.record_node(stream);
+
+        // The tail: the last frame's talker step, then the row after the chunk to the host.
+        lm_.talker_frame_enqueue(/*after_copy=*/true);
+        int32_t* next_row = staged_dev_.get() + size_t(frames) * k::SAMPLE_MAX_GROUPS;
+        CUDA_CHECK_KERNEL(k::chunk_row_stage(lm_.device_state(), lm_.codes_device(), lm_.code_capacity(), next_row,
+                                             stream));
+        CUDA_CHECK(cudaMemcpyAsync(staged_host_.get() + size_t(frames) * k::SAMPLE_MAX_GROUPS, next_row,
+                                   k::SAMPLE_MAX_GROUPS * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
     });
 
     // The IF body: the decoder's chunk, captured straight into the node's graph.
@@ -106,14 +117,27 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
     return graph_instantiate(context, "fused chunk x" + std::to_string(frames), graph, ms_since(t0), stats);
 }
 
+FusedChunkGraphs::~FusedChunkGraphs() {
+    // A tail still running writes into staged_host_: let it finish (no throw from here).
+    if (pending_) cudaStreamSynchronize(lm_.context().stream());
+}
+
 bool FusedChunkGraphs::run(int frames) {
     auto it = graphs_.find(frames);
     if (it == graphs_.end()) fail(ErrorCode::ERROR_INTERNAL, "fused chunk of {} frames: no graph", frames);
+    land();  // the previous tail writes the staging rows this replay writes
     graph_replay(lm_.context(), it->second);
-    lm_.context().synchronize();
+    pending_ = frames;
+    audio_ready_.wait();
     const bool decoded = staged_host_.get()[size_t(frames + 1) * k::SAMPLE_MAX_GROUPS] != 0;
     if (decoded) decoder_.frames_decoded_add(frames);
     return decoded;
+}
+
+void FusedChunkGraphs::land() {
+    if (!pending_) return;
+    pending_ = 0;  // (a failed wait leaves the context to the caller's recovery, not to another wait)
+    lm_.context().synchronize();
 }
 
 }  // namespace qtts::cuda

@@ -73,6 +73,7 @@ void GpuGenerator::begin(const GenerationParams& params, int L, int text_tokens,
 
 void GpuGenerator::start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
                          uint64_t seed, int text_tokens, bool text_closed) {
+    tail_land();
     generation_params_validate(params);
     lm_.generation_start(prefill, L, trailing, T, setup_from(params, seed));
     begin(params, L, text_tokens, text_closed);
@@ -80,6 +81,7 @@ void GpuGenerator::start(const float* prefill, int L, const float* trailing, int
 }
 
 void GpuGenerator::start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) {
+    tail_land();
     generation_params_validate(params);
     lm_.generation_start(prompt, setup_from(params, seed));
     begin(params, int(prompt.positions.size()), prompt.text_tokens, prompt.text_complete);
@@ -87,12 +89,14 @@ void GpuGenerator::start(const Prompt& prompt, const GenerationParams& params, u
 }
 
 GpuLm::PromptRows GpuGenerator::start_load(const Prompt& prompt, const GenerationParams& params) {
+    tail_land();
     generation_params_validate(params);
     return lm_.prompt_load(prompt);
 }
 
 void GpuGenerator::start_finish(const Prompt& prompt, const GpuLm::PromptRows& rows, const GenerationParams& params,
                                 uint64_t seed) {
+    tail_land();
     lm_.generation_begin(rows, setup_from(params, seed));
     begin(params, rows.positions, prompt.text_tokens, prompt.text_complete);
     lm_.codes_read_async(0, 1, chunk_codes_.get());  // the constructor sized it for a chunk's rows
@@ -119,6 +123,7 @@ void GpuGenerator::frame_limit_update() {
 }
 
 void GpuGenerator::text_append(const int32_t* ids, size_t n) {
+    tail_land();
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text_append before start()");
     if (text_closed_)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT,
@@ -129,6 +134,7 @@ void GpuGenerator::text_append(const int32_t* ids, size_t n) {
 }
 
 void GpuGenerator::text_close() {
+    tail_land();
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "text_close before start()");
     if (text_closed_) return;
     const int32_t eos = lm_.weights().config().tts_eos_token_id;
@@ -137,6 +143,7 @@ void GpuGenerator::text_close() {
 }
 
 void GpuGenerator::decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder) {
+    tail_land();
     context_.guard().check("GpuGenerator::decoder_attach");
     QTTS_ASSERT(decoder && &decoder->context() == &context_);
     fused_.reset();
@@ -145,6 +152,7 @@ void GpuGenerator::decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder) {
 }
 
 void GpuGenerator::decoder_reset() {
+    tail_land();
     if (decoder_) decoder_->reset();
 }
 
@@ -155,7 +163,8 @@ std::vector<int> GpuGenerator::fused_sizes() const {
     return sizes;
 }
 
-bool GpuGenerator::batch_ready(int frames) const {
+bool GpuGenerator::batch_ready(int frames) {
+    tail_land();
     QTTS_ASSERT(start_landed_);
     if (!started_ || done_ || precomputed_ > 0 || frames_ != computed_ || frames < 1) return false;
     if (host_codes_[size_t(frames_) * k::SAMPLE_MAX_GROUPS] == eos_id_) return false;  // stop_check's rules
@@ -165,7 +174,7 @@ bool GpuGenerator::batch_ready(int frames) const {
 }
 
 void GpuGenerator::batch_computed(int frames) {
-    QTTS_ASSERT(batch_ready(frames));
+    QTTS_ASSERT(batch_ready(frames));  // (no tail pending after it)
     precomputed_ = frames;
 }
 
@@ -221,10 +230,12 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
             return int(batch_pcm_.size()) / decoder_->samples_per_frame();  // the kept frames (checked in chunk())
         }
     } else if (fused_ && fused_->has(frames)) {
-        // One replay, one sync: codes and (unless the chunk holds a stop) audio.
+        // One replay: codes and (unless the chunk holds a stop) audio, while the tail (the talker
+        // step after the chunk) runs on; its row after the chunk lands at the next entry.
         const bool decoded = fused_->run(frames);
-        std::memcpy(dst, fused_->codes(), rows * sizeof(int32_t));
+        std::memcpy(dst, fused_->codes(), size_t(frames) * k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
         computed_ += frames;
+        tail_frames_ = frames;
         if (!decoded) return 0;
         pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
         return frames;
@@ -239,6 +250,15 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     std::memcpy(dst, chunk_codes_.get(), rows * sizeof(int32_t));
     computed_ += made;
     return 0;
+}
+
+void GpuGenerator::tail_land() {
+    if (tail_frames_ == 0) return;
+    const int frames = tail_frames_;
+    tail_frames_ = 0;
+    fused_->land();
+    std::memcpy(host_codes_.data() + size_t(computed_) * k::SAMPLE_MAX_GROUPS,
+                fused_->codes() + size_t(frames) * k::SAMPLE_MAX_GROUPS, k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
 }
 
 void GpuGenerator::frames_decode(int first, int frames, std::vector<float>* pcm) {
@@ -270,6 +290,7 @@ bool GpuGenerator::stop_check() {
 }
 
 ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) {
+    tail_land();
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk before start()");
     QTTS_ASSERT(start_landed_);
     QTTS_ASSERT(frames >= 1 && codes && (pcm || !decoder_));
@@ -303,8 +324,12 @@ ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std:
         stop_reason_ = StopReason::STOP_EOS;
         return ChunkStatus::CHUNK_STATUS_DONE;
     }
-    // A stop right after the chunk is known now (codebook 0 of the next frame came with it).
-    if (stop_check()) return ChunkStatus::CHUNK_STATUS_DONE;
+    // A stop right after the chunk is known now (codebook 0 of the next frame came with it),
+    // unless that row is still in a fused replay's tail: then the next call sees an end-of-speech
+    // and ends the segment with no frames (ChunkGenerator::chunk allows it). At the frame limit
+    // the segment ends here either way, so the tail lands now (the stop reason needs its row).
+    if (tail_frames_ != 0 && frames_ >= frame_limit_) tail_land();
+    if (tail_frames_ == 0 && stop_check()) return ChunkStatus::CHUNK_STATUS_DONE;
     return n < frames ? ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT : ChunkStatus::CHUNK_STATUS_FULL;
 }
 

@@ -75,7 +75,7 @@ public:
     // stream with fewer than `frames` frames left before its frame limit joins too, when the
     // device has room for all of them: the frames past the limit are made and dropped, as frames
     // after an end-of-speech are (the last chunk of a capped stream would otherwise run alone).
-    bool batch_ready(int frames) const;
+    bool batch_ready(int frames);
     void batch_computed(int frames);
     // Batched decoding (GpuGeneratorPool::batch_run): after batch_computed, the chunk's codes are
     // copied to the host for every stream of the step at once — batch_codes_enqueue (asynchronous),
@@ -106,6 +106,8 @@ public:
     // Chunk sizes replayed as one fused graph (empty without a decoder or with fusion off).
     std::vector<int> fused_sizes() const;
     bool graphs_enabled() const { return graphs_.enabled(); }
+    // True after a fused chunk until the next call lands its tail (cuda/fused_chunks.h; tests).
+    bool tail_pending() const { return tail_frames_ != 0; }
     GpuLm& lm() { return lm_; }
     FrameGraphs& graphs() { return graphs_; }
 
@@ -116,6 +118,10 @@ private:
     // Frames whose samples it appended to *pcm (the fused replay's whole chunk, or the kept frames
     // a batched pass decoded), 0 when chunk() must decode them.
     int chunk_compute(int frames, std::vector<float>* pcm);
+    // After a fused replay, its tail (the talker step after the chunk's audio) may still run:
+    // waits for it and takes the row after the chunk into host_codes_. Every entry point calls
+    // it first, so no other code sees a pending tail.
+    void tail_land();
     void frames_decode(int first, int frames, std::vector<float>* pcm);  // host codes -> decoder
 
     GpuContext& context_;
@@ -136,6 +142,7 @@ private:
     int precomputed_ = 0;  // frames after computed_ that a batched step made on the device
     bool batch_codes_landed_ = false;  // ... whose codes are on the host already (batch_codes_land)
     bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
+    int tail_frames_ = 0;  // frames of the fused replay whose tail has not landed (0: none)
     std::vector<float> batch_pcm_;     // the kept frames' samples
     int frame_limit_ = 0;
     int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)

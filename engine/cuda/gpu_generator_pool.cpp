@@ -40,7 +40,7 @@ public:
     void text_close() override { state_->text_close(); }
     StopReason stop_reason() const override { return state_->stop_reason(); }
     int frames_emitted() const override { return state_->frames_emitted(); }
-    bool batch_ready(int frames) const override { return state_->batch_ready(frames); }
+    bool batch_ready(int frames) override { return state_->batch_ready(frames); }
     void reference_decode(const int32_t* codes, int frames) override {
         std::vector<float> discarded;
         discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);

@@ -177,9 +177,13 @@ public:
     // One frame step on the context stream (no host sync; graph-capturable): completes frame k
     // (codebooks 1..15), runs talker step k and samples codebook 0 of frame k + 1.
     void frame_step_enqueue();
-    // The two halves of the frame step (benchmarks time them separately).
+    // The two halves of the frame step (benchmarks time them separately; a fused chunk graph
+    // decodes its chunk between the last frame's two halves, cuda/fused_chunks.h). With
+    // `after_copy`, the talker half's first kernel waits for the whole node before it, without
+    // programmatic dependent launch (in the fused graph that node is a copy or an event record;
+    // programmatic edges join kernels).
     void predictor_frame_enqueue();
-    void talker_frame_enqueue();
+    void talker_frame_enqueue(bool after_copy = false);
 
     // Device-side generation state and code buffer [code_capacity, 16] (read by the fused chunk
     // graphs' hand-off to the decoder, cuda/fused_chunks.h).

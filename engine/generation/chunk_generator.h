@@ -73,8 +73,9 @@ public:
     // its frames from a step of `frames` frames shared with other streams, computed before
     // chunk() is called: no stop seen, the text track reaches past them, and the frame limit is
     // not reached (a limit inside the chunk: the step makes all `frames` where the backend has
-    // room, and chunk() keeps those up to the limit). Default: never.
-    virtual bool batch_ready(int frames) const {
+    // room, and chunk() keeps those up to the limit). May wait for the rest of this generator's
+    // previous chunk on the device (CUDA: the tail after a fused chunk's audio). Default: never.
+    virtual bool batch_ready(int frames) {
         (void)frames;
         return false;
     }

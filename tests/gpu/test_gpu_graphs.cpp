@@ -3,7 +3,9 @@
 // (tools/gpu-run.sh generates it with `qtts make-model`), else on a random tiny checkpoint:
 //   graph replay == eager for 200 frames with seeded sampling; the graphs-off switch; an
 //   uncaptured chunk size falls back to eager; determinism; no aliasing across replays;
-//   the owner guard (other thread, re-entrant replay, replay during capture); graph memory.
+//   the owner guard (other thread, re-entrant replay, replay during capture); graph memory;
+//   a fused chunk (frames + audio in one replay) hands its codes and audio over before the
+//   talker step after it, and the row after the chunk lands at the next call.
 #include <catch2/catch.hpp>
 
 // CPU-only builds compile this file to nothing (test_main skips the gpu label without a device).
@@ -18,6 +20,7 @@
 #include "engine/common/error.h"
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_generator.h"
+#include "engine/cuda/gpu_speech_decoder.h"
 #include "engine/model/make_model.h"
 #include "engine/model/weights.h"
 #include "engine/generation/sampling.h"
@@ -160,6 +163,54 @@ TEST_CASE("programmatic dependent launch on or off gives identical codes", "[gpu
     const auto got = run(flipped, 1234);
     context().pdl_set(was);
     CHECK(got == ref);
+}
+
+TEST_CASE("a fused chunk hands over its audio before the talker step after it", "[gpu][graphs][fused]") {
+    const auto decoder_weights = qc::GpuSpeechDecoderWeights::upload(*test_checkpoint(), context().device(), {});
+    qtts::BackendOptions fused_options = options(true);
+    fused_options.fused_chunks = true;
+    qc::GpuGenerator fused(test_weights(), context(), fused_options);
+    fused.decoder_attach(std::make_unique<qc::GpuSpeechDecoder>(decoder_weights, context()));
+    REQUIRE(fused.fused_sizes() == std::vector<int>{1, 4});
+    qtts::BackendOptions separate_options = options(true);
+    separate_options.fused_chunks = false;
+    qc::GpuGenerator separate(test_weights(), context(), separate_options);
+    separate.decoder_attach(std::make_unique<qc::GpuSpeechDecoder>(decoder_weights, context()));
+    REQUIRE(separate.fused_sizes().empty());
+
+    // 1 + 4 + 4 frames, sampled, EOS masked: the last chunk ends at the frame limit.
+    qtts::GenerationParams params = sampled_params();
+    params.max_frames = 9;
+    for (const uint64_t seed : {5u, 6u}) {
+        fused.start(test_prompt(), params, seed);
+        separate.start(test_prompt(), params, seed);
+        std::vector<FrameCodes> fused_codes, separate_codes;
+        std::vector<float> fused_pcm, separate_pcm;
+        int chunk = 0;
+        for (const int k : {1, 4, 4}) {
+            INFO("seed " << seed << ", chunk " << chunk << " of " << k << " frames");
+            const qtts::ChunkStatus want = separate.chunk(k, &separate_codes, &separate_pcm);
+            CHECK(!separate.tail_pending());  // no fused graph: nothing runs on after a chunk
+            const qtts::ChunkStatus got = fused.chunk(k, &fused_codes, &fused_pcm);
+            CHECK(got == want);
+            // Its codes and audio are here; the talker step after it may still run, and nothing
+            // but a later call takes the row after the chunk in (the last chunk ends the segment
+            // at the frame limit, so it landed before returning).
+            CHECK(fused.tail_pending() == (chunk < 2));
+            CHECK(fused_codes == separate_codes);
+            CHECK(fused_pcm == separate_pcm);  // the same decoder kernels on the same codes: bit for bit
+            if (chunk == 0) {
+                CHECK(fused.batch_ready(4));  // waits for the tail: the next chunk can be batched
+                CHECK(!fused.tail_pending());
+            }
+            ++chunk;
+        }
+        CHECK(fused_codes.size() == 9);
+        CHECK(fused.stop_reason() == qtts::StopReason::STOP_MAX_FRAMES);
+        CHECK(separate.stop_reason() == qtts::StopReason::STOP_MAX_FRAMES);
+        fused.decoder_reset();
+        separate.decoder_reset();
+    }
 }
 
 TEST_CASE("the owner guard refuses foreign and re-entrant replays", "[gpu][graphs][owner]") {
