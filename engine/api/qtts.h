@@ -192,7 +192,8 @@ struct BackendOptions {
     int prefill_chunk = 0;       // CUDA: prompt rows per prefill pass, 1..1024; 0 = the LM's own (benchmarks)
     // The chunk sizes the caller will ask for (ChunkGenerator::chunk): CUDA captures one graph
     // (fused with the decoder where it can) per size. The engine sets {first_chunk_frames,
-    // chunk_frames}; other sizes still work, as eager steps.
+    // chunk_frames}; other sizes still work, as eager steps. The first is a stream's first chunk:
+    // CUDA's fused graph of that size hands its audio over before the talker step after it.
     std::vector<int> chunk_sizes = {FIRST_CHUNK_FRAMES_DEFAULT, CHUNK_FRAMES_DEFAULT};
     // CUDA: streams whose chunks are due in the same engine round share one device step for their
     // LM frames (the talker and code predictor read their weights once for all of them; graphs

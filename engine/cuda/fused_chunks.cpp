@@ -12,7 +12,8 @@ namespace qtts::cuda {
 
 namespace k = ::qtts::kernels;
 
-FusedChunkGraphs::FusedChunkGraphs(GpuLm& lm, GpuSpeechDecoder& decoder, const std::vector<int>& frame_counts)
+FusedChunkGraphs::FusedChunkGraphs(GpuLm& lm, GpuSpeechDecoder& decoder, const std::vector<int>& frame_counts,
+                                   const std::vector<int>& early_audio)
     : lm_(lm), decoder_(decoder) {
     if (&decoder_.context() != &lm_.context())
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "fused chunks: the LM and the decoder must share one GPU context");
@@ -29,11 +30,12 @@ FusedChunkGraphs::FusedChunkGraphs(GpuLm& lm, GpuSpeechDecoder& decoder, const s
     for (const int n : frame_counts) {
         if (n < 1 || n > max_frames_ || graphs_.count(n)) continue;
         GraphStats s;
+        const bool early = std::find(early_audio.begin(), early_audio.end(), n) != early_audio.end();
         try {
-            GraphExec exec = capture(n, &s);
+            GraphExec exec = capture(n, early, &s);
             s.frames = n;
             stats_.push_back(s);
-            graphs_.emplace(n, std::move(exec));
+            graphs_.emplace(n, Graph{std::move(exec), early});
         } catch (const Error& e) {
             // A driver without conditional graph nodes, for example: the generator keeps the
             // separate LM and decoder replays for this size.
@@ -43,7 +45,7 @@ FusedChunkGraphs::FusedChunkGraphs(GpuLm& lm, GpuSpeechDecoder& decoder, const s
     }
 }
 
-GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
+GraphExec FusedChunkGraphs::capture(int frames, bool early_audio, GraphStats* stats) {
     GpuContext& context = lm_.context();
     OwnerGuard::Scope owner(context.guard(), "fused chunk capture");
     DeviceScope scope(context.device());
@@ -51,12 +53,14 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto t0 = std::chrono::steady_clock::now();
 
-    // The parent graph: frame steps, bridge, IF node, copies, event, tail. The IF node is added
-    // by hand to the graph being captured and becomes the stream's only dependency.
+    // The parent graph: frame steps, bridge, IF node, copies (early audio: then the event and the
+    // tail). The IF node is added by hand to the graph being captured and becomes the stream's
+    // only dependency.
     cudaGraph_t body = nullptr;
     cudaGraph_t graph = stream_capture(stream, [&] {
         for (int i = 0; i + 1 < frames; ++i) lm_.frame_step_enqueue();
-        lm_.predictor_frame_enqueue();
+        if (early_audio) lm_.predictor_frame_enqueue();
+        else lm_.frame_step_enqueue();
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         cudaGraph_t capturing = nullptr;
         CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, &capturing));
@@ -68,7 +72,7 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
         bridge.lm_codes = lm_.codes_device();
         bridge.code_capacity = lm_.code_capacity();
         bridge.frames = frames;
-        bridge.talker_pending = true;
+        bridge.talker_pending = early_audio;
         bridge.groups = decoder_.config().num_quantizers;
         bridge.codebook_size = decoder_.config().codebook_size;
         bridge.staged = staged_dev_.get();
@@ -96,6 +100,7 @@ GraphExec FusedChunkGraphs::capture(int frames, GraphStats* stats) {
         CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), decoder_.pcm_device(),
                                    size_t(frames) * decoder_.samples_per_frame() * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
+        if (!early_audio) return;
         audio_ready_.record_node(stream);
 
         // The tail: the last frame's talker step, then the row after the chunk to the host.
@@ -126,9 +131,13 @@ bool FusedChunkGraphs::run(int frames) {
     auto it = graphs_.find(frames);
     if (it == graphs_.end()) fail(ErrorCode::ERROR_INTERNAL, "fused chunk of {} frames: no graph", frames);
     land();  // the previous tail writes the staging rows this replay writes
-    graph_replay(lm_.context(), it->second);
-    pending_ = frames;
-    audio_ready_.wait();
+    graph_replay(lm_.context(), it->second.exec);
+    if (it->second.early_audio) {
+        pending_ = true;
+        audio_ready_.wait();
+    } else {
+        lm_.context().synchronize();
+    }
     const bool decoded = staged_host_.get()[size_t(frames + 1) * k::SAMPLE_MAX_GROUPS] != 0;
     if (decoded) decoder_.frames_decoded_add(frames);
     return decoded;
@@ -136,7 +145,7 @@ bool FusedChunkGraphs::run(int frames) {
 
 void FusedChunkGraphs::land() {
     if (!pending_) return;
-    pending_ = 0;  // (a failed wait leaves the context to the caller's recovery, not to another wait)
+    pending_ = false;  // (a failed wait leaves the context to the caller's recovery, not to another wait)
     lm_.context().synchronize();
 }
 

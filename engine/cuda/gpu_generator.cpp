@@ -148,7 +148,10 @@ void GpuGenerator::decoder_attach(std::unique_ptr<GpuSpeechDecoder> decoder) {
     QTTS_ASSERT(decoder && &decoder->context() == &context_);
     fused_.reset();
     decoder_ = std::move(decoder);
-    if (fused_chunks_ && graphs_.enabled()) fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, chunk_sizes_);
+    // The first size is a stream's first chunk (BackendOptions::chunk_sizes): its audio starts
+    // playback, so its graph hands the audio over before the talker step after it.
+    if (fused_chunks_ && graphs_.enabled())
+        fused_ = std::make_unique<FusedChunkGraphs>(lm_, *decoder_, chunk_sizes_, std::vector<int>{chunk_sizes_.front()});
 }
 
 void GpuGenerator::decoder_reset() {
@@ -230,12 +233,13 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
             return int(batch_pcm_.size()) / decoder_->samples_per_frame();  // the kept frames (checked in chunk())
         }
     } else if (fused_ && fused_->has(frames)) {
-        // One replay: codes and (unless the chunk holds a stop) audio, while the tail (the talker
-        // step after the chunk) runs on; its row after the chunk lands at the next entry.
+        // One replay: codes and (unless the chunk holds a stop) audio. After an early-audio graph
+        // its tail (the talker step after the chunk) runs on: the row after lands at the next entry.
         const bool decoded = fused_->run(frames);
-        std::memcpy(dst, fused_->codes(), size_t(frames) * k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
+        const bool tail = fused_->pending();
+        std::memcpy(dst, fused_->codes(), (tail ? size_t(frames) * k::SAMPLE_MAX_GROUPS : rows) * sizeof(int32_t));
         computed_ += frames;
-        tail_frames_ = frames;
+        if (tail) tail_frames_ = frames;
         if (!decoded) return 0;
         pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
         return frames;
