@@ -68,11 +68,13 @@ std::string tiny_model_dir() {
 }
 
 std::shared_ptr<const SpeechModel> model_on(const std::string& backend, bool gpu_decoder = true,
-                                            const std::string& dir = "", bool fused_chunks = true) {
-    BackendOptions o;  // chunk sizes: the engine's defaults (1, then 4)
+                                            const std::string& dir = "", bool fused_chunks = true,
+                                            std::vector<int> chunk_sizes = {}) {
+    BackendOptions o;  // chunk sizes: the engine's defaults (1, then 4) unless given
     o.name = backend;
     o.gpu_decoder = gpu_decoder;
     o.fused_chunks = fused_chunks;
+    if (!chunk_sizes.empty()) o.chunk_sizes = std::move(chunk_sizes);
     return SpeechModel::load(dir.empty() ? tiny_model_dir() : dir, o);
 }
 
@@ -156,10 +158,10 @@ struct Spoken {
 };
 
 // Chunks of 1 frame, then 4 (the engine's default pattern, so the decoder sees the same chunks).
-Spoken speak(const std::shared_ptr<const SpeechModel>& model, const SpeechRequest& request) {
+Spoken speak(const std::shared_ptr<const SpeechModel>& model, const SpeechRequest& request, int first = 1) {
     Utterance utt(model, model->prepare(request));
     Spoken out;
-    int chunk = 1;
+    int chunk = first;
     while (utt.chunk(chunk, &out.pcm, &out.codes) != UtteranceStatus::UTTERANCE_DONE) chunk = 4;
     out.stop = utt.stop_reason();
     return out;
@@ -335,6 +337,28 @@ TEST_CASE("fused chunks: one replay per chunk gives the separate replays' codes 
         }
         WARN("end-of-speech inside a fused chunk in " << inside << " of 6 utterances");
         CHECK(inside >= 1);
+
+        // A first chunk of 2 frames (its graph hands the audio over before the talker step after
+        // it): an end-of-speech as the row right after it (greedy, the earliest frame
+        // min_new_tokens allows: 2) is seen one call later, in a chunk() that ends the segment
+        // with no frames. The same codes, stop and samples as the separate path and the CPU.
+        const auto first2_fused = model_on("cuda", true, dir, true, {2, 4});
+        const auto first2_separate = model_on("cuda", true, dir, false, {2, 4});
+        REQUIRE(first2_fused->gpu_fused_chunk_sizes() == std::vector<int>{2, 4});
+        int right_after = 0;
+        for (const char* text : texts) {
+            const SpeechRequest r = qtts_test::greedy_request(text, 64, kGreedySeed);
+            const Spoken want = speak(cpu, r);
+            const Spoken got = speak(first2_fused, r, 2);
+            const Spoken sep = speak(first2_separate, r, 2);
+            CHECK(got.codes == want.codes);
+            CHECK(got.stop == want.stop);
+            CHECK(got.pcm == sep.pcm);
+            CHECK(max_abs(got.pcm, want.pcm) <= 1e-4);
+            if (want.stop == StopReason::STOP_EOS && want.codes.size() == 2) ++right_after;
+        }
+        WARN("end-of-speech right after an early-audio first chunk in " << right_after << " of 6 utterances");
+        CHECK(right_after >= 1);  // on the CPU reference, 4 of the 6 texts stop after 2 frames
 
         // Two segments (each over half the 600-byte split limit), each ended by its own stop: the
         // decoder continues across them. A chunk ends at the segment boundary (the engine's sizes
