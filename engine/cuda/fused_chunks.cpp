@@ -104,7 +104,7 @@ GraphExec FusedChunkGraphs::capture(int frames, bool early_audio, GraphStats* st
         audio_ready_.record_node(stream);
 
         // The tail: the last frame's talker step, then the row after the chunk to the host.
-        lm_.talker_frame_enqueue(/*after_copy=*/true);
+        lm_.talker_frame_enqueue(/*after_non_kernel=*/true);
         int32_t* next_row = staged_dev_.get() + size_t(frames) * k::SAMPLE_MAX_GROUPS;
         CUDA_CHECK_KERNEL(k::chunk_row_stage(lm_.device_state(), lm_.codes_device(), lm_.code_capacity(), next_row,
                                              stream));

@@ -16,7 +16,7 @@
 // 3.6 ms frame, needed by the next chunk only), chunk_row_stage and a copy of the row after the
 // chunk. The first audio comes that much sooner; land() waits for the tail, and only then is
 // the row after the chunk (a stop right after it?) on the host. Steady sizes keep the one-piece
-// graph: there the split bought nothing and cost ~0.5% of the frame rate (docs/performance.md).
+// graph: a steady chunk's audio sooner buys nothing (the stream is far ahead of playback).
 // A chunk that contains the end-of-speech token is never seen by the decoder (its state does not
 // move); the generator then decodes the frames before the stop with the decoder's ordinary call.
 // Every pointer in the graph is fixed (the chunk's position comes from the LM's device state), so

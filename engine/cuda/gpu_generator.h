@@ -106,7 +106,7 @@ public:
     // Chunk sizes replayed as one fused graph (empty without a decoder or with fusion off).
     std::vector<int> fused_sizes() const;
     bool graphs_enabled() const { return graphs_.enabled(); }
-    // True after a fused chunk until the next call lands its tail (cuda/fused_chunks.h; tests).
+    // True after an early-audio fused chunk until the next call lands its tail (cuda/fused_chunks.h; tests).
     bool tail_pending() const { return tail_frames_ != 0; }
     GpuLm& lm() { return lm_; }
     FrameGraphs& graphs() { return graphs_; }

@@ -178,12 +178,12 @@ public:
     // (codebooks 1..15), runs talker step k and samples codebook 0 of frame k + 1.
     void frame_step_enqueue();
     // The two halves of the frame step (benchmarks time them separately; a fused chunk graph
-    // decodes its chunk between the last frame's two halves, cuda/fused_chunks.h). With
-    // `after_copy`, the talker half's first kernel waits for the whole node before it, without
-    // programmatic dependent launch (in the fused graph that node is a copy or an event record;
+    // decodes a first chunk between the last frame's two halves, cuda/fused_chunks.h). With
+    // `after_non_kernel`, the talker half's first kernel waits for the whole node before it,
+    // without programmatic dependent launch (in the fused graph that node is an event record;
     // programmatic edges join kernels).
     void predictor_frame_enqueue();
-    void talker_frame_enqueue(bool after_copy = false);
+    void talker_frame_enqueue(bool after_non_kernel = false);
 
     // Device-side generation state and code buffer [code_capacity, 16] (read by the fused chunk
     // graphs' hand-off to the decoder, cuda/fused_chunks.h).

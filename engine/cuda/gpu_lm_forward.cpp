@@ -203,7 +203,7 @@ void GpuLm::predictor_frame_enqueue() {
     }
 }
 
-void GpuLm::talker_frame_enqueue(bool after_copy) {
+void GpuLm::talker_frame_enqueue(bool after_non_kernel) {
     const GpuLmWeights& w = *weights_;
     k::FrameEmbedArgs f = frame_embed_tables(w);
     f.codes = state_->current;
@@ -216,7 +216,7 @@ void GpuLm::talker_frame_enqueue(bool after_copy) {
     f.out = talker_buf_.x;
     f.ldo = w.talker.hidden;
     k::Launch first = launch();
-    if (after_copy) first.pdl = false;
+    if (after_non_kernel) first.pdl = false;
     CUDA_CHECK_KERNEL(k::frame_embed(f, first));
     stack_decode(w.talker, talker_buf_, 1, &state_->position, 0);
     talker_head(talker_buf_.x);
