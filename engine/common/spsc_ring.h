@@ -5,7 +5,8 @@
 // Design (see docs/audio.md):
 // - capacity is a power of two, so positions wrap with a mask instead of a division;
 // - storage is allocated and written once in the constructor ("pre-touched"), so the first
-//   callbacks do not take page faults;
+//   callbacks do not take page faults; a ring whose producer is not real-time may skip that
+//   (its writes fault the pages in, and the consumer only reads what was written);
 // - head (next write position) and tail (next read position) are monotonically increasing 64-bit
 //   counters on separate cache lines, so the two threads never false-share; each side also keeps a
 //   private copy of the other side's counter on its own line and reloads it only when the copy
@@ -40,7 +41,11 @@ public:
     static constexpr size_t k_cache_line = 64;
 
     // Allocates room for at least min_capacity items (rounded up to a power of two, at least 2).
-    explicit SpscRing(size_t min_capacity) {
+    // pre_touch: writes every page now, so neither side takes a page fault on first use (a
+    // real-time producer). false: the producer's first writes fault the pages in, on its own
+    // thread, as it goes; the consumer only ever reads items already written, so it meets no
+    // fresh page either way (the engine's per-stream rings: 4 MB a stream, made in submit()).
+    explicit SpscRing(size_t min_capacity, bool pre_touch = true) {
         if (min_capacity == 0 || min_capacity > (size_t(1) << 40)) {
             fail(ErrorCode::ERROR_INVALID_ARGUMENT, "SpscRing capacity must be in 1..2^40 items, got {}",
                  min_capacity);
@@ -51,7 +56,7 @@ public:
         mask_ = capacity - 1;
         items_.reset(new T[capacity]);
         // Touch every page now so the real-time side never faults on first use.
-        std::memset(static_cast<void*>(items_.get()), 0, capacity * sizeof(T));
+        if (pre_touch) std::memset(static_cast<void*>(items_.get()), 0, capacity * sizeof(T));
     }
 
     SpscRing(const SpscRing&) = delete;

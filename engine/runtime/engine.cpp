@@ -42,7 +42,8 @@ constexpr double kRtfSmoothing = 0.2;
 class StreamImpl final : public Stream {
 public:
     StreamImpl(uint64_t id, PreparedSpeech prepared, size_t ring_samples, std::function<void()> wake_engine)
-        : id_(id), prepared_(std::move(prepared)), ring_(ring_samples), wake_engine_(std::move(wake_engine)),
+        : id_(id), prepared_(std::move(prepared)), ring_(ring_samples, /*pre_touch=*/false),
+          wake_engine_(std::move(wake_engine)),
           submitted_(Clock::now()) {}
 
     uint64_t id() const override { return id_; }
@@ -169,6 +170,8 @@ public:
 
     const uint64_t id_;
     PreparedSpeech prepared_;
+    // Not pre-touched: its producer is the engine thread, and writing 4 MB (30 s) in submit()
+    // took time from every request's first audio; the engine's writes fault the pages in.
     SpscRing<float> ring_;
     std::function<void()> wake_engine_;
     Clock::time_point submitted_;

@@ -93,8 +93,8 @@ TEST_CASE("discard drops items without copying", "[spsc]") {
 }
 
 template <typename T, typename MakeItem>
-void stress_two_threads(size_t capacity, uint64_t total, MakeItem make_item) {
-    SpscRing<T> ring(capacity);
+void stress_two_threads(size_t capacity, uint64_t total, MakeItem make_item, bool pre_touch = true) {
+    SpscRing<T> ring(capacity, pre_touch);
     std::thread producer([&] {
         std::vector<T> chunk(97);
         std::mt19937 rng(1);
@@ -136,5 +136,9 @@ TEST_CASE("two threads: every item arrives once and in order", "[spsc][threads]"
     SECTION("float PCM, realistic ring") {
         // Exact small integers so equality is meaningful for floats.
         stress_two_threads<float>(4096, 2'000'000, [](uint64_t i) { return float(i % 16777216u) - 8e6f; });
+    }
+    SECTION("a ring that is not pre-touched (the engine's stream rings): large, pages faulted in by the writes") {
+        stress_two_threads<float>(size_t(1) << 20, 3'000'000, [](uint64_t i) { return float(i % 16777216u) - 8e6f; },
+                                  false);
     }
 }
