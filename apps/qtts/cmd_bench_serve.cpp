@@ -206,7 +206,7 @@ struct RequestResult {
     bool timed_out = false;    // no progress for --timeout-s: cancelled
     std::string error;         // refused for another reason, or failed after admission
     double ttfa_ms = -1.0;     // submit() called -> first PCM available
-    double ttfa_gen_ms = -1.0;  // the engine's side of it: submit() -> first PCM published (StreamMetrics)
+    double ttfa_gen_ms = -1.0;  // the engine's side: the stream made -> first PCM published (StreamMetrics)
     double e2e_ms = 0.0;       // submit() called -> last sample taken by the client
     double audio_s = 0.0;      // audio the client read
     double rtf = 0.0;          // engine: generation time / audio duration
@@ -297,7 +297,8 @@ nlohmann::json results_summary(const std::vector<RequestResult>& results) {
             {"ttfa_ms_p95", qtts_cli::bench_percentile(ttfa, 95)},
             {"ttfa_ms_p99", qtts_cli::bench_percentile(ttfa, 99)},
             {"ttfa_ms_max", qtts_cli::bench_percentile(ttfa, 100)},
-            // Engine side (submit() -> first PCM published): the client's TTFA less its wake-up.
+            // Engine side (the stream made in submit() -> first PCM published): the client's
+            // TTFA less submit()'s own work before that and the client's wake-up after it.
             {"ttfa_gen_ms_p50", qtts_cli::bench_median(ttfa_gen)},
             {"ttfa_gen_ms_p95", qtts_cli::bench_percentile(ttfa_gen, 95)},
             {"e2e_ms_p50", qtts_cli::bench_median(e2e)},
