@@ -164,7 +164,15 @@ public:
             error_ = error;
         }
         event_emit(StreamEventKind::STREAM_EVENT_DONE, 0, reason);
-        gen_done_.store(true, std::memory_order_release);
+        {
+            // Set under the mutex that wait()'s predicate is checked under: stored outside it, the
+            // flag and its notify could fall between a reader's check and its sleep, and that
+            // reader would sleep out its whole timeout (bench-serve's closed-loop clients lost up
+            // to 50 ms at a stream's end now and then). publish() takes the mutex after writing
+            // the ring for the same reason.
+            std::lock_guard<std::mutex> lock(mutex_);
+            gen_done_.store(true, std::memory_order_release);
+        }
         cv_.notify_all();
     }
 
