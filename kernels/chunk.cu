@@ -8,6 +8,11 @@ namespace {
 
 constexpr int BRIDGE_THREADS = 256;
 
+// Code g of frame `row` in the LM's code buffer [capacity, SAMPLE_MAX_GROUPS]; -1 past its rows.
+__device__ __forceinline__ int32_t code_at(const int32_t* codes, int capacity, int row, int g) {
+    return (row >= 0 && row < capacity) ? codes[size_t(row) * SAMPLE_MAX_GROUPS + g] : -1;
+}
+
 __global__ void __launch_bounds__(BRIDGE_THREADS) chunk_bridge_kernel(const ChunkBridgeArgs a) {
     __shared__ int undecodable;
     if (threadIdx.x == 0) undecodable = 0;
@@ -18,8 +23,7 @@ __global__ void __launch_bounds__(BRIDGE_THREADS) chunk_bridge_kernel(const Chun
         const int f = i / SAMPLE_MAX_GROUPS, g = i % SAMPLE_MAX_GROUPS;
         const int row = first + f;
         const bool drawn = f < a.frames || !a.talker_pending;
-        const int32_t code =
-            (drawn && row >= 0 && row < a.code_capacity) ? a.lm_codes[size_t(row) * SAMPLE_MAX_GROUPS + g] : -1;
+        const int32_t code = drawn ? code_at(a.lm_codes, a.code_capacity, row, g) : -1;
         a.staged[i] = code;
         if (f < a.frames && g < a.groups) {
             a.decoder_codes[f * a.groups + g] = code;
@@ -36,9 +40,8 @@ __global__ void __launch_bounds__(BRIDGE_THREADS) chunk_bridge_kernel(const Chun
 
 __global__ void chunk_row_stage_kernel(const GenerationDeviceState* state, const int32_t* lm_codes, int code_capacity,
                                        int32_t* out) {
-    const int row = state->frame, g = int(threadIdx.x);
-    if (g < SAMPLE_MAX_GROUPS)
-        out[g] = (row >= 0 && row < code_capacity) ? lm_codes[size_t(row) * SAMPLE_MAX_GROUPS + g] : -1;
+    const int g = int(threadIdx.x);
+    if (g < SAMPLE_MAX_GROUPS) out[g] = code_at(lm_codes, code_capacity, state->frame, g);
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ GraphExec FusedChunkGraphs::capture(int frames, bool early_audio, GraphStats* st
 
 FusedChunkGraphs::~FusedChunkGraphs() {
     // A tail still running writes into staged_host_: let it finish (no throw from here).
-    if (pending_) cudaStreamSynchronize(lm_.context().stream());
+    if (pending_frames_) cudaStreamSynchronize(lm_.context().stream());
 }
 
 bool FusedChunkGraphs::run(int frames) {
@@ -133,7 +133,7 @@ bool FusedChunkGraphs::run(int frames) {
     land();  // the previous tail writes the staging rows this replay writes
     graph_replay(lm_.context(), it->second.exec);
     if (it->second.early_audio) {
-        pending_ = true;
+        pending_frames_ = frames;
         audio_ready_.wait();
     } else {
         lm_.context().synchronize();
@@ -143,10 +143,12 @@ bool FusedChunkGraphs::run(int frames) {
     return decoded;
 }
 
-void FusedChunkGraphs::land() {
-    if (!pending_) return;
-    pending_ = false;  // (a failed wait leaves the context to the caller's recovery, not to another wait)
+const int32_t* FusedChunkGraphs::land() {
+    const int frames = pending_frames_;
+    if (frames == 0) return nullptr;
+    pending_frames_ = 0;  // (a failed wait leaves the context to the caller's recovery, not to another wait)
     lm_.context().synchronize();
+    return staged_host_.get() + size_t(frames) * k::SAMPLE_MAX_GROUPS;
 }
 
 }  // namespace qtts::cuda

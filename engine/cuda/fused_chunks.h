@@ -53,9 +53,10 @@ public:
     // chunk had no end-of-speech token); codes() and pcm() then hold the chunk's results, but for
     // an early-audio size the tail still runs (pending()) and codes() row K is not in yet.
     bool run(int frames);
-    // Waits for the last run's tail (at once when none is pending): codes() row K is then in.
-    void land();
-    bool pending() const { return pending_; }
+    // Waits for the last run's tail and returns its row after the chunk (codes() row K); null,
+    // at once, when no tail is pending.
+    const int32_t* land();
+    bool pending() const { return pending_frames_ != 0; }
     // [K + 1, 16] codes of the last run: the chunk's frames and the row after it.
     const int32_t* codes() const { return staged_host_.get(); }
     const float* pcm() const { return pcm_host_.get(); }  // [K · samples_per_frame]
@@ -75,7 +76,7 @@ private:
     PinnedArray<int32_t> staged_host_;
     PinnedArray<float> pcm_host_;         // [max · spf]
     StreamMark audio_ready_;              // recorded by the early-audio graphs before their tail
-    bool pending_ = false;                // the last run's tail has not landed
+    int pending_frames_ = 0;              // K of the last run while its tail has not landed
     std::map<int, Graph> graphs_;
     std::vector<GraphStats> stats_;
 };

@@ -236,10 +236,9 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
         // One replay: codes and (unless the chunk holds a stop) audio. After an early-audio graph
         // its tail (the talker step after the chunk) runs on: the row after lands at the next entry.
         const bool decoded = fused_->run(frames);
-        const bool tail = fused_->pending();
-        std::memcpy(dst, fused_->codes(), (tail ? size_t(frames) * k::SAMPLE_MAX_GROUPS : rows) * sizeof(int32_t));
+        const size_t landed = fused_->pending() ? size_t(frames) * k::SAMPLE_MAX_GROUPS : rows;
+        std::memcpy(dst, fused_->codes(), landed * sizeof(int32_t));
         computed_ += frames;
-        if (tail) tail_frames_ = frames;
         if (!decoded) return 0;
         pcm->insert(pcm->end(), fused_->pcm(), fused_->pcm() + size_t(frames) * decoder_->samples_per_frame());
         return frames;
@@ -257,12 +256,10 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
 }
 
 void GpuGenerator::tail_land() {
-    if (tail_frames_ == 0) return;
-    const int frames = tail_frames_;
-    tail_frames_ = 0;
-    fused_->land();
-    std::memcpy(host_codes_.data() + size_t(computed_) * k::SAMPLE_MAX_GROUPS,
-                fused_->codes() + size_t(frames) * k::SAMPLE_MAX_GROUPS, k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
+    if (!fused_) return;
+    if (const int32_t* row = fused_->land())
+        std::memcpy(host_codes_.data() + size_t(computed_) * k::SAMPLE_MAX_GROUPS, row,
+                    k::SAMPLE_MAX_GROUPS * sizeof(int32_t));
 }
 
 void GpuGenerator::frames_decode(int first, int frames, std::vector<float>* pcm) {
@@ -332,8 +329,8 @@ ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std:
     // unless that row is still in a fused replay's tail: then the next call sees an end-of-speech
     // and ends the segment with no frames (ChunkGenerator::chunk allows it). At the frame limit
     // the segment ends here either way, so the tail lands now (the stop reason needs its row).
-    if (tail_frames_ != 0 && frames_ >= frame_limit_) tail_land();
-    if (tail_frames_ == 0 && stop_check()) return ChunkStatus::CHUNK_STATUS_DONE;
+    if (frames_ >= frame_limit_) tail_land();
+    if (!tail_pending() && stop_check()) return ChunkStatus::CHUNK_STATUS_DONE;
     return n < frames ? ChunkStatus::CHUNK_STATUS_WAITING_FOR_TEXT : ChunkStatus::CHUNK_STATUS_FULL;
 }
 

@@ -107,7 +107,7 @@ public:
     std::vector<int> fused_sizes() const;
     bool graphs_enabled() const { return graphs_.enabled(); }
     // True after an early-audio fused chunk until the next call lands its tail (cuda/fused_chunks.h; tests).
-    bool tail_pending() const { return tail_frames_ != 0; }
+    bool tail_pending() const { return fused_ && fused_->pending(); }
     GpuLm& lm() { return lm_; }
     FrameGraphs& graphs() { return graphs_; }
 
@@ -142,7 +142,6 @@ private:
     int precomputed_ = 0;  // frames after computed_ that a batched step made on the device
     bool batch_codes_landed_ = false;  // ... whose codes are on the host already (batch_codes_land)
     bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
-    int tail_frames_ = 0;  // frames of the fused replay whose tail has not landed (0: none)
     std::vector<float> batch_pcm_;     // the kept frames' samples
     int frame_limit_ = 0;
     int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)
