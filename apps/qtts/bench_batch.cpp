@@ -289,6 +289,82 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
     return rows;
 }
 
+// Would two half batches side by side beat one batch? The batched step is latency-bound (its
+// launches wait for each other, and many are too small to fill the GPU), so two independent
+// chains of launches on two CUDA streams may overlap where one chain cannot. For each h: 2h
+// streams as one batch of 2h rows (`context`), against the same streams as two batches of h
+// rows, the second on a second context (its own stream and cuBLAS handle), both replays enqueued
+// before either is waited for. Wall time of `chunk` frames with the synchronisations, median of
+// 9; the rows of both are the engine's default product paths.
+nlohmann::json pair_rows(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights,
+                         const std::vector<std::unique_ptr<qc::GpuLm>>& streams, const std::vector<int>& halves,
+                         const qtts::Prompt& prompt, qc::GpuGenerationSetup setup, int max_context, int chunk) {
+    std::vector<int> sizes;
+    for (const int h : halves) {
+        if (2 * h > int(streams.size()))
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-pairs {}: needs {} streams; the largest "
+                       "--batch size is {}", h, 2 * h, streams.size());
+        sizes.push_back(h);
+        sizes.push_back(2 * h);
+    }
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    qc::GpuBatchOptions options;
+    options.buckets = sizes;
+    options.chunk_frames = {chunk};
+    qc::GpuContext side(context.device());
+    qc::GpuBatch whole(weights, context, max_context, options), first(weights, context, max_context, options),
+        second(weights, side, max_context, options);
+    whole.capture();
+    first.capture();
+    second.capture();
+    const auto start = [&](int from, int count) {
+        std::vector<qc::GpuLm*> lms;
+        for (int i = from; i < from + count; ++i) {
+            setup.seed = 3000 + uint64_t(i);
+            streams[size_t(i)]->generation_start(prompt, setup);
+            lms.push_back(streams[size_t(i)].get());
+        }
+        context.synchronize();
+        return lms;
+    };
+    const auto median_of = [&](const std::function<void()>& one) {
+        one();  // warm-up
+        std::vector<double> ms;
+        for (int rep = 0; rep < 9; ++rep) {
+            const auto t0 = Clock::now();
+            one();
+            ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        }
+        return qtts_cli::bench_median(ms);
+    };
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("\n  2h streams: one batch of 2h rows against two batches of h rows at once (two CUDA streams),\n"
+                "  %d frames, wall ms per frame, median of 9:\n", chunk);
+    std::printf("  %-5s %-7s %12s %12s %12s %8s\n", "h", "streams", "one batch", "half alone", "two halves", "ratio");
+    for (const int h : halves) {
+        whole.bind(start(0, 2 * h));
+        const double whole_ms = median_of([&] { whole.run(chunk); context.synchronize(); }) / chunk;
+        whole.bind({});
+        first.bind(start(0, h));
+        second.bind(start(h, h));
+        const double half_ms = median_of([&] { first.run(chunk); context.synchronize(); }) / chunk;
+        const double pair_ms = median_of([&] {
+            first.run(chunk);
+            second.run(chunk);
+            context.synchronize();
+            side.synchronize();
+        }) / chunk;
+        first.bind({});
+        second.bind({});
+        std::printf("  %-5d %-7d %12.3f %12.3f %12.3f %8.3f\n", h, 2 * h, whole_ms, half_ms, pair_ms,
+                    pair_ms / whole_ms);
+        rows.push_back({{"half", h}, {"streams", 2 * h}, {"frames", chunk}, {"one_batch_ms", whole_ms},
+                        {"half_alone_ms", half_ms}, {"two_halves_ms", pair_ms}});
+    }
+    return rows;
+}
+
 nlohmann::json bench_batch(const std::string& model_dir, int device, const std::vector<int>& buckets, int frames,
                            int chunk, const BatchBenchOptions& bench) {
     const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
@@ -409,6 +485,8 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         batch.bind({});
     }
     out["batch"] = rows;
+    if (!bench.pairs.empty())
+        out["pairs"] = pair_rows(context, weights, streams, bench.pairs, prompt, setup, max_context, chunk);
     if (bench.step_only) return out;
     out["prefill"] = prefill_rows(context, weights, streams, sizes, setup);
     out["prefill_products"] = prefill_products(context, weights);

@@ -21,6 +21,9 @@ struct BatchBenchOptions {
     // Positions of every stream's KV cache (the talker attention's split-K grid is sized for it);
     // 0: just what the run needs (at least 256). The engine's streams have 4096.
     int max_context = 0;
+    // Two half batches side by side (pair_rows): for each h, 2h streams as one batch of 2h rows
+    // against two batches of h rows on two contexts (streams, cuBLAS handles) replayed at once.
+    std::vector<int> pairs;
 };
 
 // Measures the buckets (any order, duplicates ignored) on device `device`, prints a table and

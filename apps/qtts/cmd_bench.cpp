@@ -85,6 +85,8 @@ void usage() {
         "                     step time, audio-s/s, bytes and bandwidth per bucket, gemv vs tensor cores\n"
         "  --batch-paths LIST with --batch: only these product paths (gemv,split,auto,sk16,sk32,t1,unfused,wr)\n"
         "  --batch-step-only  with --batch: only the step table (no prefill, product or overlap tables)\n"
+        "  --batch-pairs LIST with --batch: 2h streams as one batch against two batches of h on two CUDA\n"
+        "                     streams replayed at once, for each h of LIST (2h must be a --batch size)\n"
         "  --batch-context N  with --batch: every stream's KV cache positions (default: what the run needs;\n"
         "                     the engine's streams have 4096, which sizes the talker attention's grid)\n"
         "  --batch-profile    with --batch: one more replay per bucket inside cudaProfilerStart/Stop (for\n"
@@ -377,6 +379,7 @@ int bench_cuda(const qtts_cli::Args& args) {
         batch_options.step_only = args.has("batch-step-only");
         batch_options.profile = args.has("batch-profile");
         batch_options.max_context = int(args.get_int("batch-context", 0));
+        if (auto pairs = args.get("batch-pairs")) batch_options.pairs = qtts_cli::bench_sizes(*pairs, "batch-pairs");
         out.update(qtts_cli::bench_batch(model_dir, device, buckets, frames, chunk, batch_options));
         if (auto path = args.get("json")) qtts_cli::bench_json_write(*path, out);
         return 0;
@@ -665,7 +668,7 @@ int bench_cuda(const qtts_cli::Args& args) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv, {"model", "preset", "cache", "frames", "chunk", "repeats", "device", "json", "e2e-requests", "e2e-chunks",
-                         "prefill-chunk", "cold", "cold-gap-ms", "batch", "batch-paths", "batch-context", "gpu-memory-limit"},
+                         "prefill-chunk", "cold", "cold-gap-ms", "batch", "batch-paths", "batch-context", "batch-pairs", "gpu-memory-limit"},
                         {"help", "no-cuda-graphs", "no-e2e", "e2e-compare", "overlap", "prefill-sweep",
                          "cold-probe", "no-warm-up", "batch-step-only", "batch-profile"});
     if (args.has("help")) {
