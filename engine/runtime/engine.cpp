@@ -259,8 +259,6 @@ struct Engine::Impl {
         PartClock(const Impl& i, double& p) : impl(i), part(p), start_s(i.now_s()) {}
         ~PartClock() { part += impl.now_s() - start_s; }
     };
-    int64_t round_underruns = 0;
-    double round_underrun_s = 0.0;
 
     std::mutex wake_mutex;
     std::condition_variable wake_cv;
@@ -353,8 +351,11 @@ struct Engine::Impl {
             const double gap = play_clock_publish(s.clock_, now_s(), int64_t(pcm.size()), s.excused_ || was_waiting);
             s.excused_ = false;
             if (gap > 0.0) {
-                ++round_underruns;
-                round_underrun_s += gap;
+                // Into the stats before the chunk is published: a reader that sees the stream end
+                // (finish() may come in this call) reads its underruns counted, not a round later.
+                std::lock_guard<std::mutex> lock(stats_mutex);
+                ++stats.underruns;
+                stats.underrun_seconds += gap;
             }
             s.publish(pcm, frames);
             s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
@@ -680,8 +681,6 @@ struct Engine::Impl {
             int64_t round_streams = 0;  // streams that made frames this round
             ++round;
             round_batch = 0;
-            round_underruns = 0;
-            round_underrun_s = 0.0;
             round_time = {};
             // A round: first chunks first (time to first audio does not wait for the others'
             // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
@@ -782,8 +781,6 @@ struct Engine::Impl {
             }
         }
         std::lock_guard<std::mutex> lock(stats_mutex);
-        stats.underruns += round_underruns;
-        stats.underrun_seconds += round_underrun_s;
         stats.batch_size = round_batch;
         stats.queue_depth = std::max<int64_t>(0, queued.load()) + waiting_first;
         stats.lag_max_s = lag_max;
