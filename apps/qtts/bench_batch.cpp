@@ -79,6 +79,18 @@ void streams_start_bound(qc::GpuBatch& batch, const std::vector<std::unique_ptr<
     batch.bind(bound);
 }
 
+// Wall time of one(), median of 9 calls after one warm-up call (one() synchronises itself).
+double wall_median_ms(const std::function<void()>& one) {
+    one();
+    std::vector<double> ms;
+    for (int rep = 0; rep < 9; ++rep) {
+        const auto t0 = Clock::now();
+        one();
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    return qtts_cli::bench_median(ms);
+}
+
 nlohmann::json prefill_rows(qc::GpuContext& context, const std::shared_ptr<const qc::GpuLmWeights>& weights,
                             const std::vector<std::unique_ptr<qc::GpuLm>>& streams, const std::vector<int>& sizes,
                             qc::GpuGenerationSetup setup) {
@@ -261,14 +273,7 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
         const auto decode = [&] { batch_decoder.decode(decs, codes.data(), chunk, pcm.data()); };
         const auto median_of = [&](const std::function<void()>& one) {
             restart();
-            one();  // warm-up
-            std::vector<double> ms;
-            for (int rep = 0; rep < 9; ++rep) {
-                const auto t0 = Clock::now();
-                one();
-                ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-            }
-            return qtts_cli::bench_median(ms);
+            return wall_median_ms(one);
         };
         const double lm_ms = median_of([&] { lm(); context.synchronize(); });
         const double decoder_ms = median_of(decode);
@@ -328,28 +333,18 @@ nlohmann::json pair_rows(qc::GpuContext& context, const std::shared_ptr<const qc
         context.synchronize();
         return lms;
     };
-    const auto median_of = [&](const std::function<void()>& one) {
-        one();  // warm-up
-        std::vector<double> ms;
-        for (int rep = 0; rep < 9; ++rep) {
-            const auto t0 = Clock::now();
-            one();
-            ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-        }
-        return qtts_cli::bench_median(ms);
-    };
     nlohmann::json rows = nlohmann::json::array();
     std::printf("\n  2h streams: one batch of 2h rows against two batches of h rows at once (two CUDA streams),\n"
                 "  %d frames, wall ms per frame, median of 9:\n", chunk);
     std::printf("  %-5s %-7s %12s %12s %12s %8s\n", "h", "streams", "one batch", "half alone", "two halves", "ratio");
     for (const int h : halves) {
         whole.bind(start(0, 2 * h));
-        const double whole_ms = median_of([&] { whole.run(chunk); context.synchronize(); }) / chunk;
+        const double whole_ms = wall_median_ms([&] { whole.run(chunk); context.synchronize(); }) / chunk;
         whole.bind({});
         first.bind(start(0, h));
         second.bind(start(h, h));
-        const double half_ms = median_of([&] { first.run(chunk); context.synchronize(); }) / chunk;
-        const double pair_ms = median_of([&] {
+        const double half_ms = wall_median_ms([&] { first.run(chunk); context.synchronize(); }) / chunk;
+        const double pair_ms = wall_median_ms([&] {
             first.run(chunk);
             second.run(chunk);
             context.synchronize();
