@@ -870,6 +870,124 @@ TEST_CASE("attention reading a split GEMM's halves gives the bits of reading the
     }
 }
 
+TEST_CASE("the qkv product with the attention in its tail gives the bits of the two launches", "[gpu][attention]") {
+    // kernels::gemv_attention (the code predictor's layers): the qkv gemv and, in the block that
+    // completes each KV head's rows, that head's attention. Against gemv() then attention() on the
+    // same inputs: the qkv rows, the outputs and every cache row bitwise equal, over two launches
+    // in a row at positions pos and pos + T (every head's counter must come back to zero in
+    // between).
+    struct Mode {
+        int hidden, T, n_heads, n_kv, hd, max_ctx, pos;
+    };
+    const Mode modes[] = {
+        {1024, 1, 16, 8, 128, 16, 0},   // 1.7B / 0.6B predictor, pass 2 onwards
+        {1024, 1, 16, 8, 128, 16, 7},
+        {1024, 1, 16, 8, 128, 16, 14},  // the last pass's context (15 keys + the new one)
+        {1024, 2, 16, 8, 128, 16, 0},   // pass 1: two rows, causal
+        {48, 2, 4, 2, 24, 16, 0},       // odd head size, tiny model
+        {64, 1, 8, 2, 16, 32, 30},      // four query heads per KV head, the longest context taken
+        {136, 2, 6, 3, 32, 20, 9},      // three KV heads, odd widths
+        {64, 1, 12, 12, 16, 16, 3},     // more KV heads than the block has warps: twelve tail blocks
+    };
+    for (const Mode& m : modes) {
+        const uint64_t seed = fresh_seed();
+        INFO("hidden " << m.hidden << " T " << m.T << " heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd
+                       << " max_ctx " << m.max_ctx << " pos " << m.pos << " seed " << seed);
+        const int qd = m.n_heads * m.hd, ld = qd + 2 * m.n_kv * m.hd;
+        const size_t cache = size_t(m.n_kv) * m.max_ctx * m.hd;
+        const RandomProduct w(ld, m.hidden, seed);
+        const auto x = random_floats(size_t(2 * m.T) * m.hidden, seed + 6, -2.0f, 2.0f);  // two launches' inputs
+        const auto qn = random_floats(size_t(m.hd), seed + 7, 0.5f, 1.5f);
+        const auto kn = random_floats(size_t(m.hd), seed + 8, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(m.hd / 2));
+        for (int i = 0; i < m.hd / 2; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / m.hd));
+        const auto caches = random_floats(2 * cache, seed + 9);  // k | v; rows past pos are overwritten
+        auto d_x = upload(x), d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
+
+        struct Result {
+            std::vector<float> qkv, out, caches;
+        };
+        auto run = [&](bool fused) {
+            auto d_caches = upload(caches);
+            auto d_qkv = poisoned(size_t(2 * m.T) * ld), d_out = poisoned(size_t(2 * m.T) * qd);
+            auto d_counters = upload(std::vector<uint32_t>(16, 0u));
+            for (int launch = 0; launch < 2; ++launch) {
+                float* qkv = d_qkv.get() + size_t(launch) * m.T * ld;
+                k::GemvArgs g = qtts::cuda::gemv_normed(
+                    qtts::cuda::gemv_product(w.d_w.get(), ld, m.hidden, m.T, d_x.get() + size_t(launch) * m.T * m.hidden, qkv),
+                    w.d_norm.get(), 1e-6f);
+                k::AttentionArgs a =
+                    attention_heads(m.n_heads, m.n_kv, m.hd, m.max_ctx, d_qn.get(), d_kn.get(), d_f.get());
+                a.T = m.T;
+                a.qkv = qkv;
+                a.out = d_out.get() + size_t(launch) * m.T * qd;
+                a.k_cache = d_caches.get();
+                a.v_cache = d_caches.get() + cache;
+                a.pos_host = m.pos + launch * m.T;
+                a.counters = d_counters.get();
+                REQUIRE(k::attention_tail_fits(a));
+                if (fused) {
+                    k::gemv_attention(g, a, context().launch());
+                } else {
+                    k::gemv(g, context().launch());
+                    k::attention(a, context().launch());
+                }
+            }
+            CHECK(download(d_counters, 16) == std::vector<uint32_t>(16, 0u));
+            return Result{download(d_qkv, size_t(2 * m.T) * ld), download(d_out, size_t(2 * m.T) * qd),
+                          download(d_caches, caches.size())};
+        };
+        const Result launches = run(false), fused = run(true);
+        CHECK(all_finite(launches.out));
+        CHECK(std::memcmp(fused.qkv.data(), launches.qkv.data(), launches.qkv.size() * 4) == 0);
+        CHECK(std::memcmp(fused.out.data(), launches.out.data(), launches.out.size() * 4) == 0);
+        CHECK(std::memcmp(fused.caches.data(), launches.caches.data(), launches.caches.size() * 4) == 0);
+        CHECK(launches.caches != caches);  // the new keys and values were appended
+    }
+}
+
+TEST_CASE("the attention tail refuses what it cannot take", "[gpu][attention]") {
+    const int hidden = 64, n_heads = 4, n_kv = 2, hd = 16, ld = (n_heads + 2 * n_kv) * hd;
+    const RandomProduct w(ld, hidden, fresh_seed());
+    auto d_x = upload(random_floats(size_t(2) * hidden, 1));
+    auto d_qkv = poisoned(size_t(3) * ld), d_out = poisoned(size_t(3) * n_heads * hd);
+    auto d_caches = poisoned(size_t(2) * n_kv * 64 * hd);
+    auto d_counters = upload(std::vector<uint32_t>(4, 0u));
+    auto d_pos = upload(std::vector<int32_t>{0});
+    const k::GemvArgs g = qtts::cuda::gemv_product(w.d_w.get(), ld, hidden, 1, d_x.get(), d_qkv.get());
+    k::AttentionArgs a = attention_heads(n_heads, n_kv, hd, 16, nullptr, nullptr, nullptr);
+    a.qkv = d_qkv.get();
+    a.out = d_out.get();
+    a.k_cache = d_caches.get();
+    a.v_cache = d_caches.get() + size_t(n_kv) * 64 * hd;
+    a.counters = d_counters.get();
+    REQUIRE(k::attention_tail_fits(a));
+    k::AttentionArgs b = a;
+    b.max_ctx = 64;  // a context longer than the tail keeps scores for
+    CHECK_FALSE(k::attention_tail_fits(b));
+    CHECK_THROWS_AS(k::gemv_attention(g, b, context().launch()), k::KernelError);
+    b = a;
+    b.pos_dev = d_pos.get();  // a device-side position
+    CHECK_FALSE(k::attention_tail_fits(b));
+    b = a;
+    b.counters = nullptr;
+    CHECK_THROWS_AS(k::gemv_attention(g, b, context().launch()), k::KernelError);
+    b = a;
+    b.head_dim = 12;  // a gemv block's 8 rows would straddle two heads
+    b.n_heads = 4;
+    CHECK_FALSE(k::attention_tail_fits(b));
+    b = a;
+    b.qkv = d_qkv.get() + ld;  // the product writes other rows than the attention reads
+    CHECK_THROWS_AS(k::gemv_attention(g, b, context().launch()), k::KernelError);
+    k::GemvArgs g3 = g;
+    g3.rows = 3;  // three new rows
+    b = a;
+    b.T = 3;
+    CHECK_FALSE(k::attention_tail_fits(b));
+    CHECK_THROWS_AS(k::gemv_attention(g3, b, context().launch()), k::KernelError);
+    CHECK(download(d_counters, 4) == std::vector<uint32_t>(4, 0u));
+}
+
 TEST_CASE("a batched prefill gives each sequence what its own prefill launch gives, bitwise",
           "[gpu][attention][batch][prefill]") {
     // Prompts of several streams in one kv_append + one attention launch (engine/cuda/
