@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "kernels/check.cuh"
-#include "kernels/gemv_device.cuh"
 #include "kernels/rope.cuh"
 
 #include <cuda_pipeline.h>
@@ -110,9 +109,10 @@ __device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const 
 // query tile), the split-K combine. Called by every thread of the block.
 __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const SeqBuffers& sb, float* s_s, const float* v_base, int n, int t0,
                                                  int nq, int ctx, int chunk, float* m_s, float* l_s, int* is_last_s,
-                                                 int g, int tile, int split) {
+                                                 int tile, int split) {
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
+    const int g = blockIdx.x;
     const int cap = ATTN_KEYS_PER_SPLIT;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int threads = blockDim.x, warps = threads >> 5;  // the kernels use 128 or 256 threads
@@ -210,30 +210,14 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const S
     }
 }
 
-// Shared floats of a decode block with `warps` warps (dynamic part): the queries and their
-// scores, a rotation row per warp, and the staged key and value rows.
-__host__ __device__ inline size_t attention_decode_smem_floats(const AttentionArgs& a, int warps, int stage_keys) {
-    const int nq_cap = (a.T < ATTN_TILE ? a.T : ATTN_TILE) * (a.n_heads / a.n_kv);
-    return size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + size_t(warps) * 128 +
-           2 * size_t(stage_keys) * a.head_dim;
-}
-
-// Which part of a decode launch one block takes: KV head g, query tile `tile` of sequence `seq`,
-// key slices first_split, first_split + split_step, ...
-struct DecodeBlock {
-    int g, first_split, split_step, tile, seq;
-};
-
-// One block of a decode launch (attention_kernel's, or the tail of gemv_attention_kernel's),
-// with any number of warps: each warp job, score and output is computed by one warp or thread
-// whatever their number, so the bits do not depend on it. PDL: wait for the previous kernel
-// after the early staging (attention_kernel); false where the caller has waited already.
-// COHERENT: the qkv rows were written by other blocks of the same grid.
-template <bool COHERENT>
-__device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, const DecodeBlock blk, int stage_keys,
-                                                       bool pdl) {
+// grid: (n_kv, grid_splits or splits, query tiles). See attention.cuh. Launches that append
+// their new keys (decode); prefill launches go to attention_cached_kernel.
+// Decode launches (T <= 2) whose key slice has at most ATTN_STAGE_KEYS rows copy the cached
+// rows into shared memory with cp.async BEFORE griddepcontrol.wait (they do not depend on the
+// previous kernel) and add the new rows there themselves; everything else reads the cache.
+__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const AttentionArgs a, int stage_keys) {
     extern __shared__ float4 attn_smem4[];
-    const int tile = blk.tile, seq = blk.seq;
+    const int tiles = query_tiles(a.T), tile = blockIdx.z % tiles, seq = blockIdx.z / tiles;
     const SeqBuffers sb = seq_buffers(a, seq);
     if (!sb.k_cache) return;  // an idle row of a batch
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
@@ -242,14 +226,13 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
 
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
-    const int g = blk.g, first_split = blk.first_split;
-    const int threads = int(blockDim.x), warps = threads >> 5;
+    const int g = blockIdx.x, first_split = blockIdx.y;
     const int nq_cap = min(a.T, ATTN_TILE) * group;
     const int cap = ATTN_KEYS_PER_SPLIT;
     float* q_s = reinterpret_cast<float*>(attn_smem4);  // [nq_cap, hd]
     float* s_s = q_s + nq_cap * hd;                      // [nq_cap, cap]
-    float* scratch = s_s + nq_cap * cap;                 // [warps, 128]
-    float* k_stage = scratch + warps * 128;              // [stage_keys, hd]
+    float* scratch = s_s + nq_cap * cap;                 // [ATTN_WARPS, 128]
+    float* k_stage = scratch + ATTN_WARPS * 128;         // [stage_keys, hd]
     float* v_stage = k_stage + stage_keys * hd;          // [stage_keys, hd]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* my_scratch = scratch + warp * 128;
@@ -267,7 +250,7 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
             staged = true;
             const int old_rows = max(0, min(k1, pos_early) - k0);
             const int vec = hd / 4;  // 16-byte pieces per row
-            for (int i = threadIdx.x; i < old_rows * vec; i += threads) {
+            for (int i = threadIdx.x; i < old_rows * vec; i += ATTN_THREADS) {
                 const int r = i / vec, c = i % vec;
                 const size_t src = (head_base + k0 + r) * hd + c * 4;
                 __pipeline_memcpy_async(k_stage + r * hd + c * 4, sb.k_cache + src, 16);
@@ -283,10 +266,8 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
             }
         }
     }
-    if (pdl) {
-        pdl_wait();
-        pdl_trigger();
-    }
+    pdl_wait();
+    pdl_trigger();
     if (a.seqs) {
         const int32_t* stopped = a.seqs[seq].stopped;
         if (stopped && *stopped) {
@@ -295,9 +276,9 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
         }
     }
 
-    // Slices first_split, + split_step, ...: one each when the grid has a block per slice, several
+    // Slices blockIdx.y, + gridDim.y, ...: one each when the grid has a block per slice, several
     // in a wide batch's launch (grid_splits); the slice staged before the wait is the first.
-    for (int split = first_split;; split += blk.split_step) {
+    for (int split = blockIdx.y;; split += gridDim.y) {
         const BlockSlice b = block_slice(a, sb, group, tile, split);
         const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, ctx = b.ctx, chunk = b.chunk, k0 = b.k0, k1 = b.k1;
         const int k1_visible = b.k1_visible;
@@ -315,7 +296,7 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
         const int r_first = max(k0, pos0);
         const int n_new = max(0, k1 - r_first);  // launched with append only
         const int jobs = 2 * n_new + nq;
-        for (int job = warp; job < jobs; job += warps) {
+        for (int job = warp; job < jobs; job += ATTN_WARPS) {
             if (job < n_new) {  // key row: per-head norm + rotation, into the stage and the cache
                 const int r = r_first + job;
                 const size_t at = size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + g) * hd;
@@ -323,19 +304,17 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
                 float* k_dst = sb.k_cache + (head_base + r) * hd;
                 if (staged) {
                     float* k_row = k_stage + (r - k0) * hd;
-                    warp_head_norm_rope<COHERENT>(sb.qkv + at, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r,
-                                                  k_lo);
+                    warp_head_norm_rope(sb.qkv + at, my_scratch, k_row, hd, a.k_norm, a.eps, a.inv_freq, r, k_lo);
                     for (int d = lane; d < hd; d += 32) k_dst[d] = k_row[d];
                 } else {
-                    warp_head_norm_rope<COHERENT>(sb.qkv + at, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r,
-                                                  k_lo);
+                    warp_head_norm_rope(sb.qkv + at, my_scratch, k_dst, hd, a.k_norm, a.eps, a.inv_freq, r, k_lo);
                 }
             } else if (job < 2 * n_new) {  // value row: copied as is
                 const int r = r_first + job - n_new;
                 const size_t at = size_t(r - pos0) * a.ld_qkv + size_t(a.n_heads + a.n_kv + g) * hd;
                 float* v_dst = sb.v_cache + (head_base + r) * hd;
                 for (int d = lane; d < hd; d += 32) {
-                    const float v = projection_value<COHERENT>(sb.qkv + at, sb.qkv_lo ? sb.qkv_lo + at : nullptr, d);
+                    const float v = projection_value(sb.qkv + at, sb.qkv_lo ? sb.qkv_lo + at : nullptr, d);
                     v_dst[d] = v;
                     if (staged) v_stage[(r - k0) * hd + d] = v;
                 }
@@ -343,8 +322,8 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
                 const int qi = job - 2 * n_new;
                 const int t = t0 + qi / group, h = g * group + qi % group;
                 const size_t at = size_t(t) * a.ld_qkv + size_t(h) * hd;
-                warp_head_norm_rope<COHERENT>(sb.qkv + at, my_scratch, q_s + qi * hd, hd, a.q_norm, a.eps, a.inv_freq,
-                                              pos0 + t, sb.qkv_lo ? sb.qkv_lo + at : nullptr);
+                warp_head_norm_rope(sb.qkv + at, my_scratch, q_s + qi * hd, hd, a.q_norm, a.eps, a.inv_freq, pos0 + t,
+                                    sb.qkv_lo ? sb.qkv_lo + at : nullptr);
             }
         }
         __syncthreads();
@@ -355,7 +334,7 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
         // Scores: a warp takes ATTN_KEY_BATCH keys at a time, lanes split the head dimension.
         const int n = max(0, k1_visible - k0);
         const float scale = 1.0f / sqrtf(float(hd));
-        for (int j0 = warp * ATTN_KEY_BATCH; j0 < n; j0 += warps * ATTN_KEY_BATCH) {
+        for (int j0 = warp * ATTN_KEY_BATCH; j0 < n; j0 += ATTN_WARPS * ATTN_KEY_BATCH) {
             float kv[ATTN_KEY_BATCH][4];
 #pragma unroll
             for (int b = 0; b < ATTN_KEY_BATCH; ++b) {
@@ -387,58 +366,10 @@ __device__ __forceinline__ void attention_decode_block(const AttentionArgs& a, c
         }
         __syncthreads();
 
-        attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last, g, tile, split);
+        attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last, tile, split);
         staged = false;   // later slices read the cache
         __syncthreads();  // they reuse q_s and s_s
     }
-}
-
-// grid: (n_kv, grid_splits or splits, query tiles). See attention.cuh. Launches that append
-// their new keys (decode); prefill launches go to attention_cached_kernel.
-// Decode launches (T <= 2) whose key slice has at most ATTN_STAGE_KEYS rows copy the cached
-// rows into shared memory with cp.async BEFORE griddepcontrol.wait (they do not depend on the
-// previous kernel) and add the new rows there themselves; everything else reads the cache.
-__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const AttentionArgs a, int stage_keys) {
-    const int tiles = query_tiles(a.T);
-    const DecodeBlock blk{int(blockIdx.x), int(blockIdx.y), int(gridDim.y), int(blockIdx.z) % tiles,
-                          int(blockIdx.z) / tiles};
-    attention_decode_block<false>(a, blk, stage_keys, /*pdl=*/true);
-}
-
-// ---- gemv_attention: the qkv product, then each KV head's attention in the tail ----------------
-
-// The KV head whose query, key or value rows a gemv block starting at output row `row0` computes
-// (a block's GEMV_WARPS rows never straddle two heads: head_dim is a multiple of GEMV_WARPS).
-__device__ __forceinline__ int qkv_rows_head(const AttentionArgs& a, int row0) {
-    const int hd = a.head_dim, q_rows = a.n_heads * hd, kv_rows = a.n_kv * hd;
-    if (row0 < q_rows) return row0 / (hd * (a.n_heads / a.n_kv));
-    if (row0 < q_rows + kv_rows) return (row0 - q_rows) / hd;
-    return (row0 - q_rows - kv_rows) / hd;
-}
-
-// grid: gemv's (output rows / GEMV_WARPS, 1), NB = T rows per block. Each block computes its
-// qkv rows (gemv_vec_block: the bits of gemv()), then counts itself done for the KV head those
-// rows belong to; the block that completes a head's query, key and value rows runs that head's
-// attention (attention_decode_block, the bits of attention()), so the eight heads of the code
-// predictor run side by side in eight blocks while the others have left.
-template <int NB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? 4 : 2)
-    gemv_attention_kernel(const GemvArgs g, const AttentionArgs a, int stage_keys) {
-    gemv_vec_block<NB, 1, false>(g);
-    const int head = qkv_rows_head(a, int(blockIdx.x) * GEMV_WARPS);
-    const uint32_t head_blocks = uint32_t((a.n_heads / a.n_kv + 2) * a.head_dim / GEMV_WARPS);
-    __shared__ int is_last;
-    __threadfence();  // this block's qkv rows, before it counts itself done
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const uint32_t before = atomicAdd(a.counters + head, 1u);
-        is_last = before == head_blocks - 1u;
-        if (is_last) a.counters[head] = 0u;  // every block of the head has arrived: zero for the next launch
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    attention_decode_block<true>(a, DecodeBlock{head, 0, 1, 0, 0}, stage_keys, /*pdl=*/false);
 }
 
 // Prefill attention (append = false: every key, the new ones included, is already in the cache).
@@ -571,7 +502,7 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
         }
     }
     __syncthreads();
-    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, g, tile, blockIdx.y);
+    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile, blockIdx.y);
 }
 
 template <bool STAGE_KV>
@@ -710,41 +641,16 @@ void attention(const AttentionArgs& a, const Launch& l) {
     if (a.T > ATTN_TILE)
         check_fail("attention", "append needs T <= ATTN_TILE (use kv_append for longer prefills)", __func__,
                          __FILE__, __LINE__);
+    const int group = a.n_heads / a.n_kv;
+    const int nq_cap = std::min(a.T, ATTN_TILE) * group;
     const int stage_keys = a.T <= 2 ? ATTN_STAGE_KEYS : 0;
-    const size_t smem = attention_decode_smem_floats(a, ATTN_WARPS, stage_keys) * sizeof(float);
+    const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128 +
+                         2 * size_t(stage_keys) * a.head_dim) *
+                        sizeof(float);
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(attention_kernel, smem, raised);
     const dim3 decode_grid(a.n_kv, a.grid_splits > 0 ? a.grid_splits : a.splits, grid.z);
     KERNEL_CUDA_CHECK(launch_kernel(l, decode_grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
-}
-
-bool attention_tail_fits(const AttentionArgs& a) {
-    return !a.seqs && !a.prefill_seqs && a.batch == 1 && a.append && !a.qkv_lo && !a.out_split && !a.pos_dev &&
-           a.T >= 1 && a.T <= 2 && a.splits == 1 && a.max_ctx <= ATTN_STAGE_KEYS && a.counters &&
-           a.head_dim % GEMV_WARPS == 0;
-}
-
-void gemv_attention(const GemvArgs& g, const AttentionArgs& a, const Launch& l) {
-    attention_validate(a);
-    gemv_validate(g);
-    if (!attention_tail_fits(a) || g.y != a.qkv || g.ldy != a.ld_qkv || g.rows != a.T ||
-        g.out != (a.n_heads + 2 * a.n_kv) * a.head_dim || g.output != GemvOutput::GEMV_OUTPUT_STORE || g.w2)
-        check_fail("gemv_attention",
-                   "invalid arguments (one sequence, host position, T <= 2, splits 1, max_ctx <= 32, head_dim a "
-                   "multiple of 8, counters; the product writes the qkv rows the attention reads)",
-                   __func__, __FILE__, __LINE__);
-    const int stage_keys = ATTN_STAGE_KEYS;
-    const size_t smem =
-        std::max(size_t(a.T) * size_t(g.in), attention_decode_smem_floats(a, GEMV_WARPS, stage_keys)) * sizeof(float);
-    const dim3 grid(g.out / GEMV_WARPS, 1);
-    static std::atomic<uint64_t> raised[2];
-    if (a.T == 1) {
-        smem_limit_raise(gemv_attention_kernel<1>, smem, raised[0]);
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_attention_kernel<1>, g, a, stage_keys));
-    } else {
-        smem_limit_raise(gemv_attention_kernel<2>, smem, raised[1]);
-        KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_attention_kernel<2>, g, a, stage_keys));
-    }
 }
 
 void kv_append(const AttentionArgs& a, const Launch& l) {

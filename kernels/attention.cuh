@@ -12,7 +12,6 @@
 #pragma once
 
 #include "kernels/common.cuh"
-#include "kernels/gemv.cuh"
 
 namespace qtts::kernels {
 
@@ -119,22 +118,5 @@ void attention(const AttentionArgs& args, const Launch& launch);
 // Prefill helper: per-head RMSNorm + rotary embedding of the T new keys and a copy of the values
 // into the cache at rows pos0..pos0+T-1 (what attention() does itself when `append` is set).
 void kv_append(const AttentionArgs& args, const Launch& launch);
-
-// ---- A short context's decode attention in the tail of its qkv product ----------------------
-// The code predictor attends over at most 16 positions, so its attention is a few microseconds
-// of latency and almost no work; as a launch of its own it costs a kernel boundary a layer (75 a
-// frame). gemv_attention runs the qkv product (gemv()'s arithmetic) and the attention in one
-// launch: each block counts itself done for the KV head its rows belong to (counters[head]), and
-// the block that completes a head runs that head's attention (attention()'s arithmetic with its
-// warp count), so the outputs and cache rows are bitwise those of the two launches.
-
-// Whether gemv_attention takes `a`: one sequence with a host-side position (pos_dev null), T <= 2
-// rows appended, splits 1, max_ctx <= 32, head_dim a multiple of 8, plain qkv and out (no split
-// halves), counters set (counters[0 .. n_kv) are used and left zero).
-bool attention_tail_fits(const AttentionArgs& a);
-
-// qkv = the product g (g.y = a.qkv, g.ldy = a.ld_qkv, g.rows = a.T, STORE), then attention(a)
-// over it, in one launch. Throws KernelError when attention_tail_fits(a) is false.
-void gemv_attention(const GemvArgs& g, const AttentionArgs& a, const Launch& launch);
 
 }  // namespace qtts::kernels

@@ -37,17 +37,13 @@ void gemv_dispatch(const GemvArgs& a, const Launch& l) {
 
 }  // namespace
 
-void gemv_validate(const GemvArgs& a) {
+void gemv(const GemvArgs& a, const Launch& l) {
     if (a.rows < 1 || a.rows > GEMV_MAX_BATCH_ROWS || a.in <= 0 || a.in % 8 != 0 || a.out <= 0 || !a.w || !a.y ||
         (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU && !a.w2) ||
         (a.input == GemvInput::GEMV_INPUT_GATHER && (!a.table || !a.index)) ||
         (a.input != GemvInput::GEMV_INPUT_GATHER && !a.x) || (a.input == GemvInput::GEMV_INPUT_RMSNORM && !a.norm_w))
         check_fail("gemv", "invalid arguments (rows 1..256, in a positive multiple of 8, pointers set)", __func__,
                    __FILE__, __LINE__);
-}
-
-void gemv(const GemvArgs& a, const Launch& l) {
-    gemv_validate(a);
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU)
         gemv_dispatch<2>(a, l);
     else

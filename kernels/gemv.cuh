@@ -50,8 +50,4 @@ struct GemvArgs {
 // Throws kernels::KernelError (kernels/check.cuh) on a bad launch or bad arguments.
 void gemv(const GemvArgs& args, const Launch& launch);
 
-// The argument check gemv() runs (throws KernelError), for launchers that run a gemv inside
-// another kernel (kernels/attention.cuh, gemv_attention).
-void gemv_validate(const GemvArgs& args);
-
 }  // namespace qtts::kernels

@@ -47,10 +47,8 @@ __device__ __forceinline__ void gemv_row_store(const GemvArgs& a, int row, const
 // blocks per SM: 3 for one-row launches, 4 without it). The product launches DB = false ("vec1");
 // DB = true ("vec") is measured in the kernel lab (apps/kernel-lab).
 // blockIdx.y: the group of NB rows this block computes (rows r0 = NB * blockIdx.y ..).
-// gemv_vec_block is one block's part, for kernels that do more after it (attention.cu's qkv
-// product with the attention in its tail); its threads return without a final barrier.
 template <int NB, int NMAT, bool DB>
-__device__ __forceinline__ void gemv_vec_block(const GemvArgs& args) {
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs args) {
     GemvArgs a = args;
     if (blockIdx.y > 0) {
         const int r0 = NB * int(blockIdx.y);
@@ -194,11 +192,6 @@ __device__ __forceinline__ void gemv_vec_block(const GemvArgs& args) {
     }
 
     if (lane == 0) gemv_row_store<NB, NMAT>(a, row, acc);
-}
-
-template <int NB, int NMAT, bool DB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs args) {
-    gemv_vec_block<NB, NMAT, DB>(args);
 }
 
 }  // namespace

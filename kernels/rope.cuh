@@ -19,19 +19,16 @@ void head_norm_rope(float* x, int T, int n_heads, int head_dim, const float* nor
 namespace qtts::kernels {
 
 // Element d of a projection row: src[d], or, with src_lo, the sum of a split GEMM's two halves as
-// linear_split_combine's store gives it. COHERENT: src was written by another block of the same
-// grid (read through L2, past the non-coherent L1).
-template <bool COHERENT = false>
+// linear_split_combine's store gives it.
 __device__ __forceinline__ float projection_value(const float* src, const float* src_lo, int d) {
     if (src_lo) return split_combine_value(LinearEpilogue::LINEAR_EPILOGUE_STORE, src, src_lo, 0, d, nullptr, 0.0f);
-    return COHERENT ? __ldcg(src + d) : src[d];
+    return src[d];
 }
 
 // One warp normalises and rotates one head vector. src: global or shared [head_dim];
 // scratch: this warp's shared [head_dim]; dst may be global or shared (may equal scratch).
 // src_lo (optional): src and src_lo are a split GEMM's two halves and the vector is their sum
-// (projection_value). Lane l owns dims l, l+32, l+64, l+96. COHERENT: as for projection_value.
-template <bool COHERENT = false>
+// (projection_value). Lane l owns dims l, l+32, l+64, l+96.
 __device__ __forceinline__ void warp_head_norm_rope(const float* src, float* scratch, float* dst, int head_dim,
                                                     const float* norm_w, float eps, const float* inv_freq, int pos,
                                                     const float* src_lo = nullptr) {
@@ -41,7 +38,7 @@ __device__ __forceinline__ void warp_head_norm_rope(const float* src, float* scr
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int d = lane + 32 * i;
-        v[i] = d < head_dim ? projection_value<COHERENT>(src, src_lo, d) : 0.0f;
+        v[i] = d < head_dim ? projection_value(src, src_lo, d) : 0.0f;
         ss += v[i] * v[i];
     }
     if (norm_w) {

@@ -449,8 +449,8 @@ int bench_cuda(const qtts_cli::Args& args) {
         return std::pair<double, double>(ms, wall);
     };
     nlohmann::json results;
-    std::pair<double, double> graph_time{0, 0}, eager_time{0, 0}, nopdl_time{0, 0}, launches_time{0, 0};
-    double talker_ms = 0, predictor_ms = 0, predictor_launches_ms = 0;
+    std::pair<double, double> graph_time{0, 0}, eager_time{0, 0}, nopdl_time{0, 0};
+    double talker_ms = 0, predictor_ms = 0;
     size_t nodes_per_frame = 0;
     eager_time = steady("eager", [&] { lm.frame_step_enqueue(); }, 1);
     if (gen.graphs_enabled()) {
@@ -464,16 +464,6 @@ int bench_cuda(const qtts_cli::Args& args) {
         gen.start(prompt, params, 9);
         predictor_ms = time_on_stream(stream, frames, [&] { qc::graph_replay(context, pred); });
         talker_ms = time_on_stream(stream, frames, [&] { qc::graph_replay(context, talk); });
-        // The predictor's attention as launches of its own (before kernels::gemv_attention).
-        lm.attention_in_qkv_set(false);
-        qc::GraphStats sa;
-        const qc::GraphExec pred_launches =
-            qc::graph_capture(context, "predictor frame (attention launches)", [&] { lm.predictor_frame_enqueue(); }, &sa);
-        const qc::GraphExec frame_launches = qc::graph_capture(
-            context, "frame (attention launches)", [&] { for (int i = 0; i < chunk; ++i) lm.frame_step_enqueue(); }, &sa);
-        lm.attention_in_qkv_set(true);
-        predictor_launches_ms = time_on_stream(stream, frames, [&] { qc::graph_replay(context, pred_launches); });
-        launches_time = steady("graphs, attention launches", [&] { qc::graph_replay(context, frame_launches); }, chunk);
         // Programmatic dependent launch off.
         if (context.pdl()) {
             context.pdl_set(false);
@@ -552,8 +542,6 @@ int bench_cuda(const qtts_cli::Args& args) {
     out["frame_ms_eager_wall"] = eager_time.second;
     out["talker_ms"] = talker_ms;
     out["predictor_ms"] = predictor_ms;
-    out["frame_ms_graphs_attention_launches"] = launches_time.first;
-    out["predictor_ms_attention_launches"] = predictor_launches_ms;
     out["launches_per_frame"] = nodes_per_frame;
     out["bytes_per_frame"] = frame_bytes;
     out["floor_ms"] = floor_ms;
@@ -630,8 +618,6 @@ int bench_cuda(const qtts_cli::Args& args) {
     row("frame, eager (wall)", eager_time.second, "ms");
     row("  talker step (graph)", talker_ms, "ms");
     row("  predictor 15 passes (graph)", predictor_ms, "ms");
-    row("frame, graphs, predictor attention launches", launches_time.first, "ms");
-    row("  predictor 15 passes, attention launches", predictor_launches_ms, "ms");
     row("launches per frame", double(nodes_per_frame), "");
     row("bytes per frame", frame_bytes / 1e9, "GB");
     row("bandwidth floor (4.3 TB/s)", floor_ms, "ms");

@@ -184,11 +184,6 @@ public:
     // programmatic edges join kernels).
     void predictor_frame_enqueue();
     void talker_frame_enqueue(bool after_non_kernel = false);
-    // Decode attention over a short context (the code predictor's, <= 16 positions) runs in the
-    // tail of its qkv product (kernels::gemv_attention: one launch a layer instead of two, the
-    // same bits). Off: the two launches, for benchmarks and tests that compare; launches
-    // enqueued (and graphs captured) afterwards follow the setting.
-    void attention_in_qkv_set(bool on) { attention_in_qkv_ = on; }
 
     // Device-side generation state and code buffer [code_capacity, 16] (read by the fused chunk
     // graphs' hand-off to the decoder, cuda/fused_chunks.h).
@@ -246,7 +241,6 @@ private:
     int talker_length_ = 0;
     int trailing_rows_ = 0;
     size_t state_bytes_ = 0;
-    bool attention_in_qkv_ = true;
 
     DeviceBuffer memory_;  // one allocation for every buffer below
     StackBuffers talker_buf_;

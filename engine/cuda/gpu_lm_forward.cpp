@@ -35,19 +35,17 @@ int GpuLm::prefill_gemm_rows(int T) const { return std::min((2 * T + 31) / 32 * 
 
 void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const int32_t* pos_dev, int pos_host) {
     const k::Launch l = launch();
-    const auto attend = [&](int layer) {
-        k::AttentionArgs a = attention_args(s, layer, b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
-                                            partial_, counters_, T, pos_dev, pos_host);
-        // A device position is the frame step's (talker_frame_enqueue), advanced by the
-        // previous frame's sampler: final before this launch's wait.
-        a.pos_settled = pos_dev != nullptr;
-        return a;
-    };
-    // The code predictor's short contexts: attention in the qkv product's tail (one launch).
-    const bool in_qkv = attention_in_qkv_ && k::attention_tail_fits(attend(0));
     stack_decode_pass(
-        s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, [&l](const k::GemvArgs& a) { gemv_launch(a, l); }, attend, l,
-        in_qkv);
+        s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, [&l](const k::GemvArgs& a) { gemv_launch(a, l); },
+        [&](int layer) {
+            k::AttentionArgs a = attention_args(s, layer, b.qkv, b.attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
+                                                partial_, counters_, T, pos_dev, pos_host);
+            // A device position is the frame step's (talker_frame_enqueue), advanced by the
+            // previous frame's sampler: final before this launch's wait.
+            a.pos_settled = pos_dev != nullptr;
+            return a;
+        },
+        l);
 }
 
 void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0) {

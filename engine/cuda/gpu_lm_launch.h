@@ -157,21 +157,14 @@ struct DecodeRows {
 // qkv = W_qkv · rmsnorm(x); attention (attend(layer) gives its arguments); x += W_o · attn;
 // mlp = silu(W_gate · rmsnorm(x)) * (W_up · rmsnorm(x)); x += W_down · mlp. `product(GemvArgs)`
 // runs each product (the gemv kernel, or tensor cores for wide batches: cuda/gpu_batch.cpp).
-// attention_in_qkv (gemv products only): the qkv product and the attention as one launch
-// (kernels::gemv_attention; the caller checked attention_tail_fits), the same bits.
 template <typename Product, typename Attend>
 void stack_decode_pass(const GpuStack& s, const DecodeRows& b, Product&& product, Attend&& attend,
-                       const kernels::Launch& l, bool attention_in_qkv = false) {
+                       const kernels::Launch& l) {
     const int H = s.hidden, I = s.intermediate, R = b.rows;
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const GpuStack::Layer& L = s.layers[i];
-        const kernels::GemvArgs qkv = gemv_normed(gemv_product(L.qkv, s.qkv_dim(), H, R, b.x, b.qkv), L.input_norm, s.eps);
-        if (attention_in_qkv) {
-            CUDA_CHECK_KERNEL(kernels::gemv_attention(qkv, attend(int(i)), l));
-        } else {
-            product(qkv);
-            CUDA_CHECK_KERNEL(kernels::attention(attend(int(i)), l));
-        }
+        product(gemv_normed(gemv_product(L.qkv, s.qkv_dim(), H, R, b.x, b.qkv), L.input_norm, s.eps));
+        CUDA_CHECK_KERNEL(kernels::attention(attend(int(i)), l));
         product(gemv_residual(gemv_product(L.o, H, s.q_dim(), R, b.attn, b.x)));
         product(gemv_swiglu(gemv_normed(gemv_product(L.gate_up, I, H, R, b.x, b.mlp), L.post_norm, s.eps),
                             L.gate_up + size_t(I) * H));
