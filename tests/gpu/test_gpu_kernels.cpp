@@ -870,6 +870,77 @@ TEST_CASE("attention reading a split GEMM's halves gives the bits of reading the
     }
 }
 
+TEST_CASE("a prefill reading a split GEMM's halves and writing the o product's split gives the bits of the "
+          "separate launches", "[gpu][attention][prefill]") {
+    // One stream's prefill pass (GpuLm::stack_prefill) hands kv_append and the prefill attention
+    // the qkv GEMM's hi and lo rows and has the attention write the o product's split, where it
+    // ran a combine before them and a split after: the same keys and values in the cache, the same
+    // output, and the split rmsnorm_split_bf16 makes of that output, bit for bit.
+    struct Mode {
+        int T, n_heads, n_kv, hd, max_ctx, pos0;
+    };
+    const Mode modes[] = {
+        {31, 16, 8, 128, 4096, 0},   // the 1.7B talker, a 21-word sentence's prompt
+        {70, 16, 8, 128, 4096, 100}, // a later chunk: split-K over two slices
+        {9, 4, 2, 24, 64, 0},        // tiny model, odd head size, a partial query tile
+    };
+    for (const Mode& m : modes) {
+        const uint64_t seed = fresh_seed();
+        INFO("T " << m.T << " heads " << m.n_heads << "/" << m.n_kv << " hd " << m.hd << " pos0 " << m.pos0 << " seed "
+                  << seed);
+        const int qd = m.n_heads * m.hd, ld = qd + 2 * m.n_kv * m.hd;
+        const size_t cache = size_t(m.n_kv) * m.max_ctx * m.hd;
+        const int splits = k::attention_splits(m.pos0 + m.T);
+        const auto hi = random_floats(size_t(m.T) * ld, seed, -2.0f, 2.0f);
+        const auto lo = random_floats(size_t(m.T) * ld, seed + 1, -1e-2f, 1e-2f);
+        std::vector<float> sum(hi.size());
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] = hi[i] + lo[i] + 0.0f;  // linear_split_combine's store
+        const auto qn = random_floats(size_t(m.hd), seed + 2, 0.5f, 1.5f);
+        const auto kn = random_floats(size_t(m.hd), seed + 3, 0.5f, 1.5f);
+        std::vector<float> inv_freq(size_t(m.hd / 2));
+        for (int i = 0; i < m.hd / 2; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(1e6, double(2 * i) / m.hd));
+        const auto caches = random_floats(2 * cache, seed + 4);  // k | v: the rows before pos0 are the context
+        auto d_qn = upload(qn), d_kn = upload(kn), d_f = upload(inv_freq);
+
+        struct Result {
+            std::vector<float> out, caches;
+            std::vector<uint16_t> split;
+        };
+        auto run = [&](bool halves) {
+            auto d_hi = upload(halves ? hi : sum), d_lo = upload(lo), d_caches = upload(caches);
+            auto d_out = poisoned(size_t(m.T) * qd);
+            auto d_split = upload(std::vector<uint16_t>(2 * size_t(m.T) * qd, 0xffffu));
+            DeviceArray<float> d_partial(k::attention_partial_floats(m.n_heads, m.T, splits, m.hd));
+            auto d_counters = upload(std::vector<uint32_t>(k::attention_counter_count(m.n_kv, m.T), 0u));
+            k::AttentionArgs a = attention_heads(m.n_heads, m.n_kv, m.hd, m.max_ctx, d_qn.get(), d_kn.get(), d_f.get());
+            a.T = m.T;
+            a.append = false;
+            a.splits = splits;
+            a.pos_host = m.pos0;
+            a.qkv = d_hi.get();
+            a.qkv_lo = halves ? d_lo.get() : nullptr;
+            a.k_cache = d_caches.get();
+            a.v_cache = d_caches.get() + cache;
+            a.out = d_out.get();
+            a.out_split = halves ? d_split.get() : nullptr;
+            a.partial = d_partial.get();
+            a.counters = d_counters.get();
+            k::kv_append(a, context().launch());
+            k::attention(a, context().launch());
+            if (!halves)  // the separate split of the output (what the pass ran before)
+                k::rmsnorm_split_bf16(d_out.get(), m.T, qd, qd, nullptr, 0.0f, d_split.get(), context().launch());
+            return Result{download(d_out, size_t(m.T) * qd), download(d_caches, caches.size()),
+                          download(d_split, 2 * size_t(m.T) * qd)};
+        };
+        const Result separate = run(false), fused = run(true);
+        REQUIRE(all_finite(separate.out));
+        CHECK(std::memcmp(fused.out.data(), separate.out.data(), separate.out.size() * 4) == 0);
+        CHECK(std::memcmp(fused.caches.data(), separate.caches.data(), separate.caches.size() * 4) == 0);
+        CHECK(fused.split == separate.split);
+        CHECK(separate.caches != caches);  // the prompt's keys and values were stored
+    }
+}
+
 TEST_CASE("a batched prefill gives each sequence what its own prefill launch gives, bitwise",
           "[gpu][attention][batch][prefill]") {
     // Prompts of several streams in one kv_append + one attention launch (engine/cuda/
