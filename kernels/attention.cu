@@ -473,9 +473,8 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
     }
     for (int qi = warp; qi < nq; qi += ATTN_CACHED_WARPS) {
         const int t = t0 + qi / group, h = g * group + qi % group;
-        const size_t at = size_t(t) * a.ld_qkv + size_t(h) * hd;
-        warp_head_norm_rope(a.qkv + at, scratch + warp * 128, q_s + qi * hd, hd, a.q_norm, a.eps, a.inv_freq, pos0 + t,
-                            a.qkv_lo ? a.qkv_lo + at : nullptr);
+        warp_head_norm_rope(a.qkv + size_t(t) * a.ld_qkv + size_t(h) * hd, scratch + warp * 128, q_s + qi * hd, hd,
+                            a.q_norm, a.eps, a.inv_freq, pos0 + t);
     }
     __syncthreads();
 
@@ -534,12 +533,12 @@ __device__ __forceinline__ void kv_append_row(const AttentionArgs& a, int t) {
     __shared__ float scratch[128];
     const int g = blockIdx.y, hd = a.head_dim;
     const int r = position_read(a.pos_dev, a.pos_host) + t;
-    const size_t k_at = size_t(t) * a.ld_qkv + size_t(a.n_heads + g) * hd, v_at = k_at + size_t(a.n_kv) * hd;
+    const float* row = a.qkv + size_t(t) * a.ld_qkv;
     const size_t dst = (size_t(g) * a.max_ctx + r) * hd;
-    warp_head_norm_rope(a.qkv + k_at, scratch, a.k_cache + dst, hd, a.k_norm, a.eps, a.inv_freq, r,
-                        a.qkv_lo ? a.qkv_lo + k_at : nullptr);
-    for (int d = threadIdx.x; d < hd; d += 32)
-        a.v_cache[dst + d] = projection_value(a.qkv + v_at, a.qkv_lo ? a.qkv_lo + v_at : nullptr, d);
+    warp_head_norm_rope(row + size_t(a.n_heads + g) * hd, scratch, a.k_cache + dst, hd, a.k_norm, a.eps, a.inv_freq,
+                        r);
+    const float* v_src = row + size_t(a.n_heads + a.n_kv + g) * hd;
+    for (int d = threadIdx.x; d < hd; d += 32) a.v_cache[dst + d] = v_src[d];
 }
 
 // grid: (T, n_kv); one warp per KV head row.
@@ -595,7 +594,7 @@ void attention_validate(const AttentionArgs& a) {
                     (a.splits == 1 || (a.partial && a.counters)) && a.max_ctx >= 1 &&
                     (a.pos_dev || a.pos_host + a.T <= a.max_ctx) && a.splits * ATTN_KEYS_PER_SPLIT >= a.pos_host + a.T &&
                     a.min_chunk >= 1 && a.min_chunk <= ATTN_KEYS_PER_SPLIT && a.grid_splits >= 0 &&
-                    a.grid_splits <= a.splits;
+                    a.grid_splits <= a.splits && ((!a.out_split && !a.qkv_lo) || a.append);
     if (!ok)
         check_fail("attention", "invalid arguments (head_dim even <= 128, group <= 4, splits cover the context)",
                          __func__, __FILE__, __LINE__);

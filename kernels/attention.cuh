@@ -51,10 +51,9 @@ struct AttentionPrefillSeq {
 struct AttentionArgs {
     const float* qkv = nullptr;    // [T, ld_qkv]: q heads, then k heads, then v heads (raw projections)
     int ld_qkv = 0;
-    // qkv and qkv_lo are a split GEMM's hi and lo rows (the same layout), each projection their
-    // sum as linear_split_combine's store gives it, bit for bit, so the combine needs no launch of
-    // its own (decode launches, and one sequence's prefill: kv_append and attention both read
-    // the halves; not a batched prefill's table). Null: qkv holds the projections.
+    // Decode launches (append): qkv and qkv_lo are a split GEMM's hi and lo rows (the same
+    // layout), each projection their sum as linear_split_combine's store gives it, bit for bit,
+    // so the combine needs no launch of its own. Null: qkv holds the projections.
     const float* qkv_lo = nullptr;
     int T = 1;
     int n_heads = 0;
@@ -77,10 +76,9 @@ struct AttentionArgs {
     bool pos_settled = false;
     float* out = nullptr;  // [T, ld_out], heads concatenated
     int ld_out = 0;
-    // The output also as the bf16 hi/lo pair a split product reads, [2 rows, n_heads x
-    // head_dim] with rows = batch x T (row r's hi at r, lo at rows + r): what
-    // rmsnorm_split_bf16(out, rows, ..., nullptr) writes from it, bit for bit (decode launches,
-    // and one sequence's prefill; not a batched prefill's table). Null: none.
+    // Decode launches (append): the output also as the bf16 hi/lo pair a split product reads,
+    // [2 rows, n_heads x head_dim] with rows = batch x T (row r's hi at r, lo at rows + r): what
+    // rmsnorm_split_bf16(out, rows, ..., nullptr) writes from it, bit for bit. Null: none.
     bf16_t* out_split = nullptr;
     int splits = 1;                  // key-range slices per KV head (fixed; sized for max_ctx)
     // Shortest slice, in keys (1..ATTN_KEYS_PER_SPLIT): a context of ctx keys is cut into

@@ -39,8 +39,6 @@ namespace qtts::cuda {
 
 using kernels::bf16_t;
 
-struct SplitAttentionIo;  // cuda/gpu_lm_launch.h
-
 // Device pointers of one decoder stack.
 struct GpuStack : StackShape {
     struct Layer {
@@ -223,10 +221,9 @@ private:
     void linear_prefill(const float* x, int T, int in, const float* norm_w, float eps, const bf16_t* w, int out, int n,
                         const float* bias, kernels::LinearEpilogue epilogue, float* y, int ldy);
     int prefill_gemm_rows(int T) const;  // GEMM rows of a prefill product over T rows (few shapes)
-    // Attention of talker layer `layer` for T prompt rows at positions pos0.. (the qkv GEMM's
-    // halves in, attn [T, q_dim] and the o product's split out): their keys and values stored in
-    // this stream's cache first.
-    void prefill_attention(int layer, const SplitAttentionIo& io, float* attn, int T, int pos0);
+    // Attention of talker layer `layer` for T prompt rows at positions pos0.. (qkv [T, qkv_dim]
+    // in, attn [T, q_dim] out): their keys and values stored in this stream's cache first.
+    void prefill_attention(int layer, float* qkv, float* attn, int T, int pos0);
     void talker_head(const float* x_row);  // [H] -> hidden_, talker_logits_
     void predictor_pass(int group);
     void sample_enqueue(int group, int frame_offset, bool advance);

@@ -49,23 +49,17 @@ void GpuLm::stack_decode(const GpuStack& s, const StackBuffers& b, int T, const 
 }
 
 void GpuLm::stack_prefill(const GpuStack& s, const StackBuffers& b, int T, int pos0) {
-    // linear_prefill's products, with the combines fused into the next splits; the attention
-    // reads the qkv GEMM's halves and writes the o product's split (8 launches a layer, the same
-    // bits as combining and splitting in launches of their own).
+    // linear_prefill's products, with the combines fused into the next splits.
     stack_split_pass(
         s, DecodeRows{b.x, b.qkv, b.attn, b.mlp, T}, context_.cublas(), SplitScratch{xb_, y2_}, prefill_gemm_rows(T),
-        [&](int layer, const SplitAttentionIo& io) { prefill_attention(layer, io, b.attn, T, pos0); }, launch(),
-        /*attention_fused=*/true);
+        [&](int layer, const SplitAttentionIo&) { prefill_attention(layer, b.qkv, b.attn, T, pos0); }, launch());
 }
 
-void GpuLm::prefill_attention(int layer, const SplitAttentionIo& io, float* attn, int T, int pos0) {
+void GpuLm::prefill_attention(int layer, float* qkv, float* attn, int T, int pos0) {
     const k::Launch l = launch();
     const StackBuffers& b = talker_buf_;
-    k::AttentionArgs a = attention_args(weights_->talker, layer, nullptr, attn, b.k_cache, b.v_cache, b.max_ctx,
-                                        b.splits, partial_, counters_, T, nullptr, pos0);
-    a.qkv = io.qkv_hi;
-    a.qkv_lo = io.qkv_lo;
-    a.out_split = io.out_split;
+    k::AttentionArgs a = attention_args(weights_->talker, layer, qkv, attn, b.k_cache, b.v_cache, b.max_ctx, b.splits,
+                                        partial_, counters_, T, nullptr, pos0);
     a.append = false;
     a.splits = k::attention_splits(pos0 + T);
     CUDA_CHECK_KERNEL(k::kv_append(a, l));
