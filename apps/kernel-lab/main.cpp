@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -410,6 +411,34 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         a.suppress_begin = w.codec_vocab - 1024;
         time(group == 0 ? "sample codebook 0 (top-k 50)" : "sample predictor (top-k 50)", 0.0,
              [&, a](int) { k::sample(a, ctx.launch()); });
+    }
+    // Where a draw's time goes: the predictor's draw under other settings, each with its own
+    // state. Greedy is the load and the argmax alone; top-k 5 / 50 / 500 keep the radix select
+    // and change how many candidates the softmax, the compaction and thread 0's running sums see.
+    struct DrawSetting {
+        const char* name;
+        k::SamplingDeviceParams params;
+    };
+    const DrawSetting settings[] = {{"sample predictor, greedy", {1, 1.0f, 0, 1.0f, 1.0f}},
+                                    {"sample predictor, top-k 5", {0, 0.9f, 5, 1.0f, 1.0f}},
+                                    {"sample predictor, top-k 50, temperature 1", {0, 1.0f, 50, 1.0f, 1.0f}},
+                                    {"sample predictor, top-k 500", {0, 0.9f, 500, 1.0f, 1.0f}}};
+    qc::DeviceArray<k::GenerationDeviceState> setting_states(std::size(settings));
+    for (size_t i = 0; i < std::size(settings); ++i) {
+        k::GenerationDeviceState s_i = st;
+        s_i.predictor = settings[i].params;
+        CUDA_CHECK(cudaMemcpy(setting_states.get() + i, &s_i, sizeof(s_i), cudaMemcpyHostToDevice));
+    }
+    for (size_t i = 0; i < std::size(settings); ++i) {
+        k::SampleArgs a;
+        a.logits = x.get();
+        a.n = w.predictor_vocab;
+        a.state = setting_states.get() + i;
+        a.group = 5;
+        a.seen = seen.get();
+        a.codes = codes.get();
+        a.suppress_begin = w.codec_vocab - 1024;
+        time(settings[i].name, 0.0, [&, a](int) { k::sample(a, ctx.launch()); });
     }
     return out;
 }
