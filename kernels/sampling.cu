@@ -45,6 +45,8 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 // multiple of 32 from 256 to 1024 threads). Measured on the H200 (1.7B, top-k 50): 1024 threads
 // 10.2 / 9.9 us (codebook 0 / predictor), 512 10.9 / 9.9, 256 14.8 / 12.1.
 constexpr int SAMPLE_BLOCK = 1024;
+constexpr int SAMPLE_BRACKET_BUCKETS = 32;      // buckets below the max that bracket the k-th largest
+constexpr int SAMPLE_BRACKET_CANDIDATES = 256;  // the most values the bracket's rank selection takes
 template <int SAMPLE_THREADS>
 struct SampleImpl {
     static constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
@@ -61,6 +63,13 @@ struct Shared {
     int above;
     int result;
     int count;
+    // block_kth_largest_bracket: per-warp partials (max, sum, finite count), the bucket counts,
+    // the bracket's candidates (in `value`) and the chosen value.
+    float red_s[SAMPLE_WARPS];
+    int red_c[SAMPLE_WARPS];
+    uint32_t bucket[SAMPLE_BRACKET_BUCKETS];
+    int candidates;
+    float kth;
     float value[SAMPLE_MAX_VOCAB];  // compacted candidates (probabilities or values)
     int index[SAMPLE_MAX_VOCAB];
     unsigned char removed[SAMPLE_MAX_VOCAB];
@@ -127,6 +136,110 @@ static __device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], 
     }
     __syncthreads();
     return sh.red_v[0];
+}
+
+// The k-th largest value among v[i], i < n, in four barriers where the distribution allows
+// (false otherwise: the caller runs block_kth_largest's radix passes). The finite values' max m
+// and mean come from one reduction; each value falls in bucket floor((m - v) / delta), delta =
+// (m - mean) / 16, which never decreases as v decreases (rounding included), so the values of
+// the buckets before the one where the running count reaches k are all larger than that
+// bucket's and the values after it all smaller: the k-th largest is that bucket's (k - above)-th
+// largest, chosen by rank among its few values. The same value as the radix select (the CPU's
+// nth_element), bit for bit. *max_out: m (the max the softmax needs, which top-k and top-p
+// keep). Returns false, with nothing decided, when the values are all equal or all -inf, when
+// the 32 buckets hold fewer than k values, or when the bracket holds more than
+// SAMPLE_BRACKET_CANDIDATES; every thread returns the same.
+static __device__ __forceinline__ bool block_kth_largest_bracket(const float (&v)[PER_THREAD], int n, int k, Shared& sh,
+                                                                 float* kth_out, float* max_out) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float m = -INFINITY, sum = 0.0f;
+    int finite = 0;
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        if (tid + j * SAMPLE_THREADS < n && v[j] != -INFINITY) {
+            m = fmaxf(m, v[j]);
+            sum += v[j];
+            ++finite;
+        }
+    }
+    m = warp_max(m);
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) finite += __shfl_xor_sync(0xffffffffu, finite, o);
+    if (lane == 0) {  // the draw's first reduction: no earlier one reads red_v
+        sh.red_v[warp] = m;
+        sh.red_s[warp] = sum;
+        sh.red_c[warp] = finite;
+    }
+    if (tid < SAMPLE_BRACKET_BUCKETS) sh.bucket[tid] = 0u;
+    if (tid == 0) {
+        sh.candidates = 0;
+        sh.kth = NAN;
+    }
+    __syncthreads();
+    // Every thread the same totals (the same partials in the same order).
+    m = -INFINITY;
+    sum = 0.0f;
+    finite = 0;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) {
+        m = fmaxf(m, sh.red_v[w]);
+        sum += sh.red_s[w];
+        finite += sh.red_c[w];
+    }
+    if (finite < k) return false;
+    const float delta = (m - sum / float(finite)) * (1.0f / 16.0f);
+    if (!(delta > 0.0f) || !(delta < INFINITY)) return false;
+    int b[PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        b[j] = SAMPLE_BRACKET_BUCKETS;  // past the buckets (or not a value)
+        if (tid + j * SAMPLE_THREADS < n && v[j] != -INFINITY) {
+            const float q = (m - v[j]) / delta;
+            if (q < float(SAMPLE_BRACKET_BUCKETS)) b[j] = int(q);
+        }
+        // Warp-aggregated: the top buckets are few and shared by many lanes.
+        const uint32_t tag = b[j] < SAMPLE_BRACKET_BUCKETS ? uint32_t(b[j]) : 64u + uint32_t(lane);
+        const unsigned peers = __match_any_sync(0xffffffffu, tag);
+        if (b[j] < SAMPLE_BRACKET_BUCKETS && lane == __ffs(peers) - 1) atomicAdd(&sh.bucket[b[j]], uint32_t(__popc(peers)));
+    }
+    __syncthreads();
+    int above = 0, bracket = -1;
+    for (int i = 0; i < SAMPLE_BRACKET_BUCKETS; ++i) {
+        const int c = int(sh.bucket[i]);
+        if (above + c >= k) {
+            bracket = i;
+            break;
+        }
+        above += c;
+    }
+    if (bracket < 0) return false;
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+        if (b[j] == bracket) {
+            const int slot = atomicAdd(&sh.candidates, 1);
+            if (slot < SAMPLE_BRACKET_CANDIDATES) sh.value[slot] = v[j];
+        }
+    }
+    __syncthreads();
+    const int count = sh.candidates;
+    if (count > SAMPLE_BRACKET_CANDIDATES) return false;
+    const int rank = k - above;  // 1..count
+    if (tid < count) {
+        const float c = sh.value[tid];
+        int greater = 0, not_less = 0;
+        for (int i = 0; i < count; ++i) {
+            const float o = sh.value[i];
+            greater += o > c ? 1 : 0;
+            not_less += o >= c ? 1 : 0;
+        }
+        if (greater < rank && rank <= not_less) sh.kth = c;  // ties write the same value
+    }
+    __syncthreads();
+    const float kth = sh.kth;
+    if (kth != kth) return false;  // not reached (it is whenever the counts above hold)
+    *kth_out = kth;
+    *max_out = m;
+    return true;
 }
 
 // The k-th largest value among v[i], i < n (radix select on order-preserving keys, 8 bits a pass).
@@ -283,6 +396,25 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
     __syncthreads();
 }
 
+    // Tests: the k-th largest of values[0..n) by the bracket (out[0], NaN when it declined; out[2]
+    // its max) and by the radix passes (out[1]), from the same registers.
+    static __device__ __forceinline__ void kth_probe(const float* values, int n, int k, float* out, Shared& sh) {
+        float v[PER_THREAD];
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j) {
+            const int i = threadIdx.x + j * SAMPLE_THREADS;
+            v[j] = i < n ? values[i] : -INFINITY;
+        }
+        float bracket = NAN, max_v = NAN;
+        const bool took = block_kth_largest_bracket(v, n, k, sh, &bracket, &max_v);
+        const float radix = block_kth_largest(v, n, k, sh);
+        if (threadIdx.x == 0) {
+            out[0] = took ? bracket : NAN;
+            out[1] = radix;
+            out[2] = took ? max_v : NAN;
+        }
+    }
+
     static __device__ __forceinline__ void run(const SampleArgs& args, Shared& sh) {
     pdl_wait();
     pdl_trigger();
@@ -331,8 +463,13 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
 #pragma unroll
             for (int j = 0; j < PER_THREAD; ++j) v[j] = v[j] / p.temperature;
         }
+        float max_known = NAN;  // the max, when the top-k bracket found it on the way
         if (p.top_k > 0 && p.top_k < n) {
-            const float threshold = block_kth_largest(v, n, p.top_k, sh);
+            float threshold;
+            if (!block_kth_largest_bracket(v, n, p.top_k, sh, &threshold, &max_known)) {
+                max_known = NAN;
+                threshold = block_kth_largest(v, n, p.top_k, sh);
+            }
 #pragma unroll
             for (int j = 0; j < PER_THREAD; ++j)
                 if (v[j] < threshold) v[j] = -INFINITY;
@@ -347,7 +484,9 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
             }
             __syncthreads();
         }
-        const float max_v = block_max(v, n, sh);
+        // The max survives top-k and top-p (both keep the most likely id): the bracket's, when it
+        // ran; fmaxf picks the same value either way (a +0 / -0 tie gives the same exponentials).
+        const float max_v = max_known == max_known ? max_known : block_max(v, n, sh);
         const int count = block_compact(v, n, sh, [max_v](float x) { return expf(x - max_v); });
         if (tid == 0) {
             // Sequential sums in index order, exactly as probs_draw() on the CPU.
@@ -395,9 +534,21 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const SampleArgs
     SampleImpl<SAMPLE_THREADS>::run(a, sh);
 }
 
+__global__ void __launch_bounds__(SAMPLE_BLOCK) kth_probe_kernel(const float* values, int n, int k, float* out) {
+    __shared__ SampleImpl<SAMPLE_BLOCK>::Shared sh;
+    SampleImpl<SAMPLE_BLOCK>::kth_probe(values, n, k, out, sh);
+}
+
 }  // namespace
 
 float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index) { return philox_uniform(seed, stream, index); }
+
+void top_k_threshold_probe(const float* values, int n, int k, float* out, const Launch& l) {
+    if (!values || !out || n < 2 || n > SAMPLE_MAX_VOCAB || k < 1 || k >= n)
+        check_fail("top_k_threshold_probe", "invalid arguments (2 <= n <= 4096, 1 <= k < n)", __func__, __FILE__,
+                   __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, kth_probe_kernel, values, n, k, out));
+}
 
 void sample(const SampleArgs& a, const Launch& l) {
     const bool batched = a.slots != nullptr;

@@ -72,4 +72,9 @@ void sample(const SampleArgs& args, const Launch& launch);
 // Host mirror of the device Philox draw (for tests): uniform in [0, 1).
 float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index);
 
+// Tests: the top-k threshold (the k-th largest of values[0..n), device memory) as a draw finds
+// it, out[3] (device): [0] by the bracket of buckets below the max (NaN where it hands over to
+// the radix passes), [1] by the radix passes, [2] the max the bracket found (NaN likewise).
+void top_k_threshold_probe(const float* values, int n, int k, float* out, const Launch& launch);
+
 }  // namespace qtts::kernels

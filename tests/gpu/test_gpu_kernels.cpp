@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -1251,6 +1252,67 @@ TEST_CASE("embedding gathers, the frame sum and row scatter match the CPU", "[gp
                 if (dst_rows[size_t(s)] == r) expect += gathered[size_t(s) * H + i];
             REQUIRE(scattered[size_t(r) * H + i] == expect);
         }
+}
+
+TEST_CASE("the top-k threshold is the k-th largest value, bucketed or by radix passes", "[gpu][sampling]") {
+    // A draw finds the k-th largest logit by a bracket of buckets below the max when it can and
+    // by radix passes otherwise (kernels/sampling.cu). Both must give exactly what the CPU's
+    // nth_element gives, ties and -inf entries included; the bracket must be what typical logits
+    // take, and decline (NaN) where the values are all equal.
+    struct Shape {
+        const char* name;
+        int kind;  // 0 uniform, 1 bell-shaped, 2 few distinct values, 3 a third -inf, 4 all equal, 5 one far outlier
+    };
+    const Shape shapes[] = {{"uniform", 0}, {"bell", 1}, {"ties", 2}, {"-inf third", 3}, {"all equal", 4},
+                            {"outlier", 5}};
+    DeviceArray<float> d_out(3);
+    int bracketed = 0, declined_equal = 0, runs = 0;
+    for (const Shape& sh : shapes) {
+        for (const int n : {2048, 3072}) {
+            for (const int k : {1, 5, 50, 200, n - 1}) {
+                const uint64_t seed = fresh_seed();
+                INFO(sh.name << " n " << n << " k " << k << " seed " << seed);
+                std::mt19937_64 rng(seed);
+                std::vector<float> v(static_cast<size_t>(n));
+                std::uniform_real_distribution<float> uni(-6.0f, 6.0f);
+                std::normal_distribution<float> bell(0.0f, 2.0f);
+                for (int i = 0; i < n; ++i) {
+                    float x = 0.0f;
+                    switch (sh.kind) {
+                        case 0: x = uni(rng); break;
+                        case 1: x = bell(rng); break;
+                        case 2: x = float(int(rng() % 7)) * 0.5f - 1.0f; break;
+                        case 3: x = i % 3 == 0 ? -INFINITY : uni(rng); break;
+                        case 4: x = 1.25f; break;
+                        default: x = i == 17 ? 1000.0f : bell(rng); break;
+                    }
+                    v[size_t(i)] = x;
+                }
+                std::vector<float> sorted = v;
+                std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
+                const float want = sorted[size_t(k - 1)];
+                const float want_max = *std::max_element(v.begin(), v.end());
+                auto d_v = upload(v);
+                CUDA_CHECK(cudaMemset(d_out.get(), 0xff, 3 * sizeof(float)));  // NaN-poisoned
+                k::top_k_threshold_probe(d_v.get(), n, k, d_out.get(), context().launch());
+                const auto out = download(d_out, 3);
+                ++runs;
+                CHECK(out[1] == want);  // the radix passes
+                if ((sh.kind == 0 || sh.kind == 1) && k <= 200)
+                    CHECK(out[0] == out[0]);  // typical logits: the bracket takes them (tens of candidates)
+                if (out[0] == out[0]) {  // the bracket took it
+                    ++bracketed;
+                    CHECK(out[0] == want);
+                    CHECK(out[2] == want_max);
+                } else if (sh.kind == 4) {
+                    ++declined_equal;
+                }
+            }
+        }
+    }
+    INFO(bracketed << " of " << runs << " thresholds by the bracket");
+    CHECK(bracketed >= 16);
+    CHECK(declined_equal == 10);  // all-equal values always go to the radix passes
 }
 
 TEST_CASE("on-device sampling reproduces the CPU sampler and its random stream", "[gpu][sampling]") {
