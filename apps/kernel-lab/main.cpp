@@ -400,15 +400,20 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         f.ldo = T.hidden;
         time("frame embed (16 codebooks + text)", 0.0, [&, f](int) { k::frame_embed(f, ctx.launch()); });
     }
-    for (const int group : {0, 5}) {
+    // A draw of codebook `group` (0: the talker's rules) from x under the sampling state `s`.
+    auto draw_args = [&](int group, k::GenerationDeviceState* s) {
         k::SampleArgs a;
         a.logits = x.get();
         a.n = group == 0 ? w.codec_vocab : w.predictor_vocab;
-        a.state = state.get();
+        a.state = s;
         a.group = group;
         a.seen = seen.get();
         a.codes = codes.get();
         a.suppress_begin = w.codec_vocab - 1024;
+        return a;
+    };
+    for (const int group : {0, 5}) {
+        const k::SampleArgs a = draw_args(group, state.get());
         time(group == 0 ? "sample codebook 0 (top-k 50)" : "sample predictor (top-k 50)", 0.0,
              [&, a](int) { k::sample(a, ctx.launch()); });
     }
@@ -428,16 +433,7 @@ std::vector<KernelTime> kernel_times(qtts::cuda::GpuContext& ctx, const qtts::cu
         k::GenerationDeviceState s_i = st;
         s_i.predictor = settings[i].params;
         CUDA_CHECK(cudaMemcpy(setting_states.get() + i, &s_i, sizeof(s_i), cudaMemcpyHostToDevice));
-    }
-    for (size_t i = 0; i < std::size(settings); ++i) {
-        k::SampleArgs a;
-        a.logits = x.get();
-        a.n = w.predictor_vocab;
-        a.state = setting_states.get() + i;
-        a.group = 5;
-        a.seen = seen.get();
-        a.codes = codes.get();
-        a.suppress_begin = w.codec_vocab - 1024;
+        const k::SampleArgs a = draw_args(5, setting_states.get() + i);
         time(settings[i].name, 0.0, [&, a](int) { k::sample(a, ctx.launch()); });
     }
     return out;

@@ -66,12 +66,12 @@ struct PathSpec {
     qtts::kernels::SkinnyWeights skinny_weights = qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED;
 };
 
-// Starts the first b streams on the bench prompt (stream i seeded seed_base + i) and binds them
-// to `batch`.
-void streams_start_bound(qc::GpuBatch& batch, const std::vector<std::unique_ptr<qc::GpuLm>>& streams, int b,
+// Starts streams first .. first + b - 1 on the bench prompt (stream i seeded seed_base + i;
+// generation_start synchronises) and binds them to `batch`.
+void streams_start_bound(qc::GpuBatch& batch, const std::vector<std::unique_ptr<qc::GpuLm>>& streams, int first, int b,
                          const qtts::Prompt& prompt, qc::GpuGenerationSetup setup, uint64_t seed_base) {
     std::vector<qc::GpuLm*> bound;
-    for (int i = 0; i < b; ++i) {
+    for (int i = first; i < first + b; ++i) {
         setup.seed = seed_base + uint64_t(i);
         streams[size_t(i)]->generation_start(prompt, setup);
         bound.push_back(streams[size_t(i)].get());
@@ -268,7 +268,7 @@ nlohmann::json overlap_rows(qc::GpuContext& context, const qtts::Checkpoint& che
                 "hidden");
     for (const int b : sizes) {
         const std::vector<qc::GpuSpeechDecoder*> decs(decoder_ptrs.begin(), decoder_ptrs.begin() + b);
-        const auto restart = [&] { streams_start_bound(batch, streams, b, prompt, setup, 2000); };
+        const auto restart = [&] { streams_start_bound(batch, streams, 0, b, prompt, setup, 2000); };
         const auto lm = [&] { batch.run(chunk); };
         const auto decode = [&] { batch_decoder.decode(decs, codes.data(), chunk, pcm.data()); };
         const auto median_of = [&](const std::function<void()>& one) {
@@ -323,26 +323,16 @@ nlohmann::json pair_rows(qc::GpuContext& context, const std::shared_ptr<const qc
     whole.capture();
     first.capture();
     second.capture();
-    const auto start = [&](int from, int count) {
-        std::vector<qc::GpuLm*> lms;
-        for (int i = from; i < from + count; ++i) {
-            setup.seed = 3000 + uint64_t(i);
-            streams[size_t(i)]->generation_start(prompt, setup);
-            lms.push_back(streams[size_t(i)].get());
-        }
-        context.synchronize();
-        return lms;
-    };
     nlohmann::json rows = nlohmann::json::array();
     std::printf("\n  2h streams: one batch of 2h rows against two batches of h rows at once (two CUDA streams),\n"
                 "  %d frames, wall ms per frame, median of 9:\n", chunk);
     std::printf("  %-5s %-7s %12s %12s %12s %8s\n", "h", "streams", "one batch", "half alone", "two halves", "ratio");
     for (const int h : halves) {
-        whole.bind(start(0, 2 * h));
+        streams_start_bound(whole, streams, 0, 2 * h, prompt, setup, 3000);
         const double whole_ms = wall_median_ms([&] { whole.run(chunk); context.synchronize(); }) / chunk;
         whole.bind({});
-        first.bind(start(0, h));
-        second.bind(start(h, h));
+        streams_start_bound(first, streams, 0, h, prompt, setup, 3000);
+        streams_start_bound(second, streams, h, h, prompt, setup, 3000);
         const double half_ms = wall_median_ms([&] { first.run(chunk); context.synchronize(); }) / chunk;
         const double pair_ms = wall_median_ms([&] {
             first.run(chunk);
@@ -446,7 +436,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                                    {"graph_device_bytes", batch.graph_device_bytes()},
                                    {"workspace_bytes", batch.workspace_bytes()}};
         for (const int b : sizes) {
-            streams_start_bound(batch, streams, b, prompt, setup, 1000);
+            streams_start_bound(batch, streams, 0, b, prompt, setup, 1000);
             for (int i = 0; i < warm_up; i += chunk) batch.run(chunk);
             const int calls = std::max(1, frames / chunk);
             const double step_ms = qc::time_on_stream(context.stream(), calls, [&] { batch.run(chunk); }) / chunk;
