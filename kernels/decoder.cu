@@ -36,7 +36,8 @@ __device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta
 }
 
 // Where an im2col stores its columns: fp32 (`col`), or as bf16 hi/lo pairs for the split-bf16
-// products (`planes`: the hi plane, then the lo plane `plane` elements further).
+// products (`planes` [3, plane]: the hi plane, the lo plane, the hi plane again, so that one GEMM
+// over 3K rows pairs them with the weights' hi | hi | lo).
 struct ColumnSink {
     float* col = nullptr;
     bf16_t* planes = nullptr;
@@ -44,8 +45,10 @@ struct ColumnSink {
     __device__ __forceinline__ void put(size_t i, float v) const {
         if (col)
             col[i] = v;
-        else
+        else {
             bf16_split(v, planes + i, planes + plane + i);
+            planes[2 * plane + i] = planes[i];
+        }
     }
     // Two consecutive columns' hi and lo halves, each pair packed in 32 bits (first column low).
     static __device__ __forceinline__ void split_packed(float a, float b, uint32_t& hi, uint32_t& lo) {
@@ -66,6 +69,7 @@ struct ColumnSink {
         split_packed(v.z, v.w, hi[1], lo[1]);
         *reinterpret_cast<uint2*>(planes + i) = make_uint2(hi[0], hi[1]);
         *reinterpret_cast<uint2*>(planes + plane + i) = make_uint2(lo[0], lo[1]);
+        *reinterpret_cast<uint2*>(planes + 2 * plane + i) = make_uint2(hi[0], hi[1]);
     }
     // Eight consecutive columns from i (a multiple of 8): one 16-byte store per plane.
     __device__ __forceinline__ void put8(size_t i, const float* v) const {
@@ -78,6 +82,7 @@ struct ColumnSink {
         for (int q = 0; q < 4; ++q) split_packed(v[2 * q], v[2 * q + 1], hi[q], lo[q]);
         *reinterpret_cast<uint4*>(planes + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         *reinterpret_cast<uint4*>(planes + plane + i) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *reinterpret_cast<uint4*>(planes + 2 * plane + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     }
 };
 
@@ -152,7 +157,7 @@ __global__ void snake_kernel(const float* x, int C, int T, SnakeParams snake, fl
     }
 }
 
-// planes [2, C, T] = the bf16 hi/lo pair of snake(x) (x when snake.alpha is null).
+// planes [3, C, T] = the bf16 hi, lo, hi planes of snake(x) (x when snake.alpha is null).
 __global__ void split_planes_kernel(const float* x, int C, int T, SnakeParams snake, ColumnSink out) {
     pdl_wait();
     pdl_trigger();

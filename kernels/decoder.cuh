@@ -58,8 +58,9 @@ void rvq_gather(const int32_t* codes, int n, int nq, const float* codebooks, int
 //   col_rows = 0 means C·K + 1.
 void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, int dilation, SnakeParams snake,
                  float* col, const Launch& launch, int col_rows = 0);
-// The same columns as bf16 hi/lo pairs for a split-bf16 product: planes [2, col_rows, T], the
-// hi plane (bf16(v)) then the lo plane (bf16(v - hi)).
+// The same columns as bf16 hi/lo pairs for a split-bf16 product: planes [3, col_rows, T], the
+// hi plane (bf16(v)), the lo plane (bf16(v - hi)) and the hi plane again (the `b3` operand of
+// split_gemm_row_major).
 void conv_im2col_split(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
                        SnakeParams snake, bf16_t* planes, const Launch& launch, int col_rows = 0);
 
@@ -68,7 +69,7 @@ void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakePar
 
 // y [C, T] = snake(x [C, T]) (y may alias x).
 void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, const Launch& launch);
-// planes [2, C, T] = the bf16 hi/lo pair of snake(x) (of x when snake.alpha is null).
+// planes [3, C, T] = the bf16 hi, lo, hi planes of snake(x) (of x when snake.alpha is null).
 void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& launch);
 
 // Overlap-add of a causal transposed conv (stride s, kernel K, K - s <= T·s), T frames per stream:
@@ -135,7 +136,7 @@ void position_advance(DecoderStates states, int n, const Launch& launch);
 // conv_im2col + tail update in one launch; col [col_rows, S·T].
 void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                        int dilation, SnakeParams snake, float* col, const Launch& launch, int col_rows = 0);
-// The same with the columns as bf16 hi/lo pairs: planes [2, col_rows, S·T] (hi plane, then lo).
+// The same with the columns as bf16 hi/lo pairs: planes [3, col_rows, S·T] (hi, lo, hi).
 void conv_im2col_carry_split(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                              int dilation, SnakeParams snake, bf16_t* planes, const Launch& launch,
                              int col_rows = 0);

@@ -385,14 +385,14 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     // A product on bf16 pairs (DECODER_MATH_BF16X3) takes its operand as planes, not fp32 columns.
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
         if (c.planes)
-            plan.planes_max(2 * size_t(c.row) * T);  // [2, row, T] bf16 hi/lo columns
+            plan.planes_max(3 * size_t(c.row) * T);  // [3, row, T] bf16 hi, lo, hi columns
         else
             plan.col_max(size_t(c.row) * T);
         plan.signal_max(size_t(c.cout) * T);
     };
     auto trans_plan = [&](const GpuSpeechDecoderWeights::TransConv& tc, size_t T) {
         plan.aux_max(size_t(tc.cout) * tc.k * T);
-        if (tc.planes) plan.planes_max(2 * size_t(tc.cin) * T);  // its input as hi/lo planes
+        if (tc.planes) plan.planes_max(3 * size_t(tc.cin) * T);  // its input as hi, lo, hi planes
     };
     plan.aux_max(size_t(N) * cd);
     plan.signal_max(size_t(cd) * N);
@@ -406,7 +406,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
         const auto& cx = w.convnext[i];
         plan.col_max(size_t(cx.pw1_row) * T);
         plan.aux_max(size_t(cx.pw2_row) * T);
-        if (cx.pw1_planes) plan.planes_max(2 * size_t(std::max(cx.pw1_row, cx.pw2_row)) * T);  // the products' inputs
+        if (cx.pw1_planes) plan.planes_max(3 * size_t(std::max(cx.pw1_row, cx.pw2_row)) * T);  // the products' inputs
     }
     conv_plan(w.conv_in, int(T));
     for (const auto& blk : w.blocks) {
@@ -585,16 +585,12 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
 }
 
 void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K, const uint16_t* a3, int lda,
-                          const uint16_t* b2, float beta, float* C, int ldc) {
+                          const uint16_t* b3, float beta, float* C, int ldc) {
     const float one = 1.0f;
-    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    // Column-major Cᵀ = Bᵀ·op(A)ᵀ, as sgemm_row_major. [A_hi | A_hi]·[B_hi; B_lo] first ...
-    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, op_a, N, M, 2 * K, &one, b2, CUDA_R_16BF, N, a3,
-                              CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    // ... then A_lo·B_hi added (A_lo: K columns further, or 2K rows further when transposed).
-    const uint16_t* a_lo = a3 + (trans_a ? size_t(2) * K * lda : size_t(2) * K);
-    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, op_a, N, M, K, &one, b2, CUDA_R_16BF, N, a_lo, CUDA_R_16BF,
-                              lda, &one, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // Column-major Cᵀ = Bᵀ·op(A)ᵀ, as sgemm_row_major, over 3K: [A_hi | A_hi | A_lo]·[B_hi; B_lo; B_hi].
+    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, 3 * K, &one,
+                              b3, CUDA_R_16BF, N, a3, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 // y [cout, S·T] (= or += when beta is 1) conv(snake(x) with each stream's carried tail).

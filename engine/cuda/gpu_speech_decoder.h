@@ -64,12 +64,12 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
 
 // The same product from bf16 hi/lo pairs on tensor cores with fp32 accumulation ("bf16x3"):
 //   C[M, N] = A_hi·B_hi + A_hi·B_lo + A_lo·B_hi (+ beta · C)
-// as two GEMMs, [A_hi | A_hi]·[B_hi; B_lo] and then A_lo·B_hi added. `a3` holds A three times
-// along K (hi, hi, lo: rows [M, 3K] with lda >= 3K, or with trans_a the blocks stacked [3K, M]);
-// `b2` is [2K, N] (hi rows, then lo rows, leading dimension N). The lo·lo term is left out:
-// about 16 mantissa bits per operand, against fp32's 24 and TF32's 11.
+// as one GEMM over 3K, [A_hi | A_hi | A_lo]·[B_hi; B_lo; B_hi]. `a3` holds A three times along K
+// (hi, hi, lo: rows [M, 3K] with lda >= 3K, or with trans_a the blocks stacked [3K, M]); `b3` is
+// [3K, N] (hi rows, lo rows, hi rows again; leading dimension N), as the split kernels write it.
+// The lo·lo term is left out: about 16 mantissa bits per operand, against fp32's 24 and TF32's 11.
 void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K, const uint16_t* a3, int lda,
-                          const uint16_t* b2, float beta, float* C, int ldc);
+                          const uint16_t* b3, float beta, float* C, int ldc);
 
 // The arithmetic of the decoder's convolution products (the im2col convs and the transposed
 // convs: ~95% of its FLOPs). The transformer, the RVQ projection and the ConvNeXt pointwise

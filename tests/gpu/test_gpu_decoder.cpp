@@ -219,15 +219,15 @@ std::pair<uint16_t, uint16_t> bf16_pair(float v) {
     return {hi, qtts::f32_to_bf16(v - qtts::bf16_to_f32(hi))};
 }
 
-// Mismatches between planes [2, count] and the bf16 pairs of `values` [count].
+// Mismatches between planes [3, count] (hi, lo, hi again) and the bf16 pairs of `values` [count].
 size_t pair_mismatches(const qc::DeviceArray<uint16_t>& planes, const std::vector<float>& values) {
     CUDA_CHECK(cudaStreamSynchronize(context().stream()));
-    std::vector<uint16_t> got(2 * values.size());
+    std::vector<uint16_t> got(3 * values.size());
     CUDA_CHECK(cudaMemcpy(got.data(), planes.get(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     size_t bad = 0;
     for (size_t i = 0; i < values.size(); ++i) {
         const auto [hi, lo] = bf16_pair(values[i]);
-        bad += got[i] != hi || got[values.size() + i] != lo;
+        bad += got[i] != hi || got[values.size() + i] != lo || got[2 * values.size() + i] != hi;
     }
     return bad;
 }
@@ -294,7 +294,7 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     qc::DeviceArray<float> col(size_t(rows) * T);
     qk::conv_im2col(dtail.get(), L, dx.get(), C, T, K, d, snake, col.get(), l, rows);
     const auto cols = to_host(col.get(), col.size());
-    qc::DeviceArray<uint16_t> planes(2 * cols.size());
+    qc::DeviceArray<uint16_t> planes(3 * cols.size());
     CUDA_CHECK(cudaMemset(planes.get(), 0xff, planes.bytes()));
     qk::conv_im2col_split(dtail.get(), L, dx.get(), C, T, K, d, snake, planes.get(), l, rows);
     CHECK(pair_mismatches(planes, cols) == 0);
@@ -335,7 +335,7 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
         auto x8 = qtts_test::random_floats(size_t(C) * T8, seed + 6);
         auto dx8 = to_device(x8);
         qc::DeviceArray<float> col8(size_t(rows) * T8);
-        qc::DeviceArray<uint16_t> planes8(2 * col8.size());
+        qc::DeviceArray<uint16_t> planes8(3 * col8.size());
         qk::conv_im2col(dtail.get(), L, dx8.get(), C, T8, K, d, snake, col8.get(), l, rows);
         CUDA_CHECK(cudaMemset(planes8.get(), 0xff, planes8.bytes()));
         qk::conv_im2col_split(dtail.get(), L, dx8.get(), C, T8, K, d, snake, planes8.get(), l, rows);
@@ -355,7 +355,7 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     qc::DeviceArray<float> act(size_t(Cin) * N);
     qk::snake_apply(dx.get(), Cin, N, snake, act.get(), l);
     const auto acts = to_host(act.get(), act.size());
-    qc::DeviceArray<uint16_t> planes_t(2 * acts.size());
+    qc::DeviceArray<uint16_t> planes_t(3 * acts.size());
     CUDA_CHECK(cudaMemset(planes_t.get(), 0xff, planes_t.bytes()));
     qk::split_planes(dx.get(), Cin, N, snake, planes_t.get(), l);
     CHECK(pair_mismatches(planes_t, acts) == 0);
