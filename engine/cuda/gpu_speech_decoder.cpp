@@ -13,6 +13,7 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/model/weight_prep.h"
 #include "engine/model/safetensors.h"
+#include "kernels/few_columns.cuh"
 
 namespace qtts::cuda {
 
@@ -384,9 +385,10 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     const int cd = d.codebook_dim;
     // A product on bf16 pairs (DECODER_MATH_BF16X3) takes its operand as planes, not fp32 columns.
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
-        if (c.planes)
+        if (c.planes) {
             plan.planes_max(3 * size_t(c.row) * T);  // [3, row, T] bf16 hi, lo, hi columns
-        else
+            plan.col_max(size_t(c.row) * std::min(T, kernels::FEW_COLUMNS_MAX));  // few columns: fp32
+        } else
             plan.col_max(size_t(c.row) * T);
         plan.signal_max(size_t(c.cout) * T);
     };
@@ -597,9 +599,13 @@ void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K
 void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv,
                                size_t tail_at, const float* x, int T, kernels::SnakeParams snake, float* y,
                                float beta) {
+    QTTS_ASSERT(beta == 0.0f || beta == 1.0f);
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
-    if (conv.planes) {
+    // Weight planes: each row hi | hi | lo (the few-column kernel reads the first hi and the lo).
+    const kernels::SplitWeights split{conv.planes, conv.planes + 2 * size_t(rows), 3 * rows, false};
+    const bool few = conv.planes && kernels::few_columns_supported(split, conv.cout, columns, rows);
+    if (conv.planes && !few) {
         if (L > 0)
             CUDA_CHECK_KERNEL(kernels::conv_im2col_carry_split(states, tail_at, L, x, conv.cin, T, conv.k,
                                                                conv.dilation, snake, planes_.get(), l, rows));
@@ -619,15 +625,21 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
         CUDA_CHECK_KERNEL(kernels::conv_im2col(nullptr, 0, x, conv.cin, columns, conv.k, conv.dilation, snake,
                                                col_.get(), l, rows));
     mark("conv im2col");
-    gemm(false, false, conv.cout, columns, rows, conv.w, rows, col_.get(), columns, beta, y, columns);
+    if (few)
+        CUDA_CHECK_KERNEL(kernels::few_columns_product(split, conv.cout, columns, rows, col_.get(), beta != 0.0f, y, l));
+    else
+        gemm(false, false, conv.cout, columns, rows, conv.w, rows, col_.get(), columns, beta, y, columns);
     mark("conv products");
 }
 
-// y [cout, S·T·s]: one GEMM gives every (output channel, tap) column, then the overlap-add.
+// y [cout, S·T·s]: one product gives every (output channel, tap) column, then the overlap-add.
 void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
                                      size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y) {
     const int cols = tc.cout * tc.k, columns = states.count * T;
-    if (tc.planes) {
+    // Weight planes stacked hi; hi; lo, each [cin, cols] (the few-column kernel reads the first hi and the lo).
+    const kernels::SplitWeights split{tc.planes, tc.planes + 2 * size_t(tc.cin) * cols, cols, true};
+    const bool few = tc.planes && kernels::few_columns_supported(split, cols, columns, tc.cin);
+    if (tc.planes && !few) {
         CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch()));
         mark("transposed conv input");
         split_gemm_row_major(context_, true, cols, columns, tc.cin, tc.planes, cols, planes_.get(), 0.0f, aux_.get(),
@@ -639,7 +651,11 @@ void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpe
             x = act;
         }
         mark("transposed conv input");
-        gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
+        if (few)
+            CUDA_CHECK_KERNEL(
+                kernels::few_columns_product(split, cols, columns, tc.cin, x, false, aux_.get(), context_.launch()));
+        else
+            gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
     }
     mark("transposed conv products");
     CUDA_CHECK_KERNEL(kernels::trans_conv_overlap_add(aux_.get(), tc.cout, tc.k, tc.stride, T, tc.b, states,
@@ -667,6 +683,11 @@ void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeec
 void DecoderPass::weight_product(int M, int N, int K, const float* w, const uint16_t* planes, const float* B,
                                  float* C) {
     if (planes) {
+        const kernels::SplitWeights split{planes, planes + 2 * size_t(K), 3 * K, false};  // rows hi | hi | lo
+        if (kernels::few_columns_supported(split, M, N, K)) {
+            CUDA_CHECK_KERNEL(kernels::few_columns_product(split, M, N, K, B, false, C, context_.launch()));
+            return;
+        }
         CUDA_CHECK_KERNEL(kernels::split_planes(B, K, N, {}, planes_.get(), context_.launch()));
         split_gemm_row_major(context_, false, M, N, K, planes, 3 * K, planes_.get(), 0.0f, C, N);
     } else {

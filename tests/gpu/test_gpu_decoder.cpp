@@ -33,6 +33,7 @@
 #include "engine/cuda/gpu_batch_decoder.h"
 #include "engine/cuda/gpu_speech_decoder.h"
 #include "kernels/decoder.cuh"
+#include "kernels/few_columns.cuh"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 #include "test_support.h"
@@ -370,6 +371,72 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     // No activation: the planes of x itself.
     qk::split_planes(dx.get(), Cin, N, {}, planes_t.get(), l);
     CHECK(pair_mismatches(planes_t, x) == 0);
+}
+
+TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked weights) match the CPU",
+          "[gpu][decoder]") {
+    // Odd sizes: a partial last block of rows / outputs, K not a multiple of the warps' steps,
+    // column counts that fill no tile.
+    const uint64_t seed = 9173;
+    const int M_rows = 37, K_rows = 8 * 131, M_stacked = 2 * 67, K_stacked = 77;
+    std::printf("few-column products: seed %llu, rows %dx%d, stacked %dx%d\n", (unsigned long long)seed, M_rows,
+                K_rows, M_stacked, K_stacked);
+    const qk::Launch l = context().launch();
+    for (const bool stacked : {false, true}) {
+        const int M = stacked ? M_stacked : M_rows, K = stacked ? K_stacked : K_rows;
+        // W [M, K] rows, or stacked [K, M]; its planes as the bf16x3 upload lays them out.
+        const auto w = qtts_test::random_floats(size_t(M) * K, seed + (stacked ? 1 : 0), -0.3f, 0.3f);
+        const auto planes = stacked ? a3_device(w, size_t(K), size_t(M), true) : a3_device(w, size_t(M), size_t(K), false);
+        const qk::SplitWeights split{planes.get(), planes.get() + (stacked ? 2 * size_t(K) * M : 2 * size_t(K)),
+                                     stacked ? M : 3 * K, stacked};
+        std::vector<float> first_column;  // column 0 of N = 1: the same bits at any N
+        for (const int N : {1, 2, 3, 4, 7, 8, 13, 16, 25, 32}) {
+            INFO((stacked ? "stacked" : "rows") << ", N " << N);
+            REQUIRE(qk::few_columns_supported(split, M, N, K));
+            const auto x = qtts_test::random_floats(size_t(K) * N, seed + 10 + uint64_t(N));
+            const std::vector<float> expect = product_reference(w, stacked, x, M, N, K);
+            const auto dx = to_device(x);
+            qc::DeviceArray<float> y(expect.size());
+            const std::vector<float> nan(expect.size(), std::nanf(""));
+            CUDA_CHECK(cudaMemcpy(y.get(), nan.data(), y.bytes(), cudaMemcpyHostToDevice));  // not read unless accumulating
+            qk::few_columns_product(split, M, N, K, dx.get(), false, y.get(), l);
+            const auto got = to_host(y.get(), y.size());
+            const double err = qtts_test::rel_error(got.data(), expect.data(), expect.size());
+            CHECK(err < 2e-5);
+            // Accumulated onto random values.
+            const auto base = qtts_test::random_floats(expect.size(), seed + 100 + uint64_t(N));
+            CUDA_CHECK(cudaMemcpy(y.get(), base.data(), y.bytes(), cudaMemcpyHostToDevice));
+            qk::few_columns_product(split, M, N, K, dx.get(), true, y.get(), l);
+            const auto got_acc = to_host(y.get(), y.size());
+            std::vector<float> expect_acc(expect);
+            for (size_t i = 0; i < expect_acc.size(); ++i) expect_acc[i] += base[i];
+            const double err_acc = qtts_test::rel_error(got_acc.data(), expect_acc.data(), expect_acc.size());
+            CHECK(err_acc < 2e-5);
+            std::printf("  %s N %2d: relative error %.3g (accumulated %.3g)\n", stacked ? "stacked" : "rows   ", N, err,
+                        err_acc);
+            // Column 0 with x's first column alone: an output does not depend on the other columns.
+            std::vector<float> x0(static_cast<size_t>(K));
+            for (int k = 0; k < K; ++k) x0[size_t(k)] = x[size_t(k) * N];
+            const auto dx0 = to_device(x0);
+            qc::DeviceArray<float> dy0(static_cast<size_t>(M));
+            qk::few_columns_product(split, M, 1, K, dx0.get(), false, dy0.get(), l);
+            first_column = to_host(dy0.get(), dy0.size());
+            size_t differ = 0;
+            for (int m = 0; m < M; ++m) differ += std::memcmp(&first_column[size_t(m)], &got[size_t(m) * N], sizeof(float)) != 0;
+            CHECK(differ == 0);
+        }
+        // What the kernels do not take: more columns than FEW_COLUMNS_MAX, rows of K % 8 != 0,
+        // an odd number of stacked outputs; the launcher refuses them.
+        CHECK_FALSE(qk::few_columns_supported(split, M, qk::FEW_COLUMNS_MAX + 1, K));
+        CHECK_FALSE(qk::few_columns_supported(split, M, 0, K));
+        qc::DeviceArray<float> y(size_t(M) * (qk::FEW_COLUMNS_MAX + 1)), xb(size_t(K) * (qk::FEW_COLUMNS_MAX + 1));
+        CHECK_THROWS_AS(qk::few_columns_product(split, M, qk::FEW_COLUMNS_MAX + 1, K, xb.get(), false, y.get(), l),
+                        qk::KernelError);
+        if (stacked)
+            CHECK_FALSE(qk::few_columns_supported(split, M - 1, 4, K));
+        else
+            CHECK_FALSE(qk::few_columns_supported(qk::SplitWeights{split.hi, split.lo, split.ld, false}, M, 4, K - 4));
+    }
 }
 
 TEST_CASE("gpu decoder kernels: fused output conv (SnakeBeta, tail slots, clamp)", "[gpu][decoder]") {

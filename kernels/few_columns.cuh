@@ -1,0 +1,50 @@
+// The speech decoder's weight products over a few columns, in one launch: y [M, N] (= or +=)
+// W · x for N <= FEW_COLUMNS_MAX, W the decoder's split-bf16 weights (bf16 hi and lo planes,
+// engine/cuda/gpu_speech_decoder.h: DECODER_MATH_BF16X3), x fp32 [K, N] row-major.
+//
+// Why: a decoder chunk of one frame for one stream (the chunk every request starts with) runs
+// its convolutions over 1-32 columns, and there cuBLAS's GEMMs cost a fixed ~10-30 µs each while
+// the weights they read (4-75 MB) would stream in a few: the products were ~0.45 of the chunk's
+// ~0.95 ms (`qtts bench-decoder --stages`). These kernels read each weight's hi and lo halves once
+// (the GEMM path reads hi twice: its rows are hi | hi | lo) and take x in fp32:
+//   * W rows [M, K] (convs, ConvNeXt pointwise layers; hi at hi[m·ld + k], lo at lo[m·ld + k]):
+//     a block owns 16 rows (one m16n8k16 tile) and all K; its warps take the 32-input steps in
+//     turn; lane (g, q) loads inputs 8q .. 8q + 7 of rows g and g + 8 (16 bytes per half), the
+//     same permutation as kernels/skinny.cu, and reads x's matching rows for its column g of each
+//     8-column tile, split in registers into bf16 hi/lo pairs; W_hi·x_hi + W_hi·x_lo + W_lo·x_hi
+//     on tensor cores with fp32 accumulation (the arithmetic of the GEMM path);
+//   * W stacked [K, M] (transposed convs; hi at hi[k·ld + m]): a lane owns two consecutive
+//     outputs, reads their hi and lo pairs (a warp reads 128 contiguous bytes per half) and
+//     multiplies w = hi + lo (exact in fp32) by x's fp32 values on CUDA cores (every lane reads
+//     the same x row: one broadcast load); warps take the inputs in turn.
+// The warps' sums meet in shared memory and are added in warp order: the results are
+// deterministic and an output does not depend on N or on the other columns (a stream decoded in
+// a batch of few columns gets the bits it gets alone).
+// Requirements (few_columns_supported): 1 <= N <= FEW_COLUMNS_MAX; rows: K and ld multiples of 8,
+// hi and lo 16-byte aligned; stacked: M and ld even, hi and lo 4-byte aligned. Device code runs
+// on sm_80+ (mma.sync bf16).
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace qtts::kernels {
+
+constexpr int FEW_COLUMNS_MAX = 32;
+
+// The weight planes of one product. `stacked`: W stored [K, M] (output index fastest), else
+// [M, K] rows. ld: elements between consecutive rows of the storage.
+struct SplitWeights {
+    const bf16_t* hi = nullptr;
+    const bf16_t* lo = nullptr;
+    int ld = 0;
+    bool stacked = false;
+};
+
+bool few_columns_supported(const SplitWeights& w, int M, int N, int K);
+
+// y [M, N] = W · x [K, N] (accumulate: y += W · x; otherwise y is not read). Throws
+// kernels::KernelError (kernels/check.cuh) on unsupported arguments or a bad launch.
+void few_columns_product(const SplitWeights& w, int M, int N, int K, const float* x, bool accumulate, float* y,
+                         const Launch& launch);
+
+}  // namespace qtts::kernels
