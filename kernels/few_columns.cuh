@@ -13,16 +13,17 @@
 //     same permutation as kernels/skinny.cu, and reads x's matching rows for its column g of each
 //     8-column tile, split in registers into bf16 hi/lo pairs; W_hi·x_hi + W_hi·x_lo + W_lo·x_hi
 //     on tensor cores with fp32 accumulation (the arithmetic of the GEMM path);
-//   * W stacked [K, M] (transposed convs; hi at hi[k·ld + m]): a lane owns two consecutive
-//     outputs, reads their hi and lo pairs (a warp reads 128 contiguous bytes per half) and
-//     multiplies w = hi + lo (exact in fp32) by x's fp32 values on CUDA cores (every lane reads
-//     the same x row: one broadcast load); warps take the inputs in turn.
+//   * W stacked [K, M] (transposed convs; hi at hi[k·ld + m]), up to 8 columns: a lane owns four
+//     consecutive outputs, reads their hi and lo (a warp reads 256 contiguous bytes per half and
+//     input, four inputs at a time) and multiplies w = hi + lo (exact in fp32) by x's fp32 values
+//     on CUDA cores (every lane reads the same x row: one broadcast load); warps take the inputs
+//     in turn.
 // The warps' sums meet in shared memory and are added in warp order: the results are
 // deterministic and an output does not depend on N or on the other columns (a stream decoded in
 // a batch of few columns gets the bits it gets alone).
 // Requirements (few_columns_supported): 1 <= N <= FEW_COLUMNS_MAX; rows: K and ld multiples of 8,
-// hi and lo 16-byte aligned; stacked: M and ld even, hi and lo 4-byte aligned. Device code runs
-// on sm_80+ (mma.sync bf16).
+// hi and lo 16-byte aligned; stacked: N <= 8, M and ld multiples of 4, hi and lo 8-byte aligned.
+// Device code runs on sm_80+ (mma.sync bf16).
 #pragma once
 
 #include "kernels/common.cuh"
