@@ -1,6 +1,8 @@
 // The decoder's weight products over a few columns (see few_columns.cuh for the design).
 #include "kernels/few_columns.cuh"
 
+#include <algorithm>
+
 #include "kernels/check.cuh"
 #include "kernels/mma.cuh"
 
@@ -15,6 +17,57 @@ constexpr int FC_STACKED_WARPS = 16;    // warps of a block over stacked W, taki
 constexpr int FC_STACKED_OUTPUTS = 128;  // outputs per block over stacked W: four per lane
 constexpr int FC_STACKED_MAX = 8;       // columns the stacked kernel takes (its sums: 4 x N registers)
 constexpr int FC_STACKED_DEPTH = 4;     // inputs a lane has in flight over stacked W
+// Products with fewer tiles than this split K into slices (grid.y) until they have about this
+// many blocks (two per SM of the H200's 132); the last block of a tile adds the slices' sums.
+constexpr int FC_TARGET_BLOCKS = 264;
+
+// Where a block's sums go: straight to y (one slice), or to its slice's partial sums, the last
+// block of the tile to arrive (its ticket) adding every slice's in slice order: the same bits
+// whichever block arrives last. The ticket is left at zero for the next launch.
+struct SliceOutput {
+    float* partials = nullptr;  // [slices, M, N]
+    uint32_t* tickets = nullptr;  // [tiles]
+    int slices = 1;
+};
+
+// Every thread of the block calls this after __syncthreads(): outputs m_first .. m_first + m_count - 1
+// (all N columns) of the tile, `block_sum(r, c)` the block's sum for row m_first + r, column c.
+template <typename BlockSum>
+__device__ __forceinline__ void finish_tile(const SliceOutput& out, int M, int N, int m_first, int m_count,
+                                            BlockSum block_sum, bool accumulate, float* y) {
+    const int outputs = m_count * N;
+    if (out.slices == 1) {
+        for (int o = int(threadIdx.x); o < outputs; o += int(blockDim.x)) {
+            const int r = o / N, c = o % N, m = m_first + r;
+            if (m >= M) continue;
+            const float s = block_sum(r, c);
+            float* dst = y + size_t(m) * N + c;
+            *dst = accumulate ? *dst + s : s;
+        }
+        return;
+    }
+    __shared__ bool last;
+    float* mine = out.partials + size_t(blockIdx.y) * size_t(M) * N;
+    for (int o = int(threadIdx.x); o < outputs; o += int(blockDim.x)) {
+        const int r = o / N, c = o % N, m = m_first + r;
+        if (m < M) mine[size_t(m) * N + c] = block_sum(r, c);
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(out.tickets + blockIdx.x, 1u) == uint32_t(out.slices - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int o = int(threadIdx.x); o < outputs; o += int(blockDim.x)) {
+        const int r = o / N, c = o % N, m = m_first + r;
+        if (m >= M) continue;
+        float s = 0.0f;
+        for (int sl = 0; sl < out.slices; ++sl) s += __ldcg(out.partials + (size_t(sl) * M + m) * N + c);
+        float* dst = y + size_t(m) * N + c;
+        *dst = accumulate ? *dst + s : s;
+    }
+    if (threadIdx.x == 0) out.tickets[blockIdx.x] = 0u;
+}
 
 // Eight bytes of weights (four bf16), kept out of L1 as load_weights does. p 8-byte aligned.
 __device__ __forceinline__ uint2 load_weights8(const bf16_t* p) {
@@ -58,14 +111,18 @@ struct XPieces {
 // multiplies the current one.
 template <int NT>
 __global__ void __launch_bounds__(FC_WARPS * 32) few_rows_kernel(SplitWeights w, int M, int N, int K, const float* x,
-                                                                 bool accumulate, float* y) {
+                                                                 bool accumulate, float* y, SliceOutput out,
+                                                                 int slice_steps) {
     __shared__ float sums[FC_WARPS][FC_ROWS][8 * NT];  // each warp's sums
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, g = lane >> 2, q = lane & 3;
     const int row0 = int(blockIdx.x) * FC_ROWS;
     const size_t ra = size_t(min(row0 + g, M - 1)), rb = size_t(min(row0 + g + 8, M - 1));  // rows past M: discarded
     const RowPointers rows{w.hi + ra * w.ld, w.hi + rb * w.ld, w.lo + ra * w.ld, w.lo + rb * w.ld};
     constexpr int STRIDE = FC_WARPS * FC_STEP;
-    const int k0 = warp * FC_STEP + 8 * q;
+    // This block's slice of K: inputs k_begin .. k_end - 1.
+    const int k_begin = int(blockIdx.y) * slice_steps * FC_STEP, k_end = min(K, k_begin + slice_steps * FC_STEP);
+    K = k_end;  // loads stop at the slice's end
+    const int k0 = k_begin + warp * FC_STEP + 8 * q;
     // The first steps' weights before the wait: they are not written by earlier kernels.
     RowPieces w_cur = rows.load(k0, K), w_next = rows.load(k0 + STRIDE, K);
     pdl_wait();
@@ -73,7 +130,7 @@ __global__ void __launch_bounds__(FC_WARPS * 32) few_rows_kernel(SplitWeights w,
     XPieces<NT> x_cur;
     x_cur.load(x, N, K, k0, g);
     float acc[NT][4] = {};
-    for (int step = warp * FC_STEP; step < K; step += STRIDE) {  // the same steps for every lane of the warp
+    for (int step = k_begin + warp * FC_STEP; step < K; step += STRIDE) {  // the same steps for every lane of the warp
         const int k = step + 8 * q;
         const RowPieces w_after = rows.load(k + 2 * STRIDE, K);
         XPieces<NT> x_next;
@@ -102,14 +159,14 @@ __global__ void __launch_bounds__(FC_WARPS * 32) few_rows_kernel(SplitWeights w,
 #pragma unroll
         for (int i = 0; i < 4; ++i) sums[warp][g + 8 * (i >> 1)][8 * t + 2 * q + (i & 1)] = acc[t][i];
     __syncthreads();
-    for (int o = int(threadIdx.x); o < FC_ROWS * 8 * NT; o += int(blockDim.x)) {
-        const int r = o / (8 * NT), c = o % (8 * NT), row = row0 + r;
-        if (row >= M || c >= N) continue;
-        float s = 0.0f;
-        for (int v = 0; v < FC_WARPS; ++v) s += sums[v][r][c];  // warp order: deterministic
-        float* out = y + size_t(row) * N + c;
-        *out = accumulate ? *out + s : s;
-    }
+    finish_tile(
+        out, M, N, row0, FC_ROWS,
+        [&](int r, int c) {
+            float s = 0.0f;
+            for (int v = 0; v < FC_WARPS; ++v) s += sums[v][r][c];  // warp order: deterministic
+            return s;
+        },
+        accumulate, y);
 }
 
 // W stacked [K, M] on CUDA cores. NC: columns (N <= NC <= FC_STACKED_MAX); VEC: N % 4 == 0 (x rows
@@ -117,7 +174,8 @@ __global__ void __launch_bounds__(FC_WARPS * 32) few_rows_kernel(SplitWeights w,
 // warp v takes inputs v, v + FC_STACKED_WARPS, ..., FC_STACKED_DEPTH of them loaded at a time.
 template <int NC, bool VEC>
 __global__ void __launch_bounds__(FC_STACKED_WARPS * 32) few_stacked_kernel(SplitWeights w, int M, int N, int K,
-                                                                            const float* x, bool accumulate, float* y) {
+                                                                            const float* x, bool accumulate, float* y,
+                                                                            SliceOutput out, int slice_inputs) {
     __shared__ float4 sums[NC][FC_STACKED_OUTPUTS / 4];  // [column][lane]: the warps' sums added in turn
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
     const int m0 = int(blockIdx.x) * FC_STACKED_OUTPUTS;
@@ -126,7 +184,10 @@ __global__ void __launch_bounds__(FC_STACKED_WARPS * 32) few_stacked_kernel(Spli
     pdl_trigger();
     float acc[4][NC] = {};
     constexpr int STRIDE = FC_STACKED_WARPS;
-    for (int k0 = warp; k0 < K; k0 += STRIDE * FC_STACKED_DEPTH) {
+    // This block's slice of K: inputs k_begin .. K - 1.
+    const int k_begin = int(blockIdx.y) * slice_inputs;
+    K = min(K, k_begin + slice_inputs);
+    for (int k0 = k_begin + warp; k0 < K; k0 += STRIDE * FC_STACKED_DEPTH) {
         uint2 h[FC_STACKED_DEPTH], l[FC_STACKED_DEPTH];
 #pragma unroll
         for (int d = 0; d < FC_STACKED_DEPTH; ++d) {
@@ -169,30 +230,50 @@ __global__ void __launch_bounds__(FC_STACKED_WARPS * 32) few_stacked_kernel(Spli
         __syncthreads();
     }
     const float* flat = reinterpret_cast<const float*>(sums);
-    for (int o = int(threadIdx.x); o < FC_STACKED_OUTPUTS * NC; o += int(blockDim.x)) {
-        const int c = o / FC_STACKED_OUTPUTS, j = o % FC_STACKED_OUTPUTS, out_m = m0 + j;
-        if (out_m >= M || c >= N) continue;
-        const float s = flat[c * FC_STACKED_OUTPUTS + j];
-        float* out = y + size_t(out_m) * N + c;
-        *out = accumulate ? *out + s : s;
-    }
+    finish_tile(
+        out, M, N, m0, FC_STACKED_OUTPUTS, [&](int r, int c) { return flat[c * FC_STACKED_OUTPUTS + r]; }, accumulate,
+        y);
 }
 
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// Slices of K for a product of `tiles` tiles over `units` units of K (steps or inputs), each slice
+// at least `min_units` long, as far as the workspace holds their partial sums.
+int slice_count(int tiles, int units, int min_units, size_t outputs, const FewColumnsWorkspace& ws) {
+    if (tiles >= FC_TARGET_BLOCKS || !ws.partials || !ws.tickets || tiles > ws.ticket_count) return 1;
+    int slices = std::min((FC_TARGET_BLOCKS + tiles - 1) / tiles, std::max(1, units / min_units));
+    while (slices > 1 && size_t(slices) * outputs > ws.partial_floats) --slices;
+    return std::max(1, slices);
+}
+
 template <int NC>
 cudaError_t launch_stacked(const Launch& l, const SplitWeights& w, int M, int N, int K, const float* x,
-                           bool accumulate, float* y) {
-    const dim3 grid(unsigned((M + FC_STACKED_OUTPUTS - 1) / FC_STACKED_OUTPUTS)), block(FC_STACKED_WARPS * 32);
-    if (N % 4 == 0) return launch_kernel(l, grid, block, 0, few_stacked_kernel<NC, true>, w, M, N, K, x, accumulate, y);
-    return launch_kernel(l, grid, block, 0, few_stacked_kernel<NC, false>, w, M, N, K, x, accumulate, y);
+                           bool accumulate, float* y, const FewColumnsWorkspace& ws) {
+    const int tiles = (M + FC_STACKED_OUTPUTS - 1) / FC_STACKED_OUTPUTS;
+    // Slices of at least two rounds of loads per warp.
+    int slices = slice_count(tiles, K, 2 * FC_STACKED_WARPS * FC_STACKED_DEPTH, size_t(M) * N, ws);
+    const int slice_inputs = (K + slices - 1) / slices;
+    slices = (K + slice_inputs - 1) / slice_inputs;  // none empty
+    const SliceOutput out{ws.partials, ws.tickets, slices};
+    const dim3 grid{unsigned(tiles), unsigned(slices)}, block{unsigned(FC_STACKED_WARPS * 32)};
+    if (N % 4 == 0)
+        return launch_kernel(l, grid, block, 0, few_stacked_kernel<NC, true>, w, M, N, K, x, accumulate, y, out,
+                             slice_inputs);
+    return launch_kernel(l, grid, block, 0, few_stacked_kernel<NC, false>, w, M, N, K, x, accumulate, y, out,
+                         slice_inputs);
 }
 
 template <int NT>
 cudaError_t launch_rows(const Launch& l, const SplitWeights& w, int M, int N, int K, const float* x, bool accumulate,
-                        float* y) {
-    const dim3 grid(unsigned((M + FC_ROWS - 1) / FC_ROWS)), block(FC_WARPS * 32);
-    return launch_kernel(l, grid, block, 0, few_rows_kernel<NT>, w, M, N, K, x, accumulate, y);
+                        float* y, const FewColumnsWorkspace& ws) {
+    const int tiles = (M + FC_ROWS - 1) / FC_ROWS, steps = (K + FC_STEP - 1) / FC_STEP;
+    // Slices of at least two steps per warp.
+    int slices = slice_count(tiles, steps, 2 * FC_WARPS, size_t(M) * N, ws);
+    const int slice_steps = (steps + slices - 1) / slices;
+    slices = (steps + slice_steps - 1) / slice_steps;  // none empty
+    const SliceOutput out{ws.partials, ws.tickets, slices};
+    const dim3 grid{unsigned(tiles), unsigned(slices)}, block{unsigned(FC_WARPS * 32)};
+    return launch_kernel(l, grid, block, 0, few_rows_kernel<NT>, w, M, N, K, x, accumulate, y, out, slice_steps);
 }
 
 }  // namespace
@@ -205,21 +286,21 @@ bool few_columns_supported(const SplitWeights& w, int M, int N, int K) {
 }
 
 void few_columns_product(const SplitWeights& w, int M, int N, int K, const float* x, bool accumulate, float* y,
-                         const Launch& l) {
+                         const FewColumnsWorkspace& ws, const Launch& l) {
     if (!few_columns_supported(w, M, N, K) || !x || !y)
         check_fail("few_columns_product", "invalid arguments", __func__, __FILE__, __LINE__);
     if (w.stacked) {
         if (N <= 4)
-            KERNEL_CUDA_CHECK(launch_stacked<4>(l, w, M, N, K, x, accumulate, y));
+            KERNEL_CUDA_CHECK(launch_stacked<4>(l, w, M, N, K, x, accumulate, y, ws));
         else
-            KERNEL_CUDA_CHECK(launch_stacked<FC_STACKED_MAX>(l, w, M, N, K, x, accumulate, y));
+            KERNEL_CUDA_CHECK(launch_stacked<FC_STACKED_MAX>(l, w, M, N, K, x, accumulate, y, ws));
         return;
     }
     switch ((N + 7) / 8) {
-        case 1: KERNEL_CUDA_CHECK(launch_rows<1>(l, w, M, N, K, x, accumulate, y)); break;
-        case 2: KERNEL_CUDA_CHECK(launch_rows<2>(l, w, M, N, K, x, accumulate, y)); break;
-        case 3: KERNEL_CUDA_CHECK(launch_rows<3>(l, w, M, N, K, x, accumulate, y)); break;
-        default: KERNEL_CUDA_CHECK(launch_rows<4>(l, w, M, N, K, x, accumulate, y)); break;
+        case 1: KERNEL_CUDA_CHECK(launch_rows<1>(l, w, M, N, K, x, accumulate, y, ws)); break;
+        case 2: KERNEL_CUDA_CHECK(launch_rows<2>(l, w, M, N, K, x, accumulate, y, ws)); break;
+        case 3: KERNEL_CUDA_CHECK(launch_rows<3>(l, w, M, N, K, x, accumulate, y, ws)); break;
+        default: KERNEL_CUDA_CHECK(launch_rows<4>(l, w, M, N, K, x, accumulate, y, ws)); break;
     }
 }
 

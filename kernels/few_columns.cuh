@@ -18,9 +18,12 @@
 //     input, four inputs at a time) and multiplies w = hi + lo (exact in fp32) by x's fp32 values
 //     on CUDA cores (every lane reads the same x row: one broadcast load); warps take the inputs
 //     in turn.
+// Products with few tiles (fewer than ~2 blocks per SM) split K into slices over more blocks;
+// the last block of a tile adds the slices' partial sums (FewColumnsWorkspace) in slice order.
 // The warps' sums meet in shared memory and are added in warp order: the results are
 // deterministic and an output does not depend on N or on the other columns (a stream decoded in
-// a batch of few columns gets the bits it gets alone).
+// a batch of few columns gets the bits it gets alone: the slicing depends on M and K, and on N
+// only when the workspace cannot hold the partial sums).
 // Requirements (few_columns_supported): 1 <= N <= FEW_COLUMNS_MAX; rows: K and ld multiples of 8,
 // hi and lo 16-byte aligned; stacked: N <= 8, M and ld multiples of 4, hi and lo 8-byte aligned.
 // Device code runs on sm_80+ (mma.sync bf16).
@@ -43,9 +46,22 @@ struct SplitWeights {
 
 bool few_columns_supported(const SplitWeights& w, int M, int N, int K);
 
+// Device memory for products with few blocks, which split K into slices: the slices' partial
+// sums and one ticket per tile (zeroed once when allocated; every launch leaves them zero). Owned
+// by the caller's single stream of work (launches sharing it must not overlap). Empty: no slices
+// (correct, slower for products of few rows).
+struct FewColumnsWorkspace {
+    float* partials = nullptr;
+    size_t partial_floats = 0;
+    uint32_t* tickets = nullptr;
+    int ticket_count = 0;
+};
+constexpr size_t FEW_COLUMNS_PARTIAL_FLOATS = size_t(1) << 19;  // 2 MiB: slices x M x N of every decoder product
+constexpr int FEW_COLUMNS_TICKETS = 1024;
+
 // y [M, N] = W · x [K, N] (accumulate: y += W · x; otherwise y is not read). Throws
 // kernels::KernelError (kernels/check.cuh) on unsupported arguments or a bad launch.
 void few_columns_product(const SplitWeights& w, int M, int N, int K, const float* x, bool accumulate, float* y,
-                         const Launch& launch);
+                         const FewColumnsWorkspace& workspace, const Launch& launch);
 
 }  // namespace qtts::kernels

@@ -13,7 +13,6 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/model/weight_prep.h"
 #include "engine/model/safetensors.h"
-#include "kernels/few_columns.cuh"
 
 namespace qtts::cuda {
 
@@ -425,7 +424,12 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     y_ = DeviceArray<float>(plan.signal);
     col_ = DeviceArray<float>(plan.col);
     aux_ = DeviceArray<float>(plan.aux);
-    if (plan.planes > 0) planes_ = DeviceArray<uint16_t>(plan.planes);
+    if (plan.planes > 0) {
+        planes_ = DeviceArray<uint16_t>(plan.planes);
+        few_partials_ = DeviceArray<float>(kernels::FEW_COLUMNS_PARTIAL_FLOATS);
+        few_tickets_ = DeviceArray<uint32_t>(size_t(kernels::FEW_COLUMNS_TICKETS));
+        CUDA_CHECK(cudaMemset(few_tickets_.get(), 0, few_tickets_.bytes()));  // every launch leaves them zero
+    }
     const int D = d.hidden_size, I = d.intermediate_size, qd = d.num_heads * d.head_dim;
     const int kvd = d.num_kv_heads * d.head_dim;
     h_ = DeviceArray<float>(size_t(N) * D);
@@ -437,7 +441,8 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     act_ = DeviceArray<float>(size_t(N) * I);
     codes_dev_ = DeviceArray<int32_t>(size_t(N) * d.num_quantizers);
     pcm_dev_ = DeviceArray<float>(size_t(N) * w.samples_per_frame());
-    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + planes_.bytes() + h_.bytes() +
+    scratch_bytes_ = x_.bytes() + y_.bytes() + col_.bytes() + aux_.bytes() + planes_.bytes() + few_partials_.bytes() +
+                     few_tickets_.bytes() + h_.bytes() +
                      xn_.bytes() + qkv_.bytes() + att_.bytes() + tmp_.bytes() + gu_.bytes() + act_.bytes() +
                      codes_dev_.bytes() + pcm_dev_.bytes();
     // Defined contents for the (unused) tails of partially filled buffers; capture reads nothing.
@@ -626,7 +631,7 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
                                                col_.get(), l, rows));
     mark("conv im2col");
     if (few)
-        CUDA_CHECK_KERNEL(kernels::few_columns_product(split, conv.cout, columns, rows, col_.get(), beta != 0.0f, y, l));
+        CUDA_CHECK_KERNEL(kernels::few_columns_product(split, conv.cout, columns, rows, col_.get(), beta != 0.0f, y, few_workspace(), l));
     else
         gemm(false, false, conv.cout, columns, rows, conv.w, rows, col_.get(), columns, beta, y, columns);
     mark("conv products");
@@ -653,7 +658,8 @@ void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpe
         mark("transposed conv input");
         if (few)
             CUDA_CHECK_KERNEL(
-                kernels::few_columns_product(split, cols, columns, tc.cin, x, false, aux_.get(), context_.launch()));
+                kernels::few_columns_product(split, cols, columns, tc.cin, x, false, aux_.get(), few_workspace(),
+                                              context_.launch()));
         else
             gemm(true, false, cols, columns, tc.cin, tc.w, cols, x, columns, 0.0f, aux_.get(), columns);
     }
@@ -685,7 +691,7 @@ void DecoderPass::weight_product(int M, int N, int K, const float* w, const uint
     if (planes) {
         const kernels::SplitWeights split{planes, planes + 2 * size_t(K), 3 * K, false};  // rows hi | hi | lo
         if (kernels::few_columns_supported(split, M, N, K)) {
-            CUDA_CHECK_KERNEL(kernels::few_columns_product(split, M, N, K, B, false, C, context_.launch()));
+            CUDA_CHECK_KERNEL(kernels::few_columns_product(split, M, N, K, B, false, C, few_workspace(), context_.launch()));
             return;
         }
         CUDA_CHECK_KERNEL(kernels::split_planes(B, K, N, {}, planes_.get(), context_.launch()));

@@ -51,6 +51,7 @@
 #include "engine/cuda/frame_graphs.h"
 #include "engine/cuda/gpu_context.h"
 #include "kernels/decoder.cuh"
+#include "kernels/few_columns.cuh"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
 
@@ -280,6 +281,11 @@ private:
     std::vector<std::pair<const char*, cudaEvent_t>>* marks_ = nullptr;
     DeviceArray<float> x_, y_, col_, aux_;  // signals, im2col / GEMM operands
     DeviceArray<uint16_t> planes_;          // bf16 hi/lo operands of the split products (bf16x3)
+    DeviceArray<float> few_partials_;       // the few-column products' slices (kernels/few_columns.cuh)
+    DeviceArray<uint32_t> few_tickets_;
+    kernels::FewColumnsWorkspace few_workspace() {
+        return {few_partials_.get(), few_partials_.size(), few_tickets_.get(), int(few_tickets_.size())};
+    }
     DeviceArray<float> h_, xn_, qkv_, att_, tmp_, gu_, act_;  // transformer rows
     DeviceArray<int32_t> codes_dev_;
     DeviceArray<float> pcm_dev_;

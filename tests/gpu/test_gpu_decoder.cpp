@@ -378,10 +378,16 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
     // Odd sizes: a partial last block of rows / outputs, K not a multiple of the warps' steps,
     // column counts that fill no tile.
     const uint64_t seed = 9173;
-    const int M_rows = 37, K_rows = 8 * 131, M_stacked = 4 * 67, K_stacked = 77;
+    const int M_rows = 37, K_rows = 8 * 611, M_stacked = 4 * 67, K_stacked = 1001;
     std::printf("few-column products: seed %llu, rows %dx%d, stacked %dx%d\n", (unsigned long long)seed, M_rows,
                 K_rows, M_stacked, K_stacked);
     const qk::Launch l = context().launch();
+    // With a workspace these few tiles split K into slices (several blocks per tile, the last one
+    // adding their sums); without, one block per tile.
+    qc::DeviceArray<float> partials(qk::FEW_COLUMNS_PARTIAL_FLOATS);
+    qc::DeviceArray<uint32_t> tickets(static_cast<size_t>(qk::FEW_COLUMNS_TICKETS));
+    CUDA_CHECK(cudaMemset(tickets.get(), 0, tickets.bytes()));
+    const qk::FewColumnsWorkspace sliced{partials.get(), partials.size(), tickets.get(), int(tickets.size())};
     for (const bool stacked : {false, true}) {
         const int M = stacked ? M_stacked : M_rows, K = stacked ? K_stacked : K_rows;
         // W [M, K] rows, or stacked [K, M]; its planes as the bf16x3 upload lays them out.
@@ -403,27 +409,36 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
             qc::DeviceArray<float> y(expect.size());
             const std::vector<float> nan(expect.size(), std::nanf(""));
             CUDA_CHECK(cudaMemcpy(y.get(), nan.data(), y.bytes(), cudaMemcpyHostToDevice));  // not read unless accumulating
-            qk::few_columns_product(split, M, N, K, dx.get(), false, y.get(), l);
+            qk::few_columns_product(split, M, N, K, dx.get(), false, y.get(), sliced, l);
             const auto got = to_host(y.get(), y.size());
             const double err = qtts_test::rel_error(got.data(), expect.data(), expect.size());
             CHECK(err < 2e-5);
+            // One block per tile (no workspace): within the same bound; again with slices: the same bits.
+            CUDA_CHECK(cudaMemcpy(y.get(), nan.data(), y.bytes(), cudaMemcpyHostToDevice));
+            qk::few_columns_product(split, M, N, K, dx.get(), false, y.get(), {}, l);
+            const auto got_one = to_host(y.get(), y.size());
+            const double err_one = qtts_test::rel_error(got_one.data(), expect.data(), expect.size());
+            CHECK(err_one < 2e-5);
+            qk::few_columns_product(split, M, N, K, dx.get(), false, y.get(), sliced, l);
+            const auto again = to_host(y.get(), y.size());
+            CHECK(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) == 0);
             // Accumulated onto random values.
             const auto base = qtts_test::random_floats(expect.size(), seed + 100 + uint64_t(N));
             CUDA_CHECK(cudaMemcpy(y.get(), base.data(), y.bytes(), cudaMemcpyHostToDevice));
-            qk::few_columns_product(split, M, N, K, dx.get(), true, y.get(), l);
+            qk::few_columns_product(split, M, N, K, dx.get(), true, y.get(), sliced, l);
             const auto got_acc = to_host(y.get(), y.size());
             std::vector<float> expect_acc(expect);
             for (size_t i = 0; i < expect_acc.size(); ++i) expect_acc[i] += base[i];
             const double err_acc = qtts_test::rel_error(got_acc.data(), expect_acc.data(), expect_acc.size());
             CHECK(err_acc < 2e-5);
-            std::printf("  %s N %2d: relative error %.3g (accumulated %.3g)\n", stacked ? "stacked" : "rows   ", N, err,
-                        err_acc);
+            std::printf("  %s N %2d: relative error %.3g (accumulated %.3g, one block per tile %.3g)\n",
+                        stacked ? "stacked" : "rows   ", N, err, err_acc, err_one);
             // Column 0 with x's first column alone: an output does not depend on the other columns.
             std::vector<float> x0(static_cast<size_t>(K));
             for (int k = 0; k < K; ++k) x0[size_t(k)] = x[size_t(k) * N];
             const auto dx0 = to_device(x0);
             qc::DeviceArray<float> dy0(static_cast<size_t>(M));
-            qk::few_columns_product(split, M, 1, K, dx0.get(), false, dy0.get(), l);
+            qk::few_columns_product(split, M, 1, K, dx0.get(), false, dy0.get(), sliced, l);
             first_column = to_host(dy0.get(), dy0.size());
             size_t differ = 0;
             for (int m = 0; m < M; ++m) differ += std::memcmp(&first_column[size_t(m)], &got[size_t(m) * N], sizeof(float)) != 0;
@@ -434,13 +449,18 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
         CHECK_FALSE(qk::few_columns_supported(split, M, qk::FEW_COLUMNS_MAX + 1, K));
         CHECK_FALSE(qk::few_columns_supported(split, M, 0, K));
         qc::DeviceArray<float> y(size_t(M) * (qk::FEW_COLUMNS_MAX + 1)), xb(size_t(K) * (qk::FEW_COLUMNS_MAX + 1));
-        CHECK_THROWS_AS(qk::few_columns_product(split, M, qk::FEW_COLUMNS_MAX + 1, K, xb.get(), false, y.get(), l),
-                        qk::KernelError);
+        CHECK_THROWS_AS(
+            qk::few_columns_product(split, M, qk::FEW_COLUMNS_MAX + 1, K, xb.get(), false, y.get(), sliced, l),
+            qk::KernelError);
         if (stacked)
             CHECK_FALSE(qk::few_columns_supported(split, M - 2, 4, K));
         else
             CHECK_FALSE(qk::few_columns_supported(qk::SplitWeights{split.hi, split.lo, split.ld, false}, M, 4, K - 4));
     }
+    // Every launch left the tickets at zero (the next one, or a graph replay, starts from there).
+    std::vector<uint32_t> left(tickets.size());
+    CUDA_CHECK(cudaMemcpy(left.data(), tickets.get(), tickets.bytes(), cudaMemcpyDeviceToHost));
+    CHECK(std::count(left.begin(), left.end(), 0u) == std::ptrdiff_t(left.size()));
 }
 
 TEST_CASE("gpu decoder kernels: fused output conv (SnakeBeta, tail slots, clamp)", "[gpu][decoder]") {
