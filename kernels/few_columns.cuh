@@ -3,12 +3,15 @@
 // engine/cuda/gpu_speech_decoder.h: DECODER_MATH_BF16X3), x fp32 [K, N] row-major.
 //
 // Why: a decoder chunk of one frame for one stream (the chunk every request starts with) runs
-// its convolutions over 1-32 columns, and there cuBLAS's GEMMs cost a fixed ~10-30 µs each while
-// the weights they read (4-75 MB) would stream in a few: the products were ~0.45 of the chunk's
-// ~0.95 ms (`qtts bench-decoder --stages`). These kernels read each weight's hi and lo halves once
-// (the GEMM path reads hi twice: its rows are hi | hi | lo) and take x in fp32:
-//   * W rows [M, K] (convs, ConvNeXt pointwise layers; hi at hi[m·ld + k], lo at lo[m·ld + k]):
-//     a block owns 16 rows (one m16n8k16 tile) and all K; its warps take the 32-input steps in
+// its first convolutions over 1-4 columns, and there cuBLAS's GEMMs read the bf16x3 weights
+// (rows hi | hi | lo: 6 bytes a weight) at ~1-1.5 TB/s plus a split-K reduction launch, and the
+// ConvNeXt products needed their input split into planes by a launch of its own. These kernels
+// read each weight's hi and lo once (4 bytes) and take x in fp32. Over more than 16 columns
+// cuBLAS stays faster (the 32-column residual convs: 33 µs here against ~11 µs, ncu), so the
+// decoder keeps it there (FEW_COLUMNS_MAX); docs/performance.md has the per-product table.
+//   * W rows [M, K] (convs, ConvNeXt pointwise layers; hi at hi[m·ld + k], lo at lo[m·ld + k]),
+//     up to 16 columns: a block owns 16 rows (one m16n8k16 tile) and K (or a slice of it,
+//     below); its warps take the 32-input steps in
 //     turn; lane (g, q) loads inputs 8q .. 8q + 7 of rows g and g + 8 (16 bytes per half), the
 //     same permutation as kernels/skinny.cu, and reads x's matching rows for its column g of each
 //     8-column tile, split in registers into bf16 hi/lo pairs; W_hi·x_hi + W_hi·x_lo + W_lo·x_hi
@@ -33,7 +36,7 @@
 
 namespace qtts::kernels {
 
-constexpr int FEW_COLUMNS_MAX = 32;
+constexpr int FEW_COLUMNS_MAX = 16;
 
 // The weight planes of one product. `stacked`: W stored [K, M] (output index fastest), else
 // [M, K] rows. ld: elements between consecutive rows of the storage.

@@ -398,7 +398,7 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
         std::vector<float> first_column;  // column 0 of N = 1: the same bits at any N
         for (const int N : {1, 2, 3, 4, 7, 8, 13, 16, 25, 32}) {
             INFO((stacked ? "stacked" : "rows") << ", N " << N);
-            if (stacked && N > 8) {  // the stacked kernel holds 4 x N sums per lane: up to 8 columns
+            if (N > qk::FEW_COLUMNS_MAX || (stacked && N > 8)) {  // stacked: 4 x N sums per lane, up to 8 columns
                 CHECK_FALSE(qk::few_columns_supported(split, M, N, K));
                 continue;
             }
