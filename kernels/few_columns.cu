@@ -227,7 +227,8 @@ __global__ void __launch_bounds__(FC_STACKED_WARPS * 32) few_stacked_kernel(Spli
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
                 const float4 prev = v == 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : sums[c][lane];
-                sums[c][lane] = make_float4(prev.x + acc[0][c], prev.y + acc[1][c], prev.z + acc[2][c], prev.w + acc[3][c]);
+                sums[c][lane] =
+                    make_float4(prev.x + acc[0][c], prev.y + acc[1][c], prev.z + acc[2][c], prev.w + acc[3][c]);
             }
         __syncthreads();
     }

@@ -631,7 +631,8 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
                                                col_.get(), l, rows));
     mark("conv im2col");
     if (few)
-        CUDA_CHECK_KERNEL(kernels::few_columns_product(split, conv.cout, columns, rows, col_.get(), beta != 0.0f, y, few_workspace(), l));
+        CUDA_CHECK_KERNEL(kernels::few_columns_product(split, conv.cout, columns, rows, col_.get(), beta != 0.0f, y,
+                                                       few_workspace(), l));
     else
         gemm(false, false, conv.cout, columns, rows, conv.w, rows, col_.get(), columns, beta, y, columns);
     mark("conv products");
@@ -691,7 +692,8 @@ void DecoderPass::weight_product(int M, int N, int K, const float* w, const uint
     if (planes) {
         const kernels::SplitWeights split{planes, planes + 2 * size_t(K), 3 * K, false};  // rows hi | hi | lo
         if (kernels::few_columns_supported(split, M, N, K)) {
-            CUDA_CHECK_KERNEL(kernels::few_columns_product(split, M, N, K, B, false, C, few_workspace(), context_.launch()));
+            CUDA_CHECK_KERNEL(
+                kernels::few_columns_product(split, M, N, K, B, false, C, few_workspace(), context_.launch()));
             return;
         }
         CUDA_CHECK_KERNEL(kernels::split_planes(B, K, N, {}, planes_.get(), context_.launch()));

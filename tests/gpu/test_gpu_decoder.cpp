@@ -395,7 +395,6 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
         const auto planes = stacked ? a3_device(w, size_t(K), size_t(M), true) : a3_device(w, size_t(M), size_t(K), false);
         const qk::SplitWeights split{planes.get(), planes.get() + (stacked ? 2 * size_t(K) * M : 2 * size_t(K)),
                                      stacked ? M : 3 * K, stacked};
-        std::vector<float> first_column;  // column 0 of N = 1: the same bits at any N
         for (const int N : {1, 2, 3, 4, 7, 8, 13, 16, 25, 32}) {
             INFO((stacked ? "stacked" : "rows") << ", N " << N);
             if (N > qk::FEW_COLUMNS_MAX || (stacked && N > 8)) {  // stacked: 4 x N sums per lane, up to 8 columns
@@ -439,9 +438,10 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
             const auto dx0 = to_device(x0);
             qc::DeviceArray<float> dy0(static_cast<size_t>(M));
             qk::few_columns_product(split, M, 1, K, dx0.get(), false, dy0.get(), sliced, l);
-            first_column = to_host(dy0.get(), dy0.size());
+            const auto first_column = to_host(dy0.get(), dy0.size());  // the same bits at any N
             size_t differ = 0;
-            for (int m = 0; m < M; ++m) differ += std::memcmp(&first_column[size_t(m)], &got[size_t(m) * N], sizeof(float)) != 0;
+            for (int m = 0; m < M; ++m)
+                differ += std::memcmp(&first_column[size_t(m)], &got[size_t(m) * N], sizeof(float)) != 0;
             CHECK(differ == 0);
         }
         // What the kernels do not take: more columns than FEW_COLUMNS_MAX, rows of K % 8 != 0,
