@@ -25,6 +25,9 @@ struct Launch {
 // bf16 weights are passed around as raw 16-bit words so that host code needs no CUDA headers.
 using bf16_t = uint16_t;
 
+// Whether p is a multiple of `bytes` (the launchers' vector-load requirements).
+inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 }  // namespace qtts::kernels
 
 #ifdef __CUDACC__

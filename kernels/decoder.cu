@@ -46,8 +46,11 @@ struct ColumnSink {
         if (col)
             col[i] = v;
         else {
-            bf16_split(v, planes + i, planes + plane + i);
-            planes[2 * plane + i] = planes[i];
+            bf16_t hi, lo;
+            bf16_split(v, &hi, &lo);
+            planes[i] = hi;
+            planes[plane + i] = lo;
+            planes[2 * plane + i] = hi;
         }
     }
     // Two consecutive columns' hi and lo halves, each pair packed in 32 bits (first column low).

@@ -238,8 +238,6 @@ __global__ void __launch_bounds__(FC_STACKED_WARPS * 32) few_stacked_kernel(Spli
         y);
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // Slices of K for a product of `tiles` tiles over `units` units of K (steps or inputs), each slice
 // at least `min_units` long, as far as the workspace holds their partial sums.
 int slice_count(int tiles, int units, int min_units, size_t outputs, const FewColumnsWorkspace& ws) {
@@ -284,8 +282,8 @@ cudaError_t launch_rows(const Launch& l, const SplitWeights& w, int M, int N, in
 bool few_columns_supported(const SplitWeights& w, int M, int N, int K) {
     if (!w.hi || !w.lo || M < 1 || N < 1 || N > FEW_COLUMNS_MAX || K < 1) return false;
     if (w.stacked)
-        return N <= FC_STACKED_MAX && M % 4 == 0 && w.ld % 4 == 0 && w.ld >= M && aligned(w.hi, 8) && aligned(w.lo, 8);
-    return K % 8 == 0 && w.ld % 8 == 0 && w.ld >= K && aligned(w.hi, 16) && aligned(w.lo, 16);
+        return N <= FC_STACKED_MAX && M % 4 == 0 && w.ld % 4 == 0 && w.ld >= M && is_aligned(w.hi, 8) && is_aligned(w.lo, 8);
+    return K % 8 == 0 && w.ld % 8 == 0 && w.ld >= K && is_aligned(w.hi, 16) && is_aligned(w.lo, 16);
 }
 
 void few_columns_product(const SplitWeights& w, int M, int N, int K, const float* x, bool accumulate, float* y,

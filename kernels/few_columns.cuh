@@ -47,6 +47,14 @@ struct SplitWeights {
     bool stacked = false;
 };
 
+// The decoder's bf16x3 weights (engine/cuda/gpu_speech_decoder.h) hold W three times along K,
+// hi, hi again, lo: rows [M, 3K] with `ld` >= 3K (split_rows), or blocks stacked [3K, M]
+// (split_stacked). These kernels read the first hi and the lo.
+inline SplitWeights split_rows(const bf16_t* a3, int K, int ld) { return {a3, a3 + 2 * size_t(K), ld, false}; }
+inline SplitWeights split_stacked(const bf16_t* a3, int K, int M) {
+    return {a3, a3 + 2 * size_t(K) * size_t(M), M, true};
+}
+
 bool few_columns_supported(const SplitWeights& w, int M, int N, int K);
 
 // Device memory for products with few blocks, which split K into slices: the slices' partial

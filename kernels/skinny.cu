@@ -311,7 +311,6 @@ void skinny_launch_weights(const GemvArgs& a, int features, int tiles, SkinnyWei
         skinny_launch_tiles<NT, true>(a, features, tiles, l);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -319,9 +318,9 @@ bool skinny_supported(const GemvArgs& a) {
     if (a.rows < 1 || a.rows > SKINNY_MAX_ROWS || a.in <= 0 || a.in % 8 != 0 || a.out <= 0) return false;
     if (a.input == GemvInput::GEMV_INPUT_GATHER || !a.x || !a.w || !a.y) return false;
     if (a.output == GemvOutput::GEMV_OUTPUT_SWIGLU && !a.w2) return false;
-    if (a.input == GemvInput::GEMV_INPUT_RMSNORM && (!a.norm_w || !aligned16(a.norm_w))) return false;
+    if (a.input == GemvInput::GEMV_INPUT_RMSNORM && (!a.norm_w || !is_aligned(a.norm_w, 16))) return false;
     // 16-byte loads of weight rows and input rows.
-    return aligned16(a.w) && (!a.w2 || aligned16(a.w2)) && aligned16(a.x) && a.ldx % 4 == 0 && a.ldx >= a.in &&
+    return is_aligned(a.w, 16) && (!a.w2 || is_aligned(a.w2, 16)) && is_aligned(a.x, 16) && a.ldx % 4 == 0 && a.ldx >= a.in &&
            a.ldy >= a.out;
 }
 

@@ -607,8 +607,7 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
     QTTS_ASSERT(beta == 0.0f || beta == 1.0f);
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
-    // Weight planes: each row hi | hi | lo (the few-column kernel reads the first hi and the lo).
-    const kernels::SplitWeights split{conv.planes, conv.planes + 2 * size_t(rows), 3 * rows, false};
+    const kernels::SplitWeights split = kernels::split_rows(conv.planes, rows, 3 * rows);
     const bool few = conv.planes && kernels::few_columns_supported(split, conv.cout, columns, rows);
     if (conv.planes && !few) {
         if (L > 0)
@@ -642,8 +641,7 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
 void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
                                      size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y) {
     const int cols = tc.cout * tc.k, columns = states.count * T;
-    // Weight planes stacked hi; hi; lo, each [cin, cols] (the few-column kernel reads the first hi and the lo).
-    const kernels::SplitWeights split{tc.planes, tc.planes + 2 * size_t(tc.cin) * cols, cols, true};
+    const kernels::SplitWeights split = kernels::split_stacked(tc.planes, tc.cin, cols);
     const bool few = tc.planes && kernels::few_columns_supported(split, cols, columns, tc.cin);
     if (tc.planes && !few) {
         CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch()));
@@ -690,7 +688,7 @@ void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeec
 void DecoderPass::weight_product(int M, int N, int K, const float* w, const uint16_t* planes, const float* B,
                                  float* C) {
     if (planes) {
-        const kernels::SplitWeights split{planes, planes + 2 * size_t(K), 3 * K, false};  // rows hi | hi | lo
+        const kernels::SplitWeights split = kernels::split_rows(planes, K, 3 * K);
         if (kernels::few_columns_supported(split, M, N, K)) {
             CUDA_CHECK_KERNEL(
                 kernels::few_columns_product(split, M, N, K, B, false, C, few_workspace(), context_.launch()));

@@ -393,8 +393,8 @@ TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked wei
         // W [M, K] rows, or stacked [K, M]; its planes as the bf16x3 upload lays them out.
         const auto w = qtts_test::random_floats(size_t(M) * K, seed + (stacked ? 1 : 0), -0.3f, 0.3f);
         const auto planes = stacked ? a3_device(w, size_t(K), size_t(M), true) : a3_device(w, size_t(M), size_t(K), false);
-        const qk::SplitWeights split{planes.get(), planes.get() + (stacked ? 2 * size_t(K) * M : 2 * size_t(K)),
-                                     stacked ? M : 3 * K, stacked};
+        const qk::SplitWeights split =
+            stacked ? qk::split_stacked(planes.get(), K, M) : qk::split_rows(planes.get(), K, 3 * K);
         for (const int N : {1, 2, 3, 4, 7, 8, 13, 16, 25, 32}) {
             INFO((stacked ? "stacked" : "rows") << ", N " << N);
             if (N > qk::FEW_COLUMNS_MAX || (stacked && N > 8)) {  // stacked: 4 x N sums per lane, up to 8 columns
