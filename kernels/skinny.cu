@@ -56,7 +56,7 @@ __device__ __forceinline__ void copy_async_wait() {
 // many as the registers allow beside x), or a ring in shared memory filled by cp.async (true:
 // SK_RING_STEPS steps, twice the bytes in flight per SM; each lane reads back only the pieces it
 // copied itself, so a per-thread wait is the only synchronisation). The same sums either way.
-template <int NT, int WARPS, int TILES, bool RING>
+template <int NT, int WARPS, int TILES, bool RING, bool NORM>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
     __shared__ float ss_part[WARPS][NT * 8];  // the warps' sums of squares of the rows
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
     const int f0 = blockIdx.x * features * TILES;
-    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    constexpr bool norm = NORM;
 
     // This lane's weight rows in each tile, tile rows g and g + 8 (rows past `out` read the last
     // row; their sums are never stored).
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     // x (and the norm weight) for XG steps at a time, all loads issued before their products, so
     // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
     // stay within the registers).
-    constexpr int XG_ROWS = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
+    constexpr int XG_ROWS = NT == 1 ? (NORM ? 4 : 8) : (NT == 2 ? (NORM ? 2 : 4) : 1);
     constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
     static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");
     for (int j0 = 0; j0 < mine; j0 += PREFETCH) {
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
                 const int k = piece(j0 + h + s);
                 const bool inside = j0 + h + s < mine && k < a.in;
                 nw[s][0] = nw[s][1] = make_float4(1.f, 1.f, 1.f, 1.f);
-                if (norm && inside) {
+                if (NORM && inside) {
                     nw[s][0] = *reinterpret_cast<const float4*>(a.norm_w + k);
                     nw[s][1] = *reinterpret_cast<const float4*>(a.norm_w + k + 4);
                 }
@@ -265,6 +265,14 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     }
 }
 
+template <int NT, int WARPS, int TILES, bool RING, bool NORM>
+void skinny_launch_kernel(const GemvArgs& a, int features, dim3 grid, size_t smem, const Launch& l) {
+    static std::atomic<uint64_t> raised{0};  // one flag word per kernel
+    smem_limit_raise(skinny_kernel<NT, WARPS, TILES, RING, NORM>, smem, raised);
+    KERNEL_CUDA_CHECK(
+        launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES, RING, NORM>, a, features));
+}
+
 template <int NT, int WARPS, int TILES, bool RING>
 void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
     constexpr size_t smem = skinny_smem(NT, WARPS, TILES, RING);
@@ -276,11 +284,11 @@ void skinny_launch(const GemvArgs& a, int features, const Launch& l) {
     if constexpr (RING) {
         if (per_sm > smem_block_limit()) return skinny_launch<NT, WARPS, TILES, false>(a, features, l);
     }
-    static std::atomic<uint64_t> raised{0};
-    smem_limit_raise(skinny_kernel<NT, WARPS, TILES, RING>, smem, raised);
     const dim3 grid((a.out + features * TILES - 1) / (features * TILES));
-    KERNEL_CUDA_CHECK(
-        launch_kernel(l, grid, dim3(WARPS * 32), smem, skinny_kernel<NT, WARPS, TILES, RING>, a, features));
+    if (a.input == GemvInput::GEMV_INPUT_RMSNORM)
+        skinny_launch_kernel<NT, WARPS, TILES, RING, true>(a, features, grid, smem, l);
+    else
+        skinny_launch_kernel<NT, WARPS, TILES, RING, false>(a, features, grid, smem, l);
 }
 
 // 16 warps when the product has few tiles (the choice depends on the shape of W only, never on
