@@ -56,6 +56,8 @@ __device__ __forceinline__ void copy_async_wait() {
 // many as the registers allow beside x), or a ring in shared memory filled by cp.async (true:
 // SK_RING_STEPS steps, twice the bytes in flight per SM; each lane reads back only the pieces it
 // copied itself, so a per-thread wait is the only synchronisation). The same sums either way.
+// NORM: the input rule is RMSNorm (a.input; two kernels so that the plain one holds no norm
+// weights in registers and loads x in longer groups, below). The same sums as one kernel.
 template <int NT, int WARPS, int TILES, bool RING, bool NORM>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel(GemvArgs a, int features) {
     extern __shared__ __align__(16) float sk_sums[];
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
     const int f0 = blockIdx.x * features * TILES;
-    constexpr bool norm = NORM;
+    constexpr bool norm = NORM;  // the RMSNorm input (a.input; checked by the launcher)
 
     // This lane's weight rows in each tile, tile rows g and g + 8 (rows past `out` read the last
     // row; their sums are never stored).
@@ -133,7 +135,9 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
 
     // x (and the norm weight) for XG steps at a time, all loads issued before their products, so
     // a warp waits for L2 once per group rather than once per step (XG shrinks as rows grow, to
-    // stay within the registers).
+    // stay within the registers; without the norm weights twice as long, which measured ~1.2 us
+    // a launch saved per group a warp no longer waits for: docs/performance.md). The same sums
+    // for any XG.
     constexpr int XG_ROWS = NT == 1 ? (NORM ? 4 : 8) : (NT == 2 ? (NORM ? 2 : 4) : 1);
     constexpr int XG = XG_ROWS < PREFETCH ? XG_ROWS : PREFETCH;
     static_assert(PREFETCH % XG == 0, "x groups must tile the weight ring");

@@ -19,7 +19,9 @@
 //     the kernel before it held four steps in registers, SKINNY_WEIGHTS_REGISTERS: the registers
 //     also hold x, so twice the bytes in flight needed another place; twelve steps were slower:
 //     the ring then left too little of the SM's L1 for the x rows);
-//   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once, and
+//   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once (a
+//     warp waits for L2 once per group; the groups are as long as the registers allow: longer in
+//     the kernel without an RMSNorm input, which holds no norm weights), and
 //     split in registers into a bf16 hi/lo pair, so the fp32 activations keep ~16 bits of
 //     mantissa against bf16 weights (as the split cuBLAS path and prefill do); the 1/rms of a row
 //     (RMSNorm input) is applied to the finished sums, as gemv does;
