@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     const bool swiglu = a.output == GemvOutput::GEMV_OUTPUT_SWIGLU;
     const bool upper = swiglu || features == SK_FEATURES;  // tile rows 8-15 hold weights
     const int f0 = blockIdx.x * features * TILES;
-    constexpr bool norm = NORM;  // the RMSNorm input (a.input; checked by the launcher)
 
     // This lane's weight rows in each tile, tile rows g and g + 8 (rows past `out` read the last
     // row; their sums are never stored).
@@ -181,7 +180,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     float4 x0 = xv[s][n][0], x1 = xv[s][n][1];
-                    if (norm) {
+                    if constexpr (NORM) {
                         sumsq[n] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x +
                                     x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
                         const float4 n0 = nw[s][0], n1 = nw[s][1];
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     if constexpr (RING) copy_async_wait<0>();  // the copies past the last step (zeros) have landed
 
     // Tile 0's sums of squares (a row's: lanes 4g .. 4g + 3 of each warp), then each row's scale.
-    if (norm) {
+    if constexpr (NORM) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             float s = sumsq[n];
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
     __syncthreads();
     if (int(threadIdx.x) < a.rows) {
         float scale = 1.0f;
-        if (norm) {
+        if (NORM) {
             float s = 0.0f;
 #pragma unroll
             for (int v = 0; v < WARPS; ++v) s += ss_part[v][threadIdx.x];
