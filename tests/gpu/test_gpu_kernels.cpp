@@ -202,11 +202,14 @@ TEST_CASE("skinny tensor-core products match the CPU linear in every input/outpu
     // 16 for fewer), odd feature counts (a partial 16-feature tile), inputs that end inside a
     // warp's 32-input step (1096, 72, 200: some lanes past the end) or give some warps no step
     // at all (64, 72, 128), row counts that leave part of an 8-row tile empty (every n-tile
-    // count 1..4: 1, 5, 17, 24, 25, 29, 31, 32), padded strides.
-    const Shape shapes[] = {{4096, 2048, 16, 0, 0}, {2048, 6144, 8, 0, 0}, {3072, 2048, 4, 0, 0},
-                            {1024, 3072, 24, 4, 3}, {61, 64, 5, 0, 0},     {2050, 1096, 31, 8, 1},
-                            {33, 128, 17, 0, 7},    {100, 576, 1, 4, 0},   {1024, 1024, 32, 0, 0},
-                            {77, 72, 25, 4, 2},     {4096, 1024, 32, 0, 0}, {40, 200, 29, 0, 0}};
+    // count 1..4: 1, 5, 17, 24, 25, 29, 31, 32), padded strides; 12 rows over 35 steps (16 warps:
+    // two or three steps a warp, so the x groups of a product without RMSNorm — four steps at
+    // 9-16 rows — end part-filled, the last step inside the input).
+    const Shape shapes[] = {{4096, 2048, 16, 0, 0}, {2048, 6144, 8, 0, 0},  {3072, 2048, 4, 0, 0},
+                            {1024, 1096, 12, 4, 2}, {1024, 3072, 24, 4, 3}, {61, 64, 5, 0, 0},
+                            {2050, 1096, 31, 8, 1}, {33, 128, 17, 0, 7},    {100, 576, 1, 4, 0},
+                            {1024, 1024, 32, 0, 0}, {77, 72, 25, 4, 2},     {4096, 1024, 32, 0, 0},
+                            {40, 200, 29, 0, 0}};
     for (const Shape s : shapes) {
         const uint64_t seed = fresh_seed();
         INFO("out " << s.out << " in " << s.in << " rows " << s.rows << " ldx +" << s.ldx_pad << " ldy +" << s.ldy_pad
