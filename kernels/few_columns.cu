@@ -238,13 +238,21 @@ __global__ void __launch_bounds__(FC_STACKED_WARPS * 32) few_stacked_kernel(Spli
         y);
 }
 
-// Slices of K for a product of `tiles` tiles over `units` units of K (steps or inputs), each slice
-// at least `min_units` long, as far as the workspace holds their partial sums.
-int slice_count(int tiles, int units, int min_units, size_t outputs, const FewColumnsWorkspace& ws) {
-    if (2 * tiles > FC_TARGET_BLOCKS || !ws.partials || !ws.tickets || tiles > ws.ticket_count) return 1;
-    int slices = std::min(FC_TARGET_BLOCKS / tiles, std::max(1, units / min_units));
-    while (slices > 1 && size_t(slices) * outputs > ws.partial_floats) --slices;
-    return std::max(1, slices);
+// How K is cut into slices: `count` slices of `length` units (steps or inputs), none empty.
+struct Slicing {
+    int count = 1, length = 0;
+};
+
+// Slices of K for a product of `tiles` tiles over `units` units of K, each slice at least
+// `min_units` long, as far as the workspace holds their partial sums.
+Slicing k_slices(int tiles, int units, int min_units, size_t outputs, const FewColumnsWorkspace& ws) {
+    int slices = 1;
+    if (2 * tiles <= FC_TARGET_BLOCKS && ws.partials && ws.tickets && tiles <= ws.ticket_count) {
+        slices = std::min(FC_TARGET_BLOCKS / tiles, std::max(1, units / min_units));
+        while (slices > 1 && size_t(slices) * outputs > ws.partial_floats) --slices;
+    }
+    const int length = (units + slices - 1) / slices;
+    return {(units + length - 1) / length, length};
 }
 
 template <int NC>
@@ -252,16 +260,14 @@ cudaError_t launch_stacked(const Launch& l, const SplitWeights& w, int M, int N,
                            bool accumulate, float* y, const FewColumnsWorkspace& ws) {
     const int tiles = (M + FC_STACKED_OUTPUTS - 1) / FC_STACKED_OUTPUTS;
     // Slices of at least two rounds of loads per warp.
-    int slices = slice_count(tiles, K, 2 * FC_STACKED_WARPS * FC_STACKED_DEPTH, size_t(M) * N, ws);
-    const int slice_inputs = (K + slices - 1) / slices;
-    slices = (K + slice_inputs - 1) / slice_inputs;  // none empty
-    const SliceOutput out{ws.partials, ws.tickets, slices};
-    const dim3 grid{unsigned(tiles), unsigned(slices)}, block{unsigned(FC_STACKED_WARPS * 32)};
+    const Slicing s = k_slices(tiles, K, 2 * FC_STACKED_WARPS * FC_STACKED_DEPTH, size_t(M) * N, ws);
+    const SliceOutput out{ws.partials, ws.tickets, s.count};
+    const dim3 grid{unsigned(tiles), unsigned(s.count)}, block{unsigned(FC_STACKED_WARPS * 32)};
     if (N % 4 == 0)
         return launch_kernel(l, grid, block, 0, few_stacked_kernel<NC, true>, w, M, N, K, x, accumulate, y, out,
-                             slice_inputs);
+                             s.length);
     return launch_kernel(l, grid, block, 0, few_stacked_kernel<NC, false>, w, M, N, K, x, accumulate, y, out,
-                         slice_inputs);
+                         s.length);
 }
 
 template <int NT>
@@ -269,12 +275,10 @@ cudaError_t launch_rows(const Launch& l, const SplitWeights& w, int M, int N, in
                         float* y, const FewColumnsWorkspace& ws) {
     const int tiles = (M + FC_ROWS - 1) / FC_ROWS, steps = (K + FC_STEP - 1) / FC_STEP;
     // Slices of at least two steps per warp.
-    int slices = slice_count(tiles, steps, 2 * FC_WARPS, size_t(M) * N, ws);
-    const int slice_steps = (steps + slices - 1) / slices;
-    slices = (steps + slice_steps - 1) / slice_steps;  // none empty
-    const SliceOutput out{ws.partials, ws.tickets, slices};
-    const dim3 grid{unsigned(tiles), unsigned(slices)}, block{unsigned(FC_WARPS * 32)};
-    return launch_kernel(l, grid, block, 0, few_rows_kernel<NT>, w, M, N, K, x, accumulate, y, out, slice_steps);
+    const Slicing s = k_slices(tiles, steps, 2 * FC_WARPS, size_t(M) * N, ws);
+    const SliceOutput out{ws.partials, ws.tickets, s.count};
+    const dim3 grid{unsigned(tiles), unsigned(s.count)}, block{unsigned(FC_WARPS * 32)};
+    return launch_kernel(l, grid, block, 0, few_rows_kernel<NT>, w, M, N, K, x, accumulate, y, out, s.length);
 }
 
 }  // namespace

@@ -607,8 +607,9 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
     QTTS_ASSERT(beta == 0.0f || beta == 1.0f);
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
-    const kernels::SplitWeights split = kernels::split_rows(conv.planes, rows, 3 * rows);
-    const bool few = conv.planes && kernels::few_columns_supported(split, conv.cout, columns, rows);
+    const kernels::SplitWeights split =
+        conv.planes ? kernels::split_rows(conv.planes, rows, 3 * rows) : kernels::SplitWeights{};
+    const bool few = kernels::few_columns_supported(split, conv.cout, columns, rows);  // false without planes
     if (conv.planes && !few) {
         if (L > 0)
             CUDA_CHECK_KERNEL(kernels::conv_im2col_carry_split(states, tail_at, L, x, conv.cin, T, conv.k,
@@ -641,8 +642,9 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
 void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
                                      size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y) {
     const int cols = tc.cout * tc.k, columns = states.count * T;
-    const kernels::SplitWeights split = kernels::split_stacked(tc.planes, tc.cin, cols);
-    const bool few = tc.planes && kernels::few_columns_supported(split, cols, columns, tc.cin);
+    const kernels::SplitWeights split =
+        tc.planes ? kernels::split_stacked(tc.planes, tc.cin, cols) : kernels::SplitWeights{};
+    const bool few = kernels::few_columns_supported(split, cols, columns, tc.cin);  // false without planes
     if (tc.planes && !few) {
         CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch()));
         mark("transposed conv input");
