@@ -21,6 +21,9 @@ constexpr int IC_ROW_BYTES = 32;  // a tile row: 16 bf16 values (one output's or
 static_assert(IC_BN == 32 * IC_WARPS, "a warp owns 32 columns");
 // The window of a block's columns: IC_BN + tail rows, padded to whole groups of 8 rows.
 constexpr int window_rows(int tail) { return (IC_BN + tail + 7) / 8 * 8; }
+// Channel pairs a thread stages per step (each of the window's rows holds 8 pairs).
+constexpr int IC_PAIRS = window_rows(IMPLICIT_CONV_MAX_TAIL) * (IC_KC / 2) / IC_THREADS;
+static_assert(window_rows(IMPLICIT_CONV_MAX_TAIL) * (IC_KC / 2) % IC_THREADS == 0, "whole pair groups per thread");
 
 // Shared memory: two buffers (the step being multiplied and the next one), each the weight tiles
 // [plane hi/lo][tap][IC_BM rows][32 bytes] and the window [plane hi/lo][rows][32 bytes].
@@ -48,95 +51,89 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) 
                  : "r"(address));
 }
 
-// The first launch: window [2 planes][S][L + T][C] bf16, row u of stream s = column u of its
-// [tail | snake(x)] split into hi and lo (time-major: a row's 16 channels of a step are 32
-// contiguous bytes, which the product's cp.async copies take as they are). The block holding a
-// stream's last columns also writes the next tail (fp32, the other slot), as conv_im2col_carry
-// does. A block transposes 32 columns x 32 channels through shared memory, so that both the
-// reads of x (along time) and the writes of the planes (along channels) are coalesced.
-// grid (columns / 32, C / 32, S), block (32, 8).
-constexpr int WP_TILE = 32;
-__global__ void __launch_bounds__(WP_TILE * 8)
-    implicit_conv_window_kernel(DecoderStates states, size_t tails_at, ImplicitConvShape sh, const float* __restrict__ x,
-                                SnakeParams snake, bf16_t* __restrict__ window) {
-    __shared__ float tile[WP_TILE][WP_TILE + 1];  // [channel][column]
-    pdl_wait();
-    pdl_trigger();
-    const int L = sh.tail(), T = sh.T, C = sh.C, U = L + T, b = int(blockIdx.z);
-    const int u0 = int(blockIdx.x) * WP_TILE, c0 = int(blockIdx.y) * WP_TILE;
-    const int ld_signal = states.count * T;
-    TailSlots slots{nullptr, nullptr};
-    if (L > 0) slots = tail_slots(states, b, tails_at, C, L);
-    const int u = u0 + int(threadIdx.x);
-    for (int i = int(threadIdx.y); i < WP_TILE; i += 8) {
-        const int c = c0 + i;
-        float v = 0.0f;
-        if (u < U && c < C) {
-            if (u < L) {
-                v = slots.tail[size_t(c) * L + u];
-            } else {
-                v = x[size_t(c) * ld_signal + size_t(b) * T + (u - L)];
-                if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
-            }
-            if (L > 0 && u >= T) slots.next[size_t(c) * L + (u - T)] = v;  // the last L columns: the next tail
-        }
-        tile[i][threadIdx.x] = v;
-    }
-    __syncthreads();
-    const size_t plane = size_t(states.count) * U * C;
-    const int c = c0 + int(threadIdx.x);
-    for (int i = int(threadIdx.y); i < WP_TILE; i += 8) {
-        const int uu = u0 + i;
-        if (uu >= U || c >= C) continue;
-        bf16_t hi, lo;
-        bf16_split(tile[threadIdx.x][i], &hi, &lo);
-        const size_t at = (size_t(b) * U + uu) * C + c;
-        window[at] = hi;
-        window[plane + at] = lo;
-    }
+__device__ __forceinline__ void store_shared_u32(uint32_t address, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(v) : "memory");
 }
 
-// The product. grid.x: streams x column tiles of IC_BN (stream-major), grid.y: output tiles of IC_BM.
-// Each step (16 channels) copies its weight tiles and its window rows into one of two buffers
-// while the other is multiplied; thread t copies rows t / 2 (+ 64 i) of both planes, half t % 2.
+// grid.x: streams x column tiles of IC_BN (stream-major), grid.y: output tiles of IC_BM.
 __global__ void __launch_bounds__(IC_THREADS, 2)
-    implicit_conv_kernel(int streams, ImplicitConvShape sh, const bf16_t* __restrict__ window, ImplicitConvWeights w,
-                         bool accumulate, float* __restrict__ y) {
+    implicit_conv_kernel(DecoderStates states, size_t tails_at, ImplicitConvShape sh, const float* __restrict__ x,
+                         SnakeParams snake, ImplicitConvWeights w, bool accumulate, float* __restrict__ y) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int L = sh.tail(), K = sh.K, C = sh.C, T = sh.T, M = sh.M, U = L + T;
+    const int L = sh.tail(), K = sh.K, C = sh.C, T = sh.T, M = sh.M;
     const int tiles = (T + IC_BN - 1) / IC_BN;
     const int b = int(blockIdx.x) / tiles, t0 = (int(blockIdx.x) - b * tiles) * IC_BN;
     const int m0 = int(blockIdx.y) * IC_BM;
-    const int ld_signal = streams * T;
+    const int ld_signal = states.count * T;
     const int rows = window_rows(L), steps = C / IC_KC;
     const IcLayout lay(K, L);
     const uint32_t base = uint32_t(__cvta_generic_to_shared(smem));
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-    const int my_row = int(threadIdx.x) >> 1, my_half = int(threadIdx.x) & 1;
-    static_assert(IC_THREADS == 2 * IC_BM, "a thread copies one half row of every weight tile");
 
-    // The weight tiles of channels 16·step .. (every tap, both planes); rows past M are zeros.
-    const bool row_inside = m0 + my_row < M;
-    const size_t my_weights = row_inside ? size_t(m0 + my_row) * w.ld + my_half * 8 : 0;
+    // The weight tiles of channels 16·step .. (every tap, both planes) into buffer `buf`; rows past M are zeros.
     auto weights_load = [&](int step, int buf) {
-        unsigned char* dst = smem + size_t(buf) * lay.buffer + tile_at(my_row, my_half);
-        for (int j = 0; j < K; ++j) {
-            const size_t at = row_inside ? my_weights + size_t(j) * w.tap_stride + step * IC_KC : 0;
-            copy_async16(dst + uint32_t(j) * IC_BM * IC_ROW_BYTES, w.hi + at, row_inside);
-            copy_async16(dst + lay.a_plane + uint32_t(j) * IC_BM * IC_ROW_BYTES, w.lo + at, row_inside);
+        const int items = 2 * K * IC_BM * 2;  // plane, tap, row, half
+        for (int i = int(threadIdx.x); i < items; i += IC_THREADS) {
+            const int h = i & 1, r = (i >> 1) % IC_BM, tap_plane = (i >> 1) / IC_BM;
+            const int j = tap_plane % K, p = tap_plane / K;
+            const int o = m0 + r;
+            const bool inside = o < M;
+            const bf16_t* plane = p ? w.lo : w.hi;
+            const bf16_t* src = inside ? plane + size_t(j) * w.tap_stride + size_t(o) * w.ld + step * IC_KC + h * 8 : plane;
+            copy_async16(smem + size_t(buf) * lay.buffer + p * lay.a_plane + uint32_t(j) * IC_BM * IC_ROW_BYTES +
+                             tile_at(r, h),
+                         src, inside);
         }
     };
-    // The window rows t0 .. t0 + rows - 1 of this stream (zeros past U).
-    const size_t plane = size_t(streams) * U * C;
-    const bf16_t* my_window = window + size_t(b) * U * C + my_half * 8;
-    auto window_load = [&](int step, int buf) {
-        unsigned char* dst = smem + size_t(buf) * lay.buffer + lay.a_bytes;
-        for (int r = my_row; r < rows; r += IC_BM) {
-            const int u = t0 + r;
-            const bool inside = u < U;
-            const bf16_t* src = inside ? my_window + size_t(u) * C + step * IC_KC : window;
-            copy_async16(dst + tile_at(r, my_half), src, inside);
-            copy_async16(dst + lay.w_plane + tile_at(r, my_half), inside ? src + plane : window, inside);
+    // The window: row r is column t0 + r of [tail | snake(x)] (zeros past T + L), 8 channel pairs
+    // per row; item f of a step is row 8·(f / 64) + f % 8, pair 4·((f / 32) % 2) + (f % 32) / 8, so
+    // a warp reads 8 consecutive columns (32 bytes) of 4 channels at a time and its pair stores
+    // fill the 32 banks once.
+    auto item_row = [](int f) { return (f >> 6) * 8 + (f & 7); };
+    auto item_pair = [](int f) { return ((f >> 5) & 1) * 4 + ((f & 31) >> 3); };
+    TailSlots slots{nullptr, nullptr};
+    float2 staged[IC_PAIRS];
+    auto window_fetch = [&](int step) {
+#pragma unroll
+        for (int i = 0; i < IC_PAIRS; ++i) {
+            const int f = int(threadIdx.x) + i * IC_THREADS;
+            float2 v = make_float2(0.0f, 0.0f);
+            if (f < rows * (IC_KC / 2)) {
+                const int s = t0 + item_row(f), c = step * IC_KC + 2 * item_pair(f);
+                if (s < L) {
+                    v.x = slots.tail[size_t(c) * L + s];
+                    v.y = slots.tail[size_t(c + 1) * L + s];
+                } else if (s - L < T) {
+                    const float* xc = x + size_t(c) * ld_signal + size_t(b) * T + (s - L);
+                    v.x = xc[0];
+                    v.y = xc[ld_signal];
+                }
+            }
+            staged[i] = v;
+        }
+    };
+    const bool tail_writer = L > 0 && blockIdx.y == 0 && t0 + IC_BN >= T;  // this stream's last columns
+    auto window_store = [&](int step, int buf) {
+        const uint32_t hi_at = base + uint32_t(buf) * lay.buffer + lay.a_bytes, lo_at = hi_at + lay.w_plane;
+#pragma unroll
+        for (int i = 0; i < IC_PAIRS; ++i) {
+            const int f = int(threadIdx.x) + i * IC_THREADS;
+            if (f >= rows * (IC_KC / 2)) continue;
+            const int r = item_row(f), pair = item_pair(f), s = t0 + r, c = step * IC_KC + 2 * pair;
+            float2 v = staged[i];
+            if (s >= L && s - L < T && snake.alpha) {
+                v.x = snake_eval(v.x, snake.alpha[c], snake.inv_beta[c]);
+                v.y = snake_eval(v.y, snake.alpha[c + 1], snake.inv_beta[c + 1]);
+            }
+            if (tail_writer && s >= T && s < T + L) {
+                slots.next[size_t(c) * L + (s - T)] = v.x;
+                slots.next[size_t(c + 1) * L + (s - T)] = v.y;
+            }
+            uint32_t hi, lo;
+            split_pair(v.x, v.y, hi, lo);
+            const uint32_t at = tile_at(r, pair >> 2) + uint32_t(pair & 3) * 4;
+            store_shared_u32(hi_at + at, hi);
+            store_shared_u32(lo_at + at, lo);
         }
     };
 
@@ -174,40 +171,39 @@ __global__ void __launch_bounds__(IC_THREADS, 2)
                 b_lo[2 * np + 1][0] = l[2];
                 b_lo[2 * np + 1][1] = l[3];
             }
-            // The three products in three passes over the 16 tiles: an mma waits for the one before it
-            // into the same sums, and the products are issued in program order, so each one of a
-            // tile is 16 issues after the last.
 #pragma unroll
-            for (int term = 0; term < 3; ++term)
+            for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-                for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < 4; ++nt) {
-                        const uint32_t(&a)[4] = term == 2 ? a_lo[mt] : a_hi[mt];
-                        const uint32_t(&bb)[2] = term == 1 ? b_lo[nt] : b_hi[nt];
-                        mma_16816(acc[mt][nt], a[0], a[1], a[2], a[3], bb[0], bb[1]);
-                    }
+                for (int nt = 0; nt < 4; ++nt) {
+                    mma_16816(acc[mt][nt], a_hi[mt][0], a_hi[mt][1], a_hi[mt][2], a_hi[mt][3], b_hi[nt][0], b_hi[nt][1]);
+                    mma_16816(acc[mt][nt], a_hi[mt][0], a_hi[mt][1], a_hi[mt][2], a_hi[mt][3], b_lo[nt][0], b_lo[nt][1]);
+                    mma_16816(acc[mt][nt], a_lo[mt][0], a_lo[mt][1], a_lo[mt][2], a_lo[mt][3], b_hi[nt][0], b_hi[nt][1]);
+                }
         }
     };
 
     // The first weight tiles do not depend on the previous kernel: they stream in before the wait.
     weights_load(0, 0);
+    copy_async_commit();
     pdl_wait();
     pdl_trigger();
-    window_load(0, 0);
-    copy_async_commit();
+    if (L > 0) slots = tail_slots(states, b, tails_at, C, L);
+    window_fetch(0);
+    window_store(0, 0);
     for (int step = 0; step < steps; ++step) {
         const int buf = step & 1;
-        if (step + 1 < steps) {
+        const bool more = step + 1 < steps;
+        if (more) {
             weights_load(step + 1, buf ^ 1);
-            window_load(step + 1, buf ^ 1);
             copy_async_commit();
+            window_fetch(step + 1);  // in flight while this step multiplies
             copy_async_wait<1>();
         } else {
             copy_async_wait<0>();
         }
         __syncthreads();  // this step's weights and window are in place
         multiply(buf);
+        if (more) window_store(step + 1, buf ^ 1);
         __syncthreads();  // nobody reads this buffer any more: the next step may refill it
     }
 
@@ -251,31 +247,20 @@ bool implicit_conv_supported(const ImplicitConvWeights& w, const ImplicitConvSha
            is_aligned(w.hi, 16) && is_aligned(w.lo, 16);
 }
 
-size_t implicit_conv_window_elements(const ImplicitConvShape& sh, int streams) {
-    return 2 * size_t(streams) * size_t(sh.tail() + sh.T) * size_t(sh.C);
-}
-
 void implicit_conv(DecoderStates states, size_t tails_at, const ImplicitConvShape& sh, const float* x,
-                   SnakeParams snake, const ImplicitConvWeights& w, bool accumulate, float* y,
-                   const ImplicitConvScratch& scratch, const Launch& l) {
+                   SnakeParams snake, const ImplicitConvWeights& w, bool accumulate, float* y, const Launch& l) {
     if (!implicit_conv_supported(w, sh) || !x || !y || states.count < 1 || (sh.tail() > 0 && !states.blocks) ||
-        (snake.alpha && !snake.inv_beta) || !scratch.window || !is_aligned(scratch.window, 16) ||
-        scratch.elements < implicit_conv_window_elements(sh, states.count))
+        (snake.alpha && !snake.inv_beta))
         check_fail("implicit_conv", "unsupported arguments", __func__, __FILE__, __LINE__);
     const long long tiles = (sh.T + IC_BN - 1) / IC_BN, blocks_x = tiles * states.count;
-    const int blocks_y = (sh.M + IC_BM - 1) / IC_BM, U = sh.tail() + sh.T;
-    if (blocks_x > 0x7fffffffLL || blocks_y > 65535 || states.count > 65535 ||
-        (long long)states.count * sh.T > 0x7fffffffLL)
+    const int blocks_y = (sh.M + IC_BM - 1) / IC_BM;
+    if (blocks_x > 0x7fffffffLL || blocks_y > 65535 || (long long)states.count * sh.T > 0x7fffffffLL)
         check_fail("implicit_conv", "too many columns or outputs", __func__, __FILE__, __LINE__);
-    const dim3 window_grid(unsigned((U + WP_TILE - 1) / WP_TILE), unsigned((sh.C + WP_TILE - 1) / WP_TILE),
-                           unsigned(states.count));
-    KERNEL_CUDA_CHECK(launch_kernel(l, window_grid, dim3(WP_TILE, 8), 0, implicit_conv_window_kernel, states,
-                                    tails_at, sh, x, snake, scratch.window));
     const size_t smem = IcLayout(sh.K, sh.tail()).bytes();
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(implicit_conv_kernel, smem, raised);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(unsigned(blocks_x), unsigned(blocks_y)), dim3(IC_THREADS), smem,
-                                    implicit_conv_kernel, states.count, sh, scratch.window, w, accumulate, y));
+                                    implicit_conv_kernel, states, tails_at, sh, x, snake, w, accumulate, y));
 }
 
 }  // namespace qtts::kernels

@@ -7,22 +7,12 @@
 // residual-unit convolutions went through an im2col that wrote every input K times as three bf16
 // planes (hi, lo, hi again: 42 bytes per input value of a 7-tap conv) for cuBLAS to read back:
 // ~1.0 of a 3.3 ms pass at 10 streams x 4 frames, 2.8 of 8.3 at 32 x 4 (docs/performance.md).
-// Here every input value is activated, split and written once (4 bytes), and the product reads
-// each window once per block; every tap takes it at its own shift.
-//
-// Two launches:
-//   1. the window: [tail | snake(x)] of every stream as bf16 hi and lo planes, time-major
-//      ([2][S][L + T][C]: a column's channels contiguous), into the caller's scratch; the next
-//      tails are written here;
-//   2. the product: a block computes 64 outputs x 128 columns of one stream over all C·K inputs,
-//      16 input channels (all K taps of them) a step, 4 warps of 64 x 32 outputs; the weight tiles
-//      and window rows of the next step stream in by cp.async while the current step is
-//      multiplied (ldmatrix fragments, m16n8k16). Partial tiles (M or T not multiples of 64 / 128)
-//      are masked.
+// Here a block stages each input window once in shared memory, as bf16 hi/lo pairs, and every tap
+// reads it at its own shift.
 //
 // Shapes and layout:
 //   x     [C, S·T] fp32 channel-major, stream s owns columns s·T .. s·T + T - 1 (the decoder's
-//         signal layout, kernels/decoder.cuh); SnakeBeta (snake) applied to it in the window.
+//         signal layout, kernels/decoder.cuh); SnakeBeta (snake) applied to it as it is staged.
 //   tail  each stream's carried input [C, L] (L = (K - 1)·dilation, already activated), in two
 //         slots at tails_at in its state block (kernels/decoder.cuh): read from slot (chunk & 1),
 //         the next tail (the last L columns of [tail | snake(x)]) written into the other, exactly
@@ -32,6 +22,10 @@
 //         can use its [hi | hi | lo] rows directly: kernels/few_columns.cuh split_rows).
 //   bias  [M] fp32 (null: none).
 //   y     [M, S·T]; must not overlap x.
+// Tiles: a block computes 64 outputs x 128 columns of one stream over all C·K inputs, 16 input
+// channels at a time (all K taps of them), with 4 warps of 64 x 32; the weight tiles of the next
+// 16 channels stream in by cp.async and the next input window is loaded into registers while
+// the current one is multiplied. Partial tiles (M or T not multiples of 64 / 128) are masked.
 // The sums of an output do not depend on S or on the other streams: a stream decoded in a batch
 // gets the bits it gets alone.
 // Requirements (implicit_conv_supported): C % 16 == 0, 1 <= K <= IMPLICIT_CONV_MAX_TAPS,
@@ -70,19 +64,9 @@ struct ImplicitConvShape {
 
 bool implicit_conv_supported(const ImplicitConvWeights& w, const ImplicitConvShape& shape);
 
-// Device memory for the input window (implicit_conv_window_elements bf16 values, 16-byte aligned),
-// owned by the caller's stream of work.
-struct ImplicitConvScratch {
-    bf16_t* window = nullptr;
-    size_t elements = 0;
-};
-size_t implicit_conv_window_elements(const ImplicitConvShape& shape, int streams);
-
 // y = (y +) bias + conv. states: the streams (their count is S; their blocks are read only when
-// the conv has a tail). Two launches: the window, then the product. Throws kernels::KernelError
-// on unsupported arguments or a bad launch.
+// the conv has a tail). Throws kernels::KernelError on unsupported arguments or a bad launch.
 void implicit_conv(DecoderStates states, size_t tails_at, const ImplicitConvShape& shape, const float* x,
-                   SnakeParams snake, const ImplicitConvWeights& w, bool accumulate, float* y,
-                   const ImplicitConvScratch& scratch, const Launch& launch);
+                   SnakeParams snake, const ImplicitConvWeights& w, bool accumulate, float* y, const Launch& launch);
 
 }  // namespace qtts::kernels

@@ -405,8 +405,6 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
         if (c.planes) {
             plan.planes_max(3 * size_t(c.row) * T);  // [3, row, T] bf16 hi, lo, hi columns
-            if (c.implicit_ready())  // the implicit path's window: each stream's tail in front (at most N streams)
-                plan.planes_max(2 * size_t(c.cin) * (size_t(T) + size_t(c.tail()) * size_t(N)));
             plan.col_max(size_t(c.row) * std::min(T, kernels::FEW_COLUMNS_MAX));  // few columns: fp32
         } else
             plan.col_max(size_t(c.row) * T);
@@ -647,9 +645,7 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
             conv.k > 1 ? kernels::ImplicitConvWeights{conv.taps, conv.taps + size_t(conv.k) * conv.cout * conv.cin,
                                                       size_t(conv.cout) * conv.cin, conv.cin, conv.bias}
                        : kernels::ImplicitConvWeights{conv.planes, conv.planes + 2 * size_t(rows), 0, 3 * rows, conv.bias};
-        // The window goes into the planes scratch (2·S·(L + T)·C values, less than the im2col's planes).
-        const kernels::ImplicitConvScratch scratch{planes_.get(), planes_.size()};
-        CUDA_CHECK_KERNEL(kernels::implicit_conv(states, tail_at, shape, x, snake, iw, beta != 0.0f, y, scratch, l));
+        CUDA_CHECK_KERNEL(kernels::implicit_conv(states, tail_at, shape, x, snake, iw, beta != 0.0f, y, l));
         mark("conv implicit");
         return;
     }

@@ -458,10 +458,7 @@ TEST_CASE("gpu decoder kernels: implicit-GEMM convs match the CPU and carry the 
         qc::DeviceArray<float> y(expect.size());
         const std::vector<float> nan(expect.size(), std::nanf(""));
         CUDA_CHECK(cudaMemcpy(y.get(), cs.accumulate ? base.data() : nan.data(), y.bytes(), cudaMemcpyHostToDevice));
-        qc::DeviceArray<uint16_t> window(qk::implicit_conv_window_elements(shape, S));
-        CUDA_CHECK(cudaMemset(window.get(), 0xff, window.bytes()));  // every value read is written first
-        const qk::ImplicitConvScratch scratch{window.get(), window.size()};
-        qk::implicit_conv(blocks.states(), blocks.at[0], shape, dx.get(), snake, iw, cs.accumulate, y.get(), scratch, l);
+        qk::implicit_conv(blocks.states(), blocks.at[0], shape, dx.get(), snake, iw, cs.accumulate, y.get(), l);
         const auto got = to_host(y.get(), y.size());
         const double err = qtts_test::rel_error(got.data(), expect.data(), expect.size());
         std::printf("  relative error %.3g\n", err);
@@ -481,8 +478,7 @@ TEST_CASE("gpu decoder kernels: implicit-GEMM convs match the CPU and carry the 
             std::copy_n(base.begin() + ptrdiff_t(size_t(o) * ST + size_t(S - 1) * T), T, base_last.begin() + ptrdiff_t(size_t(o) * T));
         auto dx_last = to_device(x_last);
         auto y_last = to_device(cs.accumulate ? base_last : std::vector<float>(base_last.size(), std::nanf("")));
-        qk::implicit_conv(alone.states(), alone.at[0], shape, dx_last.get(), snake, iw, cs.accumulate, y_last.get(),
-                          scratch, l);
+        qk::implicit_conv(alone.states(), alone.at[0], shape, dx_last.get(), snake, iw, cs.accumulate, y_last.get(), l);
         const auto got_last = to_host(y_last.get(), base_last.size());
         size_t differ = 0;
         for (int o = 0; o < M; ++o)
