@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "kernels/check.cuh"
-#include "kernels/decoder_device.cuh"
 
 namespace qtts::kernels {
 
@@ -23,7 +22,18 @@ int grid_for(long long count) {
     check_fail(what, "invalid arguments", function, __FILE__, __LINE__);
 }
 
+// Stream s's piece of carried state at byte offset `at` in its block.
+template <typename T>
+__device__ __forceinline__ T* state_at(const DecoderStates& states, int s, size_t at) {
+    return reinterpret_cast<T*>(states.blocks[s] + at);
+}
+
 bool states_ok(const DecoderStates& states) { return states.blocks != nullptr && states.count >= 1; }
+
+__device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta) {
+    const float s = sinf(alpha * v);
+    return v + inv_beta * (s * s);
+}
 
 // Where an im2col stores its columns: fp32 (`col`), or as bf16 hi/lo pairs for the split-bf16
 // products (`planes` [3, plane]: the hi plane, the lo plane, the hi plane again, so that one GEMM
@@ -516,6 +526,17 @@ __device__ __forceinline__ float carried_input(const float* tail, int L, const f
     float v = x[size_t(c) * ld + (s - L)];
     if (snake.alpha) v = snake_eval(v, snake.alpha[c], snake.inv_beta[c]);
     return v;
+}
+
+// The tail slots of stream b: {read, write}.
+struct TailSlots {
+    const float* tail;
+    float* next;
+};
+__device__ __forceinline__ TailSlots tail_slots(const DecoderStates& states, int b, size_t tails_at, int C, int L) {
+    const int slot = int(*state_at<const int64_t>(states, b, DECODER_STATE_CHUNK_AT) & 1);
+    float* tails = state_at<float>(states, b, tails_at);
+    return {tails + size_t(slot) * C * L, tails + size_t(1 - slot) * C * L};
 }
 
 constexpr int IM2COL_THREADS = 128;

@@ -1,8 +1,7 @@
 // Tensor-core helpers of the products that run x rows against bf16 weights with mma.sync
-// (kernels/skinny.cu, kernels/implicit_conv.cu, and the kernel lab's variants): the m16n8k16 product, the split of fp32
+// (kernels/skinny.cu, and the kernel lab's variants): the m16n8k16 product, the split of fp32
 // activations into bf16 hi + lo pairs (so a product keeps ~16 bits of their mantissa against
-// bf16 weights), weight loads that bypass L1, and 16-byte cp.async copies into shared memory
-// (kernels/skinny.cu's weight ring, kernels/implicit_conv.cu's tiles). Device code only.
+// bf16 weights), and weight loads that bypass L1. Device code only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,18 +40,6 @@ __device__ __forceinline__ uint4 load_weights(const bf16_t* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-
-// A 16-byte copy global -> shared that bypasses L1; `valid` false writes zeros (nothing is read).
-__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
-    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most PENDING of this thread's newest copy groups are in flight.
-template <int PENDING>
-__device__ __forceinline__ void copy_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
 }  // namespace qtts::kernels

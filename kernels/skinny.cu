@@ -30,6 +30,17 @@ constexpr size_t skinny_smem(int nt, int warps, int tiles, bool ring) {
            (ring ? size_t(warps) * size_t(skinny_depth(true, tiles)) * size_t(tiles) * 2 * 32 * 16 : 0);
 }
 
+// A 16-byte copy global -> shared that bypasses L1; `valid` false writes zeros (nothing is read).
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
+    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most PENDING of this thread's newest copy groups are in flight.
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
 // NT: n-tiles of 8 x rows (rows <= 8 NT). A tile's 16 weight rows are 16 features of W; with
 // `features` 8, 8 features of W in tile rows 0-7 (rows 8-15 are zero: twice the blocks for
 // products with few features); for SwiGLU, 8 gate rows of W (tile rows 0-7) and the same 8 up

@@ -148,10 +148,8 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     auto row_len = [&](int cols_with_bias) {
         return options.pad_rows ? (cols_with_bias + align - 1) / align * align : cols_with_bias;
     };
-    // Dense conv: [cout, cin·k] + bias column (fp32 `w` also under bf16x3 when `keep_f32`; with
-    // `implicit`, also what kernels/implicit_conv.cuh reads: Conv::bias, Conv::taps).
-    auto conv_make = [&](const ConvWeights& cw, int dilation, const char* what, bool keep_f32 = false,
-                         bool implicit = false) {
+    // Dense conv: [cout, cin·k] + bias column (fp32 `w` also under bf16x3 when `keep_f32`).
+    auto conv_make = [&](const ConvWeights& cw, int dilation, const char* what, bool keep_f32 = false) {
         if (!cw.w || cw.w->shape.size() != 3)
             fail(ErrorCode::ERROR_SHAPE, "speech decoder weights: conv '{}' is missing or not 3-D", what);
         Conv c;
@@ -170,23 +168,6 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
         }
         if (split) c.planes = g.store(split_triple(packed, size_t(c.cout), size_t(c.row), false));
         if (!split || keep_f32) c.w = g.store(packed);
-        if (split && implicit && c.cin % 16 == 0) {
-            c.bias = g.store(b);
-            if (c.k > 1) {  // W(o, j, i) at taps[(j·cout + o)·cin + i] (hi), the lo planes after all hi ones
-                const size_t tap_plane = size_t(c.cout) * c.cin, lo_at = size_t(c.k) * tap_plane;
-                std::vector<uint16_t> taps(2 * lo_at);
-                for (int o = 0; o < c.cout; ++o)
-                    for (int i = 0; i < c.cin; ++i)
-                        for (int j = 0; j < c.k; ++j) {
-                            const float v = wt[(size_t(o) * c.cin + i) * c.k + j];
-                            const uint16_t hi = f32_to_bf16(v), lo = f32_to_bf16(v - bf16_to_f32(hi));
-                            const size_t at = size_t(j) * tap_plane + size_t(o) * c.cin + i;
-                            taps[at] = hi;
-                            taps[lo_at + at] = lo;
-                        }
-                c.taps = g.store(taps);
-            }
-        }
         return c;
     };
     auto trans_conv_make = [&](const ConvWeights& cw, int stride, const char* what) {
@@ -317,9 +298,9 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
             const ResidualUnitWeights& uw = bw.units[u];
             ResidualUnit ru;
             ru.act1 = snake_make(uw.act1, C);
-            ru.conv1 = conv_make(uw.conv1, SPEECH_DECODER_RESIDUAL_DILATIONS[u], "residual conv1", false, true);
+            ru.conv1 = conv_make(uw.conv1, SPEECH_DECODER_RESIDUAL_DILATIONS[u], "residual conv1");
             ru.act2 = snake_make(uw.act2, C);
-            ru.conv2 = conv_make(uw.conv2, 1, "residual conv2", false, true);
+            ru.conv2 = conv_make(uw.conv2, 1, "residual conv2");
             if (ru.conv1.cin != C || ru.conv1.cout != C || ru.conv2.cin != C || ru.conv2.cout != C || ru.conv2.k != 1)
                 fail(ErrorCode::ERROR_SHAPE, "speech decoder block {} unit {}: unexpected conv shapes", i, u);
             blk.units.push_back(ru);
@@ -619,18 +600,6 @@ void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K
                               CUBLAS_GEMM_DEFAULT));
 }
 
-// Whether a conv over T columns for each of S streams runs without an im2col
-// (kernels/implicit_conv.cuh): when its column tiles are at least 80% full and it has enough
-// blocks to spread over the GPU. Below that (a lone stream's short chunks, whose first audio
-// depends on them) cuBLAS's split-K GEMMs over the im2col keep more SMs busy.
-static bool implicit_conv_pays(int cout, int streams, int T) {
-    constexpr int MIN_BLOCKS = 96;
-    const long long tile = kernels::IMPLICIT_CONV_TILE_COLUMNS, tiles = (T + tile - 1) / tile;
-    const int outputs = kernels::IMPLICIT_CONV_TILE_OUTPUTS;
-    const long long blocks = tiles * streams * ((cout + outputs - 1) / outputs);
-    return 5 * (long long)T >= 4 * tiles * tile && blocks >= MIN_BLOCKS;
-}
-
 // y [cout, S·T] (= or += when beta is 1) conv(snake(x) with each stream's carried tail).
 void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::Conv& conv,
                                size_t tail_at, const float* x, int T, kernels::SnakeParams snake, float* y,
@@ -638,17 +607,6 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
     QTTS_ASSERT(beta == 0.0f || beta == 1.0f);
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
-    if (conv.implicit_ready() && implicit_conv_pays(conv.cout, states.count, T)) {
-        const kernels::ImplicitConvShape shape{conv.cin, conv.cout, T, conv.k, conv.dilation};
-        // A tap-major copy for k > 1; a 1-tap conv's [hi | hi | lo] rows serve as they are.
-        const kernels::ImplicitConvWeights iw =
-            conv.k > 1 ? kernels::ImplicitConvWeights{conv.taps, conv.taps + size_t(conv.k) * conv.cout * conv.cin,
-                                                      size_t(conv.cout) * conv.cin, conv.cin, conv.bias}
-                       : kernels::ImplicitConvWeights{conv.planes, conv.planes + 2 * size_t(rows), 0, 3 * rows, conv.bias};
-        CUDA_CHECK_KERNEL(kernels::implicit_conv(states, tail_at, shape, x, snake, iw, beta != 0.0f, y, l));
-        mark("conv implicit");
-        return;
-    }
     const kernels::SplitWeights split =
         conv.planes ? kernels::split_rows(conv.planes, rows, 3 * rows) : kernels::SplitWeights{};
     const bool few = kernels::few_columns_supported(split, conv.cout, columns, rows);  // false without planes

@@ -52,7 +52,6 @@
 #include "engine/cuda/gpu_context.h"
 #include "kernels/decoder.cuh"
 #include "kernels/few_columns.cuh"
-#include "kernels/implicit_conv.cuh"
 #include "engine/model/config.h"
 #include "engine/model/weights.h"
 
@@ -99,17 +98,11 @@ public:
     // none) in column cin·k, zeros after it.
     // Under DECODER_MATH_BF16X3 the product's weights are bf16 pairs in `planes` and `w` is null
     // (but for the output conv, whose direct kernel reads `w`).
-    // The residual units' convs can also run without an im2col (kernels/implicit_conv.cuh): for
-    // them the upload adds the bias as fp32 and, for k > 1, the weights tap-major ([2, k, cout,
-    // cin] bf16: every tap's hi rows, then every tap's lo rows); a 1-tap conv reads `planes`.
     struct Conv {
         int cin = 0, cout = 0, k = 0, dilation = 1, row = 0;
         const float* w = nullptr;
         const uint16_t* planes = nullptr;  // [cout, 3·row] bf16: each row's hi, hi again, lo
-        const float* bias = nullptr;       // [cout], set for the implicit path only
-        const uint16_t* taps = nullptr;    // [2, k, cout, cin] bf16, set for the implicit path with k > 1
         int tail() const { return (k - 1) * dilation; }
-        bool implicit_ready() const { return bias && planes && (k == 1 || taps); }
     };
     struct TransConv {
         int cin = 0, cout = 0, k = 0, stride = 0;

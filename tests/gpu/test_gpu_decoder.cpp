@@ -34,7 +34,6 @@
 #include "engine/cuda/gpu_speech_decoder.h"
 #include "kernels/decoder.cuh"
 #include "kernels/few_columns.cuh"
-#include "kernels/implicit_conv.cuh"
 #include "engine/model/safetensors.h"
 #include "engine/model/weights.h"
 #include "test_support.h"
@@ -372,127 +371,6 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     // No activation: the planes of x itself.
     qk::split_planes(dx.get(), Cin, N, {}, planes_t.get(), l);
     CHECK(pair_mismatches(planes_t, x) == 0);
-}
-
-TEST_CASE("gpu decoder kernels: implicit-GEMM convs match the CPU and carry the im2col's tails", "[gpu][decoder]") {
-    // Three streams with their own tails and tail slots; partial output and column tiles (M 80,
-    // T 200 against tiles of 64 x 128); a 7-tap conv (dilation 3, and 9: the longest window) and
-    // a 1-tap conv reading the [hi | hi | lo] rows, accumulated.
-    const uint64_t seed = 60611;
-    const qk::Launch l = context().launch();
-    struct Case {
-        int C, M, T, K, d, S;
-        bool accumulate;
-    };
-    for (const Case cs : {Case{48, 80, 200, 7, 3, 3, false}, Case{32, 64, 128, 7, 9, 2, true},
-                          Case{64, 70, 130, 1, 1, 2, true}}) {
-        const int C = cs.C, M = cs.M, T = cs.T, K = cs.K, S = cs.S, L = (K - 1) * cs.d, ST = S * T;
-        std::printf("implicit conv: seed %llu, C %d, M %d, T %d, K %d, dilation %d, streams %d%s\n",
-                    (unsigned long long)seed, C, M, T, K, cs.d, S, cs.accumulate ? ", accumulated" : "");
-        INFO("C " << C << " M " << M << " T " << T << " K " << K << " streams " << S);
-        const auto x = qtts_test::random_floats(size_t(C) * ST, seed + uint64_t(K));
-        const auto wt = qtts_test::random_floats(size_t(M) * C * K, seed + 1, -0.3f, 0.3f);  // [M, C, K]
-        const auto bias = qtts_test::random_floats(size_t(M), seed + 2);
-        auto log_alpha = qtts_test::random_floats(size_t(C), seed + 3, -0.5f, 0.5f);
-        auto log_beta = qtts_test::random_floats(size_t(C), seed + 4, -0.5f, 0.5f);
-        std::vector<float> alpha(static_cast<size_t>(C)), inv_beta(static_cast<size_t>(C));
-        for (int c = 0; c < C; ++c) {
-            alpha[size_t(c)] = qtts::snake_alpha(log_alpha[size_t(c)]);
-            inv_beta[size_t(c)] = qtts::snake_inv_beta(log_beta[size_t(c)]);
-        }
-        auto dx = to_device(x), da = to_device(alpha), db = to_device(inv_beta), dbias = to_device(bias);
-        const qk::SnakeParams snake{da.get(), db.get()};
-        // Each stream's two tail slots (random, so a wrong slot shows) and chunk counter.
-        std::vector<std::vector<std::vector<float>>> pieces;
-        std::vector<int64_t> positions, chunks;
-        for (int s = 0; s < S; ++s) {
-            pieces.push_back({qtts_test::random_floats(size_t(2) * C * std::max(L, 1), seed + 10 + uint64_t(s))});
-            positions.push_back(7 * s);
-            chunks.push_back(s);  // both parities
-        }
-        // The reference columns: the fp32 im2col of the same input (bias row of ones), on its own copy of the state.
-        const int rows = C * K + 1;
-        qc::DeviceArray<float> col(size_t(rows) * ST);
-        const StateBlocks ref_blocks(pieces, positions, chunks), blocks(pieces, positions, chunks);
-        if (L > 0)
-            qk::conv_im2col_carry(ref_blocks.states(), ref_blocks.at[0], L, dx.get(), C, T, K, cs.d, snake, col.get(), l);
-        else
-            qk::conv_im2col(nullptr, 0, dx.get(), C, ST, K, cs.d, snake, col.get(), l);
-        std::vector<float> w_rows(size_t(M) * rows);
-        for (int o = 0; o < M; ++o) {
-            for (int c = 0; c < C; ++c)
-                for (int j = 0; j < K; ++j) w_rows[size_t(o) * rows + size_t(c) * K + j] = wt[(size_t(o) * C + c) * K + j];
-            w_rows[size_t(o) * rows + size_t(C) * K] = bias[size_t(o)];
-        }
-        std::vector<float> expect = product_reference(w_rows, false, to_host(col.get(), col.size()), M, ST, rows);
-        const auto base = qtts_test::random_floats(expect.size(), seed + 20);
-        if (cs.accumulate)
-            for (size_t i = 0; i < expect.size(); ++i) expect[i] += base[i];
-
-        // The weights as the upload lays them out: tap-major hi then lo planes, or (1 tap) [hi | hi | lo] rows.
-        qc::DeviceArray<uint16_t> planes;
-        qk::ImplicitConvWeights iw;
-        if (K > 1) {
-            const size_t tap = size_t(M) * C, lo_at = size_t(K) * tap;
-            std::vector<uint16_t> taps(2 * lo_at);
-            for (int o = 0; o < M; ++o)
-                for (int c = 0; c < C; ++c)
-                    for (int j = 0; j < K; ++j) {
-                        const auto [hi, lo] = bf16_pair(wt[(size_t(o) * C + c) * K + j]);
-                        taps[size_t(j) * tap + size_t(o) * C + c] = hi;
-                        taps[lo_at + size_t(j) * tap + size_t(o) * C + c] = lo;
-                    }
-            planes = qc::DeviceArray<uint16_t>(taps.size());
-            CUDA_CHECK(cudaMemcpy(planes.get(), taps.data(), taps.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-            iw = {planes.get(), planes.get() + lo_at, tap, C, dbias.get()};
-        } else {
-            const int row = (C + 1 + 7) / 8 * 8;
-            std::vector<float> padded(size_t(M) * row, 0.0f);
-            for (int o = 0; o < M; ++o)
-                for (int c = 0; c < C; ++c) padded[size_t(o) * row + c] = wt[size_t(o) * C + c];
-            planes = a3_device(padded, size_t(M), size_t(row), false);
-            iw = {planes.get(), planes.get() + 2 * row, 0, 3 * row, dbias.get()};
-        }
-        const qk::ImplicitConvShape shape{C, M, T, K, cs.d};
-        REQUIRE(qk::implicit_conv_supported(iw, shape));
-        qc::DeviceArray<float> y(expect.size());
-        const std::vector<float> nan(expect.size(), std::nanf(""));
-        CUDA_CHECK(cudaMemcpy(y.get(), cs.accumulate ? base.data() : nan.data(), y.bytes(), cudaMemcpyHostToDevice));
-        qk::implicit_conv(blocks.states(), blocks.at[0], shape, dx.get(), snake, iw, cs.accumulate, y.get(), l);
-        const auto got = to_host(y.get(), y.size());
-        const double err = qtts_test::rel_error(got.data(), expect.data(), expect.size());
-        std::printf("  relative error %.3g\n", err);
-        CHECK(err < 2e-5);
-        // The next tails (and the slots read) are the im2col's, bit for bit.
-        for (int s = 0; s < S && L > 0; ++s) {
-            const auto want = ref_blocks.piece(size_t(s), 0, size_t(2) * C * L), have = blocks.piece(size_t(s), 0, want.size());
-            CHECK(std::memcmp(want.data(), have.data(), want.size() * sizeof(float)) == 0);
-        }
-        // The last stream alone (its own state, as before this pass) gets the bits it got in the batch.
-        const StateBlocks alone({pieces.back()}, {positions.back()}, {chunks.back()});
-        std::vector<float> x_last(size_t(C) * T);
-        for (int c = 0; c < C; ++c)
-            std::copy_n(x.begin() + ptrdiff_t(size_t(c) * ST + size_t(S - 1) * T), T, x_last.begin() + ptrdiff_t(size_t(c) * T));
-        std::vector<float> base_last(size_t(M) * T);
-        for (int o = 0; o < M; ++o)
-            std::copy_n(base.begin() + ptrdiff_t(size_t(o) * ST + size_t(S - 1) * T), T, base_last.begin() + ptrdiff_t(size_t(o) * T));
-        auto dx_last = to_device(x_last);
-        auto y_last = to_device(cs.accumulate ? base_last : std::vector<float>(base_last.size(), std::nanf("")));
-        qk::implicit_conv(alone.states(), alone.at[0], shape, dx_last.get(), snake, iw, cs.accumulate, y_last.get(), l);
-        const auto got_last = to_host(y_last.get(), base_last.size());
-        size_t differ = 0;
-        for (int o = 0; o < M; ++o)
-            differ += std::memcmp(got_last.data() + size_t(o) * T, got.data() + size_t(o) * ST + size_t(S - 1) * T,
-                                  size_t(T) * sizeof(float)) != 0;
-        CHECK(differ == 0);
-    }
-    // Refused: channels not a multiple of 16, too many taps, a tail past the window's room.
-    const qk::ImplicitConvWeights any{reinterpret_cast<const uint16_t*>(16), reinterpret_cast<const uint16_t*>(32), 64 * 64,
-                                      64, nullptr};
-    CHECK(qk::implicit_conv_supported(any, {64, 64, 100, 7, 9}));
-    CHECK_FALSE(qk::implicit_conv_supported(any, {40, 64, 100, 7, 1}));
-    CHECK_FALSE(qk::implicit_conv_supported(any, {64, 64, 100, 9, 1}));
-    CHECK_FALSE(qk::implicit_conv_supported(any, {64, 64, 100, 7, 11}));
 }
 
 TEST_CASE("gpu decoder kernels: few-column products (weight rows and stacked weights) match the CPU",
