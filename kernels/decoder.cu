@@ -317,7 +317,9 @@ __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int he
     float* v_ring = state_at<float>(states, b, v_at);
     float* row = qkv + (size_t(b) * gridDim.x + t) * stride;
     const int rotations = (heads + kv_heads) * half;
-    for (int idx = threadIdx.x; idx < rotations + kvd; idx += blockDim.x) {
+    // grid.z blocks share the row's rotations and value copies: one or two per thread, so that
+    // their loads are not one chain of dependent round trips.
+    for (int idx = blockIdx.z * blockDim.x + threadIdx.x; idx < rotations + kvd; idx += gridDim.z * blockDim.x) {
         if (idx < rotations) {
             const int hh = idx / half, i = idx - hh * half;
             float* v = row + size_t(hh) * head_dim;  // q heads, then k heads
@@ -438,11 +440,39 @@ __global__ void __launch_bounds__(GROUP_ATTENTION_WARPS * 32)
     float* vs = ks + max_rows * row;                   // [max_rows, row]
     float* qs = vs + max_rows * row + warp * head_dim;  // this warp's query [head_dim]
     float* probs = smem + 2 * max_rows * row + GROUP_ATTENTION_WARPS * head_dim + warp * max_rows;  // [max_rows]
-    for (int idx = threadIdx.x; idx < rows * head_dim; idx += blockDim.x) {
-        const int j = idx / head_dim, d = idx - j * head_dim;
-        const size_t src = size_t((first + j) % ring) * kvd + size_t(kvh) * head_dim + d;
-        ks[j * row + d] = k_ring[src];
-        vs[j * row + d] = v_ring[src];
+    // rows <= ring (the host checks ring >= window - 1 + n), so a row's slot wraps at most once.
+    const int first_slot = int(first % ring);
+    if ((head_dim & 3) == 0 && (kvd & 3) == 0) {
+        // 16 bytes at a time, four rows' loads in flight per thread before their stores: the copy
+        // waits for L2 latency, not bandwidth (a scalar copy with a 64-bit modulo per value took
+        // most of a 28 µs launch at 10 streams x 4 frames).
+        const int vec = head_dim / 4;
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < rows * vec; idx += blockDim.x) {
+            const int j = idx / vec, d = (idx - j * vec) * 4;
+            const int slot = first_slot + j < ring ? first_slot + j : first_slot + j - ring;
+            const size_t src = size_t(slot) * kvd + size_t(kvh) * head_dim + d;
+            const float4 kv = *reinterpret_cast<const float4*>(k_ring + src);
+            const float4 vv = *reinterpret_cast<const float4*>(v_ring + src);
+            float* kd = ks + j * row + d;
+            float* vd = vs + j * row + d;
+            kd[0] = kv.x;
+            kd[1] = kv.y;
+            kd[2] = kv.z;
+            kd[3] = kv.w;
+            vd[0] = vv.x;
+            vd[1] = vv.y;
+            vd[2] = vv.z;
+            vd[3] = vv.w;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < rows * head_dim; idx += blockDim.x) {
+            const int j = idx / head_dim, d = idx - j * head_dim;
+            const int slot = first_slot + j < ring ? first_slot + j : first_slot + j - ring;
+            const size_t src = size_t(slot) * kvd + size_t(kvh) * head_dim + d;
+            ks[j * row + d] = k_ring[src];
+            vs[j * row + d] = v_ring[src];
+        }
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf(float(head_dim));
@@ -896,8 +926,11 @@ void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, con
     if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq ||
         !states_ok(states) || states.count > 65535)
         bad_args("rope_kv_store", __func__);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, states.count), dim3(128), 0, rope_kv_store_kernel, qkv, heads, kv_heads,
-                                    head_dim, inv_freq, states, k_at, v_at, ring));
+    constexpr int threads = 128;
+    const int items = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
+    const int slices = std::min(64, (items + threads - 1) / threads);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, states.count, slices), dim3(threads), 0, rope_kv_store_kernel, qkv, heads,
+                                    kv_heads, head_dim, inv_freq, states, k_at, v_at, ring));
 }
 
 void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, DecoderStates states,
