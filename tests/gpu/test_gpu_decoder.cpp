@@ -669,12 +669,14 @@ TEST_CASE("gpu decoder kernels: RoPE + sliding-window attention over the K/V rin
     // Windows whose keys fit in shared memory run the grouped kernel (a block per group of up to 8
     // query rows: one group of 5, the release decoder's window 72 with 4 rows, and 11 rows = groups
     // of 8 and 3, starting inside the first window); window 200 / head_dim 64 is too large for it
-    // and runs the direct one.
+    // and runs the direct one. The staged rows wrap around the ring (window 12: slots 3 .. 18 of a
+    // 16-row ring); head_dim 6 stages value by value (not whole 16-byte pieces).
     struct Shape {
         int hd, window, n;
         int64_t p0;  // position of the first new row
     };
-    for (const Shape shape : {Shape{16, 12, 5, 30}, Shape{64, 72, 4, 90}, Shape{16, 12, 11, 3}, Shape{64, 200, 5, 218}}) {
+    for (const Shape shape : {Shape{16, 12, 5, 30}, Shape{64, 72, 4, 90}, Shape{16, 12, 11, 3}, Shape{64, 200, 5, 218},
+                              Shape{6, 12, 5, 30}}) {
     const int heads = 4, kv = 2, hd = shape.hd, window = shape.window, n = shape.n, ring = window - 1 + n;
     CAPTURE(hd, window, n, shape.p0);
     const int qd = heads * hd, kvd = kv * hd, stride = qd + 2 * kvd;
