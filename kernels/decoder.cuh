@@ -72,7 +72,7 @@ void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, cons
 // planes [3, C, T] = the bf16 hi, lo, hi planes of snake(x) (of x when snake.alpha is null).
 void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& launch);
 
-// Overlap-add of a causal transposed conv (stride s <= 48, kernel K, K - s <= T·s), T frames per stream:
+// Overlap-add of a causal transposed conv (stride s, kernel K, K - s <= T·s), T frames per stream:
 //   cols [Cout·K, S·T] (row co·K + k = contribution of input column t to output t·s + k),
 //   y [Cout, S·T·s] = overlap-added columns + carried overlap (first K-s outputs) + bias;
 //   each stream's overlap [Cout, K - s] (at overlap_at in its block) becomes this chunk's
