@@ -317,8 +317,8 @@ __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int he
     float* v_ring = state_at<float>(states, b, v_at);
     float* row = qkv + (size_t(b) * gridDim.x + t) * stride;
     const int rotations = (heads + kv_heads) * half;
-    // grid.z blocks share the row's rotations and value copies: one or two per thread, so that
-    // their loads are not one chain of dependent round trips.
+    // grid.z blocks (up to 64) share the row's rotations and value copies, about one per thread,
+    // so that their loads are not one chain of dependent round trips.
     for (int idx = blockIdx.z * blockDim.x + threadIdx.x; idx < rotations + kvd; idx += gridDim.z * blockDim.x) {
         if (idx < rotations) {
             const int hh = idx / half, i = idx - hh * half;
@@ -442,6 +442,7 @@ __global__ void __launch_bounds__(GROUP_ATTENTION_WARPS * 32)
     float* probs = smem + 2 * max_rows * row + GROUP_ATTENTION_WARPS * head_dim + warp * max_rows;  // [max_rows]
     // rows <= ring (the host checks ring >= window - 1 + n), so a row's slot wraps at most once.
     const int first_slot = int(first % ring);
+    auto slot_of = [&](int j) { return first_slot + j < ring ? first_slot + j : first_slot + j - ring; };
     if ((head_dim & 3) == 0 && (kvd & 3) == 0) {
         // 16 bytes at a time, four rows' loads in flight per thread before their stores: the copy
         // waits for L2 latency, not bandwidth (a scalar copy with a 64-bit modulo per value took
@@ -450,8 +451,7 @@ __global__ void __launch_bounds__(GROUP_ATTENTION_WARPS * 32)
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < rows * vec; idx += blockDim.x) {
             const int j = idx / vec, d = (idx - j * vec) * 4;
-            const int slot = first_slot + j < ring ? first_slot + j : first_slot + j - ring;
-            const size_t src = size_t(slot) * kvd + size_t(kvh) * head_dim + d;
+            const size_t src = size_t(slot_of(j)) * kvd + size_t(kvh) * head_dim + d;
             const float4 kv = *reinterpret_cast<const float4*>(k_ring + src);
             const float4 vv = *reinterpret_cast<const float4*>(v_ring + src);
             float* kd = ks + j * row + d;
@@ -468,8 +468,7 @@ __global__ void __launch_bounds__(GROUP_ATTENTION_WARPS * 32)
     } else {
         for (int idx = threadIdx.x; idx < rows * head_dim; idx += blockDim.x) {
             const int j = idx / head_dim, d = idx - j * head_dim;
-            const int slot = first_slot + j < ring ? first_slot + j : first_slot + j - ring;
-            const size_t src = size_t(slot) * kvd + size_t(kvh) * head_dim + d;
+            const size_t src = size_t(slot_of(j)) * kvd + size_t(kvh) * head_dim + d;
             ks[j * row + d] = k_ring[src];
             vs[j * row + d] = v_ring[src];
         }
