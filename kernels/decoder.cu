@@ -1,7 +1,5 @@
 #include "kernels/decoder.cuh"
 
-#include <cuda_fp16.h>
-
 #include <algorithm>
 
 #include "kernels/check.cuh"
@@ -39,39 +37,27 @@ __device__ __forceinline__ float snake_eval(float v, float alpha, float inv_beta
 
 // Where an im2col stores its columns: fp32 (`col`), or as bf16 hi/lo pairs for the split-bf16
 // products (`planes` [3, plane]: the hi plane, the lo plane, the hi plane again, so that one GEMM
-// over 3K rows pairs them with the weights' hi | hi | lo), or with `f16` as fp16 hi/lo pairs
-// ([2, plane]: hi, lo; one GEMM over 2K rows against the weights' fp16 w | w).
+// over 3K rows pairs them with the weights' hi | hi | lo).
 struct ColumnSink {
     float* col = nullptr;
     bf16_t* planes = nullptr;
     size_t plane = 0;
-    bool f16 = false;
-    // v as a pair of 16-bit halves of the sink's format.
-    __device__ __forceinline__ void split(float v, uint16_t* hi, uint16_t* lo) const {
-        if (f16) {
-            const __half h = __float2half_rn(v);
-            *hi = __half_as_ushort(h);
-            *lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
-        } else {
-            bf16_split(v, hi, lo);
-        }
-    }
     __device__ __forceinline__ void put(size_t i, float v) const {
         if (col)
             col[i] = v;
         else {
             bf16_t hi, lo;
-            split(v, &hi, &lo);
+            bf16_split(v, &hi, &lo);
             planes[i] = hi;
             planes[plane + i] = lo;
-            if (!f16) planes[2 * plane + i] = hi;
+            planes[2 * plane + i] = hi;
         }
     }
     // Two consecutive columns' hi and lo halves, each pair packed in 32 bits (first column low).
-    __device__ __forceinline__ void split_packed(float a, float b, uint32_t& hi, uint32_t& lo) const {
+    static __device__ __forceinline__ void split_packed(float a, float b, uint32_t& hi, uint32_t& lo) {
         bf16_t ha, la, hb, lb;
-        split(a, &ha, &la);
-        split(b, &hb, &lb);
+        bf16_split(a, &ha, &la);
+        bf16_split(b, &hb, &lb);
         hi = ha | uint32_t(hb) << 16;
         lo = la | uint32_t(lb) << 16;
     }
@@ -86,7 +72,7 @@ struct ColumnSink {
         split_packed(v.z, v.w, hi[1], lo[1]);
         *reinterpret_cast<uint2*>(planes + i) = make_uint2(hi[0], hi[1]);
         *reinterpret_cast<uint2*>(planes + plane + i) = make_uint2(lo[0], lo[1]);
-        if (!f16) *reinterpret_cast<uint2*>(planes + 2 * plane + i) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(planes + 2 * plane + i) = make_uint2(hi[0], hi[1]);
     }
     // Eight consecutive columns from i (a multiple of 8): one 16-byte store per plane.
     __device__ __forceinline__ void put8(size_t i, const float* v) const {
@@ -99,7 +85,7 @@ struct ColumnSink {
         for (int q = 0; q < 4; ++q) split_packed(v[2 * q], v[2 * q + 1], hi[q], lo[q]);
         *reinterpret_cast<uint4*>(planes + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         *reinterpret_cast<uint4*>(planes + plane + i) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        if (!f16) *reinterpret_cast<uint4*>(planes + 2 * plane + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(planes + 2 * plane + i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     }
 };
 
@@ -860,19 +846,17 @@ void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, 
 }
 
 void conv_im2col_split(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
-                       SnakeParams snake, bf16_t* planes, const Launch& l, int col_rows, SplitFormat format) {
+                       SnakeParams snake, bf16_t* planes, const Launch& l, int col_rows) {
     const size_t plane = size_t(col_rows == 0 ? C * K + 1 : col_rows) * size_t(T > 0 ? T : 0);
-    im2col_launch(tail, L, x, C, T, K, dilation, snake,
-                  ColumnSink{nullptr, planes, plane, format == SplitFormat::SPLIT_F16X2}, l, col_rows,
+    im2col_launch(tail, L, x, C, T, K, dilation, snake, ColumnSink{nullptr, planes, plane}, l, col_rows,
                   "conv_im2col_split");
 }
 
-void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& l,
-                  SplitFormat format) {
+void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& l) {
     if (C <= 0 || T <= 0 || !x || !planes || (snake.alpha && !snake.inv_beta)) bad_args("split_planes", __func__);
     const size_t plane = size_t(C) * T;
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(grid_for((long long)C * T)), dim3(THREADS), 0, split_planes_kernel, x, C, T,
-                                    snake, ColumnSink{nullptr, planes, plane, format == SplitFormat::SPLIT_F16X2}));
+                                    snake, ColumnSink{nullptr, planes, plane}));
 }
 
 void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakeParams snake, const Launch& l) {
@@ -1019,12 +1003,10 @@ void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float
 }
 
 void conv_im2col_carry_split(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
-                             int dilation, SnakeParams snake, bf16_t* planes, const Launch& l, int col_rows,
-                             SplitFormat format) {
+                             int dilation, SnakeParams snake, bf16_t* planes, const Launch& l, int col_rows) {
     const size_t plane = size_t(col_rows == 0 ? C * K + 1 : col_rows) * size_t(T > 0 ? T : 0) * size_t(states.count);
-    im2col_carry_launch(states, tails_at, L, x, C, T, K, dilation, snake,
-                        ColumnSink{nullptr, planes, plane, format == SplitFormat::SPLIT_F16X2}, l, col_rows,
-                        "conv_im2col_carry_split");
+    im2col_carry_launch(states, tails_at, L, x, C, T, K, dilation, snake, ColumnSink{nullptr, planes, plane}, l,
+                        col_rows, "conv_im2col_carry_split");
 }
 
 void depthwise_conv_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,

@@ -51,14 +51,6 @@ struct SnakeParams {
 void rvq_gather(const int32_t* codes, int n, int nq, const float* codebooks, int size, int half, float* g,
                 const Launch& launch);
 
-// How the split kernels write an operand's planes: three bf16 planes (hi, lo, hi again) for the
-// three-term bf16 products (DECODER_MATH_BF16X3), or two fp16 planes (hi, lo) for the two-term
-// fp16 products (DECODER_MATH_F16X2: fp16 weights against fp16 hi/lo columns).
-enum class SplitFormat {
-    SPLIT_BF16X3,
-    SPLIT_F16X2,
-};
-
 // im2col of a causal conv whose input is [tail | x] (tail [C, L] already activated, x [C, T]
 // activated here with `snake` when set). L = (K-1)·dilation.
 //   col [col_rows, T]: row c·K + k holds input column t + k·dilation, row C·K is all ones, rows
@@ -68,20 +60,17 @@ void conv_im2col(const float* tail, int L, const float* x, int C, int T, int K, 
                  float* col, const Launch& launch, int col_rows = 0);
 // The same columns as bf16 hi/lo pairs for a split-bf16 product: planes [3, col_rows, T], the
 // hi plane (bf16(v)), the lo plane (bf16(v - hi)) and the hi plane again (the `b3` operand of
-// split_gemm_row_major); with SPLIT_F16X2 the fp16 hi and lo planes [2, col_rows, T] only.
+// split_gemm_row_major).
 void conv_im2col_split(const float* tail, int L, const float* x, int C, int T, int K, int dilation,
-                       SnakeParams snake, bf16_t* planes, const Launch& launch, int col_rows = 0,
-                       SplitFormat format = SplitFormat::SPLIT_BF16X3);
+                       SnakeParams snake, bf16_t* planes, const Launch& launch, int col_rows = 0);
 
 // New tail = last L columns of [tail | snake(x)] (in place; L <= 1024).
 void conv_tail_update(float* tail, int L, const float* x, int C, int T, SnakeParams snake, const Launch& launch);
 
 // y [C, T] = snake(x [C, T]) (y may alias x).
 void snake_apply(const float* x, int C, int T, SnakeParams snake, float* y, const Launch& launch);
-// planes [3, C, T] = the bf16 hi, lo, hi planes of snake(x) (of x when snake.alpha is null);
-// with SPLIT_F16X2 its fp16 hi and lo planes [2, C, T].
-void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& launch,
-                  SplitFormat format = SplitFormat::SPLIT_BF16X3);
+// planes [3, C, T] = the bf16 hi, lo, hi planes of snake(x) (of x when snake.alpha is null).
+void split_planes(const float* x, int C, int T, SnakeParams snake, bf16_t* planes, const Launch& launch);
 
 // Overlap-add of a causal transposed conv (stride s, kernel K, K - s <= T·s), T frames per stream:
 //   cols [Cout·K, S·T] (row co·K + k = contribution of input column t to output t·s + k),
@@ -147,11 +136,10 @@ void position_advance(DecoderStates states, int n, const Launch& launch);
 // conv_im2col + tail update in one launch; col [col_rows, S·T].
 void conv_im2col_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                        int dilation, SnakeParams snake, float* col, const Launch& launch, int col_rows = 0);
-// The same with the columns as bf16 hi/lo pairs: planes [3, col_rows, S·T] (hi, lo, hi), or
-// [2, col_rows, S·T] fp16 (hi, lo) with SPLIT_F16X2.
+// The same with the columns as bf16 hi/lo pairs: planes [3, col_rows, S·T] (hi, lo, hi).
 void conv_im2col_carry_split(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                              int dilation, SnakeParams snake, bf16_t* planes, const Launch& launch,
-                             int col_rows = 0, SplitFormat format = SplitFormat::SPLIT_BF16X3);
+                             int col_rows = 0);
 // depthwise_conv + tail update (no activation) in one launch; y [C, S·T].
 void depthwise_conv_carry(DecoderStates states, size_t tails_at, int L, const float* x, int C, int T, int K,
                           int dilation, const float* w, const float* b, float* y, const Launch& launch);

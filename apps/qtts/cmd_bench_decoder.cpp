@@ -2,7 +2,7 @@
 //
 //   qtts bench-decoder [--model DIR] [--chunks 1,2,4,25] [--frames N] [--repeats R] [--device N]
 //                      [--no-cuda-graphs] [--json FILE] [--cache DIR] [--streams 2,8,32,64]
-//                      [--math fp32,bf16x3,tf32,f16x2]
+//                      [--math fp32,bf16x3,tf32]
 //
 // Without --model a release-size random speech tokenizer (DecoderConfig defaults: decoder_dim
 // 1536, latent 1024, 8 transformer layers) is generated with make_model (cached). For every
@@ -57,7 +57,7 @@ void usage() {
         "  --device N         CUDA device (default 0)\n"
         "  --no-cuda-graphs   eager only\n"
         "  --math LIST        arithmetic of the convolution products, measured in turn (fp32, tf32,\n"
-        "                     bf16x3, f16x2; default: the engine's, bf16x3); each but fp32 also gets its SNR\n"
+        "                     bf16x3; default: the engine's, bf16x3); each but fp32 also gets its SNR\n"
         "                     and largest difference against fp32 products\n"
         "  --stages           also print a per-stage GPU time breakdown (eager; of the batched passes too)\n"
         "  --variants         also measure small-row transformer kernels and PDL off (graphs on)\n"
@@ -205,7 +205,7 @@ int bench_decoder_cuda(const qtts_cli::Args& args) {
     for (const std::string& name : qtts_cli::bench_names(args.get_or("math", "bf16x3"))) {
         qc::DecoderMath m{};
         if (!qc::decoder_math_parse(name, &m))
-            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--math: unknown arithmetic '{}' (fp32, tf32, bf16x3, f16x2)", name);
+            qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--math: unknown arithmetic '{}' (fp32, tf32, bf16x3)", name);
         maths.push_back(m);
     }
     qc::GpuContext context(device);

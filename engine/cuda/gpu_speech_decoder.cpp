@@ -55,15 +55,13 @@ const char* decoder_math_name(DecoderMath math) {
         case DecoderMath::DECODER_MATH_FP32: return "fp32";
         case DecoderMath::DECODER_MATH_TF32: return "tf32";
         case DecoderMath::DECODER_MATH_BF16X3: return "bf16x3";
-        case DecoderMath::DECODER_MATH_F16X2: return "f16x2";
     }
     return "?";
 }
 
 bool decoder_math_parse(const std::string& name, DecoderMath* out) {
     for (const DecoderMath m :
-         {DecoderMath::DECODER_MATH_FP32, DecoderMath::DECODER_MATH_TF32, DecoderMath::DECODER_MATH_BF16X3,
-          DecoderMath::DECODER_MATH_F16X2})
+         {DecoderMath::DECODER_MATH_FP32, DecoderMath::DECODER_MATH_TF32, DecoderMath::DECODER_MATH_BF16X3})
         if (name == decoder_math_name(m)) {
             *out = m;
             return true;
@@ -96,25 +94,6 @@ std::vector<uint16_t> split_triple(const std::vector<float>& v, size_t rows, siz
     return out;
 }
 
-// The same matrix as fp16 values, twice along K: rows [w | w] ([rows, 2·cols]), or with `stacked`
-// the whole matrix twice ([2·rows, cols]): the `a3` operand of split_gemm_row_major under SPLIT_F16X2.
-std::vector<uint16_t> split_twice_f16(const std::vector<float>& v, size_t rows, size_t cols, bool stacked) {
-    QTTS_ASSERT(v.size() == rows * cols);
-    std::vector<uint16_t> out(2 * v.size());
-    for (size_t r = 0; r < rows; ++r)
-        for (size_t c = 0; c < cols; ++c) {
-            const uint16_t h = f32_to_f16(v[r * cols + c]);
-            if (stacked) {
-                out[r * cols + c] = h;
-                out[(rows + r) * cols + c] = h;
-            } else {
-                out[r * 2 * cols + c] = h;
-                out[r * 2 * cols + cols + c] = h;
-            }
-        }
-    return out;
-}
-
 }  // namespace
 
 std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(const Checkpoint& checkpoint, int device,
@@ -133,12 +112,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
     g.config_ = d;
     g.device_ = device;
     g.math_ = options.math;
-    const bool split =
-        options.math == DecoderMath::DECODER_MATH_BF16X3 || options.math == DecoderMath::DECODER_MATH_F16X2;
-    const bool f16 = options.math == DecoderMath::DECODER_MATH_F16X2;
-    auto split_weights = [&](const std::vector<float>& v, size_t rows, size_t cols, bool stacked) {
-        return f16 ? split_twice_f16(v, rows, cols, stacked) : split_triple(v, rows, cols, stacked);
-    };
+    const bool split = options.math == DecoderMath::DECODER_MATH_BF16X3;
 
     speech_decoder_layout_check(d, w, "GPU speech decoder");
     if (d.sliding_window < 1 || d.sliding_window > kMaxWindow)
@@ -192,7 +166,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
             std::copy_n(wt.begin() + ptrdiff_t(o * row), row, packed.begin() + ptrdiff_t(o) * c.row);
             packed[size_t(o) * c.row + row] = b[size_t(o)];
         }
-        if (split) c.planes = g.store(split_weights(packed, size_t(c.cout), size_t(c.row), false));
+        if (split) c.planes = g.store(split_triple(packed, size_t(c.cout), size_t(c.row), false));
         if (!split || keep_f32) c.w = g.store(packed);
         return c;
     };
@@ -210,7 +184,7 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
                  c.k, stride);
         const std::vector<float> wt = tensor_to_f32(*cw.w);
         if (split)
-            c.planes = g.store(split_weights(wt, size_t(c.cin), size_t(c.cout) * c.k, true));
+            c.planes = g.store(split_triple(wt, size_t(c.cin), size_t(c.cout) * c.k, true));
         else
             c.w = g.store(wt);
         c.b = g.store(speech_weight_f32(cw.b, c.cout, what));
@@ -296,8 +270,8 @@ std::shared_ptr<const GpuSpeechDecoderWeights> GpuSpeechDecoderWeights::upload(c
             linear_with_bias(speech_weight_f32(cw.pw2_w, int64_t(4) * latent * latent, "convnext pwconv2.weight"),
                              speech_weight_f32(cw.pw2_b, latent, "convnext pwconv2.bias"), latent, 4 * latent, cx.pw2_row);
         if (split) {
-            cx.pw1_planes = g.store(split_weights(pw1, size_t(4) * latent, size_t(cx.pw1_row), false));
-            cx.pw2_planes = g.store(split_weights(pw2, size_t(latent), size_t(cx.pw2_row), false));
+            cx.pw1_planes = g.store(split_triple(pw1, size_t(4) * latent, size_t(cx.pw1_row), false));
+            cx.pw2_planes = g.store(split_triple(pw2, size_t(latent), size_t(cx.pw2_row), false));
         } else {
             cx.pw1 = g.store(pw1);
             cx.pw2 = g.store(pw2);
@@ -408,8 +382,7 @@ DecoderPass::DecoderPass(std::shared_ptr<const GpuSpeechDecoderWeights> weights,
     const int N = max_frames_;
     ScratchPlan plan;
     const int cd = d.codebook_dim;
-    // A product on split pairs (DECODER_MATH_BF16X3, _F16X2) takes its operand as planes, not fp32
-    // columns (three planes, or two under F16X2: sized for three).
+    // A product on bf16 pairs (DECODER_MATH_BF16X3) takes its operand as planes, not fp32 columns.
     auto conv_plan = [&](const GpuSpeechDecoderWeights::Conv& c, int T) {
         if (c.planes) {
             plan.planes_max(3 * size_t(c.row) * T);  // [3, row, T] bf16 hi, lo, hi columns
@@ -619,15 +592,12 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
 }
 
 void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K, const uint16_t* a3, int lda,
-                          const uint16_t* b3, float beta, float* C, int ldc, kernels::SplitFormat format) {
+                          const uint16_t* b3, float beta, float* C, int ldc) {
     const float one = 1.0f;
-    // Column-major Cᵀ = Bᵀ·op(A)ᵀ, as sgemm_row_major, over 3K: [A_hi | A_hi | A_lo]·[B_hi; B_lo; B_hi]
-    // (over 2K in fp16: [A | A]·[B_hi; B_lo]).
-    const bool f16 = format == kernels::SplitFormat::SPLIT_F16X2;
-    const cudaDataType_t type = f16 ? CUDA_R_16F : CUDA_R_16BF;
-    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
-                              (f16 ? 2 : 3) * K, &one, b3, type, N, a3, type, lda, &beta, C, CUDA_R_32F, ldc,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // Column-major Cᵀ = Bᵀ·op(A)ᵀ, as sgemm_row_major, over 3K: [A_hi | A_hi | A_lo]·[B_hi; B_lo; B_hi].
+    CUBLAS_CHECK(cublasGemmEx(context.cublas(), CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, 3 * K, &one,
+                              b3, CUDA_R_16BF, N, a3, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 // y [cout, S·T] (= or += when beta is 1) conv(snake(x) with each stream's carried tail).
@@ -637,19 +607,19 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
     QTTS_ASSERT(beta == 0.0f || beta == 1.0f);
     const kernels::Launch l = context_.launch();
     const int L = conv.tail(), rows = conv.row, columns = states.count * T;
-    const kernels::SplitWeights split = few_columns_weights(conv.planes, rows);
-    const bool few = kernels::few_columns_supported(split, conv.cout, columns, rows);  // false without bf16 planes
+    const kernels::SplitWeights split =
+        conv.planes ? kernels::split_rows(conv.planes, rows, 3 * rows) : kernels::SplitWeights{};
+    const bool few = kernels::few_columns_supported(split, conv.cout, columns, rows);  // false without planes
     if (conv.planes && !few) {
-        const kernels::SplitFormat format = weights_->split_format();
         if (L > 0)
             CUDA_CHECK_KERNEL(kernels::conv_im2col_carry_split(states, tail_at, L, x, conv.cin, T, conv.k,
-                                                               conv.dilation, snake, planes_.get(), l, rows, format));
+                                                               conv.dilation, snake, planes_.get(), l, rows));
         else
             CUDA_CHECK_KERNEL(kernels::conv_im2col_split(nullptr, 0, x, conv.cin, columns, conv.k, conv.dilation, snake,
-                                                         planes_.get(), l, rows, format));
+                                                         planes_.get(), l, rows));
         mark("conv im2col");
-        split_gemm_row_major(context_, false, conv.cout, columns, rows, conv.planes, weights_->split_terms() * rows,
-                             planes_.get(), beta, y, columns, format);
+        split_gemm_row_major(context_, false, conv.cout, columns, rows, conv.planes, 3 * rows, planes_.get(), beta, y,
+                             columns);
         mark("conv products");
         return;
     }
@@ -672,16 +642,14 @@ void DecoderPass::conv_enqueue(kernels::DecoderStates states, const GpuSpeechDec
 void DecoderPass::trans_conv_enqueue(kernels::DecoderStates states, const GpuSpeechDecoderWeights::TransConv& tc,
                                      size_t overlap_at, const float* x, int T, kernels::SnakeParams snake, float* y) {
     const int cols = tc.cout * tc.k, columns = states.count * T;
-    const bool bf16 = weights_->math() == DecoderMath::DECODER_MATH_BF16X3;  // the few-column kernels' weights
     const kernels::SplitWeights split =
-        tc.planes && bf16 ? kernels::split_stacked(tc.planes, tc.cin, cols) : kernels::SplitWeights{};
-    const bool few = kernels::few_columns_supported(split, cols, columns, tc.cin);  // false without bf16 planes
+        tc.planes ? kernels::split_stacked(tc.planes, tc.cin, cols) : kernels::SplitWeights{};
+    const bool few = kernels::few_columns_supported(split, cols, columns, tc.cin);  // false without planes
     if (tc.planes && !few) {
-        const kernels::SplitFormat format = weights_->split_format();
-        CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch(), format));
+        CUDA_CHECK_KERNEL(kernels::split_planes(x, tc.cin, columns, snake, planes_.get(), context_.launch()));
         mark("transposed conv input");
         split_gemm_row_major(context_, true, cols, columns, tc.cin, tc.planes, cols, planes_.get(), 0.0f, aux_.get(),
-                             columns, format);
+                             columns);
     } else {
         if (snake.alpha) {  // activated into the other signal buffer (x is the current one)
             float* act = x == x_.get() ? y_.get() : x_.get();
@@ -722,16 +690,14 @@ void DecoderPass::convnext_enqueue(kernels::DecoderStates states, const GpuSpeec
 void DecoderPass::weight_product(int M, int N, int K, const float* w, const uint16_t* planes, const float* B,
                                  float* C) {
     if (planes) {
-        const kernels::SplitWeights split = few_columns_weights(planes, K);
+        const kernels::SplitWeights split = kernels::split_rows(planes, K, 3 * K);
         if (kernels::few_columns_supported(split, M, N, K)) {
             CUDA_CHECK_KERNEL(
                 kernels::few_columns_product(split, M, N, K, B, false, C, few_workspace(), context_.launch()));
             return;
         }
-        const kernels::SplitFormat format = weights_->split_format();
-        CUDA_CHECK_KERNEL(kernels::split_planes(B, K, N, {}, planes_.get(), context_.launch(), format));
-        split_gemm_row_major(context_, false, M, N, K, planes, weights_->split_terms() * K, planes_.get(), 0.0f, C, N,
-                             format);
+        CUDA_CHECK_KERNEL(kernels::split_planes(B, K, N, {}, planes_.get(), context_.launch()));
+        split_gemm_row_major(context_, false, M, N, K, planes, 3 * K, planes_.get(), 0.0f, C, N);
     } else {
         gemm(false, false, M, N, K, w, K, B, N, 0.0f, C, N);
     }

@@ -69,11 +69,8 @@ void sgemm_row_major(GpuContext& context, bool trans_a, bool trans_b, int M, int
 // (hi, hi, lo: rows [M, 3K] with lda >= 3K, or with trans_a the blocks stacked [3K, M]); `b3` is
 // [3K, N] (hi rows, lo rows, hi rows again; leading dimension N), as the split kernels write it.
 // The lo·lo term is left out: about 16 mantissa bits per operand, against fp32's 24 and TF32's 11.
-// With SPLIT_F16X2 the two-term fp16 product instead: C = A·B_hi + A·B_lo as one GEMM over 2K,
-// [A | A]·[B_hi; B_lo] with A fp16 (rows [M, 2K], or stacked [2K, M]) and B the fp16 hi and lo rows.
 void split_gemm_row_major(GpuContext& context, bool trans_a, int M, int N, int K, const uint16_t* a3, int lda,
-                          const uint16_t* b3, float beta, float* C, int ldc,
-                          kernels::SplitFormat format = kernels::SplitFormat::SPLIT_BF16X3);
+                          const uint16_t* b3, float beta, float* C, int ldc);
 
 // The arithmetic of the decoder's convolution products (the im2col convs and the transposed
 // convs: ~95% of its FLOPs). The transformer, the RVQ projection and the ConvNeXt pointwise
@@ -82,12 +79,8 @@ enum class DecoderMath {
     DECODER_MATH_FP32,    // cuBLAS SGEMM
     DECODER_MATH_TF32,    // TF32 tensor cores: measured 53.5 dB SNR against fp32, kept for measurements
     DECODER_MATH_BF16X3,  // split-bf16 tensor-core products (split_gemm_row_major)
-    // Two-term fp16 products (fp16 weights against fp16 hi/lo columns: 2/3 of bf16x3's tensor work
-    // and planes), kept for measurements (docs/performance.md); products over few columns take the
-    // GEMM path (the few-column kernels are bf16 only).
-    DECODER_MATH_F16X2,
 };
-const char* decoder_math_name(DecoderMath math);  // "fp32", "tf32", "bf16x3", "f16x2"
+const char* decoder_math_name(DecoderMath math);  // "fp32", "tf32", "bf16x3"
 bool decoder_math_parse(const std::string& name, DecoderMath* out);
 
 struct GpuSpeechDecoderWeightOptions {
@@ -104,8 +97,7 @@ public:
     // A dense conv (groups 1): w [cout, row], row >= cin·k + 1: the weights, the bias (0 when
     // none) in column cin·k, zeros after it.
     // Under DECODER_MATH_BF16X3 the product's weights are bf16 pairs in `planes` and `w` is null
-    // (but for the output conv, whose direct kernel reads `w`); under DECODER_MATH_F16X2 `planes`
-    // holds each row's fp16 values twice ([cout, 2·row]; transposed convs [2·cin, cout·k]).
+    // (but for the output conv, whose direct kernel reads `w`).
     struct Conv {
         int cin = 0, cout = 0, k = 0, dilation = 1, row = 0;
         const float* w = nullptr;
@@ -164,12 +156,6 @@ public:
 
     const DecoderConfig& config() const { return config_; }
     DecoderMath math() const { return math_; }
-    // How the products' operands are split (split math only): planes per operand and their format.
-    kernels::SplitFormat split_format() const {
-        return math_ == DecoderMath::DECODER_MATH_F16X2 ? kernels::SplitFormat::SPLIT_F16X2
-                                                        : kernels::SplitFormat::SPLIT_BF16X3;
-    }
-    int split_terms() const { return math_ == DecoderMath::DECODER_MATH_F16X2 ? 2 : 3; }
     int device() const { return device_; }
     int samples_per_frame() const { return samples_per_frame_; }
     size_t device_bytes() const { return device_bytes_; }
@@ -281,12 +267,6 @@ private:
     // C [M, N] = W [M, K] · B [K, N] (B fp32, row-major): on split-bf16 pairs when `planes` is set
     // (B split into the planes_ scratch first), else the fp32 weights `w` (SGEMM or TF32).
     void weight_product(int M, int N, int K, const float* w, const uint16_t* planes, const float* B, float* C);
-    // The few-column kernels' view of a product's weight rows [M, 3K] (bf16x3 planes; none for
-    // other arithmetic, which then takes the GEMM path at every width).
-    kernels::SplitWeights few_columns_weights(const uint16_t* planes, int K) const {
-        return planes && weights_->math() == DecoderMath::DECODER_MATH_BF16X3 ? kernels::split_rows(planes, K, 3 * K)
-                                                                              : kernels::SplitWeights{};
-    }
     void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
               float beta, float* C, int ldc) {
         sgemm_row_major(context_, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc,

@@ -99,30 +99,6 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
-uint16_t f32_to_f16(float v) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    const uint16_t sign = uint16_t((bits >> 16) & 0x8000);
-    const uint32_t abs = bits & 0x7FFFFFFF;
-    if (abs > 0x7F800000) return uint16_t(sign | 0x7E00 | ((abs >> 13) & 0x3FF));  // NaN stays NaN
-    if (abs >= 0x477FF000) return uint16_t(sign | 0x7C00);  // rounds past 65504 (or is infinite)
-    const int exp = int(abs >> 23) - 127;
-    if (exp < -14) {  // subnormal half: the value in units of 2^-24, rounded to nearest even
-        if (exp < -25) return sign;  // below half of the smallest subnormal
-        const uint32_t mant = (abs & 0x7FFFFF) | 0x800000;
-        const int shift = -exp - 1;  // 14 .. 24: mant · 2^(exp - 23) / 2^-24 = mant >> (-1 - exp)
-        uint32_t q = mant >> shift;
-        const uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rest > half || (rest == half && (q & 1))) ++q;
-        return uint16_t(sign | q);
-    }
-    // Normal: drop 13 mantissa bits, rounding to nearest even (a carry may bump the exponent).
-    uint32_t h = ((uint32_t(exp + 15) << 10) | ((abs >> 13) & 0x3FF));
-    const uint32_t rest = abs & 0x1FFF;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
-    return uint16_t(sign | h);
-}
-
 int64_t TensorView::numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

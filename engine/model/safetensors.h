@@ -24,8 +24,6 @@ const char* dtype_name(DType dtype);  // "BF16", "F32", ... as written in the fi
 float bf16_to_f32(uint16_t v);
 uint16_t f32_to_bf16(float v);
 float f16_to_f32(uint16_t v);
-// f32 -> IEEE half (round to nearest even; beyond the largest half: infinity; NaN preserved).
-uint16_t f32_to_f16(float v);
 
 // One tensor inside a mapped file. `data` points into the mapping and stays valid while the
 // owning SafetensorsFile lives.

@@ -233,20 +233,6 @@ size_t pair_mismatches(const qc::DeviceArray<uint16_t>& planes, const std::vecto
     return bad;
 }
 
-// Mismatches between fp16 planes [2, count] (hi, lo) and the fp16 pairs of `values` [count].
-size_t f16_pair_mismatches(const qc::DeviceArray<uint16_t>& planes, const std::vector<float>& values) {
-    CUDA_CHECK(cudaStreamSynchronize(context().stream()));
-    std::vector<uint16_t> got(2 * values.size());
-    CUDA_CHECK(cudaMemcpy(got.data(), planes.get(), got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    size_t bad = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-        const uint16_t hi = qtts::f32_to_f16(values[i]);
-        const uint16_t lo = qtts::f32_to_f16(values[i] - qtts::f16_to_f32(hi));
-        bad += got[i] != hi || got[values.size() + i] != lo;
-    }
-    return bad;
-}
-
 // A three times along K as bf16 pairs: rows [hi | hi | lo] ([M, 3K]), or stacked hi; hi; lo
 // ([3K, M] from A stored [K, M]) — the `a3` operand of split_gemm_row_major, built on the host.
 qc::DeviceArray<uint16_t> a3_device(const std::vector<float>& a, size_t rows, size_t cols, bool stacked) {
@@ -332,36 +318,6 @@ TEST_CASE("gpu decoder kernels: split-bf16 products (im2col planes, split_planes
     std::printf("  conv product: relative error %.3g (accumulated %.3g)\n", err, err_acc);
     CHECK(err < 2e-5);
     CHECK(err_acc < 2e-5);
-
-    // The two-term fp16 form (DECODER_MATH_F16X2, a measurement mode): the im2col's fp16 hi/lo
-    // planes are exactly the fp16 pairs of the fp32 columns; the product [W | W]·[X_hi; X_lo] with
-    // fp16 weights is within what their 11-bit rounding allows (~2^-12 per weight).
-    {
-        qc::DeviceArray<uint16_t> planes16(2 * cols.size());
-        CUDA_CHECK(cudaMemset(planes16.get(), 0xff, planes16.bytes()));
-        qk::conv_im2col_split(dtail.get(), L, dx.get(), C, T, K, d, snake, planes16.get(), l, rows,
-                              qk::SplitFormat::SPLIT_F16X2);
-        CHECK(f16_pair_mismatches(planes16, cols) == 0);
-        std::vector<uint16_t> w2(2 * w.size());
-        for (int o = 0; o < Cout; ++o)
-            for (int j = 0; j < rows; ++j) {
-                const uint16_t h = qtts::f32_to_f16(w[size_t(o) * rows + j]);
-                w2[size_t(o) * 2 * rows + j] = h;
-                w2[size_t(o) * 2 * rows + rows + j] = h;
-            }
-        qc::DeviceArray<uint16_t> dw2(w2.size());
-        CUDA_CHECK(cudaMemcpy(dw2.get(), w2.data(), w2.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(y.get(), nan.data(), y.bytes(), cudaMemcpyHostToDevice));
-        qc::split_gemm_row_major(context(), false, Cout, T, rows, dw2.get(), 2 * rows, planes16.get(), 0.0f, y.get(), T,
-                                 qk::SplitFormat::SPLIT_F16X2);
-        const auto got16 = to_host(y.get(), y.size());
-        const double err16 = qtts_test::rel_error(got16.data(), expect.data(), expect.size());
-        std::printf("  conv product, two-term fp16: relative error %.3g\n", err16);
-        CHECK(err16 < 5e-4);
-        CHECK(err16 > err);  // the fp16 weights' rounding shows: the check compares the two forms
-        qk::split_planes(col.get(), rows, T, {}, planes16.get(), l, qk::SplitFormat::SPLIT_F16X2);
-        CHECK(f16_pair_mismatches(planes16, cols) == 0);
-    }
 
     // The streaming im2col (tail slots) writes the planes of its fp32 twin's columns.
     std::vector<float> tails2(size_t(2) * C * L, 0.0f);
@@ -1157,20 +1113,6 @@ TEST_CASE("gpu decoder: release-size random tokenizer streams with SNR >= 60 dB 
     std::printf("full-size decoder: %d frames, rms %.4f, GPU vs CPU SNR %.1f dB, max abs %.3g\n", n, rms, snr, err);
     REQUIRE(rms > 1e-3);
     CHECK(snr >= 60.0);
-
-    // The two-term fp16 products (DECODER_MATH_F16X2, a measurement mode) on the same codes.
-    {
-        qc::GpuSpeechDecoderWeightOptions f16;
-        f16.math = qc::DecoderMath::DECODER_MATH_F16X2;
-        const auto w16 = qc::GpuSpeechDecoderWeights::upload(*ckpt, context().device(), f16);
-        qc::GpuSpeechDecoder dec16(w16, context());
-        const auto pcm16 = gpu_stream(dec16, codes, n, {1, 2, 4, 1, 25, 3});
-        REQUIRE(pcm16.size() == ref.size());
-        const double snr16 = snr_db(pcm16, ref);
-        std::printf("full-size decoder: two-term fp16 products: GPU vs CPU SNR %.1f dB, max abs %.3g\n", snr16,
-                    qtts_test::max_abs_error(pcm16.data(), ref.data(), ref.size()));
-        CHECK(snr16 >= 60.0);
-    }
 
     // Batched passes at release size: 4 streams (graphs, then eager for an odd chunk) against
     // their twins decoded alone.

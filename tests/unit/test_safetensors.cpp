@@ -1,9 +1,7 @@
 // The safetensors reader validates everything it maps and names the exact problem.
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <cstring>
-#include <limits>
 #include <fstream>
 
 #include "engine/common/error.h"
@@ -46,41 +44,6 @@ TEST_CASE("bf16 conversion rounds to nearest even and round-trips", "[safetensor
     CHECK(f16_to_f32(0x3C00) == 1.0f);
     CHECK(f16_to_f32(0xC000) == -2.0f);
     CHECK(f16_to_f32(0x0001) == Approx(5.96046448e-8f));
-}
-
-TEST_CASE("f16 conversion rounds to nearest even, saturates to infinity and round-trips", "[safetensors]") {
-    CHECK(f32_to_f16(1.0f) == 0x3C00);
-    CHECK(f32_to_f16(-2.0f) == 0xC000);
-    CHECK(f32_to_f16(65504.0f) == 0x7BFF);
-    CHECK(f32_to_f16(65520.0f) == 0x7C00);                  // halfway past the largest half: infinity
-    CHECK(f32_to_f16(65519.0f) == 0x7BFF);
-    CHECK(f32_to_f16(1.0f + 1.0f / 2048.0f) == 0x3C00);     // a tie: to even
-    CHECK(f32_to_f16(1.0f + 3.0f / 2048.0f) == 0x3C02);     // a tie: to even (up)
-    CHECK(f32_to_f16(5.96046448e-8f) == 0x0001);            // the smallest subnormal
-    CHECK(f32_to_f16(2.98023224e-8f) == 0x0000);            // half of it: a tie, to even (zero)
-    CHECK(f32_to_f16(6.103515625e-05f) == 0x0400);          // the smallest normal
-    CHECK(f32_to_f16(6.0975551605224609e-05f) == 0x03FF);   // the largest subnormal
-    CHECK(std::isnan(f16_to_f32(f32_to_f16(std::nanf("")))));
-    CHECK(f32_to_f16(-std::numeric_limits<float>::infinity()) == 0xFC00);
-    // Every finite half round-trips exactly, and every float lands on the nearer neighbour.
-    for (uint32_t h = 0; h < 0x10000; ++h) {
-        if ((h & 0x7C00) == 0x7C00) continue;
-        const float f = f16_to_f32(uint16_t(h));
-        INFO("half " << h);
-        CHECK(f32_to_f16(f) == uint16_t(h));
-    }
-    uint32_t state = 12345;
-    for (int i = 0; i < 20000; ++i) {
-        state = state * 1664525u + 1013904223u;
-        const float v = (float(state >> 8) / float(1 << 24) - 0.5f) * 2.0f * std::ldexp(1.0f, int(state % 40) - 24);
-        const float got = f16_to_f32(f32_to_f16(v));
-        // No other half is nearer (checked against both neighbours of the result).
-        const uint16_t h = f32_to_f16(v);
-        const float up = f16_to_f32(uint16_t(h + 1)), down = f16_to_f32(uint16_t(h - 1));
-        INFO("v " << v);
-        CHECK(std::fabs(got - v) <= std::fabs(up - v));
-        if ((h & 0x7FFF) != 0) CHECK(std::fabs(got - v) <= std::fabs(down - v));
-    }
 }
 
 TEST_CASE("writer and reader round-trip every dtype", "[safetensors]") {
