@@ -304,7 +304,11 @@ __global__ void rms_norm_rows_kernel(const float* x, int C, const float* w, floa
     for (int c = threadIdx.x; c < C; c += blockDim.x) yr[c] = (xr[c] * inv) * w[c];
 }
 
-// grid (n, S): row t of stream b.
+// rope_kv_store: threads per block, and blocks per row at most (grid.z).
+constexpr int ROPE_THREADS = 128;
+constexpr int ROPE_MAX_SLICES = 64;
+
+// grid (n, S, slices): row t of stream b.
 __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int head_dim, const float* inv_freq,
                                      DecoderStates states, size_t k_at, size_t v_at, int ring) {
     pdl_wait();
@@ -317,8 +321,8 @@ __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int he
     float* v_ring = state_at<float>(states, b, v_at);
     float* row = qkv + (size_t(b) * gridDim.x + t) * stride;
     const int rotations = (heads + kv_heads) * half;
-    // grid.z blocks (up to 64) share the row's rotations and value copies, about one per thread,
-    // so that their loads are not one chain of dependent round trips.
+    // grid.z blocks (up to ROPE_MAX_SLICES) share the row's rotations and value copies, about one
+    // per thread, so that their loads are not one chain of dependent round trips.
     for (int idx = blockIdx.z * blockDim.x + threadIdx.x; idx < rotations + kvd; idx += gridDim.z * blockDim.x) {
         if (idx < rotations) {
             const int hh = idx / half, i = idx - hh * half;
@@ -925,11 +929,10 @@ void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, con
     if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq ||
         !states_ok(states) || states.count > 65535)
         bad_args("rope_kv_store", __func__);
-    constexpr int threads = 128;
     const int items = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
-    const int slices = std::min(64, (items + threads - 1) / threads);
-    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, states.count, slices), dim3(threads), 0, rope_kv_store_kernel, qkv, heads,
-                                    kv_heads, head_dim, inv_freq, states, k_at, v_at, ring));
+    const int slices = std::min(ROPE_MAX_SLICES, (items + ROPE_THREADS - 1) / ROPE_THREADS);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, states.count, slices), dim3(ROPE_THREADS), 0, rope_kv_store_kernel,
+                                    qkv, heads, kv_heads, head_dim, inv_freq, states, k_at, v_at, ring));
 }
 
 void window_attention(const float* qkv, int n, int heads, int kv_heads, int head_dim, DecoderStates states,
