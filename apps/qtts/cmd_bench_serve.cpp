@@ -86,7 +86,8 @@ void usage() {
         "  --concurrency LIST     client threads per level (default 1,4,10,16,32,64)\n"
         "  --requests N           requests per level (default max(2 x concurrency, 8))\n"
         "  --trace                the JSON gets each level's chunks in the order the engine made them\n"
-        "                         ([round, stream, frames, batched, ended] each: which streams shared its rounds)\n"
+        "                         ([round, stream, frames, batched, ended, step frames] each: which streams\n"
+        "                         shared its rounds, and how many frames the batched step that made it made)\n"
         " paced (--paced):\n"
         "  --rate R               new requests per second (> 0)\n"
         "  --duration S           seconds of arrivals (> 0)\n"
@@ -437,7 +438,7 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
     if (o.trace) {
         nlohmann::json chunks = nlohmann::json::array();
         for (const qtts::EngineTraceEntry& t : engine_trace_take(engine))
-            chunks.push_back({t.round, t.stream_id, t.frames, t.batched, t.ended});
+            chunks.push_back({t.round, t.stream_id, t.frames, t.batched, t.ended, t.step_frames});
         level["trace"] = std::move(chunks);
     }
     return level;

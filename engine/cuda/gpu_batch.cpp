@@ -385,6 +385,12 @@ void GpuBatch::run(int frames) {
         graph_replay(context_, it->second);
         return;
     }
+    // A size without its own graph (a capped last chunk's 2-3 frames): the one-frame graph once
+    // per frame, the same steps.
+    if (auto one = graphs_.find(std::make_pair(bucket, 1)); one != graphs_.end()) {
+        for (int i = 0; i < frames; ++i) graph_replay(context_, one->second);
+        return;
+    }
     OwnerGuard::Scope owner(context_.guard(), "eager batch steps");
     for (int i = 0; i < frames; ++i) step_enqueue(bucket);
 }

@@ -23,8 +23,9 @@
 //
 // Graphs: one graph per (bucket, frames) pair, captured at start-up (capture() logs time, nodes
 // and memory of each), all in the device's one graph pool; none allocates. A batch of n streams
-// replays the smallest bucket >= n; the rows past n are idle and skipped. Graphs off (or a size
-// without a graph) runs the same kernels eagerly, with identical results.
+// replays the smallest bucket >= n; the rows past n are idle and skipped. A size without a graph
+// replays the bucket's one-frame graph once per frame; graphs off runs the same kernels eagerly,
+// with identical results.
 //
 // Threading: the owner thread of the context (every replay goes through its OwnerGuard). bind()
 // and run() are host calls between steps; bind() waits for the stream.
@@ -110,7 +111,8 @@ public:
     long long graph_device_bytes() const;
 
     // `frames` frame steps of every bound stream (the stopped ones stay put): one replay of the
-    // graph for (bucket_for(bound()), frames) when captured, else the same steps eagerly.
+    // graph for (bucket_for(bound()), frames) when captured, else of its one-frame graph per
+    // frame, else the same steps eagerly.
     void run(int frames);
     // One frame step over the first `rows` rows, enqueued (graph-capturable; benchmarks).
     void step_enqueue(int rows);

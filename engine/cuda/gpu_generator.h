@@ -77,6 +77,9 @@ public:
     // after an end-of-speech are (the last chunk of a capped stream would otherwise run alone).
     bool batch_ready(int frames);
     void batch_computed(int frames);
+    // Frames the segment can still make before its frame limit (ChunkGenerator::frames_left): a
+    // step of all capped streams' last chunks needs no more than the largest of these.
+    int frames_left() const { return frame_limit_ - computed_; }
     // Batched decoding (GpuGeneratorPool::batch_run): after batch_computed, the chunk's codes are
     // copied to the host for every stream of the step at once — batch_codes_enqueue (asynchronous),
     // one synchronisation by the caller, then batch_codes_land, which returns how many of the

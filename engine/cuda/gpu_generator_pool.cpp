@@ -41,6 +41,7 @@ public:
     StopReason stop_reason() const override { return state_->stop_reason(); }
     int frames_emitted() const override { return state_->frames_emitted(); }
     bool batch_ready(int frames) override { return state_->batch_ready(frames); }
+    int frames_left() const override { return state_->frames_left(); }
     void reference_decode(const int32_t* codes, int frames) override {
         std::vector<float> discarded;
         discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);

@@ -79,6 +79,10 @@ public:
         (void)frames;
         return false;
     }
+    // Batching backends, after batch_ready: the frames the current segment can still make before
+    // its frame limit (a shared step need not make more for it). -1: not known (no limit, or a
+    // backend that does not batch).
+    virtual int frames_left() const { return -1; }
 };
 
 // One segment start of a batched start (SpeechModel::batch_start): what ChunkGenerator::start

@@ -193,7 +193,12 @@ public:
     std::unique_ptr<Utterance> utterance_;  // engine thread only
     bool waiting_for_text_ = false;        // engine thread only
     uint64_t served_round_ = 0;            // engine thread only: the last round that serviced it
-    uint64_t batched_round_ = 0;           // engine thread only: the last round whose batched step it was in
+    // Engine thread only: the frames of the batched step whose chunk service() has not read yet (0:
+    // none; the next chunk then takes chunk_size's rule).
+    int batched_frames_ = 0;
+    // Engine thread only: the round in which this steady stream joined the newcomers' first step
+    // (a one-frame chunk ahead of its steady one: first_batch_step).
+    uint64_t joined_round_ = 0;
     // Engine thread only: the round whose steady batched step made this stream's next chunk after
     // it had its first chunk earlier in the same round (service_pass then serves it again).
     uint64_t second_round_ = 0;
@@ -334,7 +339,9 @@ struct Engine::Impl {
         pcm.clear();
         frames.clear();
         const bool was_waiting = s.waiting_for_text_;
+        const int step_frames = s.batched_frames_;  // 0: made here, alone
         const UtteranceStatus status = s.utterance_->chunk(k, &pcm, &frames);
+        s.batched_frames_ = 0;  // a batched step's frames are read
         if (s.cancelled_.load()) {
             // Cancelled while the chunk was being made: its audio is not published, so a barge-in
             // (Stream::discard) has nothing new to drop and a plain cancel ends at the last chunk
@@ -359,7 +366,7 @@ struct Engine::Impl {
             }
             s.publish(pcm, frames);
             s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
-            seams_after_chunk(s, int32_t(frames.size()), ends);
+            seams_after_chunk(s, int32_t(frames.size()), step_frames, ends);
         }
         if (s.waiting_for_text_ && !was_waiting) s.event_emit(StreamEventKind::STREAM_EVENT_WAITING);
         if (ends) {
@@ -369,7 +376,10 @@ struct Engine::Impl {
         return !frames.empty() || finished;
     }
 
+    // The frames of the stream's next chunk: those of the batched step that made it, else one
+    // frame for a first chunk and the steady size after it.
     int chunk_size(const StreamImpl& s) const {
+        if (s.batched_frames_ > 0) return s.batched_frames_;
         return s.utterance_->frames() == 0 ? options.first_chunk_frames : options.chunk_frames;
     }
 
@@ -396,11 +406,11 @@ struct Engine::Impl {
     }
 
     // Test seams after a chunk that made audio (engine_debug.h); nothing when they are off.
-    void seams_after_chunk(const StreamImpl& s, int32_t frames, bool ends) {
+    void seams_after_chunk(const StreamImpl& s, int32_t frames, int32_t step_frames, bool ends) {
         if (trace_on.load(std::memory_order_relaxed)) {
             std::lock_guard<std::mutex> lock(trace_mutex);
             if (trace.size() < trace_capacity)
-                trace.push_back(EngineTraceEntry{round, s.id(), frames, s.batched_round_ == round, ends});
+                trace.push_back(EngineTraceEntry{round, s.id(), frames, step_frames > 0, ends, step_frames});
         }
         if (const int64_t us = chunk_delay_us.load(std::memory_order_relaxed); us > 0)
             std::this_thread::sleep_for(std::chrono::microseconds(us));
@@ -409,21 +419,35 @@ struct Engine::Impl {
     // Batched LM steps (CUDA), two per round. First the newcomers: their first segments start
     // together (their prompt prefills in shared passes, SpeechModel::batch_start), then their
     // first chunks are made in one step, so that a round with several new requests pays one
-    // prefill pass and one frame step for all of them instead of one each. Then the
-    // streams whose next chunk is a steady one and can be made now. service() then reads (and,
-    // where the batched decoder pass did not, decodes) each stream's frames as usual. A lone
-    // newcomer or steady stream takes its own, faster, single-stream path in service(). Streams
-    // waiting for text, for their reader, or between sentences are left to service(). The list is
-    // in the round's order, so when more streams could join than one step takes, the most urgent
-    // ones do. Engine thread.
+    // prefill pass and one frame step for all of them instead of one each. The steady streams
+    // whose readers have room join that step (a one-frame chunk ahead of their steady one): a
+    // frame step costs about the same for a few more rows, so the step that a newcomer needs
+    // anyway makes a frame for every stream instead of one for it alone (docs/engine.md,
+    // "Batched steps"). Then the streams whose next chunk is a steady one and can be made now.
+    // service() then reads (and, where the batched decoder pass did not, decodes) each stream's
+    // frames as usual. A lone newcomer with no steady stream to join it, or a lone steady
+    // stream, takes its own, faster, single-stream path in service(). Streams waiting for text,
+    // for their reader, or between sentences are left to service(). The list is in the round's
+    // order, so when more streams could join than one step takes, the most urgent ones do.
+    // Engine thread.
     void first_batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.first_chunk_frames;
         const auto newcomer = [this, k](const StreamImpl& s) {
             return !s.cancelled_.load() && !s.waiting_for_text_ && s.utterance_->frames() == 0 &&
                    s.served_round_ != round && s.ring_.available_write() >= size_t(k) * SAMPLES_PER_FRAME;
         };
-        if (std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); }) < 2) return;
-        {
+        // A steady stream with room for this chunk and its steady one after it (so it still
+        // joins this round's steady step).
+        const auto joiner = [this, k](const StreamImpl& s) {
+            return !s.cancelled_.load() && !s.waiting_for_text_ && s.utterance_->frames() > 0 &&
+                   s.served_round_ != round &&
+                   s.ring_.available_write() >= size_t(k + options.chunk_frames) * SAMPLES_PER_FRAME;
+        };
+        const auto newcomers = std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); });
+        if (newcomers == 0) return;
+        if (newcomers == 1 && std::none_of(active.begin(), active.end(), [&](const auto& s) { return joiner(*s); }))
+            return;  // one newcomer alone: its own path in service()
+        if (newcomers >= 2) {
             const PartClock clock(*this, round_time.starts_s);
             first_batch_start(active, newcomer);
         }
@@ -452,6 +476,16 @@ struct Engine::Impl {
                 }
             }
         }
+        if (!generators.empty())
+            for (auto& s : active) {
+                if (int(generators.size()) == batch_max) break;
+                if (!joiner(*s)) continue;
+                if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
+                    generators.push_back(g);
+                    members.push_back(s.get());
+                    s->joined_round_ = round;
+                }
+            }
         // One candidate alone makes its chunk in service() with its own graph (prefill done).
         const PartClock clock(*this, round_time.first_steps_s);
         if (generators.size() >= 2) batch_run(active, generators, members, k);
@@ -504,37 +538,52 @@ struct Engine::Impl {
     }
 
     // The steady step: every stream whose next chunk is a steady one and can be made now, in the
-    // round's (deadline) order. When there is one (a step runs anyway: batched, or one stream's
-    // own), the streams that had their first chunk earlier in this round join it while it has
-    // room, so that their second chunk comes in the same round: requests that reached the engine
-    // a round after the others of their wave (a closed loop's clients do not all resubmit within
-    // one round's intake) fall into step with them instead of staying a round apart for their
-    // whole life, with a partial step at each end (docs/performance.md, "Twentieth session"); and
-    // their listeners have 5 frames after their first round instead of 1. A round of newcomers
-    // alone gets no step for them: it would make the requests arriving meanwhile wait for it.
-    // service_pass serves the joined streams a second time (second_round_). Engine thread.
+    // round's (deadline) order, the steady streams that joined the newcomers' first step among
+    // them. When there is one (a step runs anyway: batched, or one stream's own), the streams that
+    // had their first chunk earlier in this round join it while it has room, so that their second
+    // chunk comes in the same round: requests that reached the engine a round after the others of
+    // their wave (a closed loop's clients do not all resubmit within one round's intake) fall into
+    // step with them instead of staying a round apart for their whole life, with a partial step
+    // at each end (docs/performance.md, "Twentieth session"); and their listeners have 5 frames
+    // after their first round instead of 1. A round of newcomers alone gets no step for them: it
+    // would make the requests arriving meanwhile wait for it. service_pass serves the members it
+    // served earlier in this round a second time (second_round_). Engine thread.
     void batch_step(std::list<std::shared_ptr<StreamImpl>>& active) {
         const int k = options.chunk_frames;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
-        std::vector<StreamImpl*> seconds;  // the members that had their first chunk this round
+        std::vector<StreamImpl*> seconds;  // the members served earlier in this round
         for (const bool newcomers : {false, true}) {
             if (newcomers && generators.empty()) break;  // no step anyway: none is made for them
             for (auto& s : active) {
                 if (int(generators.size()) == batch_max) break;
                 if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
-                if ((s->served_round_ == round) != newcomers) continue;
+                const bool served = s->served_round_ == round;
+                if ((served && s->joined_round_ != round) != newcomers) continue;  // first chunk this round
                 if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
                 if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
                     generators.push_back(g);
                     members.push_back(s.get());
-                    if (newcomers) seconds.push_back(s.get());
+                    if (served) seconds.push_back(s.get());
                 }
             }
         }
         const PartClock clock(*this, round_time.steps_s);
-        if (generators.size() < 2) return;  // one stream alone takes its own path in service()
-        if (batch_run(active, generators, members, k))
+        if (generators.size() < 2) {  // one stream alone takes its own path in service()
+            for (StreamImpl* s : seconds) s->second_round_ = round;  // a joiner of the first step: again
+            return;
+        }
+        // A step of streams that all end within the chunk (their frame limits: capped requests,
+        // the text-length budget) makes only as many frames as the longest of them keeps: a wave
+        // of capped streams ending together would otherwise pay a whole chunk's frames for its
+        // last one or two.
+        int frames = 0;
+        for (const ChunkGenerator* g : generators) {
+            const int left = g->frames_left();
+            frames = std::max(frames, left < 0 ? k : std::min(k, left));
+        }
+        QTTS_ASSERT(frames >= 1);  // batch_ready: every candidate has a frame left
+        if (batch_run(active, generators, members, frames))
             for (StreamImpl* s : seconds) s->second_round_ = round;
     }
 
@@ -550,7 +599,7 @@ struct Engine::Impl {
             batch_failed(active, members, "step", e);
             return false;
         }
-        for (StreamImpl* s : members) s->batched_round_ = round;
+        for (StreamImpl* s : members) s->batched_frames_ = frames;
         round_batch = std::max(round_batch, int64_t(generators.size()));
         std::lock_guard<std::mutex> lock(stats_mutex);
         if (stats.batch_histogram.size() <= generators.size()) stats.batch_histogram.resize(generators.size() + 1, 0);
@@ -683,13 +732,17 @@ struct Engine::Impl {
             round_batch = 0;
             round_time = {};
             // A round: first chunks first (time to first audio does not wait for the others'
-            // chunks; with two newcomers or more, started and made in batched steps, CUDA), then
+            // chunks; with two newcomers or more, started together, and made in a batched step
+            // that the steady streams join, CUDA), then
             // the first chunks of requests that arrived meanwhile (they have no audio yet; the
             // steady streams have theirs buffered), then the batched LM step of the streams due
             // together, joined by the round's newcomers when it runs (CUDA), then every other
             // stream's chunk; each pass in deadline order (schedule).
             schedule(active);
-            const auto first_chunk = [](const StreamImpl& s) { return s.utterance_->frames() == 0; };
+            // First chunks, and the chunks that steady streams made in the newcomers' first step.
+            const auto first_chunk = [this](const StreamImpl& s) {
+                return s.utterance_->frames() == 0 || s.joined_round_ == round;
+            };
             const auto every = [](const StreamImpl&) { return true; };
             for (int phase = 0; phase < 2 && !failed.load(); ++phase) {
                 if (phase == 1 && intake_drain(active) == 0) break;

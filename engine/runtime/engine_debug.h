@@ -54,6 +54,7 @@ struct EngineTraceEntry {
     int32_t frames = 0;
     bool batched = false;    // its frames were made in a batched step (CUDA) with other streams'
     bool ended = false;      // the stream ended with this chunk (its last frames)
+    int32_t step_frames = 0; // frames of the batched step that made it (>= frames; 0: not batched)
 };
 void engine_trace_start(Engine& engine, size_t capacity);
 std::vector<EngineTraceEntry> engine_trace_take(Engine& engine);

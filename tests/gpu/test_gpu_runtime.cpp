@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/common/error.h"
@@ -613,9 +614,9 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
     // A long stream keeps the engine busy (a 30 ms pause after each of its chunks, the slow-device
     // seam), so three requests submitted during a pause all arrive for the same round: their
     // prompt prefills run in one batched start, their first chunks in one batched step (and one
-    // decoder pass), and, the long stream being a steady one by then, their second chunks in that
-    // round's steady step with it. The same requests on an engine without batching are the
-    // reference.
+    // decoder pass, which the long stream, a steady one by then, joins with a one-frame chunk),
+    // and their second chunks in that round's steady step with it. The same requests on an engine
+    // without batching are the reference.
     std::vector<SpeechRequest> requests = {
         qtts_test::greedy_request("A long stream keeps the engine busy while the others arrive.", 40, kGreedySeed),
         qtts_test::greedy_request("First newcomer.", 12, kGreedySeed + 1),
@@ -647,6 +648,14 @@ TEST_CASE("newcomers of one round start together and make their first chunks in 
             CHECK(second.batched);
             CHECK(alone[i].trace[1].round > alone[i].trace[0].round);  // one chunk a round without batching
         }
+        // The long stream in that round: a one-frame chunk from the newcomers' first step, then
+        // its steady chunk from the steady step.
+        std::vector<std::pair<int32_t, bool>> long_chunks;  // (frames, batched) in that round
+        for (const qtts::EngineTraceEntry& t : batched[0].trace)
+            if (t.round == first_round) long_chunks.emplace_back(t.frames, t.batched);
+        const std::vector<std::pair<int32_t, bool>> joined = {{qtts::FIRST_CHUNK_FRAMES_DEFAULT, true},
+                                                              {qtts::CHUNK_FRAMES_DEFAULT, true}};
+        CHECK(long_chunks == joined);
         same_speech(batched, alone, requests, how);
     }
 }
@@ -685,6 +694,48 @@ TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the fra
             CHECK(last.batched);
             CHECK(alone[i].trace.back().frames == last_chunk[i]);
             CHECK_FALSE(alone[i].trace.back().batched);
+        }
+        same_speech(batched, alone, requests, how);
+    }
+}
+
+TEST_CASE("a batched step whose streams all end within it makes only the frames they keep",
+          "[gpu][runtime][engine][batch]") {
+    // Three newcomers capped at 1 + 4 + 2, 1 + 4 + 1 and 1 + 4 + 2 frames arrive while a stream
+    // capped at 12 runs (it has made 5 frames then: with its one-frame chunk in their first step
+    // and its steady chunk, at most 2 are left to it after their round). In the round after, every
+    // stream of the step ends within it: the step makes 2 frames, not the engine's 4, and each
+    // keeps its own (2, 1, 2). Reference: an engine without batching.
+    // (The sentences of the capped-chunk test above: the tiny model speaks each past these caps.)
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("A long stream keeps the batch going while the others end.", 12, kGreedySeed),
+        qtts_test::greedy_request("Seven frames.", 7, kGreedySeed + 1),
+        qtts_test::greedy_request("Ten frames, sampled.", 6, 6262),
+        qtts_test::greedy_request("Eight frames here.", 7, kGreedySeed + 3),
+    };
+    requests[2].greedy = false;
+    const int last_chunk[] = {0, 2, 1, 2};
+    const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 30ms, nullptr);
+    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
+        const std::vector<Heard> batched = speak_joining(requests, how, 30ms, nullptr);
+        for (size_t i = 0; i < batched.size(); ++i) {
+            INFO("stream " << i);
+            CHECK(batched[i].stop == StopReason::STOP_MAX_FRAMES);
+            CHECK(int(batched[i].codes.size()) == requests[i].max_frames);
+            for (const qtts::EngineTraceEntry& t : batched[i].trace) {
+                INFO("round " << t.round << ", " << t.frames << " frames");
+                CHECK(t.batched == (t.step_frames > 0));
+                if (t.batched) CHECK(t.step_frames >= t.frames);
+            }
+        }
+        const uint64_t last_round = batched[1].trace.back().round;
+        for (size_t i = 1; i < batched.size(); ++i) {
+            INFO("capped newcomer " << i);
+            const qtts::EngineTraceEntry& last = batched[i].trace.back();
+            CHECK(last.round == last_round);
+            CHECK(last.frames == last_chunk[i]);
+            CHECK(last.ended);
+            CHECK(last.step_frames == 2);  // the most any of them keeps, not CHUNK_FRAMES_DEFAULT
         }
         same_speech(batched, alone, requests, how);
     }

@@ -390,11 +390,12 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
         std::map<uint64_t, std::vector<bool>> ended;
         uint64_t last_round = 0;
         for (const auto& e : trace) {
-            REQUIRE(e.size() == 5);
+            REQUIRE(e.size() == 6);
             CHECK(e[0].get<uint64_t>() >= last_round);
             last_round = e[0].get<uint64_t>();
             chunks[e[1].get<uint64_t>()].push_back(e[2].get<int>());
             CHECK_FALSE(e[3].get<bool>());
+            CHECK(e[5].get<int>() == 0);  // the frames of the batched step that made it: none
             ended[e[1].get<uint64_t>()].push_back(e[4].get<bool>());
         }
         CHECK(chunks.size() == size_t(requests));
