@@ -422,8 +422,8 @@ struct Engine::Impl {
     // prefill pass and one frame step for all of them instead of one each. The steady streams
     // whose readers have room join that step (a one-frame chunk ahead of their steady one): a
     // frame step costs about the same for a few more rows, so the step that a newcomer needs
-    // anyway makes a frame for every stream instead of one for it alone (docs/engine.md,
-    // "Batched steps"). Then the streams whose next chunk is a steady one and can be made now.
+    // anyway makes a frame for every stream instead of one for it alone (docs/engine.md, "Streams
+    // due together share one LM step"). Then the streams whose next chunk is a steady one and can be made now.
     // service() then reads (and, where the batched decoder pass did not, decodes) each stream's
     // frames as usual. A lone newcomer with no steady stream to join it, or a lone steady
     // stream, takes its own, faster, single-stream path in service(). Streams waiting for text,
@@ -732,8 +732,8 @@ struct Engine::Impl {
             round_batch = 0;
             round_time = {};
             // A round: first chunks first (time to first audio does not wait for the others'
-            // chunks; with two newcomers or more, started together, and made in a batched step
-            // that the steady streams join, CUDA), then
+            // chunks; CUDA: two newcomers or more start together, and their first chunks are
+            // made in one batched step that the steady streams join), then
             // the first chunks of requests that arrived meanwhile (they have no audio yet; the
             // steady streams have theirs buffered), then the batched LM step of the streams due
             // together, joined by the round's newcomers when it runs (CUDA), then every other

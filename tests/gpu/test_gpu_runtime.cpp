@@ -530,6 +530,17 @@ std::vector<Heard> speak_joining(const std::vector<SpeechRequest>& requests, Bat
     return heard;
 }
 
+// Each stream ran to its frame cap (the tiny model does not stop sooner on the capped tests'
+// sentences).
+void ran_to_caps(const std::vector<Heard>& heard, const std::vector<SpeechRequest>& requests) {
+    REQUIRE(heard.size() == requests.size());
+    for (size_t i = 0; i < heard.size(); ++i) {
+        INFO("stream " << i);
+        CHECK(heard[i].stop == StopReason::STOP_MAX_FRAMES);
+        CHECK(int(heard[i].codes.size()) == requests[i].max_frames);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as without batching",
@@ -674,19 +685,11 @@ TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the fra
     };
     requests[2].greedy = false;
     const int last_chunk[] = {0, 2, 1, 3};
-    // Each stream runs to its cap (the tiny model does not stop sooner on these).
-    const auto to_cap = [&](const std::vector<Heard>& heard) {
-        for (size_t i = 0; i < heard.size(); ++i) {
-            INFO("stream " << i);
-            CHECK(heard[i].stop == StopReason::STOP_MAX_FRAMES);
-            CHECK(int(heard[i].codes.size()) == requests[i].max_frames);
-        }
-    };
     const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 10ms, nullptr);
-    to_cap(alone);
+    ran_to_caps(alone, requests);
     for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
         const std::vector<Heard> batched = speak_joining(requests, how, 10ms, nullptr);
-        to_cap(batched);
+        ran_to_caps(batched, requests);
         for (size_t i = 1; i < batched.size(); ++i) {
             INFO("capped stream " << i);
             const qtts::EngineTraceEntry& last = batched[i].trace.back();
@@ -716,12 +719,12 @@ TEST_CASE("a batched step whose streams all end within it makes only the frames 
     requests[2].greedy = false;
     const int last_chunk[] = {0, 2, 1, 2};
     const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 30ms, nullptr);
+    ran_to_caps(alone, requests);
     for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
         const std::vector<Heard> batched = speak_joining(requests, how, 30ms, nullptr);
+        ran_to_caps(batched, requests);
         for (size_t i = 0; i < batched.size(); ++i) {
             INFO("stream " << i);
-            CHECK(batched[i].stop == StopReason::STOP_MAX_FRAMES);
-            CHECK(int(batched[i].codes.size()) == requests[i].max_frames);
             for (const qtts::EngineTraceEntry& t : batched[i].trace) {
                 INFO("round " << t.round << ", " << t.frames << " frames");
                 CHECK(t.batched == (t.step_frames > 0));
