@@ -450,6 +450,11 @@ struct Engine::Impl {
         if (newcomers >= 2) {
             const PartClock clock(*this, round_time.starts_s);
             first_batch_start(active, newcomer);
+            // Requests that arrived during those prefills (a burst: the clients of streams that
+            // ended together resubmit over a few hundred microseconds) start now as well and
+            // share the first step, instead of a first step of their own in the round's second
+            // phase.
+            if (!failed.load() && intake_drain(active) > 0) first_batch_start(active, newcomer);
         }
         if (failed.load()) return;
         std::vector<ChunkGenerator*> generators;
