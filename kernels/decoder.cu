@@ -307,6 +307,10 @@ __global__ void rms_norm_rows_kernel(const float* x, int C, const float* w, floa
 // rope_kv_store: threads per block, and blocks per row at most (grid.z).
 constexpr int ROPE_THREADS = 128;
 constexpr int ROPE_MAX_SLICES = 64;
+// A row's work items: one per rotated pair of its q and k heads, then one per value copied.
+__host__ __device__ constexpr int rope_kv_items(int heads, int kv_heads, int head_dim) {
+    return (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
+}
 
 // grid (n, S, slices): row t of stream b.
 __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int head_dim, const float* inv_freq,
@@ -323,7 +327,8 @@ __global__ void rope_kv_store_kernel(float* qkv, int heads, int kv_heads, int he
     const int rotations = (heads + kv_heads) * half;
     // grid.z blocks (up to ROPE_MAX_SLICES) share the row's rotations and value copies, about one
     // per thread, so that their loads are not one chain of dependent round trips.
-    for (int idx = blockIdx.z * blockDim.x + threadIdx.x; idx < rotations + kvd; idx += gridDim.z * blockDim.x) {
+    const int items = rope_kv_items(heads, kv_heads, head_dim);  // rotations, then kvd value copies
+    for (int idx = blockIdx.z * blockDim.x + threadIdx.x; idx < items; idx += gridDim.z * blockDim.x) {
         if (idx < rotations) {
             const int hh = idx / half, i = idx - hh * half;
             float* v = row + size_t(hh) * head_dim;  // q heads, then k heads
@@ -929,7 +934,7 @@ void rope_kv_store(float* qkv, int n, int heads, int kv_heads, int head_dim, con
     if (n <= 0 || heads <= 0 || kv_heads <= 0 || head_dim % 2 != 0 || ring < n || !qkv || !inv_freq ||
         !states_ok(states) || states.count > 65535)
         bad_args("rope_kv_store", __func__);
-    const int items = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
+    const int items = rope_kv_items(heads, kv_heads, head_dim);
     const int slices = std::min(ROPE_MAX_SLICES, (items + ROPE_THREADS - 1) / ROPE_THREADS);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(n, states.count, slices), dim3(ROPE_THREADS), 0, rope_kv_store_kernel,
                                     qkv, heads, kv_heads, head_dim, inv_freq, states, k_at, v_at, ring));

@@ -77,6 +77,8 @@ public:
         return discarded_.load(std::memory_order_acquire) ? 0 : ring_.available_read();
     }
     bool generation_done() const override { return gen_done_.load(std::memory_order_acquire); }
+    // Whether the reader has left room for `frames` more frames. Engine thread (the producer).
+    bool room_for(int frames) const { return ring_.available_write() >= size_t(frames) * SAMPLES_PER_FRAME; }
 
     // An edge of the library: appended text is checked here, once, with the rule submit applies
     // to `text` (request_check.h), counting the request's text so far; the engine thread trusts it.
@@ -328,7 +330,7 @@ struct Engine::Impl {
             return false;
         }
         const int k = chunk_size(s);
-        if (s.ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) {  // reader is behind: backpressure
+        if (!s.room_for(k)) {  // reader is behind: backpressure
             s.excused_ = true;
             return false;
         }
@@ -388,7 +390,7 @@ struct Engine::Impl {
     bool held(StreamImpl& s) const {
         const bool text_pending = s.text_queue_.size_approx() > 0 || (s.text_closed_.load() && !s.text_close_applied_);
         if (s.waiting_for_text_ && !text_pending) return true;
-        return s.ring_.available_write() < size_t(chunk_size(s)) * SAMPLES_PER_FRAME;
+        return !s.room_for(chunk_size(s));
     }
 
     // The round's order (scheduler.h): first chunks, then by earliest deadline (the stream whose
@@ -434,14 +436,13 @@ struct Engine::Impl {
         const int k = options.first_chunk_frames;
         const auto newcomer = [this, k](const StreamImpl& s) {
             return !s.cancelled_.load() && !s.waiting_for_text_ && s.utterance_->frames() == 0 &&
-                   s.served_round_ != round && s.ring_.available_write() >= size_t(k) * SAMPLES_PER_FRAME;
+                   s.served_round_ != round && s.room_for(k);
         };
         // A steady stream with room for this chunk and its steady one after it (so it still
         // joins this round's steady step).
         const auto joiner = [this, k](const StreamImpl& s) {
             return !s.cancelled_.load() && !s.waiting_for_text_ && s.utterance_->frames() > 0 &&
-                   s.served_round_ != round &&
-                   s.ring_.available_write() >= size_t(k + options.chunk_frames) * SAMPLES_PER_FRAME;
+                   s.served_round_ != round && s.room_for(k + options.chunk_frames);
         };
         const auto newcomers = std::count_if(active.begin(), active.end(), [&](const auto& s) { return newcomer(*s); });
         if (newcomers == 0) return;
@@ -565,7 +566,7 @@ struct Engine::Impl {
                 if (s->cancelled_.load() || s->waiting_for_text_ || s->utterance_->frames() == 0) continue;
                 const bool served = s->served_round_ == round;
                 if ((served && s->joined_round_ != round) != newcomers) continue;  // first chunk this round
-                if (s->ring_.available_write() < size_t(k) * SAMPLES_PER_FRAME) continue;
+                if (!s->room_for(k)) continue;
                 if (ChunkGenerator* g = s->utterance_->batch_candidate(k)) {
                     generators.push_back(g);
                     members.push_back(s.get());
