@@ -87,6 +87,19 @@ void GpuContext::synchronize() {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void GpuContext::stream_priority_set(bool high) {
+    guard_.check("GpuContext::stream_priority_set");
+    DeviceScope scope(device_);
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t next = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&next, cudaStreamNonBlocking, high ? greatest : least));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, next));
+    CUDA_CHECK(cudaStreamDestroy(stream_));
+    stream_ = next;
+}
+
 size_t device_free_bytes() {
     size_t free = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free, &total));

@@ -70,6 +70,12 @@ public:
     const OwnerGuard& guard() const { return guard_; }
 
     void synchronize();
+    // Gives the context a new stream of the device's highest priority (true) or the default, lowest
+    // one (false), after waiting for the old one; cuBLAS follows. Graphs replayed into a stream run
+    // at its priority: the block scheduler then starts this stream's pending blocks before those of
+    // lower-priority streams (a second context's work fills what is left). Owner thread, between
+    // steps.
+    void stream_priority_set(bool high);
     // After a failed call on this context (one stream's error): clears the thread's pending
     // runtime error and waits for the stream. True when the context still works; false after a
     // sticky error (illegal address, device lost), after which every call fails. Owner thread.
