@@ -52,6 +52,9 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
     family("qtts_engine_batch_decoded_chunks_total", "counter",
            "Stream chunks whose audio came out of a batched speech-decoder pass (CUDA).",
            [](const EngineStatus& e) { return e.stats.batch_decoded_chunks; });
+    family("qtts_engine_batch_overlapped_chunks_total", "counter",
+           "Of those, chunks whose decoder pass ran beside the engine's next step (CUDA).",
+           [](const EngineStatus& e) { return e.stats.batch_overlapped_chunks; });
     family("qtts_engine_batch_started_total", "counter",
            "Streams whose prompt prefill ran in a pass shared with other new streams (CUDA).",
            [](const EngineStatus& e) { return e.stats.batch_started; });

@@ -267,6 +267,9 @@ struct EngineStats {
     // Stream chunks whose audio came out of a batched decoder pass (CUDA: a batched step's
     // streams that keep the same number of its frames, two or more, decoded together).
     int64_t batch_decoded_chunks = 0;
+    // Of those, chunks whose pass ran beside the engine's next step (their audio published a
+    // round later; streams with at least half a second of audio ahead of their listener).
+    int64_t batch_overlapped_chunks = 0;
     // Streams whose first prompt prefill ran in a pass shared with other newcomers' (CUDA: the
     // newcomers of one round start together).
     int64_t batch_started = 0;

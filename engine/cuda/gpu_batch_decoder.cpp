@@ -105,19 +105,36 @@ int GpuBatchDecoder::bucket_for(int streams, int n) const {
 void GpuBatchDecoder::decode(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n,
                              float* pcm_out) {
     if (!pcm_out) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: pcm_out is null");
-    run(streams, codes, n, pcm_out, options_.cuda_graphs, nullptr);
+    launch(streams, codes, n);
+    land(pcm_out);
+}
+
+void GpuBatchDecoder::launch(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n) {
+    enqueue(streams, codes, n, true, options_.cuda_graphs, nullptr);
+}
+
+void GpuBatchDecoder::land(float* pcm_out) {
+    context_.guard().check("GpuBatchDecoder::land");
+    QTTS_ASSERT(in_flight() && pcm_out);
+    const size_t samples = size_t(in_flight_streams_) * in_flight_frames_ * weights_->samples_per_frame();
+    in_flight_streams_ = in_flight_frames_ = 0;  // landed, even when the wait below fails
+    DeviceScope scope(context_.device());
+    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    std::memcpy(pcm_out, pcm_host_.get(), samples * sizeof(float));
 }
 
 std::vector<std::pair<std::string, float>> GpuBatchDecoder::decode_profile(const std::vector<GpuSpeechDecoder*>& streams,
                                                                            const int32_t* codes, int n) {
     std::vector<std::pair<std::string, float>> profile;
-    run(streams, codes, n, nullptr, false, &profile);
+    enqueue(streams, codes, n, false, false, &profile);
+    in_flight_streams_ = in_flight_frames_ = 0;  // profile() waited for every stage
     return profile;
 }
 
-void GpuBatchDecoder::run(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, float* pcm_out,
-                          bool graphs, std::vector<std::pair<std::string, float>>* profile) {
-    context_.guard().check("GpuBatchDecoder::decode");
+void GpuBatchDecoder::enqueue(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n,
+                              bool samples, bool graphs, std::vector<std::pair<std::string, float>>* profile) {
+    context_.guard().check("GpuBatchDecoder::launch");
+    QTTS_ASSERT(!in_flight());  // its pinned buffers are the next pass's
     const int S = int(streams.size());
     if (S < 1 || S > options_.max_streams)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: {} streams (accepted: 1..{})", S,
@@ -127,9 +144,9 @@ void GpuBatchDecoder::run(const std::vector<GpuSpeechDecoder*>& streams, const i
     if (!codes) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: codes is null");
     for (int i = 0; i < S; ++i) {
         GpuSpeechDecoder* d = streams[size_t(i)];
-        if (!d || &d->context() != &context_ || !(d->layout() == layout_))
+        if (!d || d->context().device() != context_.device() || !(d->layout() == layout_))
             fail(ErrorCode::ERROR_INVALID_ARGUMENT,
-                 "batched decoder: stream {} is not a decoder of this context with this state layout", i);
+                 "batched decoder: stream {} is not a decoder of this device with this state layout", i);
         for (int j = 0; j < i; ++j)
             if (streams[size_t(j)] == d)
                 fail(ErrorCode::ERROR_INVALID_ARGUMENT, "batched decoder: stream {} appears twice", i);
@@ -141,7 +158,7 @@ void GpuBatchDecoder::run(const std::vector<GpuSpeechDecoder*>& streams, const i
     DeviceScope scope(context_.device());
     const int bucket = graphs ? bucket_for(S, n) : 0;
     const int rows = bucket > 0 ? bucket : S;  // streams the pass runs for
-    // The pinned buffers may still feed the previous call's copies only if it threw midway; wait.
+    // The pinned buffers may still feed the previous pass's copies only if it threw midway; wait.
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
     for (int i = 0; i < options_.max_streams; ++i)
         table_host_.get()[i] = i < S ? streams[size_t(i)]->state_block() : static_cast<char*>(spare_.get());
@@ -164,12 +181,11 @@ void GpuBatchDecoder::run(const std::vector<GpuSpeechDecoder*>& streams, const i
         else
             enqueue();
     }
-    const size_t samples = pcm_out ? size_t(S) * n * spf : 0;
-    if (pcm_out)
-        CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pass_.pcm_device(), samples * sizeof(float),
+    if (samples)
+        CUDA_CHECK(cudaMemcpyAsync(pcm_host_.get(), pass_.pcm_device(), size_t(S) * n * spf * sizeof(float),
                                    cudaMemcpyDeviceToHost, context_.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-    if (pcm_out) std::memcpy(pcm_out, pcm_host_.get(), samples * sizeof(float));
+    in_flight_streams_ = S;
+    in_flight_frames_ = n;
     for (GpuSpeechDecoder* d : streams) d->frames_decoded_add(n);
 }
 

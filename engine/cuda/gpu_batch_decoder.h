@@ -19,9 +19,16 @@
 // a spare state block of this object (their samples are thrown away). Sizes without a graph run
 // the same kernels eagerly for exactly the given streams.
 //
+// The pass runs on the stream of the context it was made with, which may be a second context of
+// the streams' device (the engine's pool: a pass beside the next LM step, cuda/gpu_generator_pool.h).
+// launch() enqueues a pass and returns; land() waits for it and hands its samples over. Between
+// the two, the caller keeps every other use of those streams' decoders off the device (it lands
+// first): only the pass's own stream orders it.
+//
 // Use (engine thread, the context's owner):
 //   GpuBatchDecoder batch(weights, context, any_stream_decoder.layout(), options);  // captures graphs
 //   batch.decode({&dec_a, &dec_b, &dec_c}, codes /*[3, n, nq]*/, n, pcm /*[3, n·spf]*/);
+//   batch.launch({&dec_a, &dec_b}, codes, n); ...other device work...; batch.land(pcm);
 #pragma once
 
 #include <map>
@@ -64,6 +71,12 @@ public:
     // layout; each one's frames_done() advances by n. Codes are checked (0..codebook_size-1)
     // before any state changes. Synchronous (returns with the samples on the host).
     void decode(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, float* pcm_out);
+    // decode() in two halves: launch() checks and enqueues the pass (the streams' frames_decoded()
+    // advance now) and returns; land() waits for it and writes its samples [S, n·spf] to pcm_out.
+    // One pass in flight at a time: launch() requires the last one landed.
+    void launch(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n);
+    void land(float* pcm_out);
+    bool in_flight() const { return in_flight_streams_ > 0; }
     // Benchmarks: the same pass run eagerly for exactly these streams, with CUDA events between
     // its stages (DecoderPass::profile: (what ran, GPU ms) pairs in launch order); the streams
     // advance as in decode(). Synchronous.
@@ -73,9 +86,10 @@ public:
 private:
     int bucket_for(int streams, int n) const;  // 0: none (eager)
     // decode()'s checks and uploads, the pass (a graph when `graphs` and one fits, else eager:
-    // `profile` then times its stages), the samples into pcm_out (null: left on the device).
-    void run(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, float* pcm_out, bool graphs,
-             std::vector<std::pair<std::string, float>>* profile);
+    // `profile` then times its stages) and, with `samples`, their copy to the pinned buffer; the
+    // pass is then in flight (land()).
+    void enqueue(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n, bool samples, bool graphs,
+                 std::vector<std::pair<std::string, float>>* profile);
 
     std::shared_ptr<const GpuSpeechDecoderWeights> weights_;
     GpuContext& context_;
@@ -90,6 +104,8 @@ private:
     PinnedArray<int32_t> codes_host_;   // [max_streams · max_n, nq]
     PinnedArray<float> pcm_host_;       // [max_streams, max_n · spf]
     std::map<std::pair<int, int>, GraphExec> graphs_;  // (streams, n)
+    int in_flight_streams_ = 0;  // the pass launched and not landed: its streams and frames
+    int in_flight_frames_ = 0;
 };
 
 }  // namespace qtts::cuda

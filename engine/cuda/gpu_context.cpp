@@ -22,7 +22,7 @@ DeviceScope::~DeviceScope() {
     if (changed_) cudaSetDevice(previous_);
 }
 
-GpuContext::GpuContext(int device) : device_(device) {
+GpuContext::GpuContext(int device, bool high_priority) : device_(device) {
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {
@@ -44,7 +44,9 @@ GpuContext::GpuContext(int device) : device_(device) {
     // Programmatic dependent launch needs an sm_90+ device AND kernels that wait with
     // griddepcontrol.wait (code built for sm_90+); pdl_set() turns it off for measurements.
     pdl_ = hopper_path();
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, high_priority ? greatest : least));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     workspace_.allocate(size_t(major_ >= 9 ? 32 : 4) << 20);

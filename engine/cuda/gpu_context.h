@@ -45,7 +45,9 @@ size_t device_free_bytes();
 class GpuContext {
 public:
     // Throws qtts::Error (ERROR_CUDA) with a clear message when the device cannot be used.
-    explicit GpuContext(int device);
+    // `high_priority`: the stream gets the device's highest priority (the engine's LM stream, so
+    // that a second context's work fills what its launches leave; stream_priority_set).
+    explicit GpuContext(int device, bool high_priority = false);
     ~GpuContext();
     GpuContext(const GpuContext&) = delete;
     GpuContext& operator=(const GpuContext&) = delete;

@@ -213,6 +213,32 @@ void GpuGenerator::batch_pcm_set(const float* pcm, int kept) {
     batch_pcm_ready_ = true;
 }
 
+void GpuGenerator::batch_pcm_defer(int kept) {
+    QTTS_ASSERT(batch_codes_landed_ && kept >= 1 && kept <= precomputed_ && decoder_ && !batch_pcm_ready_ &&
+                batch_pcm_deferred_ == 0);
+    batch_pcm_deferred_ = kept;
+}
+
+void GpuGenerator::audio_deliver(const float* pcm, int frames) {
+    QTTS_ASSERT(frames >= 1 && !audio_delivered_ && (frames == audio_owed_ || frames == batch_pcm_deferred_));
+    owed_pcm_.assign(pcm, pcm + size_t(frames) * decoder_->samples_per_frame());
+    audio_delivered_ = true;
+}
+
+void GpuGenerator::audio_take(std::vector<float>* pcm) {
+    QTTS_ASSERT(audio_owed_ > 0 && audio_delivered_ &&
+                owed_pcm_.size() == size_t(audio_owed_) * decoder_->samples_per_frame());
+    pcm->insert(pcm->end(), owed_pcm_.begin(), owed_pcm_.end());
+    audio_owed_ = 0;
+    audio_delivered_ = false;
+}
+
+void GpuGenerator::audio_clear() {
+    batch_pcm_deferred_ = 0;
+    audio_owed_ = 0;
+    audio_delivered_ = false;
+}
+
 int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
     const int first = computed_;
     const size_t rows = size_t(frames + 1) * k::SAMPLE_MAX_GROUPS;
@@ -227,6 +253,11 @@ int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {
         if (batch_codes_landed_) {
             batch_codes_landed_ = false;
             computed_ += made;
+            if (batch_pcm_deferred_ > 0) {  // decoded beside the next step: the samples come later
+                audio_owed_ = batch_pcm_deferred_;
+                batch_pcm_deferred_ = 0;
+                return audio_owed_;
+            }
             if (!batch_pcm_ready_) return 0;
             batch_pcm_ready_ = false;
             pcm->insert(pcm->end(), batch_pcm_.begin(), batch_pcm_.end());
@@ -295,6 +326,7 @@ ChunkStatus GpuGenerator::chunk(int frames, std::vector<FrameCodes>* codes, std:
     if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "chunk before start()");
     QTTS_ASSERT(start_landed_);
     QTTS_ASSERT(frames >= 1 && codes && (pcm || !decoder_));
+    QTTS_ASSERT(audio_owed_ == 0);  // the last chunk's samples were taken (audio_take)
     if (done_) return ChunkStatus::CHUNK_STATUS_DONE;
     // Nothing is computed past a chunk: every computed frame was emitted.
     QTTS_ASSERT(frames_ == computed_);

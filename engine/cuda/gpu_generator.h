@@ -93,6 +93,17 @@ public:
     int batch_codes_land(int frames);
     void batch_decode_codes(int kept, int32_t* out) const;
     void batch_pcm_set(const float* pcm, int kept);
+    // Or the pass runs beside the next step (GpuGeneratorPool::batch_run, deferred audio):
+    // batch_pcm_defer(kept) makes the next chunk() emit the kept frames' codes without their
+    // samples (audio_owed() frames then), audio_deliver() brings the samples when the pass has
+    // landed and audio_take() appends them; the next chunk() needs them taken. audio_clear() drops
+    // what is owed (a stream that ended; its decoder is reset before the state is used again).
+    void batch_pcm_defer(int kept);
+    int audio_owed() const { return audio_owed_; }
+    bool audio_delivered() const { return audio_delivered_; }
+    void audio_deliver(const float* pcm, int frames);
+    void audio_take(std::vector<float>* pcm);
+    void audio_clear();
 
     StopReason stop_reason() const { return stop_reason_; }
     int frames_emitted() const { return frames_; }
@@ -146,6 +157,10 @@ private:
     bool batch_codes_landed_ = false;  // ... whose codes are on the host already (batch_codes_land)
     bool batch_pcm_ready_ = false;     // ... and decoded in a batched pass (batch_pcm_)
     std::vector<float> batch_pcm_;     // the kept frames' samples
+    int batch_pcm_deferred_ = 0;       // ... or how many a pass beside the next step decodes
+    int audio_owed_ = 0;               // frames emitted without their samples (batch_pcm_defer)
+    bool audio_delivered_ = false;     // ... whose samples are in owed_pcm_
+    std::vector<float> owed_pcm_;
     int frame_limit_ = 0;
     int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)
     bool limit_is_explicit_ = false;

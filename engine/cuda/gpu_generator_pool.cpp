@@ -42,6 +42,12 @@ public:
     int frames_emitted() const override { return state_->frames_emitted(); }
     bool batch_ready(int frames) override { return state_->batch_ready(frames); }
     int frames_left() const override { return state_->frames_left(); }
+    int audio_owed() const override { return state_->audio_owed(); }
+    void audio_take(std::vector<float>* pcm) override {
+        QTTS_ASSERT(pcm && state_->audio_owed() > 0);
+        if (!state_->audio_delivered()) pool_->batch_audio_land();
+        state_->audio_take(pcm);
+    }
     void reference_decode(const int32_t* codes, int frames) override {
         std::vector<float> discarded;
         discarded.reserve(size_t(frames) * SAMPLES_PER_FRAME);
@@ -90,7 +96,7 @@ std::shared_ptr<GpuGeneratorPool> GpuGeneratorPool::create(std::shared_ptr<const
         pool->memory_base_ = cuda_memory(options.device).used_bytes;
         pool->tracked_base_ = gpu_memory_use(options.device).current_bytes;
     }
-    pool->context_ = std::make_unique<GpuContext>(options.device);
+    pool->context_ = std::make_unique<GpuContext>(options.device, /*high_priority=*/true);
     pool->weights_ = GpuLmWeights::upload(std::move(checkpoint), options.device);
     QTTS_LOG_INFO("GPU memory on device {}: LM weights {:.0f} MiB; qtts holds {:.0f} MiB, {:.0f} MiB free{}",
                   options.device, mib(pool->weights_->device_bytes()), mib(pool->memory_used()),
@@ -217,7 +223,11 @@ void GpuGeneratorPool::state_release(std::unique_ptr<GpuGenerator> state) {
         return;
     }
     try {
-        state->decoder_reset();  // the next utterance's audio starts at position 0
+        // A pass beside the next step may still advance its decoder: wait for it, drop what the
+        // stream was owed, then start the next utterance's audio at position 0.
+        if (std::find(deferred_.begin(), deferred_.end(), state.get()) != deferred_.end()) batch_audio_land();
+        state->audio_clear();
+        state->decoder_reset();
     } catch (const std::exception& e) {
         QTTS_LOG_WARN("a GPU generator state's decoder could not be reset ({}); the state is freed, not reused",
                       e.what());
@@ -313,7 +323,25 @@ void GpuGeneratorPool::batch_decoder_enable() {
     for (int b = 2; b <= o.max_streams; ++b)
         if (b <= 16 || b % 4 == 0 || b == o.max_streams) o.buckets.push_back(b);
     o.cuda_graphs = options_.cuda_graphs;
-    batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *context_, any.layout(), o);
+    // The passes run on a second stream (their own context: stream, cuBLAS handle, workspace), so
+    // that a steady step's pass can run beside the next step (batch_run, defer_audio). The LM
+    // stream has the device's highest priority (create()): its blocks go first, the pass takes
+    // what they leave (docs/performance.md, "The decoder pass beside the next step").
+    side_ = std::make_unique<GpuContext>(options_.device);
+    batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *side_, any.layout(), o);
+}
+
+void GpuGeneratorPool::batch_audio_land() {
+    context_->guard().check("GpuGeneratorPool::batch_audio_land");
+    if (!batch_decoder_ || !batch_decoder_->in_flight()) return;
+    const std::vector<GpuGenerator*> states = std::move(deferred_);
+    deferred_.clear();
+    QTTS_ASSERT(!states.empty());  // only deferred passes stay in flight
+    const int spf = states.front()->decoder()->samples_per_frame();
+    batch_pcm_.resize(states.size() * size_t(deferred_frames_) * spf);
+    batch_decoder_->land(batch_pcm_.data());
+    for (size_t i = 0; i < states.size(); ++i)
+        states[i]->audio_deliver(batch_pcm_.data() + i * deferred_frames_ * spf, deferred_frames_);
 }
 
 GpuGenerator& GpuGeneratorPool::leased_state(ChunkGenerator* generator) const {
@@ -322,7 +350,7 @@ GpuGenerator& GpuGeneratorPool::leased_state(ChunkGenerator* generator) const {
     return *lease->state_;
 }
 
-int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) {
+int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio) {
     context_->guard().check("GpuGeneratorPool::batch_run");
     QTTS_ASSERT(batch_ && !generators.empty() && int(generators.size()) <= batch_->max_streams());
     std::vector<GpuLm*> lms;
@@ -349,6 +377,14 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
         const int kept = s->batch_codes_land(frames);
         if (kept > 0 && s->decoder()) by_kept[kept].push_back(s);
     }
+    // The pass in flight beside this step (a step before deferred its audio) lands first: its
+    // pinned buffers are the next pass's.
+    batch_audio_land();
+    // Deferred: one pass for every stream of the step, each keeping the whole chunk; it runs on the
+    // second stream while the engine goes on to its next step, and each chunk() emits its codes
+    // with the samples owed (audio_take). Steps with partial chunks (ends) decode at once.
+    const bool defer = defer_audio && by_kept.size() == 1 && by_kept.begin()->first == frames &&
+                       by_kept.begin()->second.size() == states.size() && states.size() >= 2;
     int decoded = 0;
     for (const auto& [kept, group] : by_kept) {
         if (group.size() < 2) continue;  // a lone stream decodes in its chunk() with its own graph
@@ -356,11 +392,18 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
         for (GpuGenerator* s : group) decoders.push_back(s->decoder());
         const int nq = decoders.front()->config().num_quantizers, spf = decoders.front()->samples_per_frame();
         batch_codes_.resize(group.size() * size_t(kept) * nq);
-        batch_pcm_.resize(group.size() * size_t(kept) * spf);
         for (size_t i = 0; i < group.size(); ++i) group[i]->batch_decode_codes(kept, batch_codes_.data() + i * kept * nq);
-        batch_decoder_->decode(decoders, batch_codes_.data(), kept, batch_pcm_.data());
-        for (size_t i = 0; i < group.size(); ++i) group[i]->batch_pcm_set(batch_pcm_.data() + i * kept * spf, kept);
+        batch_decoder_->launch(decoders, batch_codes_.data(), kept);
         decoded += int(group.size());
+        if (defer) {
+            deferred_ = group;
+            deferred_frames_ = kept;
+            for (GpuGenerator* s : group) s->batch_pcm_defer(kept);
+            continue;
+        }
+        batch_pcm_.resize(group.size() * size_t(kept) * spf);
+        batch_decoder_->land(batch_pcm_.data());
+        for (size_t i = 0; i < group.size(); ++i) group[i]->batch_pcm_set(batch_pcm_.data() + i * kept * spf, kept);
     }
     return decoded;
 }
@@ -409,6 +452,14 @@ void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {
     for (const Loaded& l : loaded) l.state->start_land();
 }
 
-void GpuGeneratorPool::owner_adopt() { context_->guard().adopt(); }
+void GpuGeneratorPool::owner_adopt() {
+    context_->guard().adopt();
+    if (side_) side_->guard().adopt();
+}
+
+bool GpuGeneratorPool::recover() {
+    const bool side_ok = !side_ || side_->recover();
+    return context_->recover() && side_ok;
+}
 
 }  // namespace qtts::cuda

@@ -102,7 +102,14 @@ public:
     // end-of-speech or the frame limit inside the chunk); their chunk(frames) calls then emit
     // those frames (decoding any the passes did not). Owner thread.
     // Returns the number of streams the batched decoder passes decoded (0: none).
-    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames);
+    // With `defer_audio`, a step whose streams all keep the whole chunk leaves its pass running
+    // on the decoder's own stream: their chunk() calls emit the codes with the samples owed
+    // (ChunkGenerator::audio_owed), and the pass overlaps whatever the engine does next on the
+    // LM stream (its next step). The samples land at the next batch_run, at an audio_take that
+    // needs them, or when a state that is in the pass is released.
+    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false);
+    // Waits for a deferred pass, if one is in flight, and hands its samples to its streams. Owner thread.
+    void batch_audio_land();
     // Segment starts of several generators (from acquire()) with their prompts prefilled together
     // (cuda/gpu_prefill_batch.h) instead of one after another: each start's prompt and parameters
     // are checked first, and one that is refused gets its `error` and is left out (its generator
@@ -122,6 +129,9 @@ public:
     // Hands the context and every state to the calling thread (a model loaded on one thread and
     // driven from another). Refused while a replay is in progress.
     void owner_adopt();
+    // After a failed call (GpuContext::recover on the LM context and the decoder passes' one):
+    // false when the device can no longer be used.
+    bool recover();
 
 private:
     friend class GpuChunkGenerator;
@@ -154,7 +164,10 @@ private:
     DecoderFactory decoder_factory_;
     std::vector<int> fused_sizes_;
     std::unique_ptr<GpuBatch> batch_;  // null without batching
-    std::unique_ptr<GpuBatchDecoder> batch_decoder_;  // null without batching or own decoders
+    std::unique_ptr<GpuContext> side_;  // the batched decoder passes' stream (null without them)
+    std::unique_ptr<GpuBatchDecoder> batch_decoder_;  // null without batching or own decoders, on side_
+    std::vector<GpuGenerator*> deferred_;  // the streams of the pass in flight beside the next step
+    int deferred_frames_ = 0;              // ... and its frames per stream
     std::unique_ptr<GpuPrefillBatch> prefill_batch_;  // null without batching
     std::vector<int32_t> batch_codes_;  // [streams, frames, nq] for the batched decoder pass
     std::vector<float> batch_pcm_;      // [streams, frames · spf]

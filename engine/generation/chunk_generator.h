@@ -83,6 +83,14 @@ public:
     // its frame limit (a shared step need not make more for it). -1: not known (no limit, or a
     // backend that does not batch).
     virtual int frames_left() const { return -1; }
+
+    // Batching backends that decode a step's chunks beside the next step (CUDA,
+    // SpeechModel::batch_run with defer_audio): the frames the last chunk() emitted whose samples
+    // it did not append, because a batched decoder pass on a second device stream still makes
+    // them. audio_take() appends them (waiting for that pass when it still runs) and owes nothing
+    // after; it must come before the next chunk(). 0 on every other path.
+    virtual int audio_owed() const { return 0; }
+    virtual void audio_take(std::vector<float>* pcm) { (void)pcm; }
 };
 
 // One segment start of a batched start (SpeechModel::batch_start): what ChunkGenerator::start

@@ -77,8 +77,11 @@ public:
         return discarded_.load(std::memory_order_acquire) ? 0 : ring_.available_read();
     }
     bool generation_done() const override { return gen_done_.load(std::memory_order_acquire); }
-    // Whether the reader has left room for `frames` more frames. Engine thread (the producer).
-    bool room_for(int frames) const { return ring_.available_write() >= size_t(frames) * SAMPLES_PER_FRAME; }
+    // Whether the reader has left room for `frames` more frames after the chunk whose audio is
+    // owed (it is published first). Engine thread (the producer).
+    bool room_for(int frames) const {
+        return ring_.available_write() >= (size_t(frames) + owed_frames_.size()) * SAMPLES_PER_FRAME;
+    }
 
     // An edge of the library: appended text is checked here, once, with the rule submit applies
     // to `text` (request_check.h), counting the request's text so far; the engine thread trusts it.
@@ -204,6 +207,13 @@ public:
     // Engine thread only: the round whose steady batched step made this stream's next chunk after
     // it had its first chunk earlier in the same round (service_pass then serves it again).
     uint64_t second_round_ = 0;
+    // Engine thread only: a chunk read from a step whose decoder pass runs beside the next step
+    // (batch_step): its frames, published with their samples at the stream's next service(), and
+    // what its publication needs then.
+    std::vector<FrameCodes> owed_frames_;
+    bool owed_ends_ = false;       // the stream ends with that chunk
+    bool owed_excused_ = false;    // it waited for text or its reader before that chunk
+    int32_t owed_step_frames_ = 0;
     size_t text_seen_ = 0;                 // engine thread only
     // Scheduling (engine thread only; scheduler.h): the stream's real-time listener, whether it
     // waited for text or for its reader since its last chunk (a gap then is not the engine's),
@@ -313,6 +323,20 @@ struct Engine::Impl {
             finished = true;
             return true;
         }
+        // The last chunk's audio first, when its decoder pass ran beside a step (its frames were
+        // counted in the round that made them).
+        const bool owed = !s.owed_frames_.empty();
+        if (owed) {
+            pcm.clear();
+            s.utterance_->audio_take(&pcm);
+            chunk_publish(s, pcm, s.owed_frames_, s.owed_excused_, s.owed_step_frames_, s.owed_ends_);
+            s.owed_frames_.clear();
+            if (s.owed_ends_) {
+                finish(s, s.utterance_->stop_reason(), "");
+                finished = true;
+                return true;
+            }
+        }
         std::string text;
         bool got_text = false;
         while (s.text_queue_.try_dequeue(text)) {
@@ -327,12 +351,12 @@ struct Engine::Impl {
         }
         if (s.waiting_for_text_ && !got_text) {
             s.excused_ = true;
-            return false;
+            return owed;
         }
         const int k = chunk_size(s);
         if (!s.room_for(k)) {  // reader is behind: backpressure
             s.excused_ = true;
-            return false;
+            return owed;
         }
         if (fault_stream.load(std::memory_order_relaxed) == s.id()) {
             fault_stream.store(0);
@@ -356,26 +380,46 @@ struct Engine::Impl {
         // Ended with this chunk's frames (or with none): the stream ends now, not a round later,
         // so its listener hears the end and its slot is free as soon as its last audio is out.
         const bool ends = status == UtteranceStatus::UTTERANCE_DONE || s.utterance_->done();
-        if (!frames.empty()) {
-            const double gap = play_clock_publish(s.clock_, now_s(), int64_t(pcm.size()), s.excused_ || was_waiting);
+        if (!frames.empty() && s.utterance_->audio_owed() > 0) {
+            // Its decoder pass runs beside the next step: the chunk (and an end with it) is
+            // published at the stream's next service(), in the next round.
+            QTTS_ASSERT(s.utterance_->audio_owed() == int(frames.size()) && pcm.empty());
+            s.owed_frames_ = frames;
+            s.owed_ends_ = ends;
+            s.owed_excused_ = s.excused_ || was_waiting;
+            s.owed_step_frames_ = step_frames;
             s.excused_ = false;
-            if (gap > 0.0) {
-                // Into the stats before the chunk is published: a reader that sees the stream end
-                // (finish() may come in this call) reads its underruns counted, not a round later.
-                std::lock_guard<std::mutex> lock(stats_mutex);
-                ++stats.underruns;
-                stats.underrun_seconds += gap;
-            }
-            s.publish(pcm, frames);
-            s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
-            seams_after_chunk(s, int32_t(frames.size()), step_frames, ends);
+            std::lock_guard<std::mutex> lock(stats_mutex);
+            ++stats.batch_overlapped_chunks;
+            return true;
+        }
+        if (!frames.empty()) {
+            chunk_publish(s, pcm, frames, s.excused_ || was_waiting, step_frames, ends);
+            s.excused_ = false;
         }
         if (s.waiting_for_text_ && !was_waiting) s.event_emit(StreamEventKind::STREAM_EVENT_WAITING);
         if (ends) {
             finish(s, s.utterance_->stop_reason(), "");
             finished = true;
         }
-        return !frames.empty() || finished;
+        return owed || !frames.empty() || finished;
+    }
+
+    // A chunk's audio to the stream's reader: the listener's clock (an underrun when it came late,
+    // unless `excused`), the ring, the CHUNK event and the test seams. Engine thread.
+    void chunk_publish(StreamImpl& s, const std::vector<float>& pcm, const std::vector<FrameCodes>& frames,
+                       bool excused, int32_t step_frames, bool ends) {
+        const double gap = play_clock_publish(s.clock_, now_s(), int64_t(pcm.size()), excused);
+        if (gap > 0.0) {
+            // Into the stats before the chunk is published: a reader that sees the stream end
+            // (finish() may come in this call) reads its underruns counted, not a round later.
+            std::lock_guard<std::mutex> lock(stats_mutex);
+            ++stats.underruns;
+            stats.underrun_seconds += gap;
+        }
+        s.publish(pcm, frames);
+        s.event_emit(StreamEventKind::STREAM_EVENT_CHUNK, int32_t(frames.size()));
+        seams_after_chunk(s, int32_t(frames.size()), step_frames, ends);
     }
 
     // The frames of the stream's next chunk: those of the batched step that made it, else one
@@ -589,7 +633,13 @@ struct Engine::Impl {
             frames = std::max(frames, left < 0 ? k : std::min(k, left));
         }
         QTTS_ASSERT(frames >= 1);  // batch_ready: every candidate has a frame left
-        if (batch_run(active, generators, members, frames))
+        // The step's decoder pass may run beside the next round's step when every member's
+        // listener has audio enough for its chunk to come a round later (scheduler.h); the
+        // backend decides whether the step allows it (whole chunks).
+        const double now = now_s();
+        const bool defer = std::all_of(members.begin(), members.end(),
+                                       [now](const StreamImpl* s) { return play_clock_can_wait(s->clock_, now); });
+        if (batch_run(active, generators, members, frames, defer))
             for (StreamImpl* s : seconds) s->second_round_ = round;
     }
 
@@ -597,10 +647,10 @@ struct Engine::Impl {
     // failed step ends its streams with the error (their device state is unknown; returns false);
     // the others go on if the device still works. Engine thread.
     bool batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
-                   const std::vector<StreamImpl*>& members, int frames) {
+                   const std::vector<StreamImpl*>& members, int frames, bool defer_audio = false) {
         int decoded = 0;  // chunks the batched decoder pass made audio for
         try {
-            decoded = model->batch_run(generators, frames);
+            decoded = model->batch_run(generators, frames, defer_audio);
         } catch (const std::exception& e) {
             batch_failed(active, members, "step", e);
             return false;

@@ -12,6 +12,10 @@ double play_clock_deadline(const PlayClock& clock) {
     return clock.anchor_s + double(clock.samples) / SAMPLE_RATE;
 }
 
+bool play_clock_can_wait(const PlayClock& clock, double now_s) {
+    return clock.started && play_clock_deadline(clock) - now_s >= AUDIO_DEFER_MIN_LEAD_S;
+}
+
 double play_clock_publish(PlayClock& clock, double now_s, int64_t samples, bool excused) {
     if (!clock.started) {
         clock.started = true;

@@ -35,6 +35,15 @@ double play_clock_publish(PlayClock& clock, double now_s, int64_t samples, bool 
 // far plus the current gap when it is dry now (not while `excused`: waiting for text or reader).
 double play_clock_lag(const PlayClock& clock, double now_s, bool excused);
 
+// A steady chunk's audio may be published a round late, its decoder pass running beside the
+// engine's next step (docs/engine.md, "The decoder pass beside the next step"), only when the
+// stream's listener has at least this much audio left: a round at 64 streams takes ~50 ms, one
+// that also starts a wave of newcomers ~130 ms more.
+constexpr double AUDIO_DEFER_MIN_LEAD_S = 0.5;
+// Whether the listener has AUDIO_DEFER_MIN_LEAD_S of audio left at `now_s` (false before the
+// first audio).
+bool play_clock_can_wait(const PlayClock& clock, double now_s);
+
 // Where a stream stands in a round's order.
 struct ScheduleKey {
     bool first_chunk = false;  // its first chunk is not made yet (time to first audio)

@@ -222,7 +222,7 @@ std::string SpeechModel::backend_name() const {
 
 bool SpeechModel::backend_recover() const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_) return gpu_->context().recover();
+    if (gpu_) return gpu_->recover();
 #endif
     return true;
 }
@@ -257,12 +257,13 @@ int SpeechModel::batch_max() const {
     return 0;
 }
 
-int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const {
+int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio) const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames);
+    if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames, defer_audio);
 #endif
     (void)generators;
     (void)frames;
+    (void)defer_audio;
     fail(ErrorCode::ERROR_INTERNAL, "batch_run on the {} backend, which does not batch", backend_name());
 }
 

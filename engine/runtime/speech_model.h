@@ -96,7 +96,10 @@ public:
     // chunk(frames) calls then take those frames (and, where the backend decoded them in one
     // batched pass, their audio); returns how many streams' chunks that pass decoded. Owner thread.
     int batch_max() const;
-    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames) const;
+    // With `defer_audio` the backend may leave the step's decoder pass running beside whatever
+    // comes next: the chunk() calls then emit codes with their samples owed
+    // (ChunkGenerator::audio_owed, audio_take).
+    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false) const;
     // Batched starts (same backends): the segment starts of several generators with their prompt
     // prefills run together. A start whose prompt or parameters are refused gets its `error` (its
     // generator unchanged) and the others start; throws when the device step fails (every

@@ -149,7 +149,9 @@ UtteranceStatus Utterance::chunk(int frames, std::vector<float>* pcm, std::vecto
         const ChunkStatus status = generator_->chunk(frames, &chunk_codes_, pcm);
         const int made = int(chunk_codes_.size());
         QTTS_ASSERT(made <= frames && (made == frames || status != ChunkStatus::CHUNK_STATUS_FULL));
-        QTTS_ASSERT(pcm->size() - pcm_before == size_t(made) * SAMPLES_PER_FRAME);
+        // Every frame's samples, or some owed by a batched decoder pass still running (audio_take).
+        QTTS_ASSERT(pcm->size() - pcm_before + size_t(generator_->audio_owed()) * SAMPLES_PER_FRAME ==
+                    size_t(made) * SAMPLES_PER_FRAME);
         frames_ += made;
         if (codes) codes->insert(codes->end(), chunk_codes_.begin(), chunk_codes_.end());
         // The segment finished, or the cap fell on this chunk's end (done now: done() says so).

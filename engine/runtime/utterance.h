@@ -37,6 +37,12 @@ public:
     // stop, dry incremental text, or a sentence boundary ends the chunk sooner (one backend call
     // per chunk, see chunk()). Returns UTTERANCE_CHUNK when at least one frame was made.
     UtteranceStatus chunk(int frames, std::vector<float>* pcm, std::vector<FrameCodes>* codes);
+    // After a chunk made in a step whose decoder pass runs beside the next one
+    // (SpeechModel::batch_run with defer_audio): the last audio_owed() frames of that chunk came
+    // without their samples; audio_take() appends them (waiting for the pass if it still runs),
+    // and must come before the next chunk().
+    int audio_owed() const { return generator_ ? generator_->audio_owed() : 0; }
+    void audio_take(std::vector<float>* pcm) { generator_->audio_take(pcm); }
     // Batched steps (SpeechModel::batch_run): this utterance's generator when its next chunk(frames)
     // continues the current segment for all `frames` frames (ChunkGenerator::batch_ready), else
     // null (between segments, done, or the backend does not batch).

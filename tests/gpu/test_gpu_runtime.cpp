@@ -603,6 +603,11 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
                                << batched_stats.batch_decoded_chunks << (how == Batching::EXACT ? " (batch_exact)" : ""));
         CHECK(batched_steps > 0);  // the streams did share steps
         CHECK(batched_stats.batch_decoded_chunks > 0);
+        // Once every stream of a step has half a second of audio ahead of its listener, the
+        // step's decoder pass runs beside the next step (its chunks published a round later).
+        WARN("chunks whose decoder pass ran beside the next step: " << batched_stats.batch_overlapped_chunks);
+        CHECK(batched_stats.batch_overlapped_chunks > 0);
+        CHECK(batched_stats.batch_overlapped_chunks <= batched_stats.batch_decoded_chunks);
         // A round whose streams are all newcomers makes no steady step for them (engine
         // batch_step): their second chunks come a round later. (Whether the four submitted
         // together reach the same round depends on timing; the rule is checked where they did.)
@@ -832,6 +837,84 @@ TEST_CASE("streams whose chunk ends early share a decoder pass with those that k
         CHECK(got[i].codes == alone[i].codes);
         CHECK(max_abs(got[i].pcm, alone[i].pcm) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
     }
+}
+
+TEST_CASE("a step's decoder pass beside the next step: each chunk's samples come with audio_take, as alone; a "
+          "stream dropped with its audio owed leaves its state clean",
+          "[gpu][runtime][batch]") {
+    // Three utterances in lockstep: a batched first step, then steps of 4 frames with the audio
+    // deferred (SpeechModel::batch_run's defer_audio). Each chunk() emits its codes with the
+    // samples owed; the next step lands the pass (it ran beside that step), audio_take() appends
+    // them, then the next chunk() is read. The third utterance is dropped while its audio is
+    // owed, and a fourth, started after on one of the freed states, speaks as alone. Reference:
+    // each utterance spoken alone.
+    const auto model = four_stream_model();
+    REQUIRE(model->batch_max() >= 3);
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("The first stream speaks this sentence.", 17, kGreedySeed),
+        qtts_test::greedy_request("A second one speaks beside it.", 17, kGreedySeed + 1),
+        qtts_test::greedy_request("The third is dropped with its audio owed.", 17, kGreedySeed + 2),
+        qtts_test::greedy_request("A fourth starts on a freed state.", 13, kGreedySeed + 3),
+    };
+    // (The tiny model speaks each of these sentences past 40 frames: every step keeps whole chunks.)
+    std::vector<Spoken> alone;
+    for (const SpeechRequest& r : requests) alone.push_back(speak(model, r));
+
+    std::vector<std::unique_ptr<Utterance>> utterances;
+    const std::vector<SpeechRequest> first_three(requests.begin(), requests.begin() + 3);
+    std::vector<GenerationStart> starts = first_starts(model, first_three, &utterances);
+    model->batch_start(starts);
+    for (size_t i = 0; i < starts.size(); ++i) {
+        REQUIRE(starts[i].error.empty());
+        utterances[i]->first_started();
+    }
+    std::vector<Spoken> got(3);
+    int deferred_chunks = 0;
+    // Frames 0 (first step, decoded at once), 1-4, 5-8, 9-12, 13-16: 17 frames.
+    for (int step = 0; step < 5; ++step) {
+        INFO("step " << step);
+        const int frames = step == 0 ? 1 : 4;
+        std::vector<ChunkGenerator*> generators;
+        for (auto& u : utterances)
+            if (u) generators.push_back(u->batch_candidate(frames));
+        for (ChunkGenerator* g : generators) REQUIRE(g != nullptr);
+        CHECK(model->batch_run(generators, frames, /*defer_audio=*/step > 0) == int(generators.size()));
+        for (size_t i = 0; i < utterances.size(); ++i) {
+            if (!utterances[i]) continue;
+            if (utterances[i]->audio_owed() > 0) utterances[i]->audio_take(&got[i].pcm);  // the last step's
+            CHECK(utterances[i]->audio_owed() == 0);
+            const size_t before = got[i].pcm.size();
+            const UtteranceStatus status = utterances[i]->chunk(frames, &got[i].pcm, &got[i].codes);
+            CHECK(status == UtteranceStatus::UTTERANCE_CHUNK);
+            if (step == 0) {
+                CHECK(utterances[i]->audio_owed() == 0);  // not deferred: its samples came with it
+            } else {
+                CHECK(utterances[i]->audio_owed() == frames);  // deferred: codes now, samples later
+                CHECK(got[i].pcm.size() == before);
+                ++deferred_chunks;
+            }
+        }
+        if (step == 2) utterances[2].reset();  // dropped with its audio owed (its pass still in flight)
+    }
+    CHECK(deferred_chunks == 4 * 3 - 2);  // steps 1-4 for two streams, 1-2 for the dropped one
+    for (size_t i = 0; i < 2; ++i) {  // the last step's samples: taken without another step
+        INFO("utterance " << i);
+        REQUIRE(utterances[i]->audio_owed() == 4);
+        utterances[i]->audio_take(&got[i].pcm);
+        CHECK(utterances[i]->chunk(4, &got[i].pcm, &got[i].codes) == UtteranceStatus::UTTERANCE_DONE);
+        CHECK(got[i].codes == alone[i].codes);
+        CHECK(max_abs(got[i].pcm, alone[i].pcm) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
+    }
+    // The dropped one's published part was its alone speech up to there.
+    REQUIRE(got[2].codes.size() == 9);
+    CHECK(std::equal(got[2].codes.begin(), got[2].codes.end(), alone[2].codes.begin()));
+    REQUIRE(got[2].pcm.size() == 5 * qtts::SAMPLES_PER_FRAME);  // frames 0-4; 5-8 were owed
+    const std::vector<float> alone_head(alone[2].pcm.begin(), alone[2].pcm.begin() + long(got[2].pcm.size()));
+    CHECK(max_abs(got[2].pcm, alone_head) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
+    utterances.clear();
+    const Spoken fourth = speak(model, requests[3]);
+    CHECK(fourth.codes == alone[3].codes);
+    CHECK(max_abs(fourth.pcm, alone[3].pcm) <= 1e-5);
 }
 
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {

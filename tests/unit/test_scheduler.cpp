@@ -59,6 +59,20 @@ TEST_CASE("play clock: a gap while the stream waited for text or its reader is n
     CHECK(play_clock_deadline(c) == Approx(2.0 + kChunkS));
 }
 
+TEST_CASE("play clock: a chunk's audio may come a round late only while the listener has half a second left",
+          "[scheduler]") {
+    PlayClock c;
+    CHECK_FALSE(play_clock_can_wait(c, 0.0));  // no audio yet: the first chunks are never deferred
+    play_clock_publish(c, 1.0, SAMPLES_PER_FRAME, false);  // plays until 1.08
+    CHECK_FALSE(play_clock_can_wait(c, 1.0));
+    play_clock_publish(c, 1.01, kChunk, false);  // until 1.40
+    CHECK_FALSE(play_clock_can_wait(c, 1.02));   // 0.38 s left
+    play_clock_publish(c, 1.03, kChunk, false);  // until 1.72
+    CHECK(play_clock_can_wait(c, 1.04));         // 0.68 s left
+    CHECK(play_clock_can_wait(c, 1.72 - AUDIO_DEFER_MIN_LEAD_S - 0.01));
+    CHECK_FALSE(play_clock_can_wait(c, 1.72 - AUDIO_DEFER_MIN_LEAD_S + 0.01));
+}
+
 TEST_CASE("round order: first chunks, then earliest deadline, then held streams; ties keep arrival order", "[scheduler]") {
     struct Item {
         int id;
