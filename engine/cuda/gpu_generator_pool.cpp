@@ -46,6 +46,9 @@ public:
     void audio_take(std::vector<float>* pcm) override {
         QTTS_ASSERT(pcm && state_->audio_owed() > 0);
         if (!state_->audio_delivered()) pool_->batch_audio_land();
+        // A pass whose wait failed (a device error, reported where it happened) delivers nothing.
+        if (!state_->audio_delivered())
+            fail(ErrorCode::ERROR_CUDA, "the batched decoder pass of this stream's last chunk failed");
         state_->audio_take(pcm);
     }
     void reference_decode(const int32_t* codes, int frames) override {

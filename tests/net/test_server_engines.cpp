@@ -91,6 +91,7 @@ TEST_CASE("several engines: one left out at start-up, requests spread, health an
     CHECK(metric_value(m, "qtts_engine_streams_total{engine=\"cpu#1\",outcome=\"completed\"}") == 2);
     CHECK(metric_value(m, "qtts_engine_audio_seconds_total{engine=\"cpu#1\"}") > 0);
     CHECK(metric_value(m, "qtts_engine_batch_decoded_chunks_total{engine=\"cpu#1\"}") == 0);  // CPU: no batching
+    CHECK(metric_value(m, "qtts_engine_batch_overlapped_chunks_total{engine=\"cpu#1\"}") == 0);
     CHECK(metric_value(m, "qtts_engine_batch_started_total{engine=\"cpu#1\"}") == 0);
     // The engine thread's time: its chunks were made in per-stream passes, none batched.
     CHECK(metric_value(m, "qtts_engine_thread_seconds_total{engine=\"cpu#1\",part=\"service\"}") > 0);
