@@ -634,11 +634,16 @@ struct Engine::Impl {
         }
         QTTS_ASSERT(frames >= 1);  // batch_ready: every candidate has a frame left
         // The step's decoder pass may run beside the next round's step when every member's
-        // listener has audio enough for its chunk to come a round later (scheduler.h); the
-        // backend decides whether the step allows it (whole chunks).
+        // listener has audio enough for its chunk to come a round later (scheduler.h) and some
+        // member goes on after it (else no step follows for the pass to run beside); the backend
+        // decides whether the step allows it (whole chunks).
         const double now = now_s();
-        const bool defer = std::all_of(members.begin(), members.end(),
-                                       [now](const StreamImpl* s) { return play_clock_can_wait(s->clock_, now); });
+        const bool goes_on = std::any_of(generators.begin(), generators.end(), [frames](const ChunkGenerator* g) {
+            return g->frames_left() < 0 || g->frames_left() > frames;
+        });
+        const bool defer = goes_on && std::all_of(members.begin(), members.end(), [now](const StreamImpl* s) {
+            return play_clock_can_wait(s->clock_, now);
+        });
         if (batch_run(active, generators, members, frames, defer))
             for (StreamImpl* s : seconds) s->second_round_ = round;
     }
