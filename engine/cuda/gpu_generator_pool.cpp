@@ -192,6 +192,12 @@ void GpuGeneratorPool::decoders_attach(const DecoderFactory& make) {
     decoder_factory_ = make;
     for (auto& state : idle_) state->decoder_attach(decoder_factory_());
     if (!idle_.empty()) fused_sizes_ = idle_.front()->fused_sizes();
+    // The batched decoder passes' stream (batch_decoder_enable) is made now, before the slots are
+    // fitted to the memory left (states_grow): its cuBLAS handle and workspace are in that plan.
+    if (options_.batching && options_.states >= 2 && !side_) {
+        DeviceScope scope(options_.device);
+        side_ = std::make_unique<GpuContext>(options_.device);
+    }
 }
 
 std::unique_ptr<GpuGenerator> GpuGeneratorPool::state_new() {
@@ -326,11 +332,12 @@ void GpuGeneratorPool::batch_decoder_enable() {
     for (int b = 2; b <= o.max_streams; ++b)
         if (b <= 16 || b % 4 == 0 || b == o.max_streams) o.buckets.push_back(b);
     o.cuda_graphs = options_.cuda_graphs;
-    // The passes run on a second stream (their own context: stream, cuBLAS handle, workspace), so
-    // that a steady step's pass can run beside the next step (batch_run, defer_audio). The LM
-    // stream has the device's highest priority (create()): its blocks go first, the pass takes
-    // what they leave (docs/performance.md, "The decoder pass beside the next step").
-    side_ = std::make_unique<GpuContext>(options_.device);
+    // The passes run on a second stream (side_, made by decoders_attach before the slots were
+    // planned: its own stream, cuBLAS handle and workspace), so that a steady step's pass can run beside the next step
+    // (batch_run, defer_audio). The LM stream has the device's highest priority (create()): its
+    // blocks go first, the pass takes what they leave (docs/performance.md, "The decoder pass
+    // beside the next step").
+    if (!side_) side_ = std::make_unique<GpuContext>(options_.device);
     batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *side_, any.layout(), o);
 }
 
