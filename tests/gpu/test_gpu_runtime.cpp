@@ -917,6 +917,69 @@ TEST_CASE("a step's decoder pass beside the next step: each chunk's samples come
     CHECK(max_abs(fourth.pcm, alone[3].pcm) <= 1e-5);
 }
 
+TEST_CASE("a stream cancelled while its decoder passes run beside the next steps ends at its last published chunk; "
+          "the others speak as alone",
+          "[gpu][runtime][engine][batch]") {
+    // Three streams on a batching engine slowed by the slow-device seam (10 ms after each chunk),
+    // so that their listeners are soon far enough ahead for the steps' decoder passes to run
+    // beside the next steps (their chunks published a round later). The third is cancelled
+    // after 1.5 s of its audio was read: it ends with the chunks published before the cancel, its
+    // codes and audio those of the same request on an engine without batching up to there, and
+    // its codes and samples agree (an owed chunk is dropped whole). Reference: that engine.
+    const std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("The first stream speaks this sentence.", 40, kGreedySeed),
+        qtts_test::greedy_request("A second one speaks beside it.", 40, kGreedySeed + 1),
+        qtts_test::greedy_request("The third is dropped with its audio owed.", 40, kGreedySeed + 2),
+    };
+    constexpr size_t kCancelAfter = size_t(1.5 * qtts::SAMPLE_RATE);
+    auto speak = [&](Batching how, bool cancel_third, EngineStats* stats) {
+        Engine engine(batching_options(how));
+        qtts::engine_chunk_delay_set(engine, 10ms);
+        std::vector<std::shared_ptr<Stream>> streams;
+        for (const SpeechRequest& r : requests) streams.push_back(engine.submit(r));
+        std::vector<Heard> heard(requests.size());
+        std::vector<std::thread> readers;
+        for (size_t i = 0; i < requests.size(); ++i)
+            readers.emplace_back([&, i] {
+                Stream& s = *streams[i];
+                if (cancel_third && i == 2) {
+                    std::vector<float> buf(4096);
+                    while (heard[i].pcm.size() < kCancelAfter && !s.finished()) {
+                        s.wait(50ms);
+                        const size_t n = s.read(buf.data(), buf.size());
+                        heard[i].pcm.insert(heard[i].pcm.end(), buf.begin(), buf.begin() + long(n));
+                    }
+                    s.cancel();
+                }
+                const std::vector<float> rest = read_all(s);
+                heard[i].pcm.insert(heard[i].pcm.end(), rest.begin(), rest.end());
+            });
+        for (auto& r : readers) r.join();
+        for (size_t i = 0; i < streams.size(); ++i) {
+            heard[i].codes = codes_of(*streams[i]);
+            heard[i].error = streams[i]->error();
+            heard[i].stop = streams[i]->metrics().stop_reason;
+        }
+        if (stats) *stats = engine.stats();
+        return heard;
+    };
+    const std::vector<Heard> alone = speak(Batching::OFF, false, nullptr);
+    EngineStats stats;
+    const std::vector<Heard> batched = speak(Batching::DEFAULT, true, &stats);
+    WARN("chunks whose decoder pass ran beside the next step: " << stats.batch_overlapped_chunks);
+    CHECK(stats.batch_overlapped_chunks > 0);
+    same_speech({batched[0], batched[1]}, {alone[0], alone[1]}, {requests[0], requests[1]}, Batching::DEFAULT);
+    const Heard& cut = batched[2];
+    CHECK(cut.stop == StopReason::STOP_CANCELLED);
+    CHECK(cut.error.empty());
+    REQUIRE(cut.codes.size() < alone[2].codes.size());
+    CHECK(cut.pcm.size() == cut.codes.size() * qtts::SAMPLES_PER_FRAME);  // every published frame with its audio
+    CHECK(cut.pcm.size() >= kCancelAfter);
+    CHECK(std::equal(cut.codes.begin(), cut.codes.end(), alone[2].codes.begin()));
+    const std::vector<float> alone_head(alone[2].pcm.begin(), alone[2].pcm.begin() + long(cut.pcm.size()));
+    CHECK(max_abs(cut.pcm, alone_head) <= qtts_test::GPU_SPLIT_DECODER_TOLERANCE);
+}
+
 TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CPU", "[gpu][runtime][engine]") {
     Engine engine(tiny_cuda_engine_options(2));
     REQUIRE(engine.backend_name() == "cuda:0");
