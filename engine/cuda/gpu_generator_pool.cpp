@@ -333,10 +333,10 @@ void GpuGeneratorPool::batch_decoder_enable() {
         if (b <= 16 || b % 4 == 0 || b == o.max_streams) o.buckets.push_back(b);
     o.cuda_graphs = options_.cuda_graphs;
     // The passes run on a second stream (side_, made by decoders_attach before the slots were
-    // planned: its own stream, cuBLAS handle and workspace), so that a steady step's pass can run beside the next step
-    // (batch_run, defer_audio). The LM stream has the device's highest priority (create()): its
-    // blocks go first, the pass takes what they leave (docs/performance.md, "The decoder pass
-    // beside the next step").
+    // planned: its own stream, cuBLAS handle and workspace), so that a steady step's pass can run
+    // beside the next step (batch_run, defer_audio). The LM stream has the device's highest
+    // priority (create()): its blocks go first, the pass takes what they leave
+    // (docs/performance.md, "The decoder pass beside the next step").
     if (!side_) side_ = std::make_unique<GpuContext>(options_.device);
     batch_decoder_ = std::make_unique<GpuBatchDecoder>(any.weights(), *side_, any.layout(), o);
 }
