@@ -70,12 +70,14 @@ void usage() {
         "  --model DIR            checkpoint (default: the embedded demo model)\n"
         "  --preset P             a random-weight checkpoint of this preset instead (written once to --cache)\n"
         "  --cache DIR            where --preset models go (default $QTTS_CACHE_DIR or /tmp/qtts-bench)\n"
-        "  --backend B            auto|cpu|cuda (default auto)\n"
+        "  --backend B            auto|cpu|cpu-fast|cuda (default auto)\n"
+        "  --cpu-format F         cpu-fast weight format: bf16 (default, exact) or int8\n"
+        "  --threads N            cpu-fast: threads of the matrix products (default 0 = every core)\n"
         "  --device N             CUDA device (default 0)\n"
         "  --max-streams N        engine stream limit (default: the largest concurrency; paced: 64)\n"
         "  --first-chunk-frames K, --chunk-frames K   chunk sizes (default: the engine's, %d then %d)\n"
         "  --frames F             frames per request, 80 ms each (default 75 = 6 s; 0 = until EOS or the budget)\n"
-        "  --no-batching          CUDA backend: every stream takes its own LM steps (compare with the batched step)\n"
+        "  --no-batching          CUDA and cpu-fast: every stream takes its own LM steps (compare with the batched step)\n"
         "  --batch-exact          CUDA backend: batched streams keep their one-row arithmetic (bitwise codes as alone;\n"
         "                         BackendOptions::batch_exact)\n"
         "  --admission on|off     the engine's admission control (default off: every request up to --max-streams)\n"
@@ -141,8 +143,8 @@ long long option_int(const qtts_cli::Args& args, const char* name, long long fal
 ServeOptions options_parse(const qtts_cli::Args& args) {
     ServeOptions o;
     o.backend = args.get_or("backend", "auto");
-    if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda")
-        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--backend expects auto, cpu or cuda, got '{}'", o.backend);
+    if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cpu-fast" && o.backend != "cuda")
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--backend expects auto, cpu, cpu-fast or cuda, got '{}'", o.backend);
     o.device = int(option_int(args, "device", 0, 0, 63));
     o.first_chunk_frames = int(option_int(args, "first-chunk-frames", o.first_chunk_frames, 1, 1000));
     o.chunk_frames = int(option_int(args, "chunk-frames", o.chunk_frames, 1, 1000));
@@ -648,7 +650,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                               {"model", "preset", "cache", "backend", "device", "max-streams", "first-chunk-frames",
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
                                "duration", "arrivals", "prebuffer-ms", "period-ms", "admission", "gpu-memory-limit",
-                               "max-context"},
+                               "max-context", "cpu-format", "threads"},
                               {"help", "paced", "no-batching", "batch-exact", "trace"});
     if (args.has("help")) {
         usage();
@@ -663,6 +665,8 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     eo.model_dir = o.model_dir;
     eo.backend.name = o.backend;
     eo.backend.device = o.device;
+    eo.backend.cpu_format = args.get_or("cpu-format", eo.backend.cpu_format);  // checked by the engine's load
+    eo.backend.threads = int(option_int(args, "threads", 0, 0, 1024));
     eo.max_streams = o.max_streams;
     eo.first_chunk_frames = o.first_chunk_frames;
     eo.chunk_frames = o.chunk_frames;
@@ -692,6 +696,8 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["first_chunk_frames"] = o.first_chunk_frames;
     out["chunk_frames"] = o.chunk_frames;
     out["frames"] = o.frames;
+    out["cpu_format"] = eo.backend.cpu_format;
+    out["threads"] = eo.backend.threads;
     out["batching"] = eo.backend.batching;
     out["batch_exact"] = eo.backend.batch_exact;
     out["admission"] = eo.admission;

@@ -46,7 +46,7 @@ void print_usage() {
         "  --no-cuda-graphs       run the GPU frame steps eagerly (same audio)\n"
         "  --cpu-decoder          CUDA backend: decode speech on the CPU instead of the GPU (same audio to ~1e-6)\n"
         "  --no-fused-chunks      CUDA backend: replay the LM and the decoder separately (same audio)\n"
-        "  --no-batching          CUDA backend: every stream takes its own LM steps (no shared batched step)\n"
+        "  --no-batching          CUDA and cpu-fast: every stream takes its own LM steps (no shared batched step)\n"
         "  --batch-exact          CUDA backend: batched streams keep their own arithmetic (codes bitwise as alone,\n"
         "                         sampled ones too; slower batched steps)\n"
         "  --admission on|off     refuse new streams (429, code capacity) when the engine's measured real-time\n"

@@ -19,6 +19,10 @@ ChunkStatus CpuChunkGenerator::chunk(int frames, std::vector<FrameCodes>* codes,
                                                                   : ChunkStatus::CHUNK_STATUS_DONE;
         break;
     }
+    return chunk_emit(status, codes, pcm);
+}
+
+ChunkStatus CpuChunkGenerator::chunk_emit(ChunkStatus status, std::vector<FrameCodes>* codes, std::vector<float>* pcm) {
     decoder_->frames_decode(chunk_.data(), int(chunk_.size()), pcm);
     codes->insert(codes->end(), chunk_.begin(), chunk_.end());
     return status;

@@ -53,6 +53,11 @@ public:
 
     cpu::Generator& generator() { return *generator_; }
 
+protected:
+    // Decodes the frames in chunk_frames() and appends them and their samples; returns `status`.
+    ChunkStatus chunk_emit(ChunkStatus status, std::vector<FrameCodes>* codes, std::vector<float>* pcm);
+    std::vector<FrameCodes>& chunk_frames() { return chunk_; }
+
 private:
     std::unique_ptr<cpu::Generator> generator_;
     std::unique_ptr<DecoderStream> decoder_;

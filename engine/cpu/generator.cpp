@@ -136,7 +136,8 @@ void Generator::text_close() {
     text_closed_ = true;
 }
 
-void Generator::talker_advance() {
+const float* Generator::step_input_make() {
+    QTTS_ASSERT(step_pending_ && !step_waits());
     const EmbeddingTables& w = lm_->tables();
     const int H = w.hidden_size();
     const int step = frames_ - 1;  // decode step k feeds frame k and the k-th text-track row
@@ -149,44 +150,24 @@ void Generator::talker_advance() {
     }
     for (int i = 0; i < H; ++i) step_input_[size_t(i)] = frame_sum_[size_t(i)] + track[i];
     if (hooks_.on_step_input) hooks_.on_step_input(step, step_input_.data());
-    lm_->talker_step(step_input_.data());
+    return step_input_.data();
+}
+
+void Generator::talker_stepped() {
     step_pending_ = false;
     if (hooks_.on_talker_row) hooks_.on_talker_row(frames_, lm_->talker_hidden(), lm_->talker_logits());
 }
 
-void Generator::frame_predict(int32_t code0, FrameCodes& codes) {
-    LmSession& lm = *lm_;
-    const int groups = lm.num_code_groups(), vocab = lm.predictor_vocab();
-    codes.fill(0);
-    codes[0] = code0;
-    for (int g = 1; g < groups; ++g) {
-        if (g == 1)
-            lm.predictor_prefill(lm.talker_hidden(), code0);
-        else
-            lm.predictor_step(g, codes[size_t(g - 1)]);
-        if (hooks_.on_predictor_logits) hooks_.on_predictor_logits(frames_, g, lm.predictor_logits());
-        codes[size_t(g)] =
-            sample_predictor(lm.predictor_logits(), vocab, params_.predictor, g, rng_, uint64_t(frames_), scratch_);
-    }
-}
-
-FrameStatus Generator::next_frame(FrameCodes& codes) {
-    if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "next_frame before start()");
-    if (done_) return FrameStatus::FRAME_STATUS_DONE;
-
-    if (step_pending_) {
-        if (frames_ - 1 >= trailing_rows_ && !text_closed_) return FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT;
-        talker_advance();
-    }
-
+bool Generator::code0_draw(int32_t* code0) {
+    QTTS_ASSERT(started_ && !done_ && !step_pending_);
     // Row `frames_` of talker logits → codebook 0 of frame `frames_`.
-    const int32_t code0 = sample_codebook0(lm_->talker_logits(), lm_->codec_vocab(), params_.talker, rules_,
-                                           history_, rng_, uint64_t(frames_), scratch_);
-    history_.add(code0);
-    if (code0 == rules_.eos_id) {
+    *code0 = sample_codebook0(lm_->talker_logits(), lm_->codec_vocab(), params_.talker, rules_, history_, rng_,
+                              uint64_t(frames_), scratch_);
+    history_.add(*code0);
+    if (*code0 == rules_.eos_id) {
         done_ = true;
         stop_reason_ = StopReason::STOP_EOS;
-        return FrameStatus::FRAME_STATUS_DONE;
+        return false;
     }
     if (frames_ >= frame_limit_) {
         done_ = true;
@@ -194,13 +175,51 @@ FrameStatus Generator::next_frame(FrameCodes& codes) {
         if (!limit_is_explicit_)
             QTTS_LOG_WARN("generation stopped by the frame budget after {} frames ({} text tokens): no end-of-speech",
                           frames_, text_tokens_);
-        return FrameStatus::FRAME_STATUS_DONE;
+        return false;
     }
+    return true;
+}
 
-    frame_predict(code0, codes);
+void Generator::group_draw(int group, FrameCodes& codes) {
+    if (hooks_.on_predictor_logits) hooks_.on_predictor_logits(frames_, group, lm_->predictor_logits());
+    codes[size_t(group)] = sample_predictor(lm_->predictor_logits(), lm_->predictor_vocab(), params_.predictor, group,
+                                            rng_, uint64_t(frames_), scratch_);
+}
+
+void Generator::frame_close(const FrameCodes& codes) {
     pending_ = codes;
     step_pending_ = true;
     ++frames_;
+}
+
+bool Generator::batch_ready(int frames) const {
+    if (!started_ || done_ || frames_ >= frame_limit_) return false;
+    // The talker steps of the next `frames` frames read text-track rows up to frames_ + frames - 2.
+    return text_closed_ || frames_ + frames - 1 <= trailing_rows_;
+}
+
+FrameStatus Generator::next_frame(FrameCodes& codes) {
+    if (!started_) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "next_frame before start()");
+    if (done_) return FrameStatus::FRAME_STATUS_DONE;
+
+    if (step_pending_) {
+        if (step_waits()) return FrameStatus::FRAME_STATUS_WAITING_FOR_TEXT;
+        lm_->talker_step(step_input_make());
+        talker_stepped();
+    }
+    int32_t code0 = 0;
+    if (!code0_draw(&code0)) return FrameStatus::FRAME_STATUS_DONE;
+
+    codes.fill(0);
+    codes[0] = code0;
+    for (int g = 1; g < lm_->num_code_groups(); ++g) {
+        if (g == 1)
+            lm_->predictor_prefill(lm_->talker_hidden(), code0);
+        else
+            lm_->predictor_step(g, codes[size_t(g - 1)]);
+        group_draw(g, codes);
+    }
+    frame_close(codes);
     return FrameStatus::FRAME_STATUS_FRAME;
 }
 

@@ -101,10 +101,31 @@ public:
     int context_length() const { return lm_->context_length(); }
     const LmSession& lm() const { return *lm_; }
 
+    // True when the next `frames` next_frame() calls can all run without waiting for text: started,
+    // not stopped, a frame left before the limit, and the text track reaching past them (what a
+    // batched step asks before it makes a chunk for this utterance; cpu_fast::FastGenerator).
+    bool batch_ready(int frames) const;
+
+protected:
+    // next_frame() in phases, for a driver that runs the sessions of several generators together
+    // (cpu_fast::FastGenerator::frames_batch) and must give each the same arithmetic and draws
+    // as next_frame():
+    //   if (step_pending()) { session.talker_step(step_input_make()); talker_stepped(); }
+    //   if (!code0_draw(&code0)) -> stopped (stop_reason() says why)
+    //   codes[0] = code0; for g in 1..G-1: session.predictor_prefill / predictor_step; group_draw(g, codes)
+    //   frame_close(codes)
+    LmSession& session() { return *lm_; }
+    bool step_pending() const { return step_pending_; }
+    const float* step_input_make();  // the talker input [H] of decode step frames_-1
+    void talker_stepped();           // after the session's talker_step
+    bool code0_draw(int32_t* code0); // samples codebook 0; false at a stop (EOS, frame limit)
+    void group_draw(int group, FrameCodes& codes);  // samples codebook `group` from the session's logits
+    void frame_close(const FrameCodes& codes);       // the frame is emitted
+
 private:
     void frame_limit_update();
-    void talker_advance();  // runs decode step frames_-1 with the pending frame's codes
-    void frame_predict(int32_t code0, FrameCodes& codes);
+    // The talker step of the next frame needs a text-track row that has not been appended yet.
+    bool step_waits() const { return frames_ - 1 >= trailing_rows_ && !text_closed_; }
 
     std::unique_ptr<LmSession> lm_;
     GenerationParams params_;

@@ -180,53 +180,78 @@ void fast_stack_reserve(const FastStack& w, FastStackState& s, int capacity, int
     }
 }
 
-void fast_stack_forward(const FastLm& lm, const FastStack& w, FastStackState& s, const float* input, int T) {
+namespace {
+
+// T new positions for each of n sequences (input [n·T, H]: sequence i's rows i·T..i·T+T-1)
+// through every layer: each product over all n·T rows at once (the weights read once for all of
+// them), each sequence's attention over its own cache. Per row, every operation is the one a
+// sequence alone gets, so the results are bitwise those of n separate calls. The activations
+// live in `act` (a sequence's own state when n = 1); the pre-norm output is left in act.x.
+void stack_forward_rows(const FastLm& lm, const FastStack& w, FastStackState* const* states, int n, int T,
+                        FastStackState& act, const float* input) {
     ThreadPool& pool = *lm.pool;
     const size_t pmin = lm.parallel_min;
     const int H = w.hidden, I = w.intermediate, HD = w.head_dim;
     const int NH = w.n_heads, NKV = w.n_kv;
     const int q_width = NH * HD, kv_width = NKV * HD, qkv_width = q_width + 2 * kv_width;
-    if (s.length + T > s.capacity) fast_stack_reserve(w, s, std::max(2 * s.capacity, s.length + T), T);
-    if (T > s.rows) fast_stack_reserve(w, s, s.capacity, T);
+    const int rows = n * T;
+    for (int i = 0; i < n; ++i) {
+        FastStackState& s = *states[i];
+        if (s.length + T > s.capacity) fast_stack_reserve(w, s, std::max(2 * s.capacity, s.length + T), T);
+    }
+    if (rows > act.rows) fast_stack_reserve(w, act, act.capacity, rows);
 
-    const int start = s.length;
-    for (int t = 0; t < T; ++t) s.positions[size_t(t)] = start + t;
-    std::copy(input, input + size_t(T) * size_t(H), s.x.begin());
+    for (int i = 0; i < n; ++i)
+        for (int t = 0; t < T; ++t) act.positions[size_t(i * T + t)] = states[i]->length + t;
+    std::copy(input, input + size_t(rows) * size_t(H), act.x.begin());
 
     for (size_t l = 0; l < w.layers.size(); ++l) {
         const FastLayer& L = w.layers[l];
-        float* k_new = s.k_cache[l].data() + size_t(start) * size_t(kv_width);  // [T, kv_width]
-        float* v_new = s.v_cache[l].data() + size_t(start) * size_t(kv_width);
 
         // attention block: norm → fused q/k/v → split → q/k norm → RoPE → attention → o_proj → residual
-        cpu::rms_norm(s.x.data(), T, H, L.input_norm.data(), w.eps, s.x_norm.data());
-        matmul(pool, L.qkv, s.x_norm.data(), T, nullptr, s.qkv.data(), pmin);
-        for (int t = 0; t < T; ++t) {
-            const float* row = s.qkv.data() + size_t(t) * size_t(qkv_width);
-            std::copy(row, row + q_width, s.q.data() + size_t(t) * size_t(q_width));
-            std::copy(row + q_width, row + q_width + kv_width, k_new + size_t(t) * size_t(kv_width));
-            std::copy(row + q_width + kv_width, row + qkv_width, v_new + size_t(t) * size_t(kv_width));
+        cpu::rms_norm(act.x.data(), rows, H, L.input_norm.data(), w.eps, act.x_norm.data());
+        matmul(pool, L.qkv, act.x_norm.data(), rows, nullptr, act.qkv.data(), pmin);
+        for (int i = 0; i < n; ++i) {
+            FastStackState& s = *states[i];
+            const int start = s.length;
+            float* k_new = s.k_cache[l].data() + size_t(start) * size_t(kv_width);  // [T, kv_width]
+            float* v_new = s.v_cache[l].data() + size_t(start) * size_t(kv_width);
+            float* q = act.q.data() + size_t(i * T) * size_t(q_width);             // [T, q_width]
+            const int64_t* positions = act.positions.data() + size_t(i * T);
+            for (int t = 0; t < T; ++t) {
+                const float* row = act.qkv.data() + size_t(i * T + t) * size_t(qkv_width);
+                std::copy(row, row + q_width, q + size_t(t) * size_t(q_width));
+                std::copy(row + q_width, row + q_width + kv_width, k_new + size_t(t) * size_t(kv_width));
+                std::copy(row + q_width + kv_width, row + qkv_width, v_new + size_t(t) * size_t(kv_width));
+            }
+            cpu::rms_norm(q, T * NH, HD, L.q_norm.data(), w.eps, q);
+            cpu::rms_norm(k_new, T * NKV, HD, L.k_norm.data(), w.eps, k_new);
+            cpu::rope_apply_table(q, T, NH, HD, positions, w.rope_inv_freq.data());
+            cpu::rope_apply_table(k_new, T, NKV, HD, positions, w.rope_inv_freq.data());
+            cpu::attention(q, T, positions, s.k_cache[l].data(), s.v_cache[l].data(), start + T, 0, NH, NKV, HD, 0,
+                           act.attn.data() + size_t(i * T) * size_t(q_width));
         }
-        cpu::rms_norm(s.q.data(), T * NH, HD, L.q_norm.data(), w.eps, s.q.data());
-        cpu::rms_norm(k_new, T * NKV, HD, L.k_norm.data(), w.eps, k_new);
-        cpu::rope_apply_table(s.q.data(), T, NH, HD, s.positions.data(), w.rope_inv_freq.data());
-        cpu::rope_apply_table(k_new, T, NKV, HD, s.positions.data(), w.rope_inv_freq.data());
-        cpu::attention(s.q.data(), T, s.positions.data(), s.k_cache[l].data(), s.v_cache[l].data(), start + T, 0, NH,
-                       NKV, HD, 0, s.attn.data());
-        matmul(pool, L.o_proj, s.attn.data(), T, nullptr, s.proj.data(), pmin);
-        cpu::add_inplace(s.x.data(), s.proj.data(), size_t(T) * size_t(H));
+        matmul(pool, L.o_proj, act.attn.data(), rows, nullptr, act.proj.data(), pmin);
+        cpu::add_inplace(act.x.data(), act.proj.data(), size_t(rows) * size_t(H));
 
         // MLP block: norm → fused gate/up → SwiGLU → down → residual
-        cpu::rms_norm(s.x.data(), T, H, L.post_norm.data(), w.eps, s.x_norm.data());
-        matmul(pool, L.gate_up, s.x_norm.data(), T, nullptr, s.gate_up.data(), pmin);
-        for (int t = 0; t < T; ++t) {
-            const float* gate = s.gate_up.data() + size_t(t) * 2 * size_t(I);
-            cpu::swiglu(gate, gate + I, size_t(I), s.act.data() + size_t(t) * size_t(I));
+        cpu::rms_norm(act.x.data(), rows, H, L.post_norm.data(), w.eps, act.x_norm.data());
+        matmul(pool, L.gate_up, act.x_norm.data(), rows, nullptr, act.gate_up.data(), pmin);
+        for (int t = 0; t < rows; ++t) {
+            const float* gate = act.gate_up.data() + size_t(t) * 2 * size_t(I);
+            cpu::swiglu(gate, gate + I, size_t(I), act.act.data() + size_t(t) * size_t(I));
         }
-        matmul(pool, L.down_proj, s.act.data(), T, nullptr, s.proj.data(), pmin);
-        cpu::add_inplace(s.x.data(), s.proj.data(), size_t(T) * size_t(H));
+        matmul(pool, L.down_proj, act.act.data(), rows, nullptr, act.proj.data(), pmin);
+        cpu::add_inplace(act.x.data(), act.proj.data(), size_t(rows) * size_t(H));
     }
-    s.length = start + T;
+    for (int i = 0; i < n; ++i) states[i]->length += T;
+}
+
+}  // namespace
+
+void fast_stack_forward(const FastLm& lm, const FastStack& w, FastStackState& s, const float* input, int T) {
+    FastStackState* const one[] = {&s};
+    stack_forward_rows(lm, w, one, 1, T, s, input);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,6 +343,86 @@ void fast_predictor_step(const FastLm& lm, FastPredictorState& s, int group, int
     predictor_project(lm, s.talker_rows.data(), 1, s.input.data());
     fast_stack_forward(lm, w.predictor, s.stack, s.input.data(), 1);
     predictor_head(lm, s, 1, group - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched steps
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// The heads of n sequences after a batched forward of T rows each (act): each sequence's last
+// row normed into its `hidden`, the head product over the n rows into its `logits`: per row
+// what talker_head / predictor_head compute for a sequence alone.
+template <typename State>
+void heads_batch(const FastLm& lm, const FastStack& w, const PackedMatrix& head, State* const* states, int n, int T,
+                 const FastStackState& act, FastBatchScratch& b) {
+    const size_t H = size_t(w.hidden), V = size_t(head.rows);
+    b.hidden.resize(size_t(n) * H);
+    b.logits.resize(size_t(n) * V);
+    for (int i = 0; i < n; ++i)
+        cpu::rms_norm(act.x.data() + size_t(i * T + T - 1) * H, 1, int(H), w.norm.data(), w.eps,
+                      b.hidden.data() + size_t(i) * H);
+    matmul(*lm.pool, head, b.hidden.data(), n, nullptr, b.logits.data(), lm.parallel_min);
+    for (int i = 0; i < n; ++i) {
+        std::copy_n(b.hidden.data() + size_t(i) * H, H, states[i]->hidden.data());
+        std::copy_n(b.logits.data() + size_t(i) * V, V, states[i]->logits.data());
+    }
+}
+
+}  // namespace
+
+void fast_talker_step_batch(const FastLm& lm, FastTalkerState* const* states, int n, const float* inputs,
+                            FastBatchScratch& b) {
+    QTTS_ASSERT(n >= 1);
+    b.stacks.clear();
+    for (int i = 0; i < n; ++i) {
+        QTTS_ASSERT(states[i]->stack.length > 0);
+        b.stacks.push_back(&states[i]->stack);
+    }
+    const FastLmWeights& w = *lm.weights;
+    stack_forward_rows(lm, w.talker, b.stacks.data(), n, 1, b.talker, inputs);
+    heads_batch(lm, w.talker, w.codec_head, states, n, 1, b.talker, b);
+}
+
+void fast_predictor_prefill_batch(const FastLm& lm, FastPredictorState* const* states, int n,
+                                  const float* const* talker_hidden, const int32_t* code0, FastBatchScratch& b) {
+    QTTS_ASSERT(n >= 1);
+    const FastLmWeights& w = *lm.weights;
+    const size_t H = size_t(w.talker.hidden);
+    b.rows.resize(2 * size_t(n) * H);  // [2n, H]: each frame's talker hidden state and codebook 0
+    b.input.resize(2 * size_t(n) * size_t(w.predictor.hidden));
+    b.stacks.clear();
+    for (int i = 0; i < n; ++i) {
+        FastPredictorState& s = *states[i];
+        if (s.hidden.empty()) fast_predictor_state_init(w, s);
+        s.stack.length = 0;  // fresh cache every frame
+        b.stacks.push_back(&s.stack);
+        std::copy_n(talker_hidden[i], H, b.rows.data() + size_t(2 * i) * H);
+        w.codec_vector(0, code0[i], b.rows.data() + size_t(2 * i + 1) * H);
+    }
+    predictor_project(lm, b.rows.data(), 2 * n, b.input.data());
+    stack_forward_rows(lm, w.predictor, b.stacks.data(), n, 2, b.predictor, b.input.data());
+    heads_batch(lm, w.predictor, w.predictor_head[0], states, n, 2, b.predictor, b);
+}
+
+void fast_predictor_step_batch(const FastLm& lm, FastPredictorState* const* states, int n, int group,
+                               const int32_t* previous_code, FastBatchScratch& b) {
+    QTTS_ASSERT(n >= 1);
+    const FastLmWeights& w = *lm.weights;
+    QTTS_ASSERT(group >= 2 && group < w.num_code_groups());
+    const size_t H = size_t(w.talker.hidden);
+    b.rows.resize(size_t(n) * H);
+    b.input.resize(size_t(n) * size_t(w.predictor.hidden));
+    b.stacks.clear();
+    for (int i = 0; i < n; ++i) {
+        QTTS_ASSERT(states[i]->stack.length == group);
+        b.stacks.push_back(&states[i]->stack);
+        w.codec_vector(group - 1, previous_code[i], b.rows.data() + size_t(i) * H);
+    }
+    predictor_project(lm, b.rows.data(), n, b.input.data());
+    stack_forward_rows(lm, w.predictor, b.stacks.data(), n, 1, b.predictor, b.input.data());
+    heads_batch(lm, w.predictor, w.predictor_head[size_t(group - 1)], states, n, 1, b.predictor, b);
 }
 
 }  // namespace qtts::cpu_fast

@@ -129,4 +129,26 @@ void fast_predictor_state_init(const FastLmWeights& w, FastPredictorState& s);
 void fast_predictor_prefill(const FastLm& lm, FastPredictorState& s, const float* talker_hidden, int32_t code0);
 void fast_predictor_step(const FastLm& lm, FastPredictorState& s, int group, int32_t previous_code);
 
+// Batched steps (issue 18 on the CPU: several streams' frames made together,
+// cpu_fast::FastBatchStep): the calls above for n streams at once, each product over all their
+// rows (the weights streamed once for all of them), each stream's attention over its own cache.
+// Every row gets the operations it gets alone, so each state ends bitwise as after its own
+// call. The activations live in the scratch (grown to the largest n, then reused).
+struct FastBatchScratch {
+    FastStackState talker;     // activations of a batched talker step (its caches stay empty)
+    FastStackState predictor;  // the same for the predictor
+    std::vector<FastStackState*> stacks;
+    std::vector<float> rows;    // [2n, H] the predictor's inputs before its projection
+    std::vector<float> input;   // [2n, Hc]
+    std::vector<float> hidden;  // [n, hidden]
+    std::vector<float> logits;  // [n, vocab]
+};
+// inputs [n, H]: one new position for each talker state.
+void fast_talker_step_batch(const FastLm& lm, FastTalkerState* const* states, int n, const float* inputs,
+                            FastBatchScratch& b);
+void fast_predictor_prefill_batch(const FastLm& lm, FastPredictorState* const* states, int n,
+                                  const float* const* talker_hidden, const int32_t* code0, FastBatchScratch& b);
+void fast_predictor_step_batch(const FastLm& lm, FastPredictorState* const* states, int n, int group,
+                               const int32_t* previous_code, FastBatchScratch& b);
+
 }  // namespace qtts::cpu_fast

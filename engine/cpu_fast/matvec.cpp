@@ -108,15 +108,21 @@ struct Int8 {
 #endif
 };
 
-// ---- dot products of R weight rows with one activation row: dots[k] = Σ_c w[k][c] · x[c] ----
+// ---- dot products of R weight rows with TT activation rows: dots[t·R + k] = Σ_c w[k][c] · x_t[c] ----
+// x_t = x + t·ldx. Each weight vector is converted once and meets every activation row: over
+// several rows (a batched step's) the conversions, not the memory, bound a product. Every dot
+// has two accumulators over the same columns in the same order whatever R and TT, so it is
+// bitwise the dot a single row gets (a batched step's rows equal each stream alone).
 
-template <typename L, int R>
-void dots_scalar(const typename L::Value* const* w, const float* x, int C, float* dots) {
-    for (int k = 0; k < R; ++k) {
-        float acc = 0.0f;
-        for (int c = 0; c < C; ++c) acc += L::one(w[k] + c) * x[c];
-        dots[k] = acc;
-    }
+template <typename L, int R, int TT>
+void dots_scalar(const typename L::Value* const* w, const float* x, size_t ldx, int C, float* dots) {
+    for (int t = 0; t < TT; ++t)
+        for (int k = 0; k < R; ++k) {
+            const float* xt = x + size_t(t) * ldx;
+            float acc = 0.0f;
+            for (int c = 0; c < C; ++c) acc += L::one(w[k] + c) * xt[c];
+            dots[t * R + k] = acc;
+        }
 }
 
 #ifdef QTTS_X86
@@ -127,14 +133,16 @@ QTTS_AVX2 inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// Two accumulators per row (16 columns per step) keep 2R independent FMA chains in flight.
+// Two accumulators per dot (16 columns per step) keep 2·R·TT independent FMA chains in flight.
 // `ahead` (may be null): the next rows' bytes, prefetched at the rate these rows are consumed, so
 // a group of rows is in flight while the previous one is multiplied (one thread alone does not
 // keep enough cache-line requests outstanding to stream at the memory's bandwidth).
-template <typename L, int R>
-QTTS_AVX2 void dots_avx2(const typename L::Value* const* w, const float* x, int C, float* dots, const char* ahead) {
-    __m256 a[R], b[R];
-    for (int k = 0; k < R; ++k) a[k] = b[k] = _mm256_setzero_ps();
+template <typename L, int R, int TT>
+QTTS_AVX2 void dots_avx2(const typename L::Value* const* w, const float* x, size_t ldx, int C, float* dots,
+                         const char* ahead) {
+    __m256 a[TT][R], b[TT][R];
+    for (int t = 0; t < TT; ++t)
+        for (int k = 0; k < R; ++k) a[t][k] = b[t][k] = _mm256_setzero_ps();
     int c = 0;
     for (; c + 16 <= C; c += 16) {
         if (ahead) {
@@ -142,27 +150,35 @@ QTTS_AVX2 void dots_avx2(const typename L::Value* const* w, const float* x, int 
             for (size_t line = 0; line < R * 16 * sizeof(typename L::Value); line += 64)
                 _mm_prefetch(p + line, _MM_HINT_T0);
         }
-        const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
         for (int k = 0; k < R; ++k) {
-            a[k] = _mm256_fmadd_ps(L::eight(w[k] + c), x0, a[k]);
-            b[k] = _mm256_fmadd_ps(L::eight(w[k] + c + 8), x1, b[k]);
+            const __m256 w0 = L::eight(w[k] + c), w1 = L::eight(w[k] + c + 8);
+            for (int t = 0; t < TT; ++t) {
+                const float* xt = x + size_t(t) * ldx + c;
+                a[t][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a[t][k]);
+                b[t][k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), b[t][k]);
+            }
         }
     }
-    for (; c + 8 <= C; c += 8) {
-        const __m256 x0 = _mm256_loadu_ps(x + c);
-        for (int k = 0; k < R; ++k) a[k] = _mm256_fmadd_ps(L::eight(w[k] + c), x0, a[k]);
-    }
-    for (int k = 0; k < R; ++k) {
-        float acc = hsum8(_mm256_add_ps(a[k], b[k]));
-        for (int j = c; j < C; ++j) acc += L::one(w[k] + j) * x[j];
-        dots[k] = acc;
-    }
+    for (; c + 8 <= C; c += 8)
+        for (int k = 0; k < R; ++k) {
+            const __m256 w0 = L::eight(w[k] + c);
+            for (int t = 0; t < TT; ++t) a[t][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + size_t(t) * ldx + c), a[t][k]);
+        }
+    for (int t = 0; t < TT; ++t)
+        for (int k = 0; k < R; ++k) {
+            const float* xt = x + size_t(t) * ldx;
+            float acc = hsum8(_mm256_add_ps(a[t][k], b[t][k]));
+            for (int j = c; j < C; ++j) acc += L::one(w[k] + j) * xt[j];
+            dots[t * R + k] = acc;
+        }
 }
 
-template <typename L, int R>
-QTTS_AVX512 void dots_avx512(const typename L::Value* const* w, const float* x, int C, float* dots, const char* ahead) {
-    __m512 a[R], b[R];
-    for (int k = 0; k < R; ++k) a[k] = b[k] = _mm512_setzero_ps();
+template <typename L, int R, int TT>
+QTTS_AVX512 void dots_avx512(const typename L::Value* const* w, const float* x, size_t ldx, int C, float* dots,
+                             const char* ahead) {
+    __m512 a[TT][R], b[TT][R];
+    for (int t = 0; t < TT; ++t)
+        for (int k = 0; k < R; ++k) a[t][k] = b[t][k] = _mm512_setzero_ps();
     int c = 0;
     for (; c + 32 <= C; c += 32) {
         if (ahead) {
@@ -170,69 +186,101 @@ QTTS_AVX512 void dots_avx512(const typename L::Value* const* w, const float* x, 
             for (size_t line = 0; line < R * 32 * sizeof(typename L::Value); line += 64)
                 _mm_prefetch(p + line, _MM_HINT_T0);
         }
-        const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
         for (int k = 0; k < R; ++k) {
-            a[k] = _mm512_fmadd_ps(L::sixteen(w[k] + c), x0, a[k]);
-            b[k] = _mm512_fmadd_ps(L::sixteen(w[k] + c + 16), x1, b[k]);
+            const __m512 w0 = L::sixteen(w[k] + c), w1 = L::sixteen(w[k] + c + 16);
+            for (int t = 0; t < TT; ++t) {
+                const float* xt = x + size_t(t) * ldx + c;
+                a[t][k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), a[t][k]);
+                b[t][k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), b[t][k]);
+            }
         }
     }
-    for (; c + 16 <= C; c += 16) {
-        const __m512 x0 = _mm512_loadu_ps(x + c);
-        for (int k = 0; k < R; ++k) a[k] = _mm512_fmadd_ps(L::sixteen(w[k] + c), x0, a[k]);
-    }
-    for (int k = 0; k < R; ++k) {
-        float acc = _mm512_reduce_add_ps(_mm512_add_ps(a[k], b[k]));
-        for (int j = c; j < C; ++j) acc += L::one(w[k] + j) * x[j];
-        dots[k] = acc;
-    }
+    for (; c + 16 <= C; c += 16)
+        for (int k = 0; k < R; ++k) {
+            const __m512 w0 = L::sixteen(w[k] + c);
+            for (int t = 0; t < TT; ++t) a[t][k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + size_t(t) * ldx + c), a[t][k]);
+        }
+    for (int t = 0; t < TT; ++t)
+        for (int k = 0; k < R; ++k) {
+            const float* xt = x + size_t(t) * ldx;
+            float acc = _mm512_reduce_add_ps(_mm512_add_ps(a[t][k], b[t][k]));
+            for (int j = c; j < C; ++j) acc += L::one(w[k] + j) * xt[j];
+            dots[t * R + k] = acc;
+        }
 }
 #endif
 
-template <typename L, int R>
-void dots(MatvecIsa isa, const typename L::Value* const* w, const float* x, int C, float* out,
+template <typename L, int R, int TT = 1>
+void dots(MatvecIsa isa, const typename L::Value* const* w, const float* x, size_t ldx, int C, float* out,
           const char* ahead = nullptr) {
 #ifdef QTTS_X86
-    if (isa == MatvecIsa::MATVEC_ISA_AVX512) return dots_avx512<L, R>(w, x, C, out, ahead);
-    if (isa == MatvecIsa::MATVEC_ISA_AVX2) return dots_avx2<L, R>(w, x, C, out, ahead);
+    if (isa == MatvecIsa::MATVEC_ISA_AVX512) return dots_avx512<L, R, TT>(w, x, ldx, C, out, ahead);
+    if (isa == MatvecIsa::MATVEC_ISA_AVX2) return dots_avx2<L, R, TT>(w, x, ldx, C, out, ahead);
 #else
     (void)ahead;
 #endif
-    dots_scalar<L, R>(w, x, C, out);
+    dots_scalar<L, R, TT>(w, x, ldx, C, out);
 }
 
 // Groups of four rows: each weight row is read from memory once and stays in L1 while it meets
-// the T activation rows.
+// the T activation rows, several at a time where the registers hold their accumulators
+// (AVX-512: three rows with the four weight rows; AVX2: two, with two weight rows at a time).
 template <typename L>
 void rows_product(MatvecIsa isa, const PackedMatrix& W, const float* x, int T, size_t ldx, const float* bias,
                   float* y, size_t ldy, int r0, int r1) {
     const size_t C = size_t(W.cols);
     const typename L::Value* base = L::base(W);
     const float* scales = W.format == WeightFormat::WEIGHT_FORMAT_INT8 ? W.scales() : nullptr;
-    float d[4];
-    const auto finish = [&](int t, int r, int n) {
+    float d[12];  // [TT, R] dots of one call
+    // Output row t, weight rows r..r+n-1 from d[t0·R + k] (R = stride).
+    const auto finish = [&](int t, int r, int n, const float* dt) {
         for (int k = 0; k < n; ++k) {
-            float v = d[k];
+            float v = dt[k];
             if (scales) v *= scales[r + k];
             if (bias) v += bias[r + k];
             y[size_t(t) * ldy + size_t(r + k)] = v;
         }
     };
+    const int C_ = int(C);
     int r = r0;
     for (; r + 4 <= r1; r += 4) {
         const typename L::Value* w[4] = {base + size_t(r) * C, base + size_t(r + 1) * C, base + size_t(r + 2) * C,
                                          base + size_t(r + 3) * C};
         // The next group of four rows (contiguous after these), prefetched during the first pass.
         const char* ahead = r + 8 <= r1 ? reinterpret_cast<const char*>(base + size_t(r + 4) * C) : nullptr;
-        for (int t = 0; t < T; ++t) {
-            dots<L, 4>(isa, w, x + size_t(t) * ldx, int(C), d, t == 0 ? ahead : nullptr);
-            finish(t, r, 4);
+        int t = 0;
+        if (isa == MatvecIsa::MATVEC_ISA_AVX512) {
+            for (; t + 3 <= T; t += 3) {
+                dots<L, 4, 3>(isa, w, x + size_t(t) * ldx, ldx, C_, d, t == 0 ? ahead : nullptr);
+                for (int i = 0; i < 3; ++i) finish(t + i, r, 4, d + 4 * i);
+            }
+            if (t + 2 == T) {
+                dots<L, 4, 2>(isa, w, x + size_t(t) * ldx, ldx, C_, d, t == 0 ? ahead : nullptr);
+                for (int i = 0; i < 2; ++i) finish(t + i, r, 4, d + 4 * i);
+                t += 2;
+            }
+        } else if (isa == MatvecIsa::MATVEC_ISA_AVX2) {
+            for (; t + 2 <= T; t += 2) {
+                // Each half prefetches half of the next group.
+                const char* half = ahead ? ahead + 2 * C * sizeof(typename L::Value) : nullptr;
+                dots<L, 2, 2>(isa, w, x + size_t(t) * ldx, ldx, C_, d, t == 0 ? ahead : nullptr);
+                dots<L, 2, 2>(isa, w + 2, x + size_t(t) * ldx, ldx, C_, d + 4, t == 0 ? half : nullptr);
+                for (int i = 0; i < 2; ++i) {
+                    finish(t + i, r, 2, d + 2 * i);
+                    finish(t + i, r + 2, 2, d + 4 + 2 * i);
+                }
+            }
+        }
+        for (; t < T; ++t) {
+            dots<L, 4>(isa, w, x + size_t(t) * ldx, ldx, C_, d, t == 0 ? ahead : nullptr);
+            finish(t, r, 4, d);
         }
     }
     for (; r < r1; ++r) {
         const typename L::Value* w[1] = {base + size_t(r) * C};
         for (int t = 0; t < T; ++t) {
-            dots<L, 1>(isa, w, x + size_t(t) * ldx, int(C), d);
-            finish(t, r, 1);
+            dots<L, 1>(isa, w, x + size_t(t) * ldx, ldx, C_, d);
+            finish(t, r, 1, d);
         }
     }
 }

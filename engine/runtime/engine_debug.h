@@ -52,7 +52,7 @@ struct EngineTraceEntry {
     uint64_t round = 0;      // the engine round that made it
     uint64_t stream_id = 0;
     int32_t frames = 0;
-    bool batched = false;    // its frames were made in a batched step (CUDA) with other streams'
+    bool batched = false;    // its frames were made in a batched step (CUDA, cpu-fast) with other streams'
     bool ended = false;      // the stream ended with this chunk (its last frames)
     int32_t step_frames = 0; // frames of the batched step that made it (>= frames; 0: not batched)
 };

@@ -254,17 +254,33 @@ int SpeechModel::batch_max() const {
 #ifdef QTTS_HAVE_CUDA
     if (gpu_) return gpu_->batch_max();
 #endif
-    return 0;
+    // cpu-fast: every stream's next chunk can join a step (FastBatchStep); the reference
+    // backend stays one stream at a time.
+    const bool fast = backend_.backend == LmBackend::LM_BACKEND_CPU_FAST;
+    return fast && options_.batching && options_.states >= 2 ? options_.states : 0;
 }
 
 int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio) const {
 #ifdef QTTS_HAVE_CUDA
     if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames, defer_audio);
 #endif
-    (void)generators;
-    (void)frames;
-    (void)defer_audio;
-    fail(ErrorCode::ERROR_INTERNAL, "batch_run on the {} backend, which does not batch", backend_name());
+    (void)defer_audio;  // the CPU decodes each chunk in its chunk() call
+    if (batch_max() == 0)
+        fail(ErrorCode::ERROR_INTERNAL, "batch_run on the {} backend, which does not batch", backend_name());
+    QTTS_ASSERT(!generators.empty() && int(generators.size()) <= batch_max());
+    std::vector<FastChunkGenerator*> chunkers;
+    std::vector<cpu_fast::FastGenerator*> fast;
+    for (ChunkGenerator* g : generators) {
+        auto* chunker = dynamic_cast<FastChunkGenerator*>(g);
+        QTTS_ASSERT(chunker);
+        chunkers.push_back(chunker);
+        fast.push_back(&chunker->fast_generator());
+    }
+    if (!fast_batch_) fast_batch_ = std::make_unique<cpu_fast::FastBatchStep>();
+    fast_batch_codes_.resize(generators.size());
+    fast_batch_->run(fast, frames, fast_batch_codes_);
+    for (size_t i = 0; i < chunkers.size(); ++i) chunkers[i]->batch_computed(fast_batch_codes_[i], frames);
+    return 0;
 }
 
 void SpeechModel::batch_start(std::vector<GenerationStart>& starts) const {
@@ -274,8 +290,17 @@ void SpeechModel::batch_start(std::vector<GenerationStart>& starts) const {
         return;
     }
 #endif
-    (void)starts;
-    fail(ErrorCode::ERROR_INTERNAL, "batch_start on the {} backend, which does not batch", backend_name());
+    if (batch_max() == 0)
+        fail(ErrorCode::ERROR_INTERNAL, "batch_start on the {} backend, which does not batch", backend_name());
+    // The prompt prefills one after another: a prefill is already one product over all its rows.
+    for (GenerationStart& s : starts) {
+        try {
+            s.generator->start(s.prompt, s.params, s.seed);
+        } catch (const Error& e) {
+            if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;
+            s.error = e.what();
+        }
+    }
 }
 
 void SpeechModel::owner_adopt() const {

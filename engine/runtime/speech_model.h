@@ -28,6 +28,7 @@
 #include "engine/cpu/speaker_encoder.h"
 #include "engine/cpu/speech_decoder.h"
 #include "engine/cpu/speech_encoder.h"
+#include "engine/cpu_fast/fast_generator.h"
 #include "engine/cpu_fast/fast_lm.h"
 #include "engine/model/weights.h"
 #include "engine/api/qtts.h"
@@ -90,7 +91,7 @@ public:
     // returned object is destroyed.
     std::unique_ptr<ChunkGenerator> generator_new() const;
     const BackendOptions& backend_options() const { return options_; }
-    // Batched LM steps (CUDA with BackendOptions::batching and states >= 2): the most streams one
+    // Batched LM steps (CUDA and cpu-fast with BackendOptions::batching and states >= 2): the most streams one
     // step takes (0: no batching on this backend), and the step itself: the next chunk of each
     // generator (from generator_new(), each batch_ready(frames)) computed together; their
     // chunk(frames) calls then take those frames (and, where the backend decoded them in one
@@ -158,6 +159,9 @@ private:
     mutable std::shared_ptr<const cpu::LmWeights> lm_;  // set once under lm_once_
     mutable std::once_flag fast_once_;
     mutable cpu_fast::FastLm fast_;  // set once under fast_once_
+    // cpu-fast with batching: the batched steps' activations (owner thread, made on first use).
+    mutable std::unique_ptr<cpu_fast::FastBatchStep> fast_batch_;
+    mutable std::vector<std::vector<FrameCodes>> fast_batch_codes_;  // each step's frames, per stream
     std::shared_ptr<cuda::GpuGeneratorPool> gpu_;       // CUDA backend only
     std::shared_ptr<cuda::GpuDecoderPool> gpu_decoder_;  // CUDA backend with options.gpu_decoder
     std::unique_ptr<cpu::CpuSpeechDecoder> decoder_;     // both backends (tools, gpu_decoder = false)

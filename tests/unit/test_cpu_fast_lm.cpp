@@ -1,7 +1,8 @@
 // The fast CPU backend (engine/cpu_fast) against the fp32 reference (engine/cpu) on random tiny
 // models: talker and code-predictor logits and greedy codes, per weight format; a model whose
 // widths are no multiple of any vector width; the backend through the runtime (selection by
-// name, chunks with audio) and its configuration errors.
+// name, chunks with audio) and its configuration errors; batched steps (several generators'
+// frames made together) against each generator alone, bit for bit.
 //
 // Bounds. bf16: the checkpoints are bf16, so packing in bf16 is exact and the two backends differ
 // only in the order of fp32 sums: logits within 1e-4 relative (the goldens' tolerance) and the
@@ -11,7 +12,9 @@
 // agreement is reported, not asserted (a changed pick changes everything after it).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include <cstdio>
 #include <map>
@@ -159,6 +162,186 @@ TEST_CASE("fast CPU backend on widths that fit no vector (tails everywhere)", "[
     t.code_predictor.intermediate_size = 84;
     t.code_predictor.head_dim = 12;
     backends_compare(model_dir("odd", p), "odd widths (H=60)");
+}
+
+namespace {
+
+// One generator of the batched-step test: its prompt, parameters and seed, and when it starts.
+struct BatchSpec {
+    std::string text;
+    bool greedy = true;
+    int max_frames = 0;
+    int min_new_tokens = 0;
+    uint64_t seed = 0;
+    int start_step = 0;  // the batched step before which it starts (later ones join a running batch)
+};
+
+// Everything a generator shows: its frames, each talker row's and predictor pass's logits (the
+// hooks), and why it stopped.
+struct Heard {
+    Run run;
+    StopReason stop = StopReason::STOP_NONE;
+};
+
+void hooks_record(cpu_fast::FastGenerator& gen, Run& run, int vocab, int cp_vocab) {
+    cpu_fast::FastGeneratorHooks hooks;
+    hooks.on_talker_row = [&run, vocab](int, const float*, const float* logits) {
+        run.talker_logits.emplace_back(logits, logits + vocab);
+    };
+    hooks.on_predictor_logits = [&run, cp_vocab](int frame, int group, const float* logits) {
+        run.cp_logits[{frame, group}] = std::vector<float>(logits, logits + cp_vocab);
+    };
+    gen.hooks_set(hooks);
+}
+
+// Each spec's generator alone (next_frame), then all of them through batched steps of 1 frame and
+// then 4 (the engine's chunks), starting at their steps; each must emit bitwise what it emitted
+// alone: codes, every logit the hooks saw, and the stop reason.
+void batch_compare(const std::string& dir, cpu_fast::WeightFormat format, const std::vector<BatchSpec>& specs) {
+    const auto ckpt = checkpoint_load(dir);
+    const Tokenizer tok = Tokenizer::load(dir);
+    cpu_fast::FastLm lm{cpu_fast::FastLmWeights::load(ckpt, format), std::make_shared<cpu_fast::ThreadPool>(2),
+                        /*parallel_min=*/0};
+    const int vocab = lm.weights->codec_vocab(), cp_vocab = lm.weights->predictor_vocab();
+    std::vector<Prompt> prompts;
+    std::vector<GenerationParams> params;
+    for (const BatchSpec& spec : specs) {
+        PromptRequest request;
+        request.input_ids = assistant_template_ids(tok, spec.text, AddedTokens::ADDED_TOKENS_AS_TEXT);
+        request.speaker = "vivian";
+        request.language = "english";
+        prompts.push_back(prompt_build(ckpt->config, request));
+        GenerationParams p = spec.greedy ? generation_params_greedy(ckpt->generation) : GenerationParams{};
+        p.max_frames = spec.max_frames;
+        p.min_new_tokens = spec.min_new_tokens;
+        params.push_back(p);
+    }
+    std::vector<Heard> alone(specs.size()), batched(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+        cpu_fast::FastGenerator gen(lm);
+        hooks_record(gen, alone[i].run, vocab, cp_vocab);
+        gen.start(prompts[i], params[i], specs[i].seed);
+        FrameCodes f{};
+        while (gen.next_frame(f) == FrameStatus::FRAME_STATUS_FRAME) alone[i].run.codes.push_back(f);
+        alone[i].stop = gen.stop_reason();
+    }
+    std::vector<std::unique_ptr<cpu_fast::FastGenerator>> gens;
+    for (size_t i = 0; i < specs.size(); ++i) {
+        gens.push_back(std::make_unique<cpu_fast::FastGenerator>(lm));
+        hooks_record(*gens[i], batched[i].run, vocab, cp_vocab);
+    }
+    cpu_fast::FastBatchStep step;
+    std::vector<std::vector<FrameCodes>> made;
+    std::vector<bool> started(specs.size(), false);
+    std::map<size_t, int> batch_sizes;  // how many generators each step took
+    for (int s = 0; s < 200; ++s) {
+        std::vector<cpu_fast::FastGenerator*> members;
+        std::vector<size_t> index;
+        int frames = 4;
+        for (size_t i = 0; i < specs.size(); ++i) {
+            if (!started[i] && specs[i].start_step == s) {
+                gens[i]->start(prompts[i], params[i], specs[i].seed);
+                started[i] = true;
+                frames = 1;  // a newcomer's first chunk is one frame: its step is one frame for all
+            }
+        }
+        for (size_t i = 0; i < specs.size(); ++i)
+            if (started[i] && gens[i]->batch_ready(frames)) {
+                members.push_back(gens[i].get());
+                index.push_back(i);
+            }
+        const bool more = std::any_of(specs.begin(), specs.end(), [s](const BatchSpec& b) { return b.start_step > s; });
+        if (members.empty() && !more) break;
+        if (members.empty()) continue;
+        ++batch_sizes[members.size()];
+        step.run(members, frames, made);
+        REQUIRE(made.size() == members.size());
+        for (size_t j = 0; j < members.size(); ++j) {
+            const size_t i = index[j];
+            CHECK(int(made[j].size()) <= frames);
+            // Fewer frames than the step: the generator stopped inside it.
+            if (int(made[j].size()) < frames) CHECK(members[j]->stop_reason() != StopReason::STOP_NONE);
+            batched[i].run.codes.insert(batched[i].run.codes.end(), made[j].begin(), made[j].end());
+        }
+    }
+    // A generator that made its last frame at a step's end has not seen its stop yet (its next
+    // call runs the talker step and finds it): that call, alone, as the engine's next chunk().
+    for (size_t i = 0; i < specs.size(); ++i) {
+        FrameCodes f{};
+        CHECK(gens[i]->next_frame(f) == FrameStatus::FRAME_STATUS_DONE);
+        batched[i].stop = gens[i]->stop_reason();
+    }
+    for (const auto& [size, count] : batch_sizes) std::printf("  batched steps of %zu generators: %d\n", size, count);
+    CHECK(batch_sizes.rbegin()->first == specs.size());  // at some step every generator was in it
+    for (size_t i = 0; i < specs.size(); ++i) {
+        INFO("generator " << i << " (" << specs[i].text << "): " << alone[i].run.codes.size() << " frames alone");
+        CHECK(alone[i].stop != StopReason::STOP_NONE);
+        CHECK(batched[i].stop == alone[i].stop);
+        CHECK(batched[i].run.codes == alone[i].run.codes);
+        CHECK(batched[i].run.talker_logits == alone[i].run.talker_logits);
+        CHECK(batched[i].run.cp_logits == alone[i].run.cp_logits);
+    }
+}
+
+const std::vector<BatchSpec> kBatchSpecs = {
+    {"The first generator speaks greedily.", true, 11, 12, 1, 0},          // its limit falls inside a chunk
+    {"The second one samples, with a seed of its own.", false, 18, 19, 7, 0},
+    {"Third: sampled, and free to stop at an end of speech.", false, 40, 0, 8, 0},
+    {"A latecomer joins the running batch.", true, 9, 10, 2, 3},           // its first frame beside steady ones
+};
+
+}  // namespace
+
+TEST_CASE("batched fast steps: every generator emits bitwise what it emits alone", "[cpu_fast][lm][batch]") {
+    const std::string tiny = model_dir("tiny-batch", model_preset("tiny-customvoice"));
+    for (const auto format : {cpu_fast::WeightFormat::WEIGHT_FORMAT_BF16, cpu_fast::WeightFormat::WEIGHT_FORMAT_INT8}) {
+        INFO(cpu_fast::weight_format_name(format));
+        batch_compare(tiny, format, kBatchSpecs);
+    }
+    ModelPreset p = model_preset("tiny-customvoice");
+    p.config.talker.hidden_size = 60;  // widths that fit no vector (as the test above)
+    p.config.talker.intermediate_size = 100;
+    p.config.talker.head_dim = 12;
+    p.config.talker.mrope_section = {2, 2, 2};
+    p.config.talker.code_predictor.hidden_size = 60;
+    p.config.talker.code_predictor.intermediate_size = 84;
+    p.config.talker.code_predictor.head_dim = 12;
+    batch_compare(model_dir("odd-batch", p), cpu_fast::WeightFormat::WEIGHT_FORMAT_BF16, kBatchSpecs);
+}
+
+TEST_CASE("batch_ready: true exactly when the next frames need no text that has not arrived", "[cpu_fast][lm][batch]") {
+    const std::string dir = model_dir("tiny-ready", model_preset("tiny-customvoice"));
+    const auto ckpt = checkpoint_load(dir);
+    const Tokenizer tok = Tokenizer::load(dir);
+    cpu_fast::FastLm lm{cpu_fast::FastLmWeights::load(ckpt, cpu_fast::WeightFormat::WEIGHT_FORMAT_BF16),
+                        std::make_shared<cpu_fast::ThreadPool>(1)};
+    // The streaming layout with the text open: the talker steps read one text-track row each.
+    PromptRequest request;
+    request.input_ids = assistant_template_ids(tok, "Hi there.", AddedTokens::ADDED_TOKENS_AS_TEXT);
+    request.speaker = "vivian";
+    request.language = "english";
+    request.layout = TextLayout::TEXT_LAYOUT_STREAMING;
+    request.text_complete = false;
+    const Prompt prompt = prompt_build(ckpt->config, request);
+    GenerationParams params = generation_params_greedy(ckpt->generation);
+    params.max_frames = 30;
+    params.min_new_tokens = 31;
+    cpu_fast::FastGenerator gen(lm);
+    CHECK_FALSE(gen.batch_ready(1));  // not started
+    gen.start(prompt, params, 3);
+    // How many frames come before the generator waits for text, found by a copy that runs ahead.
+    cpu_fast::FastGenerator probe(lm);
+    probe.start(prompt, params, 3);
+    int before_wait = 0;
+    FrameCodes f{};
+    while (probe.next_frame(f) == FrameStatus::FRAME_STATUS_FRAME) ++before_wait;
+    REQUIRE(before_wait >= 1);
+    REQUIRE(before_wait < params.max_frames);  // it did wait for text
+    INFO(before_wait << " frames before the text runs dry");
+    for (int k = 1; k <= before_wait + 2; ++k) CHECK(gen.batch_ready(k) == (k <= before_wait));
+    // Closed text: every frame up to the limit can be made.
+    gen.text_close();
+    CHECK(gen.batch_ready(params.max_frames));
 }
 
 TEST_CASE("cpu-fast through the runtime: chosen by name, chunks with audio, same codes as cpu in bf16",

@@ -5,6 +5,7 @@
 // thread pool's sections. Seeds are printed with each case.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -88,6 +89,40 @@ TEST_CASE("packed products match the fp32 reference product on every path this C
         }
     }
     CHECK(paths >= 1);
+}
+
+TEST_CASE("each row of a several-row product is bitwise that row's one-row product", "[cpu_fast][matvec][batch]") {
+    // The batched steps (FastBatchStep) rely on it: a stream's row in a step of n streams must
+    // come out as in its own step. T covers the several-row blocks of each path (AVX-512: 3 and
+    // 2; AVX2: 2) and their remainders; the shapes have row and column tails.
+    for (const MatvecIsa isa : ALL_ISAS) {
+        if (!matvec_isa_supported(isa)) continue;
+        for (const WeightFormat format : ALL_FORMATS) {
+            for (const int rows : {5, 17, 40}) {
+                for (const int cols : {7, 33, 100, 257}) {
+                    const uint64_t seed = uint64_t(rows) * 7919u + uint64_t(cols);
+                    INFO(matvec_isa_name(isa) << " " << weight_format_name(format) << " rows " << rows << " cols "
+                                              << cols << " seed " << seed);
+                    const auto W = random_floats(size_t(rows) * size_t(cols), seed);
+                    const auto bias = random_floats(size_t(rows), seed + 1);
+                    const PackedMatrix packed = matrix_pack(W.data(), rows, cols, format);
+                    const int max_t = 8;
+                    const auto x = random_floats(size_t(max_t) * size_t(cols), seed + 2);
+                    std::vector<float> one(size_t(max_t) * size_t(rows), -777.0f);
+                    for (int t = 0; t < max_t; ++t)
+                        matmul_rows(isa, packed, x.data() + size_t(t) * size_t(cols), 1, size_t(cols), bias.data(),
+                                    one.data() + size_t(t) * size_t(rows), size_t(rows), 0, rows);
+                    for (int T = 2; T <= max_t; ++T) {
+                        std::vector<float> many(size_t(T) * size_t(rows), -777.0f);
+                        matmul_rows(isa, packed, x.data(), T, size_t(cols), bias.data(), many.data(), size_t(rows), 0,
+                                    rows);
+                        INFO("T " << T);
+                        CHECK(std::equal(many.begin(), many.end(), one.begin()));
+                    }
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("packing error stays within each format's bound", "[cpu_fast][matvec]") {

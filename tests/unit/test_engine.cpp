@@ -423,6 +423,7 @@ TEST_CASE("a stream ends with the chunk that makes its last frames, not a round 
 TEST_CASE("deadline order: a newcomer with little audio buffered is served before a stream far ahead", "[engine][scheduling]") {
     EngineOptions options;
     options.max_streams = 2;
+    options.backend.batching = false;  // the per-stream order (batched steps: the test below)
     Engine engine(options);
     // Nobody reads `ahead`: its audio piles up in its ring (30 s, more than its 360 frames, so it
     // is never held back), as it does in a client's buffer when the engine is faster than real time.
@@ -439,7 +440,7 @@ TEST_CASE("deadline order: a newcomer with little audio buffered is served befor
     const std::vector<bool> ordered = rounds_in_order(trace, newcomer->id(), ahead->id());
     CHECK(ordered.size() >= 5);
     CHECK(std::count(ordered.begin(), ordered.end(), false) == 0);
-    // The CPU backend takes no batched steps (newcomers' or steady): no chunk says otherwise.
+    // Without batching no chunk says it was made in a batched step.
     CHECK(std::none_of(trace.begin(), trace.end(), [](const EngineTraceEntry& t) { return t.batched; }));
 }
 
@@ -447,6 +448,7 @@ TEST_CASE("a request that arrives while first chunks are made gets its first chu
           "[engine][scheduling]") {
     EngineOptions options;
     options.max_streams = 3;
+    options.backend.batching = false;  // the per-stream phases (a steady stream would join the first step)
     Engine engine(options);
     auto steady = engine.submit(qtts_test::greedy_request("A long sentence that keeps the first stream busy.", 200, kGreedySeed));
     REQUIRE(wait_for([&] { return steady->metrics().frames >= 8; }));
@@ -602,7 +604,7 @@ TEST_CASE("underruns: a stream made slower than real time is counted, with its l
     CHECK(st.underrun_seconds >= 0.42 + 2 * 0.18);
     CHECK(st.streams_lagged == 1);
     CHECK(lag_seen >= 0.42);
-    CHECK(st.batch_size == 0);  // the CPU backend has no batched step
+    CHECK(st.batch_size == 0);  // one stream: no batched step
     // Idle again: the gauges say so.
     REQUIRE(wait_for([&] { return engine.stats().lag_max_s == 0.0; }));
     CHECK(engine.stats().queue_depth == 0);
@@ -611,6 +613,7 @@ TEST_CASE("underruns: a stream made slower than real time is counted, with its l
 TEST_CASE("thread time: the engine thread's wall time by part adds up, and a slow chunk shows in its pass",
           "[engine][scheduling]") {
     EngineOptions options;
+    options.backend.batching = false;  // the per-stream pass only (no batched phases to time)
     Engine engine(options);
     const EngineStats::ThreadTime before = engine.stats().thread_time;
     // Chunks 1 + 4 frames, each held 150 ms by the seam inside the per-stream pass.
@@ -623,11 +626,85 @@ TEST_CASE("thread time: the engine thread's wall time by part adds up, and a slo
     REQUIRE(wait_for([&] { return engine.stats().thread_time.idle_s > before.idle_s + 0.05; }));
     const EngineStats::ThreadTime t = engine.stats().thread_time;
     CHECK(t.service_s - before.service_s >= 0.3);
-    CHECK(t.starts_s == 0.0);  // the CPU backend has no batched starts or steps
+    CHECK(t.starts_s == 0.0);  // no batched starts or steps without batching
     CHECK(t.first_steps_s == 0.0);
     CHECK(t.steps_s == 0.0);
     const double parts = t.starts_s + t.first_steps_s + t.steps_s + t.service_s + t.idle_s;
     INFO("service " << t.service_s << " s, idle " << t.idle_s << " s, total " << t.total_s << " s");
     CHECK(parts <= t.total_s + 1e-6);
     CHECK(t.total_s - parts < 0.25 * t.total_s + 0.1);  // bookkeeping is a small rest
+}
+
+TEST_CASE("cpu-fast batches concurrent streams: each speaks as on an engine without batching",
+          "[engine][scheduling][batch]") {
+    // Greedy and seeded sampling, different lengths (caps inside a chunk and on its end); four
+    // streams at once and a fifth joining while they run. The same requests on an engine
+    // without batching (every stream its own steps) are the reference: the batched step gives
+    // every row the arithmetic it gets alone, so the codes are equal; the audio is the same
+    // frames decoded in chunks that may be cut differently (a steady stream's one-frame chunk in
+    // a newcomer's first step), equal within float rounding.
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("The first stream speaks this sentence.", 14, kGreedySeed),
+        qtts_test::greedy_request("A second, somewhat longer sentence for the batch!", 19, kGreedySeed + 1),
+        qtts_test::greedy_request("Third.", 9, kGreedySeed + 2),
+        qtts_test::greedy_request("The fourth stream samples its codes.", 17, 4242),
+        qtts_test::greedy_request("A latecomer joins the running batch.", 11, 777),
+    };
+    requests[3].greedy = false;
+    requests[4].greedy = false;
+    struct Heard {
+        std::vector<float> pcm;
+        std::vector<std::vector<int32_t>> codes;
+        StopReason stop = StopReason::STOP_NONE;
+    };
+    const auto speak_all = [&](bool batching, EngineStats* stats, std::vector<EngineTraceEntry>* trace) {
+        EngineOptions options;
+        options.max_streams = 5;
+        options.backend.batching = batching;
+        Engine engine(options);
+        engine_trace_start(engine, 4096);
+        std::vector<std::shared_ptr<Stream>> streams;
+        for (size_t i = 0; i < 4; ++i) streams.push_back(engine.submit(requests[i]));
+        std::vector<Heard> heard(requests.size());
+        std::vector<std::thread> readers;
+        for (size_t i = 0; i < 4; ++i) readers.emplace_back([&, i] { heard[i].pcm = qtts_test::stream_read_all(*streams[i]); });
+        REQUIRE(wait_for([&] { return streams[0]->metrics().frames >= 5; }));
+        streams.push_back(engine.submit(requests[4]));
+        heard[4].pcm = read_all(*streams[4]);
+        for (auto& r : readers) r.join();
+        for (size_t i = 0; i < streams.size(); ++i) {
+            REQUIRE(streams[i]->finished());
+            CHECK(streams[i]->error().empty());
+            heard[i].codes = streams[i]->codes();
+            heard[i].stop = streams[i]->metrics().stop_reason;
+        }
+        *trace = engine_trace_take(engine);
+        *stats = engine.stats();
+        return heard;
+    };
+    EngineStats alone_stats, batched_stats;
+    std::vector<EngineTraceEntry> alone_trace, batched_trace;
+    const std::vector<Heard> alone = speak_all(false, &alone_stats, &alone_trace);
+    const std::vector<Heard> batched = speak_all(true, &batched_stats, &batched_trace);
+    CHECK(std::none_of(alone_trace.begin(), alone_trace.end(), [](const EngineTraceEntry& t) { return t.batched; }));
+    int64_t batched_steps = 0;
+    for (size_t n = 2; n < batched_stats.batch_histogram.size(); ++n) batched_steps += batched_stats.batch_histogram[n];
+    const auto batched_chunks =
+        std::count_if(batched_trace.begin(), batched_trace.end(), [](const EngineTraceEntry& t) { return t.batched; });
+    WARN("batched steps: " << batched_steps << ", chunks made in them: " << batched_chunks << " of "
+                           << batched_trace.size());
+    CHECK(batched_steps > 0);
+    CHECK(batched_chunks >= 2 * batched_steps);
+    CHECK(batched_stats.batch_decoded_chunks == 0);  // each chunk's audio is decoded in its own chunk() call
+    for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("stream " << i << ": " << requests[i].text);
+        CHECK(batched[i].stop == alone[i].stop);
+        CHECK(batched[i].codes == alone[i].codes);
+        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
+        CHECK(batched[i].pcm.size() == alone[i].codes.size() * SAMPLES_PER_FRAME);
+        double max_diff = 0.0;
+        for (size_t k = 0; k < alone[i].pcm.size(); ++k)
+            max_diff = std::max(max_diff, double(std::fabs(batched[i].pcm[k] - alone[i].pcm[k])));
+        CHECK(max_diff < 1e-5);
+    }
 }
