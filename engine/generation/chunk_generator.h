@@ -69,7 +69,7 @@ public:
     // exactly as if decoded after the reference.
     virtual void reference_decode(const int32_t* codes, int frames) = 0;
 
-    // Batching backends (CUDA, SpeechModel::batch_run): true when the next chunk(frames) can take
+    // Batching backends (CUDA, cpu-fast; SpeechModel::batch_run): true when the next chunk(frames) can take
     // its frames from a step of `frames` frames shared with other streams, computed before
     // chunk() is called: no stop seen, the text track reaches past them, and the frame limit is
     // not reached (a limit inside the chunk: the step makes all `frames` where the backend has

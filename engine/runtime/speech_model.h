@@ -102,7 +102,7 @@ public:
     // (ChunkGenerator::audio_owed, audio_take).
     int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false) const;
     // Batched starts (same backends): the segment starts of several generators with their prompt
-    // prefills run together. A start whose prompt or parameters are refused gets its `error` (its
+    // prefills run together (cpu-fast: one after another). A start whose prompt or parameters are refused gets its `error` (its
     // generator unchanged) and the others start; throws when the device step fails (every
     // generator's state unknown). Owner thread.
     void batch_start(std::vector<GenerationStart>& starts) const;

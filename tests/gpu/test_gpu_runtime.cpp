@@ -547,15 +547,7 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
           "[gpu][runtime][engine][batch]") {
     // Greedy and seeded sampling, different lengths and sentences; four streams at once, a fifth
     // joining while they run. The unbatched engine (every stream its own steps) is the reference.
-    std::vector<SpeechRequest> requests = {
-        qtts_test::greedy_request("The first stream speaks this sentence.", 30, kGreedySeed),
-        qtts_test::greedy_request("A second, somewhat longer sentence for the batch!", 41, kGreedySeed + 1),
-        qtts_test::greedy_request("Third.", 17, kGreedySeed + 2),
-        qtts_test::greedy_request("The fourth stream samples its codes.", 35, 4242),
-        qtts_test::greedy_request("A latecomer joins the running batch.", 26, 777),
-    };
-    requests[3].greedy = false;  // seeded sampling: the per-stream random stream must survive batching
-    requests[4].greedy = false;
+    const std::vector<SpeechRequest> requests = qtts_test::batch_mix_requests({30, 41, 17, 35, 26}, kGreedySeed);
     auto speak_all = [&](Batching how, EngineStats* stats) {
         Engine engine(batching_options(how));
         qtts::engine_trace_start(engine, 4096);

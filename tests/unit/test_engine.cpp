@@ -643,15 +643,7 @@ TEST_CASE("cpu-fast batches concurrent streams: each speaks as on an engine with
     // every row the arithmetic it gets alone, so the codes are equal; the audio is the same
     // frames decoded in chunks that may be cut differently (a steady stream's one-frame chunk in
     // a newcomer's first step), equal within float rounding.
-    std::vector<SpeechRequest> requests = {
-        qtts_test::greedy_request("The first stream speaks this sentence.", 14, kGreedySeed),
-        qtts_test::greedy_request("A second, somewhat longer sentence for the batch!", 19, kGreedySeed + 1),
-        qtts_test::greedy_request("Third.", 9, kGreedySeed + 2),
-        qtts_test::greedy_request("The fourth stream samples its codes.", 17, 4242),
-        qtts_test::greedy_request("A latecomer joins the running batch.", 11, 777),
-    };
-    requests[3].greedy = false;
-    requests[4].greedy = false;
+    const std::vector<SpeechRequest> requests = qtts_test::batch_mix_requests({14, 19, 9, 17, 11}, kGreedySeed);
     struct Heard {
         std::vector<float> pcm;
         std::vector<std::vector<int32_t>> codes;
