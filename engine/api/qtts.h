@@ -284,7 +284,7 @@ struct EngineStats {
     double underrun_seconds = 0.0;
     int64_t streams_lagged = 0;
     // Gauges, as of the engine's last round (0 when idle):
-    int64_t batch_size = 0;      // streams in the round's batched LM step (0: none; CUDA only)
+    int64_t batch_size = 0;      // streams in the round's batched LM step (0: none; CUDA and cpu-fast)
     int64_t queue_depth = 0;     // streams submitted whose first chunk is not made yet (not waiting for text)
     double lag_max_s = 0.0;      // behind real time: max and mean over active streams that have audio
     double lag_mean_s = 0.0;     //   (seconds their listener spent dry so far, plus the current gap)

@@ -103,12 +103,12 @@ public:
 
     // True when the next `frames` next_frame() calls can all run without waiting for text: started,
     // not stopped, a frame left before the limit, and the text track reaching past them (what a
-    // batched step asks before it makes a chunk for this utterance; cpu_fast::FastGenerator).
+    // batched step asks before it makes a chunk for this utterance; cpu_fast::FastBatchStep).
     bool batch_ready(int frames) const;
 
 protected:
     // next_frame() in phases, for a driver that runs the sessions of several generators together
-    // (cpu_fast::FastGenerator::frames_batch) and must give each the same arithmetic and draws
+    // (cpu_fast::FastBatchStep::run) and must give each the same arithmetic and draws
     // as next_frame():
     //   if (step_pending()) { session.talker_step(step_input_make()); talker_stepped(); }
     //   if (!code0_draw(&code0)) -> stopped (stop_reason() says why)

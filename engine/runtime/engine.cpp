@@ -462,7 +462,7 @@ struct Engine::Impl {
             std::this_thread::sleep_for(std::chrono::microseconds(us));
     }
 
-    // Batched LM steps (CUDA), two per round. First the newcomers: their first segments start
+    // Batched LM steps (CUDA, cpu-fast), two per round. First the newcomers: their first segments start
     // together (their prompt prefills in shared passes, SpeechModel::batch_start), then their
     // first chunks are made in one step, so that a round with several new requests pays one
     // prefill pass and one frame step for all of them instead of one each. The steady streams
