@@ -45,6 +45,7 @@
 #include "engine/runtime/speech_model.h"
 #include "engine/runtime/utterance.h"
 #include "engine/runtime/voice.h"
+#include "test_engine_batching.h"
 #include "test_streams.h"
 #include "test_support.h"
 
@@ -217,15 +218,6 @@ std::vector<GenerationStart> first_starts(const std::shared_ptr<const SpeechMode
     return starts;
 }
 
-std::vector<FrameCodes> codes_of(const Stream& s) {
-    std::vector<FrameCodes> out;
-    for (const auto& f : s.codes()) {
-        FrameCodes c{};
-        std::copy(f.begin(), f.end(), c.begin());
-        out.push_back(c);
-    }
-    return out;
-}
 
 }  // namespace
 
@@ -440,15 +432,7 @@ EngineOptions tiny_cuda_engine_options(int streams) {
     return options;
 }
 
-// What a test's reader heard from one stream of an engine, and how the engine made it.
-struct Heard {
-    std::vector<float> pcm;
-    std::vector<FrameCodes> codes;
-    std::string error;
-    std::vector<qtts::EngineTraceEntry> trace;  // its chunks, when the test traced the engine
-    uint64_t id = 0;
-    StopReason stop = StopReason::STOP_NONE;
-};
+using Heard = qtts_test::EngineHeard;
 
 // How a batching engine ran: its default tensor-core products, or BackendOptions::batch_exact.
 enum class Batching { OFF, DEFAULT, EXACT };
@@ -498,47 +482,14 @@ EngineOptions batching_options(Batching how) {
     return o;
 }
 
-// requests[0] starts first; once its second chunk is heard (it is a steady stream then) the
-// others are submitted, arriving while it runs (the engine pauses `pause` after each chunk, the
-// slow-device seam); every stream is read to its end on its own thread. Each stream's speech,
-// error, stop and traced chunks.
-std::vector<Heard> speak_joining(const std::vector<SpeechRequest>& requests, Batching how,
-                                 std::chrono::milliseconds pause, EngineStats* stats) {
-    Engine engine(batching_options(how));
-    qtts::engine_trace_start(engine, 4096);
-    qtts::engine_chunk_delay_set(engine, pause);
-    std::vector<std::shared_ptr<Stream>> streams{engine.submit(requests[0])};
-    std::vector<Heard> heard(requests.size());
-    std::vector<std::thread> readers;
-    readers.emplace_back([&] { heard[0].pcm = read_all(*streams[0]); });
-    const int64_t first_chunk = int64_t(qtts::FIRST_CHUNK_FRAMES_DEFAULT) * qtts::SAMPLES_PER_FRAME;
-    while (streams[0]->metrics().samples <= first_chunk) std::this_thread::sleep_for(1ms);
-    for (size_t i = 1; i < requests.size(); ++i) streams.push_back(engine.submit(requests[i]));
-    for (size_t i = 1; i < requests.size(); ++i) readers.emplace_back([&, i] { heard[i].pcm = read_all(*streams[i]); });
-    for (auto& r : readers) r.join();
-    const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
-    for (size_t i = 0; i < streams.size(); ++i) {
-        heard[i].error = streams[i]->error();
-        heard[i].codes = codes_of(*streams[i]);
-        heard[i].id = streams[i]->id();
-        heard[i].stop = streams[i]->metrics().stop_reason;
-        for (const auto& t : trace)
-            if (t.stream_id == heard[i].id) heard[i].trace.push_back(t);
-        REQUIRE(!heard[i].trace.empty());
-    }
-    if (stats) *stats = engine.stats();
-    return heard;
+// The batched engine variants of the shared scheduling cases (test_engine_batching.h), each
+// compared with the unbatched engine by same_speech.
+std::vector<EngineOptions> batched_variants() {
+    return {batching_options(Batching::DEFAULT), batching_options(Batching::EXACT)};
 }
-
-// Each stream ran to its frame cap (the tiny model does not stop sooner on the capped tests'
-// sentences).
-void ran_to_caps(const std::vector<Heard>& heard, const std::vector<SpeechRequest>& requests) {
-    REQUIRE(heard.size() == requests.size());
-    for (size_t i = 0; i < heard.size(); ++i) {
-        INFO("stream " << i);
-        CHECK(heard[i].stop == StopReason::STOP_MAX_FRAMES);
-        CHECK(int(heard[i].codes.size()) == requests[i].max_frames);
-    }
+void same_speech_variant(const std::vector<Heard>& batched, const std::vector<Heard>& alone,
+                         const std::vector<SpeechRequest>& requests, size_t variant) {
+    same_speech(batched, alone, requests, variant == 0 ? Batching::DEFAULT : Batching::EXACT);
 }
 
 }  // namespace
@@ -574,7 +525,7 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
         streams.push_back(late);
         const std::vector<qtts::EngineTraceEntry> trace = qtts::engine_trace_take(engine);
         for (size_t i = 0; i < streams.size(); ++i) {
-            heard[i].codes = codes_of(*streams[i]);
+            heard[i].codes = qtts_test::stream_codes(*streams[i]);
             heard[i].error = streams[i]->error();
             for (const auto& t : trace)
                 if (t.stream_id == streams[i]->id()) heard[i].trace.push_back(t);
@@ -619,126 +570,21 @@ TEST_CASE("an engine batches concurrent streams: every stream speaks exactly as 
 
 TEST_CASE("newcomers of one round start together and make their first chunks in one batched step, each as alone",
           "[gpu][runtime][engine][batch]") {
-    // A long stream keeps the engine busy (a 30 ms pause after each of its chunks, the slow-device
-    // seam), so three requests submitted during a pause all arrive for the same round: their
-    // prompt prefills run in one batched start, their first chunks in one batched step (and one
-    // decoder pass, which the long stream, a steady one by then, joins with a one-frame chunk),
-    // and their second chunks in that round's steady step with it. The same requests on an engine
-    // without batching are the reference.
-    std::vector<SpeechRequest> requests = {
-        qtts_test::greedy_request("A long stream keeps the engine busy while the others arrive.", 40, kGreedySeed),
-        qtts_test::greedy_request("First newcomer.", 12, kGreedySeed + 1),
-        qtts_test::greedy_request("The second newcomer says more than that.", 20, kGreedySeed + 2),
-        qtts_test::greedy_request("Third newcomer, sampled.", 16, 5150),
-    };
-    requests[3].greedy = false;
-    EngineStats alone_stats;
-    const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 30ms, &alone_stats);
-    CHECK(alone_stats.batch_started == 0);
-    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
-        EngineStats batched_stats;
-        const std::vector<Heard> batched = speak_joining(requests, how, 30ms, &batched_stats);
-        CHECK(batched_stats.batch_started == 3);  // the three newcomers started together (exact: prefilled one by one)
-        // The newcomers' first chunks: one frame each, in the same round, made by a batched step;
-        // then, in that round too, their second chunks in the steady step with the long stream.
-        const uint64_t first_round = batched[1].trace.front().round;
-        for (size_t i = 1; i < batched.size(); ++i) {
-            INFO("newcomer " << i);
-            const qtts::EngineTraceEntry& first = batched[i].trace.front();
-            CHECK(first.frames == qtts::FIRST_CHUNK_FRAMES_DEFAULT);
-            CHECK(first.round == first_round);
-            CHECK(first.batched);
-            CHECK_FALSE(alone[i].trace.front().batched);
-            REQUIRE(batched[i].trace.size() >= 2);
-            const qtts::EngineTraceEntry& second = batched[i].trace[1];
-            CHECK(second.round == first_round);
-            CHECK(second.frames == qtts::CHUNK_FRAMES_DEFAULT);
-            CHECK(second.batched);
-            CHECK(alone[i].trace[1].round > alone[i].trace[0].round);  // one chunk a round without batching
-        }
-        // The long stream in that round: a one-frame chunk from the newcomers' first step, then
-        // its steady chunk from the steady step.
-        std::vector<std::pair<int32_t, bool>> long_chunks;  // (frames, batched) in that round
-        for (const qtts::EngineTraceEntry& t : batched[0].trace)
-            if (t.round == first_round) long_chunks.emplace_back(t.frames, t.batched);
-        const std::vector<std::pair<int32_t, bool>> joined = {{qtts::FIRST_CHUNK_FRAMES_DEFAULT, true},
-                                                              {qtts::CHUNK_FRAMES_DEFAULT, true}};
-        CHECK(long_chunks == joined);
-        same_speech(batched, alone, requests, how);
-    }
+    // docs/engine.md, "Streams due together share one LM step"; the case is shared with test_engine.
+    qtts_test::newcomers_start_together(batching_options(Batching::OFF), batched_variants(), same_speech_variant,
+                                        kGreedySeed);
 }
 
 TEST_CASE("a capped stream's last, shorter chunk joins the batched step; the frames past its cap are dropped",
           "[gpu][runtime][engine][batch]") {
-    // A long stream keeps a batch going; three newcomers capped at 1 + 4 + 2, 1 + 4 + 4 + 1 and
-    // 1 + 4 + 3 frames end with a chunk shorter than the engine's 4. That chunk used to be made
-    // alone (one stream's step for its last frames); now its stream joins the batched step, which
-    // makes 4 frames, and the chunk keeps those up to the cap. Reference: an engine without batching.
-    std::vector<SpeechRequest> requests = {
-        qtts_test::greedy_request("A long stream keeps the batch going while the others end.", 40, kGreedySeed),
-        qtts_test::greedy_request("Seven frames.", 7, kGreedySeed + 1),
-        qtts_test::greedy_request("Ten frames, sampled.", 10, 6262),
-        qtts_test::greedy_request("Eight frames here.", 8, kGreedySeed + 3),
-    };
-    requests[2].greedy = false;
-    const int last_chunk[] = {0, 2, 1, 3};
-    const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 10ms, nullptr);
-    ran_to_caps(alone, requests);
-    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
-        const std::vector<Heard> batched = speak_joining(requests, how, 10ms, nullptr);
-        ran_to_caps(batched, requests);
-        for (size_t i = 1; i < batched.size(); ++i) {
-            INFO("capped stream " << i);
-            const qtts::EngineTraceEntry& last = batched[i].trace.back();
-            CHECK(last.frames == last_chunk[i]);
-            CHECK(last.batched);
-            CHECK(alone[i].trace.back().frames == last_chunk[i]);
-            CHECK_FALSE(alone[i].trace.back().batched);
-        }
-        same_speech(batched, alone, requests, how);
-    }
+    qtts_test::capped_last_chunk_joins(batching_options(Batching::OFF), batched_variants(), same_speech_variant,
+                                       kGreedySeed);
 }
 
 TEST_CASE("a batched step whose streams all end within it makes only the frames they keep",
           "[gpu][runtime][engine][batch]") {
-    // Three newcomers capped at 1 + 4 + 2, 1 + 4 + 1 and 1 + 4 + 2 frames arrive while a stream
-    // capped at 12 runs (it has made 5 frames then: with its one-frame chunk in their first step
-    // and its steady chunk, at most 2 are left to it after their round). In the round after, every
-    // stream of the step ends within it: the step makes 2 frames, not the engine's 4, and each
-    // keeps its own (2, 1, 2). Reference: an engine without batching.
-    // (The sentences of the capped-chunk test above: the tiny model speaks each past these caps.)
-    std::vector<SpeechRequest> requests = {
-        qtts_test::greedy_request("A long stream keeps the batch going while the others end.", 12, kGreedySeed),
-        qtts_test::greedy_request("Seven frames.", 7, kGreedySeed + 1),
-        qtts_test::greedy_request("Ten frames, sampled.", 6, 6262),
-        qtts_test::greedy_request("Eight frames here.", 7, kGreedySeed + 3),
-    };
-    requests[2].greedy = false;
-    const int last_chunk[] = {0, 2, 1, 2};
-    const std::vector<Heard> alone = speak_joining(requests, Batching::OFF, 30ms, nullptr);
-    ran_to_caps(alone, requests);
-    for (const Batching how : {Batching::DEFAULT, Batching::EXACT}) {
-        const std::vector<Heard> batched = speak_joining(requests, how, 30ms, nullptr);
-        ran_to_caps(batched, requests);
-        for (size_t i = 0; i < batched.size(); ++i) {
-            INFO("stream " << i);
-            for (const qtts::EngineTraceEntry& t : batched[i].trace) {
-                INFO("round " << t.round << ", " << t.frames << " frames");
-                CHECK(t.batched == (t.step_frames > 0));
-                if (t.batched) CHECK(t.step_frames >= t.frames);
-            }
-        }
-        const uint64_t last_round = batched[1].trace.back().round;
-        for (size_t i = 1; i < batched.size(); ++i) {
-            INFO("capped newcomer " << i);
-            const qtts::EngineTraceEntry& last = batched[i].trace.back();
-            CHECK(last.round == last_round);
-            CHECK(last.frames == last_chunk[i]);
-            CHECK(last.ended);
-            CHECK(last.step_frames == 2);  // the most any of them keeps, not CHUNK_FRAMES_DEFAULT
-        }
-        same_speech(batched, alone, requests, how);
-    }
+    qtts_test::step_trimmed_to_what_streams_keep(batching_options(Batching::OFF), batched_variants(), same_speech_variant,
+                                                 kGreedySeed);
 }
 
 TEST_CASE("utterances started together through the model speak as started alone; a refused start is left out",
@@ -948,7 +794,7 @@ TEST_CASE("a stream cancelled while its decoder passes run beside the next steps
             });
         for (auto& r : readers) r.join();
         for (size_t i = 0; i < streams.size(); ++i) {
-            heard[i].codes = codes_of(*streams[i]);
+            heard[i].codes = qtts_test::stream_codes(*streams[i]);
             heard[i].error = streams[i]->error();
             heard[i].stop = streams[i]->metrics().stop_reason;
         }
@@ -992,8 +838,8 @@ TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CP
     REQUIRE(sb->finished());
     CHECK(sa->error().empty());
     CHECK(sb->error().empty());
-    CHECK(codes_of(*sa) == want_a.codes);
-    CHECK(codes_of(*sb) == want_b.codes);
+    CHECK(qtts_test::stream_codes(*sa) == want_a.codes);
+    CHECK(qtts_test::stream_codes(*sb) == want_b.codes);
     const double da = max_abs(pcm_a, want_a.pcm), db = max_abs(pcm_b, want_b.pcm);
     WARN("engine streams: " << want_a.codes.size() << " + " << want_b.codes.size() << " frames, max |pcm gpu - cpu| "
                             << da << " / " << db);
@@ -1004,7 +850,7 @@ TEST_CASE("an engine on CUDA serves two concurrent streams, each equal to the CP
     auto sc = engine.submit(b);
     const std::vector<float> pcm_c = read_all(*sc);
     CHECK(sc->error().empty());
-    CHECK(codes_of(*sc) == want_b.codes);
+    CHECK(qtts_test::stream_codes(*sc) == want_b.codes);
     CHECK(max_abs(pcm_c, want_b.pcm) <= 1e-4);
     // The engine counts a stream just after marking it done: give it a moment.
     for (int i = 0; i < 100 && engine.stats().completed < 3; ++i) std::this_thread::sleep_for(10ms);
@@ -1027,7 +873,7 @@ TEST_CASE("a CUDA error in one stream's step ends that stream; the engine keeps 
     WARN("injected fault: " << victim->error());
     CHECK_THAT(victim->error(), Catch::Contains("cudaMemcpyAsync"));
     CHECK(sa->error().empty());
-    CHECK(codes_of(*sa) == want_a.codes);
+    CHECK(qtts_test::stream_codes(*sa) == want_a.codes);
     CHECK(max_abs(pcm_a, want_a.pcm) <= 1e-4);
     // The pending error was cleared: the device serves the next streams, the failed state reused.
     CHECK(engine.healthy());
@@ -1037,8 +883,8 @@ TEST_CASE("a CUDA error in one stream's step ends that stream; the engine keeps 
     const std::vector<float> pcm_c = read_all(*sc);
     CHECK(sb->error().empty());
     CHECK(sc->error().empty());
-    CHECK(codes_of(*sb) == want_a.codes);
-    CHECK(codes_of(*sc) == want_a.codes);
+    CHECK(qtts_test::stream_codes(*sb) == want_a.codes);
+    CHECK(qtts_test::stream_codes(*sc) == want_a.codes);
     CHECK(max_abs(pcm_b, want_a.pcm) <= 1e-4);
     CHECK(max_abs(pcm_c, want_a.pcm) <= 1e-4);
 }

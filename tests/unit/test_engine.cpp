@@ -15,7 +15,9 @@
 #include "engine/runtime/utterance.h"
 #include "engine/text/request_check.h"
 #include "engine/model/make_model.h"
+#include "test_engine_batching.h"
 #include "test_streams.h"
+#include "test_support.h"
 
 using namespace qtts;
 using namespace std::chrono_literals;
@@ -635,29 +637,52 @@ TEST_CASE("thread time: the engine thread's wall time by part adds up, and a slo
     CHECK(t.total_s - parts < 0.25 * t.total_s + 0.1);  // bookkeeping is a small rest
 }
 
+namespace {
+
+// An engine on cpu-fast (named: on a machine with a GPU, auto would pick CUDA), four streams,
+// with or without batched steps.
+EngineOptions cpu_fast_options(bool batching, int streams = 4) {
+    EngineOptions options;
+    options.backend.name = "cpu-fast";
+    options.max_streams = streams;
+    options.backend.batching = batching;
+    return options;
+}
+
+// cpu-fast's batched step gives every row the arithmetic it gets alone: a batched stream's codes
+// are bitwise those of the same request on an engine without batching, greedy or sampled; its
+// audio is the same frames decoded in chunks that may be cut elsewhere (a steady stream's
+// one-frame chunk in a newcomer's first step), equal within float rounding.
+void same_speech_cpu(const std::vector<qtts_test::EngineHeard>& batched, const std::vector<qtts_test::EngineHeard>& alone,
+                     const std::vector<SpeechRequest>& requests, size_t) {
+    REQUIRE(batched.size() == alone.size());
+    for (size_t i = 0; i < alone.size(); ++i) {
+        INFO("stream " << i << ": " << requests[i].text);
+        CHECK(alone[i].error.empty());
+        CHECK(batched[i].error.empty());
+        REQUIRE(!alone[i].codes.empty());
+        CHECK(batched[i].stop == alone[i].stop);
+        CHECK(batched[i].codes == alone[i].codes);
+        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
+        CHECK(alone[i].pcm.size() == alone[i].codes.size() * SAMPLES_PER_FRAME);
+        CHECK(qtts_test::max_abs_error(batched[i].pcm.data(), alone[i].pcm.data(), alone[i].pcm.size()) < 1e-5);
+    }
+}
+
+}  // namespace
+
 TEST_CASE("cpu-fast batches concurrent streams: each speaks as on an engine without batching",
           "[engine][scheduling][batch]") {
     // Greedy and seeded sampling, different lengths (caps inside a chunk and on its end); four
     // streams at once and a fifth joining while they run. The same requests on an engine
-    // without batching (every stream its own steps) are the reference: the batched step gives
-    // every row the arithmetic it gets alone, so the codes are equal; the audio is the same
-    // frames decoded in chunks that may be cut differently (a steady stream's one-frame chunk in
-    // a newcomer's first step), equal within float rounding.
+    // without batching (every stream its own steps) are the reference.
     const std::vector<SpeechRequest> requests = qtts_test::batch_mix_requests({14, 19, 9, 17, 11}, kGreedySeed);
-    struct Heard {
-        std::vector<float> pcm;
-        std::vector<std::vector<int32_t>> codes;
-        StopReason stop = StopReason::STOP_NONE;
-    };
     const auto speak_all = [&](bool batching, EngineStats* stats, std::vector<EngineTraceEntry>* trace) {
-        EngineOptions options;
-        options.max_streams = 5;
-        options.backend.batching = batching;
-        Engine engine(options);
+        Engine engine(cpu_fast_options(batching, 5));
         engine_trace_start(engine, 4096);
         std::vector<std::shared_ptr<Stream>> streams;
         for (size_t i = 0; i < 4; ++i) streams.push_back(engine.submit(requests[i]));
-        std::vector<Heard> heard(requests.size());
+        std::vector<qtts_test::EngineHeard> heard(requests.size());
         std::vector<std::thread> readers;
         for (size_t i = 0; i < 4; ++i) readers.emplace_back([&, i] { heard[i].pcm = qtts_test::stream_read_all(*streams[i]); });
         REQUIRE(wait_for([&] { return streams[0]->metrics().frames >= 5; }));
@@ -666,8 +691,8 @@ TEST_CASE("cpu-fast batches concurrent streams: each speaks as on an engine with
         for (auto& r : readers) r.join();
         for (size_t i = 0; i < streams.size(); ++i) {
             REQUIRE(streams[i]->finished());
-            CHECK(streams[i]->error().empty());
-            heard[i].codes = streams[i]->codes();
+            heard[i].error = streams[i]->error();
+            heard[i].codes = qtts_test::stream_codes(*streams[i]);
             heard[i].stop = streams[i]->metrics().stop_reason;
         }
         *trace = engine_trace_take(engine);
@@ -676,8 +701,8 @@ TEST_CASE("cpu-fast batches concurrent streams: each speaks as on an engine with
     };
     EngineStats alone_stats, batched_stats;
     std::vector<EngineTraceEntry> alone_trace, batched_trace;
-    const std::vector<Heard> alone = speak_all(false, &alone_stats, &alone_trace);
-    const std::vector<Heard> batched = speak_all(true, &batched_stats, &batched_trace);
+    const auto alone = speak_all(false, &alone_stats, &alone_trace);
+    const auto batched = speak_all(true, &batched_stats, &batched_trace);
     CHECK(std::none_of(alone_trace.begin(), alone_trace.end(), [](const EngineTraceEntry& t) { return t.batched; }));
     int64_t batched_steps = 0;
     for (size_t n = 2; n < batched_stats.batch_histogram.size(); ++n) batched_steps += batched_stats.batch_histogram[n];
@@ -688,15 +713,23 @@ TEST_CASE("cpu-fast batches concurrent streams: each speaks as on an engine with
     CHECK(batched_steps > 0);
     CHECK(batched_chunks >= 2 * batched_steps);
     CHECK(batched_stats.batch_decoded_chunks == 0);  // each chunk's audio is decoded in its own chunk() call
-    for (size_t i = 0; i < requests.size(); ++i) {
-        INFO("stream " << i << ": " << requests[i].text);
-        CHECK(batched[i].stop == alone[i].stop);
-        CHECK(batched[i].codes == alone[i].codes);
-        REQUIRE(batched[i].pcm.size() == alone[i].pcm.size());
-        CHECK(batched[i].pcm.size() == alone[i].codes.size() * SAMPLES_PER_FRAME);
-        double max_diff = 0.0;
-        for (size_t k = 0; k < alone[i].pcm.size(); ++k)
-            max_diff = std::max(max_diff, double(std::fabs(batched[i].pcm[k] - alone[i].pcm[k])));
-        CHECK(max_diff < 1e-5);
-    }
+    same_speech_cpu(batched, alone, requests, 0);
+}
+
+// The engine's scheduling rules for batched steps, shared with test_gpu_runtime
+// (test_engine_batching.h), on cpu-fast.
+TEST_CASE("cpu-fast: newcomers of one round start together and make their first chunks in one batched step, each as "
+          "alone",
+          "[engine][scheduling][batch]") {
+    qtts_test::newcomers_start_together(cpu_fast_options(false), {cpu_fast_options(true)}, same_speech_cpu, kGreedySeed);
+}
+
+TEST_CASE("cpu-fast: a capped stream's last, shorter chunk joins the batched step", "[engine][scheduling][batch]") {
+    qtts_test::capped_last_chunk_joins(cpu_fast_options(false), {cpu_fast_options(true)}, same_speech_cpu, kGreedySeed);
+}
+
+TEST_CASE("cpu-fast: a batched step whose streams all end within it makes only the frames they keep",
+          "[engine][scheduling][batch]") {
+    qtts_test::step_trimmed_to_what_streams_keep(cpu_fast_options(false), {cpu_fast_options(true)}, same_speech_cpu,
+                                                 kGreedySeed);
 }
