@@ -52,6 +52,7 @@ public:
     void reference_decode(const int32_t* codes, int frames) override;
 
     cpu::Generator& generator() { return *generator_; }
+    const cpu::Generator& generator() const { return *generator_; }
 
 protected:
     // Decodes the frames in chunk_frames() and appends them and their samples; returns `status`.

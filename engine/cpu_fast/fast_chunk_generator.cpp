@@ -16,15 +16,14 @@ std::unique_ptr<DecoderStream> decoder_stream_new(const cpu_fast::FastLm& lm, co
 }  // namespace
 
 FastChunkGenerator::FastChunkGenerator(const cpu_fast::FastLm& lm, const cpu::CpuSpeechDecoder& reference_decoder)
-    : CpuChunkGenerator(std::make_unique<cpu_fast::FastGenerator>(lm), decoder_stream_new(lm, reference_decoder)),
-      fast_(static_cast<cpu_fast::FastGenerator*>(&generator())) {}
+    : CpuChunkGenerator(std::make_unique<cpu_fast::FastGenerator>(lm), decoder_stream_new(lm, reference_decoder)) {}
 
 bool FastChunkGenerator::batch_ready(int frames) {
     QTTS_ASSERT(batched_frames_ == 0);  // the last step's chunk was emitted
-    return fast_->batch_ready(frames);
+    return fast_generator().batch_ready(frames);
 }
 
-int FastChunkGenerator::frames_left() const { return fast_->frame_limit() - fast_->frames_emitted(); }
+int FastChunkGenerator::frames_left() const { return generator().frame_limit() - frames_emitted(); }
 
 void FastChunkGenerator::batch_computed(std::vector<FrameCodes>& made, int frames) {
     QTTS_ASSERT(batched_frames_ == 0 && frames >= 1 && int(made.size()) <= frames);

@@ -26,12 +26,12 @@ public:
     // The frames a batched step made for this chunk, when one did; else made here.
     ChunkStatus chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) override;
 
-    cpu_fast::FastGenerator& fast_generator() { return *fast_; }
+    // generator(), which this class made a FastGenerator.
+    cpu_fast::FastGenerator& fast_generator() { return static_cast<cpu_fast::FastGenerator&>(generator()); }
     // A batched step made `made` (≤ frames; fewer: the segment stopped) for the next chunk(frames).
     void batch_computed(std::vector<FrameCodes>& made, int frames);
 
 private:
-    cpu_fast::FastGenerator* fast_;   // generator(), as the fast one
     std::vector<FrameCodes> batched_;  // the frames of the next chunk, made by a batched step
     int batched_frames_ = 0;           // the step's size; 0: none pending
 };

@@ -77,6 +77,7 @@ public:
     void launch(const std::vector<GpuSpeechDecoder*>& streams, const int32_t* codes, int n);
     void land(float* pcm_out);
     bool in_flight() const { return in_flight_streams_ > 0; }
+    int in_flight_frames() const { return in_flight_frames_; }  // frames per stream of the pass in flight
     // Benchmarks: the same pass run eagerly for exactly these streams, with CUDA events between
     // its stages (DecoderPass::profile: (what ran, GPU ms) pairs in launch order); the streams
     // advance as in decode(). Synchronous.

@@ -220,23 +220,21 @@ void GpuGenerator::batch_pcm_defer(int kept) {
 }
 
 void GpuGenerator::audio_deliver(const float* pcm, int frames) {
-    QTTS_ASSERT(frames >= 1 && !audio_delivered_ && (frames == audio_owed_ || frames == batch_pcm_deferred_));
+    QTTS_ASSERT(frames >= 1 && !audio_delivered() && (frames == audio_owed_ || frames == batch_pcm_deferred_));
     owed_pcm_.assign(pcm, pcm + size_t(frames) * decoder_->samples_per_frame());
-    audio_delivered_ = true;
 }
 
 void GpuGenerator::audio_take(std::vector<float>* pcm) {
-    QTTS_ASSERT(audio_owed_ > 0 && audio_delivered_ &&
-                owed_pcm_.size() == size_t(audio_owed_) * decoder_->samples_per_frame());
+    QTTS_ASSERT(audio_owed_ > 0 && owed_pcm_.size() == size_t(audio_owed_) * decoder_->samples_per_frame());
     pcm->insert(pcm->end(), owed_pcm_.begin(), owed_pcm_.end());
     audio_owed_ = 0;
-    audio_delivered_ = false;
+    owed_pcm_.clear();
 }
 
 void GpuGenerator::audio_clear() {
     batch_pcm_deferred_ = 0;
     audio_owed_ = 0;
-    audio_delivered_ = false;
+    owed_pcm_.clear();
 }
 
 int GpuGenerator::chunk_compute(int frames, std::vector<float>* pcm) {

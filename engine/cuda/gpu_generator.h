@@ -100,7 +100,7 @@ public:
     // what is owed (a stream that ended; its decoder is reset before the state is used again).
     void batch_pcm_defer(int kept);
     int audio_owed() const { return audio_owed_; }
-    bool audio_delivered() const { return audio_delivered_; }
+    bool audio_delivered() const { return !owed_pcm_.empty(); }
     void audio_deliver(const float* pcm, int frames);
     void audio_take(std::vector<float>* pcm);
     void audio_clear();
@@ -159,8 +159,7 @@ private:
     std::vector<float> batch_pcm_;     // the kept frames' samples
     int batch_pcm_deferred_ = 0;       // ... or how many a pass beside the next step decodes
     int audio_owed_ = 0;               // frames emitted without their samples (batch_pcm_defer)
-    bool audio_delivered_ = false;     // ... whose samples are in owed_pcm_
-    std::vector<float> owed_pcm_;
+    std::vector<float> owed_pcm_;      // ... their samples once the pass landed (empty: not yet)
     int frame_limit_ = 0;
     int frame_room_ = 0;  // frames the device buffers hold after the prompt (>= frame_limit_)
     bool limit_is_explicit_ = false;

@@ -348,10 +348,10 @@ void GpuGeneratorPool::batch_audio_land() {
     deferred_.clear();
     QTTS_ASSERT(!states.empty());  // only deferred passes stay in flight
     const int spf = states.front()->decoder()->samples_per_frame();
-    batch_pcm_.resize(states.size() * size_t(deferred_frames_) * spf);
+    const int frames = batch_decoder_->in_flight_frames();  // land() clears it
+    batch_pcm_.resize(states.size() * size_t(frames) * spf);
     batch_decoder_->land(batch_pcm_.data());
-    for (size_t i = 0; i < states.size(); ++i)
-        states[i]->audio_deliver(batch_pcm_.data() + i * deferred_frames_ * spf, deferred_frames_);
+    for (size_t i = 0; i < states.size(); ++i) states[i]->audio_deliver(batch_pcm_.data() + i * frames * spf, frames);
 }
 
 GpuGenerator& GpuGeneratorPool::leased_state(ChunkGenerator* generator) const {
@@ -407,7 +407,6 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
         decoded += int(group.size());
         if (defer) {
             deferred_ = group;
-            deferred_frames_ = kept;
             for (GpuGenerator* s : group) s->batch_pcm_defer(kept);
             continue;
         }

@@ -167,7 +167,6 @@ private:
     std::unique_ptr<GpuContext> side_;  // the batched decoder passes' stream (null without them)
     std::unique_ptr<GpuBatchDecoder> batch_decoder_;  // null without batching or own decoders, on side_
     std::vector<GpuGenerator*> deferred_;  // the streams of the pass in flight beside the next step
-    int deferred_frames_ = 0;              // ... and its frames per stream
     std::unique_ptr<GpuPrefillBatch> prefill_batch_;  // null without batching
     std::vector<int32_t> batch_codes_;  // [streams, frames, nq] for the batched decoder pass
     std::vector<float> batch_pcm_;      // [streams, frames · spf]
