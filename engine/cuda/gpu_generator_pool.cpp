@@ -421,14 +421,8 @@ void GpuGeneratorPool::batch_start(std::vector<GenerationStart>& starts) {
     context_->guard().check("GpuGeneratorPool::batch_start");
     QTTS_ASSERT(prefill_batch_);
     if (options_.batch_exact) {  // each prompt prefilled alone: its arithmetic as on an unbatched engine
-        for (GenerationStart& s : starts) {
-            try {
-                leased_state(s.generator).start(s.prompt, s.params, s.seed);
-            } catch (const Error& e) {
-                if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;  // the device, not this request
-                s.error = e.what();
-            }
-        }
+        for (const GenerationStart& s : starts) leased_state(s.generator);  // asserts each is this pool's
+        generation_starts_each(starts);
         return;
     }
     struct Loaded {

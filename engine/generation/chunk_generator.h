@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/error.h"
 #include "engine/generation/frame.h"
 #include "engine/generation/sampling.h"
 #include "engine/text/prompt.h"
@@ -102,5 +103,19 @@ struct GenerationStart {
     uint64_t seed = 0;
     std::string error;  // set when this start was refused (its prompt or parameters); the others went on
 };
+
+// A batched start where the prefills are not shared (cpu-fast; CUDA with batch_exact): each
+// generator's start() in turn. A start refused for its own request (ERROR_INVALID_ARGUMENT) gets
+// its `error` and the others go on; any other error (the backend's) is thrown.
+inline void generation_starts_each(std::vector<GenerationStart>& starts) {
+    for (GenerationStart& s : starts) {
+        try {
+            s.generator->start(s.prompt, s.params, s.seed);
+        } catch (const Error& e) {
+            if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;  // the backend, not this request
+            s.error = e.what();
+        }
+    }
+}
 
 }  // namespace qtts

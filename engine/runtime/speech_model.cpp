@@ -293,14 +293,7 @@ void SpeechModel::batch_start(std::vector<GenerationStart>& starts) const {
     if (batch_max() == 0)
         fail(ErrorCode::ERROR_INTERNAL, "batch_start on the {} backend, which does not batch", backend_name());
     // The prompt prefills one after another: a prefill is already one product over all its rows.
-    for (GenerationStart& s : starts) {
-        try {
-            s.generator->start(s.prompt, s.params, s.seed);
-        } catch (const Error& e) {
-            if (e.code() != ErrorCode::ERROR_INVALID_ARGUMENT) throw;
-            s.error = e.what();
-        }
-    }
+    generation_starts_each(starts);
 }
 
 void SpeechModel::owner_adopt() const {
