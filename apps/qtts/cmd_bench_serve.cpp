@@ -40,6 +40,7 @@
 #include "engine/common/device.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
+#include "engine/common/strings.h"
 #include "engine/runtime/engine_debug.h"
 
 namespace {
@@ -76,7 +77,13 @@ void usage() {
         "  --device N             CUDA device (default 0)\n"
         "  --max-streams N        engine stream limit (default: the largest concurrency; paced: 64)\n"
         "  --first-chunk-frames K, --chunk-frames K   chunk sizes (default: the engine's, %d then %d)\n"
-        "  --frames F             frames per request, 80 ms each (default 75 = 6 s; 0 = until EOS or the budget)\n"
+        "  --frames F[,G...]      frames per request, 80 ms each (default 75 = 6 s; 0 = until EOS or the budget);\n"
+        "                         a list: request i gets the (i mod n)-th (mixed lengths, so that streams start\n"
+        "                         while others play instead of in waves)\n"
+        "  --sentences K          each request's text is K of the fixed sentences in a row (default 1; 4 make\n"
+        "                         one segment of ~100 text tokens: a long prompt prefill)\n"
+        "  --prefill-slice N      sliced starts (EngineOptions::prefill_slice): prompt rows per round of a long\n"
+        "                         start while other streams play (default %d; 0 = every start whole)\n"
         "  --no-batching          CUDA and cpu-fast: every stream takes its own LM steps (compare with the batched step)\n"
         "  --batch-exact          CUDA backend: batched streams keep their one-row arithmetic (bitwise codes as alone;\n"
         "                         BackendOptions::batch_exact)\n"
@@ -96,7 +103,7 @@ void usage() {
         "  --arrivals A           poisson (default) or fixed intervals\n"
         "  --prebuffer-ms M       audio a player buffers before it starts (default 100)\n"
         "  --period-ms P          a player takes P ms of audio every P ms (default 20)\n",
-        qtts::FIRST_CHUNK_FRAMES_DEFAULT, qtts::CHUNK_FRAMES_DEFAULT, qtts_cli::GPU_MEMORY_LIMIT_HELP,
+        qtts::FIRST_CHUNK_FRAMES_DEFAULT, qtts::CHUNK_FRAMES_DEFAULT, qtts::PREFILL_SLICE_DEFAULT, qtts_cli::GPU_MEMORY_LIMIT_HELP,
         qtts_cli::MAX_CONTEXT_HELP);
 }
 
@@ -111,7 +118,9 @@ struct ServeOptions {
     int max_streams = 0;
     int first_chunk_frames = qtts::FIRST_CHUNK_FRAMES_DEFAULT;
     int chunk_frames = qtts::CHUNK_FRAMES_DEFAULT;
-    int frames = 75;
+    int frames = 75;           // the first of frames_cycle
+    std::vector<int> frames_cycle = {75};  // request i: frames_cycle[i mod size]
+    int sentences = 1;  // fixed sentences per request's text
     double timeout_s = 60.0;
     // closed loop
     std::vector<int> concurrency;
@@ -148,7 +157,15 @@ ServeOptions options_parse(const qtts_cli::Args& args) {
     o.device = int(option_int(args, "device", 0, 0, 63));
     o.first_chunk_frames = int(option_int(args, "first-chunk-frames", o.first_chunk_frames, 1, 1000));
     o.chunk_frames = int(option_int(args, "chunk-frames", o.chunk_frames, 1, 1000));
-    o.frames = int(option_int(args, "frames", o.frames, 0, 100000));
+    if (args.has("frames")) {
+        std::string bad;
+        o.frames_cycle.clear();
+        if (!qtts::int_list_parse(args.get_or("frames", ""), 0, 100000, &o.frames_cycle, &bad) || o.frames_cycle.empty())
+            fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--frames must be 0..100000 (or a list of such), got '{}'",
+                 bad.empty() ? args.get_or("frames", "") : bad);
+        o.frames = o.frames_cycle.front();
+    }
+    o.sentences = int(option_int(args, "sentences", o.sentences, 1, 16));
     o.timeout_s = option_number(args, "timeout-s", o.timeout_s, 0.1, 86400.0);
     o.paced = args.has("paced");
     o.trace = args.has("trace");
@@ -192,9 +209,11 @@ ServeOptions options_parse(const qtts_cli::Args& args) {
 
 qtts::SpeechRequest request_make(const ServeOptions& o, uint64_t index) {
     qtts::SpeechRequest r;
-    r.text = serve_sentences()[index % serve_sentences().size()];
+    const std::vector<std::string>& all = serve_sentences();
+    for (int k = 0; k < o.sentences; ++k)
+        r.text += (k > 0 ? " " : "") + all[(index + uint64_t(k)) % all.size()];
     r.language = "english";
-    r.max_frames = o.frames;
+    r.max_frames = o.frames_cycle[index % o.frames_cycle.size()];
     r.seed = 1000 + index;  // fixed per request: the same run makes the same audio
     return r;
 }
@@ -211,6 +230,7 @@ struct RequestResult {
     double ttfa_ms = -1.0;     // submit() called -> first PCM available
     double ttfa_gen_ms = -1.0;  // the engine's side: the stream made -> first PCM published (StreamMetrics)
     double e2e_ms = 0.0;       // submit() called -> last sample taken by the client
+    double gap_ms = 0.0;       // the longest wait for audio after the first (a stall of this stream)
     double audio_s = 0.0;      // audio the client read
     double rtf = 0.0;          // engine: generation time / audio duration
     qtts::StopReason stop = qtts::StopReason::STOP_NONE;
@@ -247,6 +267,8 @@ void engine_delta(const qtts::EngineStats& before, const qtts::EngineStats& afte
     out["refused_limit"] = after.refused_limit - before.refused_limit;
     out["engine_underruns"] = after.underruns - before.underruns;
     out["engine_underrun_s"] = after.underrun_seconds - before.underrun_seconds;
+    out["prefill_slices"] = after.prefill_slices - before.prefill_slices;
+    out["sliced_starts"] = after.sliced_starts - before.sliced_starts;
     const qtts::EngineStats::ThreadTime &a = after.thread_time, &b = before.thread_time;
     qtts::EngineStats::ThreadTime d;
     d.starts_s = a.starts_s - b.starts_s;
@@ -360,7 +382,9 @@ RequestResult request_drain(qtts::Engine& engine, const qtts::SpeechRequest& req
     for (;;) {
         const size_t n = stream->read(buf.data(), buf.size());
         if (n > 0) {
-            last_sample = last_progress = Clock::now();
+            const auto now = Clock::now();
+            if (r.ttfa_ms >= 0) r.gap_ms = std::max(r.gap_ms, ms_between(last_sample, now));
+            last_sample = last_progress = now;
             if (r.ttfa_ms < 0) r.ttfa_ms = ms_between(t0, last_sample);
             samples += int64_t(n);
             continue;
@@ -435,6 +459,14 @@ nlohmann::json closed_level(qtts::Engine& engine, const ServeOptions& o, int con
     level["requests_per_s"] = wall_s > 0 ? level["completed"].get<double>() / wall_s : 0.0;
     level["audio_s_per_wall_s"] = wall_s > 0 ? level["audio_s"].get<double>() / wall_s : 0.0;
     level["batch_histogram"] = histogram_delta(before, engine.stats());
+    // Each request's longest wait for audio after its first: the reader takes audio as it comes,
+    // so this is the engine's longest pause for that stream (another stream's whole prompt
+    // prefill shows here; sliced starts bound it). Median over requests, and the longest of all.
+    std::vector<double> gaps;
+    for (const RequestResult& r : results)
+        if (result_ok(r)) gaps.push_back(r.gap_ms);
+    level["gap_ms_p50"] = qtts_cli::bench_median(gaps);
+    level["gap_ms_max"] = qtts_cli::bench_percentile(gaps, 100);
     engine_delta(before, engine.stats(), level);
     if (const std::string e = first_error(results); !e.empty()) level["first_error"] = e;
     if (o.trace) {
@@ -650,7 +682,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                               {"model", "preset", "cache", "backend", "device", "max-streams", "first-chunk-frames",
                                "chunk-frames", "frames", "timeout-s", "json", "concurrency", "requests", "rate",
                                "duration", "arrivals", "prebuffer-ms", "period-ms", "admission", "gpu-memory-limit",
-                               "max-context", "cpu-format", "threads"},
+                               "max-context", "cpu-format", "threads", "sentences", "prefill-slice"},
                               {"help", "paced", "no-batching", "batch-exact", "trace"});
     if (args.has("help")) {
         usage();
@@ -670,6 +702,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     eo.max_streams = o.max_streams;
     eo.first_chunk_frames = o.first_chunk_frames;
     eo.chunk_frames = o.chunk_frames;
+    eo.prefill_slice = int(args.get_int("prefill-slice", eo.prefill_slice));  // checked by the engine
     eo.backend.batching = !args.has("no-batching");
     eo.backend.batch_exact = args.has("batch-exact");
     eo.backend.gpu_memory_limit = qtts_cli::gpu_memory_limit_option(args);
@@ -696,6 +729,9 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["first_chunk_frames"] = o.first_chunk_frames;
     out["chunk_frames"] = o.chunk_frames;
     out["frames"] = o.frames;
+    if (o.frames_cycle.size() > 1) out["frames_cycle"] = o.frames_cycle;
+    out["sentences"] = o.sentences;
+    out["prefill_slice"] = eo.prefill_slice;
     out["cpu_format"] = eo.backend.cpu_format;
     out["threads"] = eo.backend.threads;
     out["batching"] = eo.backend.batching;
@@ -706,7 +742,8 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     std::printf("\nqtts bench-serve  %s (%s %s)  backend %s  max streams %d  chunks %d then %d  ", o.model_dir.c_str(),
                 info.type.c_str(), info.size.c_str(), backend.c_str(), o.max_streams, o.first_chunk_frames,
                 o.chunk_frames);
-    if (o.frames > 0) std::printf("%d frames (%.2f s) per request\n", o.frames, o.frames * 0.08);
+    if (o.frames_cycle.size() > 1) std::printf("frames per request by turn: %s\n", args.get_or("frames", "").c_str());
+    else if (o.frames > 0) std::printf("%d frames (%.2f s) per request\n", o.frames, o.frames * 0.08);
     else std::printf("requests end at EOS or the frame budget\n");
 
     // Warm-up: one request, not counted (first-touch costs, lazy allocations).
@@ -734,9 +771,11 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
                         l["e2e_ms_p95"].get<double>(), l["rtf_mean"].get<double>(), l["rtf_max"].get<double>(),
                         100.0 * l["faster_than_realtime"].get<double>(), l["requests_per_s"].get<double>(),
                         l["audio_s_per_wall_s"].get<double>(), histogram_text(l["batch_histogram"]).c_str());
-            std::printf("         engine thread: %s; engine-side TTFA p50/p95 %.1f / %.1f ms\n",
+            std::printf("         engine thread: %s; engine-side TTFA p50/p95 %.1f / %.1f ms; longest wait for audio "
+                        "p50/max %.0f / %.0f ms\n",
                         thread_time_text(l["engine_thread_s"]).c_str(), l["ttfa_gen_ms_p50"].get<double>(),
-                        l["ttfa_gen_ms_p95"].get<double>());
+                        l["ttfa_gen_ms_p95"].get<double>(), l["gap_ms_p50"].get<double>(),
+                        l["gap_ms_max"].get<double>());
             std::fflush(stdout);
             if (bad > 0 && !failed) {
                 failed = true;

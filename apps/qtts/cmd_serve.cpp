@@ -53,11 +53,13 @@ void print_usage() {
         "                         capacity is used (default on)\n"
         "  --admission-headroom F fraction of the measured capacity admitted streams may use (default 0.9;\n"
         "                         0.05..4)\n"
+        "  --prefill-slice N      cpu-fast: while other streams play, a prompt prefill longer than N rows runs N\n"
+        "                         rows per engine round instead of stalling them (default %d; 0 = whole)\n"
         "%s%s"
         "Endpoints: POST /v1/audio/speech, GET /v1/audio/voices, GET /livez, GET /readyz, GET /healthz,\n"
         "GET /metrics, WebSocket /v1/audio/stream. The server listens while the model loads (/livez 200,\n"
         "/readyz 503 until it is ready). Stop with Ctrl-C (SIGINT) or SIGTERM (graceful drain, above).\n",
-        qtts_cli::GPU_MEMORY_LIMIT_HELP, qtts_cli::MAX_CONTEXT_HELP);
+        qtts::PREFILL_SLICE_DEFAULT, qtts_cli::GPU_MEMORY_LIMIT_HELP, qtts_cli::MAX_CONTEXT_HELP);
 }
 
 int int_option(const qtts_cli::Args& args, const char* name, long long fallback, long long lo, long long hi) {
@@ -78,7 +80,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     qtts_cli::Args args(argv,
                         {"model", "host", "port", "tcp-port", "max-streams", "max-connections", "bitrate", "max-text-bytes",
                          "max-audio-seconds", "idle-timeout", "drain-seconds", "io-threads", "backend", "cpu-format", "threads", "device", "devices",
-                         "engines", "gpu-memory-limit", "max-context", "admission", "admission-headroom"},
+                         "engines", "gpu-memory-limit", "max-context", "admission", "admission-headroom", "prefill-slice"},
                         {"help", "no-cuda-graphs", "cpu-decoder", "no-fused-chunks", "no-batching", "batch-exact"});
     if (args.has("help")) {
         print_usage();
@@ -121,6 +123,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     engine_options.admission = admission == "on";
     // Its range is checked once, by the engine (Engine's constructor), like every EngineOptions field.
     engine_options.admission_headroom = args.get_double("admission-headroom", engine_options.admission_headroom);
+    engine_options.prefill_slice = int(args.get_int("prefill-slice", engine_options.prefill_slice));
     // Every engine may hold the server's whole stream limit, so one engine can carry the load
     // when the others are out (docs/server.md, "Several engines").
     // Without --max-streams a CUDA engine makes as many stream slots as its device's memory holds

@@ -58,6 +58,12 @@ void engines_render(const std::vector<EngineStatus>& engines, std::string& out) 
     family("qtts_engine_batch_started_total", "counter",
            "Streams whose prompt prefill ran in a pass shared with other new streams (CUDA).",
            [](const EngineStatus& e) { return e.stats.batch_started; });
+    family("qtts_engine_prefill_slices_total", "counter",
+           "Slices of long prompt prefills run between other streams' steps (sliced starts, cpu-fast).",
+           [](const EngineStatus& e) { return e.stats.prefill_slices; });
+    family("qtts_engine_sliced_starts_total", "counter",
+           "Segment starts whose prompt prefill ran in slices while other streams played (cpu-fast).",
+           [](const EngineStatus& e) { return e.stats.sliced_starts; });
     header_append(out, "qtts_engine_refused_total", "counter",
                   "New streams the engine refused (429): at its stream limit, or by admission control (capacity).");
     for (const EngineStatus& e : engines) {

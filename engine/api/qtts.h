@@ -145,6 +145,9 @@ public:
 // defaults live. The first chunk is short (time to first audio), later ones amortise the launches.
 constexpr int FIRST_CHUNK_FRAMES_DEFAULT = 1;
 constexpr int CHUNK_FRAMES_DEFAULT = 4;
+// Sliced starts (EngineOptions::prefill_slice): prompt rows per round, and the most one may ask.
+constexpr int PREFILL_SLICE_DEFAULT = 64;
+constexpr int PREFILL_SLICE_MAX = 4096;
 
 // The smallest BackendOptions::gpu_memory_limit accepted (below it not even the CUDA libraries'
 // own buffers fit).
@@ -239,6 +242,13 @@ struct EngineOptions {
     // speed); `qtts serve` turns it on (--admission on|off).
     bool admission = false;
     double admission_headroom = 0.9;  // fraction of the measured capacity to fill, 0.05..4
+    // Sliced starts (docs/engine.md, "Sliced starts"): while other streams play, a segment start
+    // whose prompt prefill has more rows than this runs this many rows per engine round, between
+    // the steps that keep the others playing, instead of stalling them for the whole prefill (a
+    // voice-cloning prompt with a long reference: hundreds of rows, ~20 ms each on two CPU cores
+    // at 0.6B). Backends whose prefill splits exactly (cpu-fast); the others start whole. 0 = off;
+    // at most PREFILL_SLICE_MAX.
+    int prefill_slice = PREFILL_SLICE_DEFAULT;
 };
 
 // What an application may want to know about the loaded model (qtts info, the server's
@@ -273,6 +283,10 @@ struct EngineStats {
     // Streams whose first prompt prefill ran in a pass shared with other newcomers' (CUDA: the
     // newcomers of one round start together).
     int64_t batch_started = 0;
+    // Sliced starts (EngineOptions::prefill_slice): slices run, and segment starts completed that
+    // way (a start whose others stopped playing finishes in its last, larger slice).
+    int64_t prefill_slices = 0;
+    int64_t sliced_starts = 0;
     // Refusals by submit with ERROR_BUSY: at max_streams, or by admission control (capacity).
     int64_t refused_limit = 0;
     int64_t refused_capacity = 0;
@@ -290,7 +304,8 @@ struct EngineStats {
     double lag_mean_s = 0.0;     //   (seconds their listener spent dry so far, plus the current gap)
     double capacity = 0.0;       // measured real-time streams the engine sustains (0: not measured yet)
     // Where the engine thread's wall time went since it started (seconds, as of its last round):
-    // batched starts of newcomers' prompts and their batched first chunks, batched steady steps
+    // batched starts of newcomers' prompts and the slices of sliced starts (prefill_slice), the
+    // batched first chunks, batched steady steps
     // (the LM step and, CUDA, the batched decoder pass), the per-stream passes (chunks made alone,
     // and every chunk read into its stream's ring and events), and waiting for work. `total_s`
     // less the five is the rounds' own bookkeeping (intake, ordering, gauges).

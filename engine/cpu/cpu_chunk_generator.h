@@ -44,6 +44,12 @@ public:
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
         generator_->start(prompt, params, seed);
     }
+    bool start_slices() const override { return generator_->lm().prefill_slices(); }
+    int start_open(const Prompt& prompt, const GenerationParams& params, uint64_t seed) override {
+        if (!start_slices()) return ChunkGenerator::start_open(prompt, params, seed);
+        return generator_->start_open(prompt, params, seed);
+    }
+    int start_advance(int rows) override { return start_slices() ? generator_->start_advance(rows) : 0; }
     ChunkStatus chunk(int frames, std::vector<FrameCodes>* codes, std::vector<float>* pcm) override;
     void text_append(const int32_t* ids, size_t n) override { generator_->text_append(ids, n); }
     void text_close() override { generator_->text_close(); }

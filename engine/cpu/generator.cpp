@@ -64,8 +64,8 @@ Generator::Generator(std::unique_ptr<LmSession> lm) : lm_(std::move(lm)) {
     scratch_.reserve(std::max(lm_->codec_vocab(), lm_->predictor_vocab()));
 }
 
-void Generator::start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
-                      uint64_t seed, int text_tokens, bool text_closed) {
+int Generator::start_reset(int L, const float* trailing, int T, const GenerationParams& params, uint64_t seed,
+                           int text_tokens, bool text_closed) {
     generation_params_validate(params);
     if (L <= 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "the prefill is empty");
     if (T < 0) fail(ErrorCode::ERROR_INVALID_ARGUMENT, "negative trailing text length {}", T);
@@ -87,14 +87,51 @@ void Generator::start(const float* prefill, int L, const float* trailing, int T,
     frames_ = 0;
     step_pending_ = false;
     done_ = false;
+    started_ = false;
+    open_rows_ = open_done_ = 0;
     stop_reason_ = StopReason::STOP_NONE;
     frame_limit_update();
-
     // Room for a typical utterance up front (≤ 512 frames ≈ 41 s); longer ones grow the cache by
     // doubling. A reused generator keeps its buffers, so later utterances allocate nothing.
-    lm.talker_prefill(prefill, L, L + std::min(frame_limit_, 512) + 1);
+    return L + std::min(frame_limit_, 512) + 1;
+}
+
+void Generator::start_done() {
     started_ = true;
-    if (hooks_.on_talker_row) hooks_.on_talker_row(0, lm.talker_hidden(), lm.talker_logits());
+    if (hooks_.on_talker_row) hooks_.on_talker_row(0, lm_->talker_hidden(), lm_->talker_logits());
+}
+
+void Generator::start(const float* prefill, int L, const float* trailing, int T, const GenerationParams& params,
+                      uint64_t seed, int text_tokens, bool text_closed) {
+    const int capacity = start_reset(L, trailing, T, params, seed, text_tokens, text_closed);
+    lm_->talker_prefill(prefill, L, capacity);
+    start_done();
+}
+
+int Generator::start_open(const Prompt& prompt, const GenerationParams& params, uint64_t seed) {
+    QTTS_ASSERT(lm_->prefill_slices());
+    const EmbeddingTables& tables = lm_->tables();
+    const int H = tables.hidden_size();
+    open_prefill_ = prompt_embed(prompt, tables, lm_->num_code_groups());
+    const std::vector<float> trailing = prompt_embed_trailing(prompt, tables);
+    const int L = int(open_prefill_.size() / size_t(H));
+    open_capacity_ = start_reset(L, trailing.data(), int(trailing.size() / size_t(H)), params, seed,
+                                 prompt.text_tokens, prompt.text_complete);
+    open_rows_ = L;
+    return L;
+}
+
+int Generator::start_advance(int rows) {
+    QTTS_ASSERT(rows > 0 && open_done_ < open_rows_);
+    const int n = std::min(rows, open_rows_ - open_done_);
+    const float* embeds = open_prefill_.data() + size_t(open_done_) * size_t(lm_->tables().hidden_size());
+    if (open_done_ == 0) lm_->talker_prefill(embeds, n, open_capacity_);
+    else lm_->talker_prefill_more(embeds, n);
+    open_done_ += n;
+    if (open_done_ < open_rows_) return open_rows_ - open_done_;
+    open_rows_ = open_done_ = 0;
+    start_done();
+    return 0;
 }
 
 void Generator::start(const Prompt& prompt, const GenerationParams& params, uint64_t seed) {

@@ -26,6 +26,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/common/error.h"
 #include "engine/cpu/lm.h"
 #include "engine/generation/frame.h"
 #include "engine/generation/sampling.h"
@@ -47,6 +48,16 @@ public:
     // runs the prefill embeds [L, H].
     virtual void talker_prefill(const float* embeds, int L, int capacity) = 0;
     virtual void talker_step(const float* input) = 0;  // one position, input [H]
+    // A prefill in parts (Generator::start_open): T more prompt rows [T, H] after the cached
+    // ones, leaving hidden/logits as talker_prefill of all the rows would. Only on sessions whose
+    // rows come out bitwise those of one prefill (prefill_slices(): cpu-fast, whose every product
+    // row is computed alone); the fp32 reference's BLAS products depend on the row count.
+    virtual bool prefill_slices() const { return false; }
+    virtual void talker_prefill_more(const float* embeds, int T) {
+        (void)embeds;
+        (void)T;
+        QTTS_ASSERT(false && "talker_prefill_more on a session without prefill_slices()");
+    }
     virtual const float* talker_hidden() const = 0;    // [H] final-normed last position
     virtual const float* talker_logits() const = 0;    // [codec_vocab]
     virtual int context_length() const = 0;            // talker positions cached
@@ -84,6 +95,14 @@ public:
                uint64_t seed, int text_tokens, bool text_closed = true);
     // Convenience: embeds a built prompt with the generator's weights and starts.
     void start(const Prompt& prompt, const GenerationParams& params, uint64_t seed);
+    // A start in parts (the engine's sliced starts, EngineOptions::prefill_slice), on sessions
+    // with lm().prefill_slices(): start_open() does what start() does except the talker prefill,
+    // keeps the prompt's embeds and returns their rows; start_advance(rows) runs up to `rows`
+    // more of them and returns how many are left. At 0 the utterance has started, in the state
+    // start() leaves, bitwise. Nothing else may be called on the generator in between.
+    int start_open(const Prompt& prompt, const GenerationParams& params, uint64_t seed);
+    int start_advance(int rows);
+    int start_rows_left() const { return open_rows_ - open_done_; }  // 0 when no start is open
 
     FrameStatus next_frame(FrameCodes& codes);
 
@@ -123,6 +142,11 @@ protected:
     void frame_close(const FrameCodes& codes);       // the frame is emitted
 
 private:
+    // start()'s state for a new utterance, before the talker prefill of L rows; returns the
+    // talker cache's capacity to reserve.
+    int start_reset(int L, const float* trailing, int T, const GenerationParams& params, uint64_t seed,
+                    int text_tokens, bool text_closed);
+    void start_done();  // after the whole prefill
     void frame_limit_update();
     // The talker step of the next frame needs a text-track row that has not been appended yet.
     bool step_waits() const { return frames_ - 1 >= trailing_rows_ && !text_closed_; }
@@ -136,6 +160,11 @@ private:
     GeneratorHooks hooks_;
 
     std::vector<float> trailing_;   // [queued, H] text track rows, consumed by decode step index
+    // An open start (start_open): the prompt's embeds [open_rows_, H], open_done_ of them prefilled.
+    std::vector<float> open_prefill_;
+    int open_rows_ = 0;
+    int open_done_ = 0;
+    int open_capacity_ = 0;
     int trailing_rows_ = 0;
     std::vector<float> pad_vector_; // [H] projected <tts_pad>
     std::vector<float> step_input_; // [H]

@@ -27,6 +27,8 @@ public:
         fast_talker_prefill(lm_, talker_, embeds, L);
     }
     void talker_step(const float* input) override { fast_talker_step(lm_, talker_, input); }
+    bool prefill_slices() const override { return true; }
+    void talker_prefill_more(const float* embeds, int T) override { fast_talker_extend(lm_, talker_, embeds, T); }
     const float* talker_hidden() const override { return talker_.hidden.data(); }
     const float* talker_logits() const override { return talker_.logits.data(); }
     int context_length() const override { return talker_.stack.length; }

@@ -283,10 +283,12 @@ void fast_talker_prefill(const FastLm& lm, FastTalkerState& s, const float* embe
     talker_head(lm, s, L);
 }
 
-void fast_talker_step(const FastLm& lm, FastTalkerState& s, const float* input) {
-    QTTS_ASSERT(s.stack.length > 0);
-    fast_stack_forward(lm, lm.weights->talker, s.stack, input, 1);
-    talker_head(lm, s, 1);
+void fast_talker_step(const FastLm& lm, FastTalkerState& s, const float* input) { fast_talker_extend(lm, s, input, 1); }
+
+void fast_talker_extend(const FastLm& lm, FastTalkerState& s, const float* embeds, int T) {
+    QTTS_ASSERT(s.stack.length > 0 && T > 0);
+    fast_stack_forward(lm, lm.weights->talker, s.stack, embeds, T);
+    talker_head(lm, s, T);
 }
 
 // ---------------------------------------------------------------------------------------------

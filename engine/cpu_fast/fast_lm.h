@@ -117,6 +117,10 @@ struct FastTalkerState {
 void fast_talker_state_init(const FastLmWeights& w, FastTalkerState& s, int capacity);
 void fast_talker_prefill(const FastLm& lm, FastTalkerState& s, const float* embeds, int L);
 void fast_talker_step(const FastLm& lm, FastTalkerState& s, const float* input);
+// T more prefill positions (embeds [T, H]) after the cached ones; hidden/logits of the last. A
+// prefill of L rows run as fast_talker_prefill of its first rows and fast_talker_extend of the
+// rest is bitwise the prefill of all L at once (every row's products and attention are its own).
+void fast_talker_extend(const FastLm& lm, FastTalkerState& s, const float* embeds, int T);
 
 struct FastPredictorState {
     FastStackState stack;

@@ -70,6 +70,24 @@ public:
     // exactly as if decoded after the reference.
     virtual void reference_decode(const int32_t* codes, int frames) = 0;
 
+    // Sliced starts (cpu-fast; the engine's EngineOptions::prefill_slice): start() in parts, so
+    // that a long prompt's talker prefill can run a few rows at a time between the engine's steps
+    // for other streams. start_open() does what start() does except the prefill and returns the
+    // prefill's rows; start_advance(rows) runs up to `rows` (>= 1) more of them and returns how
+    // many are left; at 0 the segment has started, in the state start() leaves (bitwise). Nothing
+    // else is called in between. Backends whose prefill does not split exactly (the fp32
+    // reference's BLAS products, CUDA's prefill passes) say false and start whole; their
+    // start_open() is start() and leaves nothing.
+    virtual bool start_slices() const { return false; }
+    virtual int start_open(const Prompt& prompt, const GenerationParams& params, uint64_t seed) {
+        start(prompt, params, seed);
+        return 0;
+    }
+    virtual int start_advance(int rows) {
+        (void)rows;
+        return 0;
+    }
+
     // Batching backends (CUDA, cpu-fast; SpeechModel::batch_run): true when the next chunk(frames) can take
     // its frames from a step of `frames` frames shared with other streams, computed before
     // chunk() is called: no stop seen, the text track reaches past them, and the frame limit is

@@ -207,6 +207,7 @@ public:
     // Engine thread only: the round whose steady batched step made this stream's next chunk after
     // it had its first chunk earlier in the same round (service_pass then serves it again).
     uint64_t second_round_ = 0;
+    uint64_t sliced_round_ = 0;  // engine thread only: the last round that ran a slice of its start
     // Engine thread only: a chunk read from a step whose decoder pass runs beside the next step
     // (batch_step): its frames, published with their samples at the stream's next service(), and
     // what its publication needs then.
@@ -480,7 +481,7 @@ struct Engine::Impl {
         const int k = options.first_chunk_frames;
         const auto newcomer = [this, k](const StreamImpl& s) {
             return !s.cancelled_.load() && !s.waiting_for_text_ && s.utterance_->frames() == 0 &&
-                   s.served_round_ != round && s.room_for(k);
+                   !s.utterance_->start_pending() && s.served_round_ != round && s.room_for(k);
         };
         // A steady stream with room for this chunk and its steady one after it (so it still
         // joins this round's steady step).
@@ -504,6 +505,9 @@ struct Engine::Impl {
         if (failed.load()) return;
         std::vector<ChunkGenerator*> generators;
         std::vector<StreamImpl*> members;
+        // first_candidate() starts a newcomer that no batched start took (one alone, with steady
+        // streams to join it): its prefill is start time too.
+        std::optional<PartClock> start_clock(std::in_place, *this, round_time.starts_s);
         for (auto it = active.begin(); it != active.end() && int(generators.size()) < batch_max;) {
             StreamImpl& s = **it;
             if (!newcomer(s)) {
@@ -526,6 +530,7 @@ struct Engine::Impl {
                 }
             }
         }
+        start_clock.reset();
         if (!generators.empty())
             for (auto& s : active) {
                 if (int(generators.size()) == batch_max) break;
@@ -585,6 +590,54 @@ struct Engine::Impl {
         streams_remove(active, refused);
         std::lock_guard<std::mutex> lock(stats_mutex);
         if (started >= 2) stats.batch_started += started;
+    }
+
+    // Sliced starts (EngineOptions::prefill_slice; docs/engine.md, "Sliced starts"): while other
+    // streams play, a segment start whose prompt is longer than the slice runs that many prompt
+    // rows per round, here, before the round's steps, instead of stalling every other stream for
+    // its whole prefill; when no other stream has audio to play, the rest of it runs at once. One
+    // slice per stream and round. Shorter prompts start as before. A start refused for its own
+    // request ends that stream; a backend failure is handled as in service(). Returns true when
+    // it ran a slice (progress: the round is not an idle one). Engine thread.
+    bool prefill_slices(std::list<std::shared_ptr<StreamImpl>>& active) {
+        if (options.prefill_slice == 0) return false;
+        bool ran = false;
+        const auto playing = [](const StreamImpl& s) { return s.utterance_->frames() > 0 && !s.utterance_->done(); };
+        const auto players = std::count_if(active.begin(), active.end(), [&](const auto& s) { return playing(*s); });
+        for (auto it = active.begin(); it != active.end();) {
+            StreamImpl& s = **it;
+            Utterance& u = *s.utterance_;
+            const bool others = players - (playing(s) ? 1 : 0) > 0;
+            u.start_slice_set(others ? options.prefill_slice : 0);
+            if (s.cancelled_.load() || s.sliced_round_ == round || !u.start_pending()) {
+                ++it;
+                continue;
+            }
+            s.sliced_round_ = round;
+            try {
+                const PartClock clock(*this, round_time.starts_s);
+                if (fault_stream.load(std::memory_order_relaxed) == s.id()) {
+                    fault_stream.store(0);
+                    model->backend_fault_raise();
+                }
+                u.start_advance();
+                ran = true;
+                std::lock_guard<std::mutex> lock(stats_mutex);
+                ++stats.prefill_slices;
+                if (!u.start_pending()) ++stats.sliced_starts;
+                ++it;
+            } catch (const std::exception& e) {
+                QTTS_LOG_WARN("stream {} failed: {}", s.id(), e.what());
+                finish(s, StopReason::STOP_ERROR, e.what());
+                it = active.erase(it);
+                ran = true;
+                if (!model->backend_recover()) {
+                    backend_lost(active, e.what());
+                    return true;
+                }
+            }
+        }
+        return ran;
     }
 
     // The steady step: every stream whose next chunk is a steady one and can be made now, in the
@@ -807,7 +860,8 @@ struct Engine::Impl {
             const auto every = [](const StreamImpl&) { return true; };
             for (int phase = 0; phase < 2 && !failed.load(); ++phase) {
                 if (phase == 1 && intake_drain(active) == 0) break;
-                if (batch_max >= 2) first_batch_step(active);
+                progressed |= prefill_slices(active);
+                if (!failed.load() && batch_max >= 2) first_batch_step(active);
                 if (!failed.load()) service_pass(active, first_chunk, pcm, frames, progressed, round_frames, round_streams);
             }
             if (!failed.load() && batch_max >= 2) batch_step(active);
@@ -936,6 +990,9 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     const bool streams_fit = options.max_streams == MAX_STREAMS_AUTO;
     if (!std::isfinite(options.admission_headroom) || options.admission_headroom < 0.05 || options.admission_headroom > 4.0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "admission_headroom must be from 0.05 to 4, got {}", options.admission_headroom);
+    if (options.prefill_slice < 0 || options.prefill_slice > PREFILL_SLICE_MAX)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "prefill_slice must be 0 (off) to {} prompt rows, got {}",
+             PREFILL_SLICE_MAX, options.prefill_slice);
     const std::string dir = options.model_dir.empty() ? default_model_dir() : options.model_dir;
     BackendOptions mo = options.backend;
     // CUDA: one generator state (KV caches, graphs) per admitted stream, all made at load, so a

@@ -30,7 +30,8 @@ struct SpeechRequestDebug {
 // template and the vocabulary), throws qtts::Error for a bad request.
 std::shared_ptr<Stream> engine_submit_debug(Engine& engine, const SpeechRequest& request, const SpeechRequestDebug& debug);
 
-// The next chunk of stream `stream_id` fails on the engine thread as a backend call would
+// The next chunk of stream `stream_id`, or the next slice of its start (sliced starts,
+// EngineOptions::prefill_slice), fails on the engine thread as a backend call would
 // (CUDA: a real failed runtime call, ERROR_CUDA; CPU: ERROR_INTERNAL). The stream ends with
 // STOP_ERROR and its error; the engine recovers the backend and keeps serving the others.
 void engine_fault_inject(Engine& engine, uint64_t stream_id);

@@ -41,10 +41,42 @@ bool Utterance::segment_start() {
 
 void Utterance::segment_started() {
     ++next_segment_;
+    due_rows_ = -1;
     generating_ = true;
 }
 
+void Utterance::start_slice_set(int rows) {
+    QTTS_ASSERT(rows >= 0);
+    slice_rows_ = generator_->start_slices() && !prepared_.incremental ? rows : 0;
+}
+
+bool Utterance::start_pending() const {
+    if (start_open_) return true;
+    if (slice_rows_ == 0 || done_ || generating_ || prepared_.incremental || next_segment_ >= prepared_.segments.size())
+        return false;
+    if (due_rows_ < 0) due_rows_ = int(segment_request().prompt.positions.size());
+    return due_rows_ > slice_rows_;
+}
+
+int Utterance::start_advance() {
+    QTTS_ASSERT(start_pending());
+    if (!start_open_) {
+        const GenerationStart start = segment_request();
+        start_left_ = generator_->start_open(start.prompt, start.params, start.seed);
+        QTTS_ASSERT(start_left_ >= 1);  // a prompt has rows, and a slicing generator ran none yet
+        start_open_ = true;
+    }
+    const int before = start_left_;
+    start_left_ = generator_->start_advance(slice_rows_ > 0 ? slice_rows_ : start_left_);
+    if (start_left_ == 0) {
+        start_open_ = false;
+        segment_started();
+    }
+    return before - start_left_;
+}
+
 std::optional<GenerationStart> Utterance::first_request() const {
+    if (start_pending()) return std::nullopt;  // start_advance() runs it
     if (done_ || frames_ > 0 || prepared_.incremental || generating_ || next_segment_ >= prepared_.segments.size())
         return std::nullopt;
     return segment_request();
@@ -121,7 +153,7 @@ ChunkGenerator* Utterance::batch_candidate(int frames) {
 
 ChunkGenerator* Utterance::first_candidate(int frames) {
     if (done_ || frames_ > 0 || prepared_.incremental) return nullptr;
-    if (!generating_ && !segment_start()) return nullptr;
+    if (!generating_ && (start_pending() || !segment_start())) return nullptr;  // pending: start_advance() runs it
     return batch_candidate(frames);
 }
 
@@ -135,6 +167,7 @@ UtteranceStatus Utterance::chunk(int frames, std::vector<float>* pcm, std::vecto
     // ends with no frame in this call hands the same chunk on to the next segment.
     for (;;) {
         if (!generating_) {
+            if (start_pending()) return UtteranceStatus::UTTERANCE_STARTING;
             const bool started = prepared_.incremental ? (next_segment_ == 0 && incremental_start()) : segment_start();
             if (!started) {
                 if (prepared_.incremental && next_segment_ == 0 && !text_closed_)

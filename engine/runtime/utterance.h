@@ -24,6 +24,7 @@ enum class UtteranceStatus {
     UTTERANCE_CHUNK,             // frames were produced (pcm/codes appended)
     UTTERANCE_WAITING_FOR_TEXT,  // incremental text ran dry; append or close, then call again
     UTTERANCE_DONE,              // finished; see stop_reason()
+    UTTERANCE_STARTING,          // sliced starts only: nothing made; start_advance() runs the due start
 };
 
 // One utterance in flight. Not thread-safe: the engine thread drives it (and, on CUDA, must be
@@ -61,6 +62,22 @@ public:
     std::optional<GenerationStart> first_request() const;
     void first_started();
 
+    // Sliced starts (the engine's EngineOptions::prefill_slice; docs/engine.md, "Sliced
+    // starts"), on backends whose generator slices a prefill (ChunkGenerator::start_slices:
+    // cpu-fast). With start_slice_set(n), n >= 1, a segment start whose prompt prefill has more
+    // than n rows is not run by chunk(), first_request() or first_candidate(): chunk() returns
+    // UTTERANCE_STARTING with nothing made, and start_advance() runs it n rows per call (opening
+    // it first: the prompt is built and embedded), between the engine's steps for other streams.
+    // When start_pending() turns false the segment has started, exactly as chunk() would have
+    // started it. n = 0 (the default) runs every start whole: an open one at the next
+    // start_advance(). Shorter prompts and incremental utterances (whose text trails a short
+    // prompt) always start whole, through the usual calls.
+    void start_slice_set(int rows);
+    // A start that start_advance() runs: open, or due with more than the slice's rows.
+    bool start_pending() const;
+    int start_advance();  // returns the prompt rows it ran; throws what the start throws
+    int start_rows_left() const { return start_left_; }  // of the open start; 0 when none is open
+
     // Incremental text (prepared with incremental = true).
     void text_append(const std::string& text);
     void text_close();
@@ -85,6 +102,12 @@ private:
     std::vector<FrameCodes> chunk_codes_;        // the codes of the chunk being made
     size_t next_segment_ = 0;
     bool generating_ = false;
+    // Sliced starts: rows per start_advance() (0: whole), the open start's rows to go, and the
+    // prompt rows of the due segment's start (-1: not counted yet).
+    int slice_rows_ = 0;
+    bool start_open_ = false;
+    int start_left_ = 0;
+    mutable int due_rows_ = -1;
     bool done_ = false;
     int64_t frames_ = 0;
     StopReason stop_reason_ = StopReason::STOP_NONE;

@@ -291,6 +291,10 @@ TEST_CASE("qtts bench-serve refuses bad options before it loads a model, naming 
         {"--concurrency 1,,4", "--concurrency: '' is not a size in 1..1000"},
         {"--requests 0", "--requests must be 1..1000000"},
         {"--frames -1", "--frames must be 0..100000"},
+        {"--frames 8,x", "--frames must be 0..100000 (or a list of such), got 'x'"},
+        {"--sentences 0", "--sentences must be 1..16"},
+        {"--sentences 17", "--sentences must be 1..16"},
+        {"--prefill-slice -1", "prefill_slice must be 0 (off) to 4096 prompt rows, got -1"},
         {"--backend gpu", "--backend expects auto, cpu, cpu-fast or cuda, got 'gpu'"},
         {"--threads -1", "--threads must be 0..1024"},
         {"--backend cpu-fast --cpu-format fp4", "use bf16 or int8"},
@@ -334,6 +338,8 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
     CHECK(j.at("mode") == "closed");
     CHECK(j.at("backend") == "cpu");
     CHECK(j.at("frames") == frames);
+    CHECK(j.at("sentences") == 1);
+    CHECK(j.at("prefill_slice") == qtts::PREFILL_SLICE_DEFAULT);
     CHECK(j.at("max_streams") == 2);  // the largest level
     CHECK(j.at("gpu_memory").is_null());
     CHECK(j.at("warm_up_ttfa_ms").get<double>() > 0.0);
@@ -368,6 +374,14 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
         CHECK(l.at("wall_s").get<double>() * 1e3 >= l.at("e2e_ms_p50").get<double>());
         CHECK(l.at("rtf_mean").get<double>() > 0.0);
         CHECK(l.at("rtf_max").get<double>() >= l.at("rtf_mean").get<double>());
+        // Each request's longest wait for audio after its first: within the request's own time
+        // (0 when both of its chunks were there at its first read).
+        CHECK(l.at("gap_ms_p50").get<double>() >= 0.0);
+        CHECK(l.at("gap_ms_p50").get<double>() <= l.at("gap_ms_max").get<double>());
+        CHECK(l.at("gap_ms_max").get<double>() <= l.at("e2e_ms_p95").get<double>());
+        // The fp32 reference starts every prompt whole.
+        CHECK(l.at("prefill_slices") == 0);
+        CHECK(l.at("sliced_starts") == 0);
         const double wall = l.at("wall_s");
         CHECK(l.at("requests_per_s").get<double>() == Approx(requests / wall));
         CHECK(l.at("audio_s_per_wall_s").get<double>() == Approx(requests * frames * 0.08 / wall));
@@ -448,6 +462,31 @@ TEST_CASE("qtts bench-serve paced players on the demo model: arrivals, admission
         CHECK(e2e >= ttfa - 1.0);  // 1 ms: ttfa is the engine's clock plus submit(), e2e the pacer's
         CHECK(s.at("audio_s").get<double>() == Approx(frames * 0.08));
     }
+}
+
+TEST_CASE("qtts bench-serve mixed lengths and long prompts: --frames cycles, --sentences, --prefill-slice",
+          "[cli][bench]") {
+    // Two clients on cpu-fast, requests of 2 and 40 frames in turn, each text four sentences (a
+    // prompt of hundreds of rows with the demo tokenizer): a short request's client comes back
+    // while the long one plays, so its start runs in slices of 8 rows.
+    const std::string json = temp_path("serve-mixed.json");
+    const Run r = qtts_run("bench-serve -q --backend cpu-fast --concurrency 2 --requests 6 --frames 2,40 --sentences 4 "
+                           "--prefill-slice 8 --json " + json);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("frames per request by turn: 2,40"));
+    const auto j = nlohmann::json::parse(file_read(json));
+    CHECK(j.at("frames") == 2);
+    CHECK(j.at("frames_cycle") == std::vector<int>{2, 40});
+    CHECK(j.at("sentences") == 4);
+    CHECK(j.at("prefill_slice") == 8);
+    const auto& l = j.at("levels").at(0);
+    INFO(l.dump(2));
+    CHECK(l.at("completed") == 6);
+    CHECK(l.at("stop_reasons").at("max_frames") == 6);
+    CHECK(l.at("audio_s").get<double>() == Approx(3 * (2 + 40) * 0.08));  // requests 1..6 after the warm-up (0)
+    CHECK(l.at("sliced_starts").get<int64_t>() >= 1);
+    CHECK(l.at("prefill_slices").get<int64_t>() > l.at("sliced_starts").get<int64_t>());
 }
 
 TEST_CASE("qtts bench-serve counts refusals when clients outnumber the engine's streams", "[cli][bench]") {

@@ -2,7 +2,8 @@
 // models: talker and code-predictor logits and greedy codes, per weight format; a model whose
 // widths are no multiple of any vector width; the backend through the runtime (selection by
 // name, chunks with audio) and its configuration errors; batched steps (several generators'
-// frames made together) against each generator alone, bit for bit.
+// frames made together) against each generator alone, bit for bit; sliced starts (a prompt
+// prefilled a few rows at a time) against the whole prefill, bit for bit.
 //
 // Bounds. bf16: the checkpoints are bf16, so packing in bf16 is exact and the two backends differ
 // only in the order of fp32 sums: logits within 1e-4 relative (the goldens' tolerance) and the
@@ -342,6 +343,64 @@ TEST_CASE("batch_ready: true exactly when the next frames need no text that has 
     // Closed text: every frame up to the limit can be made.
     gen.text_close();
     CHECK(gen.batch_ready(params.max_frames));
+}
+
+TEST_CASE("sliced starts: a prefill run a few rows at a time is bitwise the whole one", "[cpu_fast][lm][slice]") {
+    const std::string dir = model_dir("tiny-slice", model_preset("tiny-customvoice"));
+    const auto ckpt = checkpoint_load(dir);
+    const Tokenizer tok = Tokenizer::load(dir);
+    PromptRequest request;
+    request.input_ids = assistant_template_ids(tok, "A longer prompt, so that its prefill is cut into several slices.",
+                                               AddedTokens::ADDED_TOKENS_AS_TEXT);
+    request.speaker = "vivian";
+    request.language = "english";
+    const Prompt prompt = prompt_build(ckpt->config, request);
+    const int L = int(prompt.positions.size());
+    REQUIRE(L >= 8);
+    GenerationParams params;  // sampled: the draws would show any difference in the logits
+    params.max_frames = 12;
+    params.min_new_tokens = 12;
+    for (const auto format : {cpu_fast::WeightFormat::WEIGHT_FORMAT_BF16, cpu_fast::WeightFormat::WEIGHT_FORMAT_INT8}) {
+        INFO(cpu_fast::weight_format_name(format) << ", prompt of " << L << " rows");
+        cpu_fast::FastLm lm{cpu_fast::FastLmWeights::load(ckpt, format), std::make_shared<cpu_fast::ThreadPool>(2),
+                            /*parallel_min=*/0};
+        const int vocab = lm.weights->codec_vocab(), cp_vocab = lm.weights->predictor_vocab();
+        Run whole;
+        {
+            cpu_fast::FastGenerator gen(lm);
+            hooks_record(gen, whole, vocab, cp_vocab);
+            gen.start(prompt, params, 41);
+            FrameCodes f{};
+            while (gen.next_frame(f) == FrameStatus::FRAME_STATUS_FRAME) whole.codes.push_back(f);
+        }
+        REQUIRE(whole.codes.size() == 12);
+        for (const int slice : {1, 2, 3, 5, L - 1, L, L + 7}) {
+            INFO("slices of " << slice << " rows");
+            cpu_fast::FastGenerator gen(lm);
+            Run sliced;
+            hooks_record(gen, sliced, vocab, cp_vocab);
+            CHECK(gen.lm().prefill_slices());
+            CHECK(gen.start_open(prompt, params, 41) == L);
+            CHECK(gen.start_rows_left() == L);
+            CHECK_FALSE(gen.batch_ready(1));  // not started until the last slice
+            int calls = 0, left = L;
+            while (left > 0) {
+                const int next = gen.start_advance(slice);
+                CHECK(next == std::max(0, left - slice));
+                left = next;
+                ++calls;
+                if (left > 0) CHECK(sliced.talker_logits.empty());  // the start's logits come with its last slice
+            }
+            CHECK(calls == (L + slice - 1) / slice);
+            CHECK(gen.start_rows_left() == 0);
+            CHECK(gen.context_length() == L);
+            FrameCodes f{};
+            while (gen.next_frame(f) == FrameStatus::FRAME_STATUS_FRAME) sliced.codes.push_back(f);
+            CHECK(sliced.codes == whole.codes);
+            CHECK(sliced.talker_logits == whole.talker_logits);
+            CHECK(sliced.cp_logits == whole.cp_logits);
+        }
+    }
 }
 
 TEST_CASE("cpu-fast through the runtime: chosen by name, chunks with audio, same codes as cpu in bf16",

@@ -640,12 +640,14 @@ TEST_CASE("thread time: the engine thread's wall time by part adds up, and a slo
 namespace {
 
 // An engine on cpu-fast (named: on a machine with a GPU, auto would pick CUDA), four streams,
-// with or without batched steps.
+// with or without batched steps. Every start whole: the demo model's small tokenizer makes
+// prompts of 40-90 rows, which sliced starts would spread over rounds (tested on their own).
 EngineOptions cpu_fast_options(bool batching, int streams = 4) {
     EngineOptions options;
     options.backend.name = "cpu-fast";
     options.max_streams = streams;
     options.backend.batching = batching;
+    options.prefill_slice = 0;
     return options;
 }
 
@@ -732,4 +734,101 @@ TEST_CASE("cpu-fast: a batched step whose streams all end within it makes only t
           "[engine][scheduling][batch]") {
     qtts_test::step_trimmed_to_what_streams_keep(cpu_fast_options(false), {cpu_fast_options(true)}, same_speech_cpu,
                                                  kGreedySeed);
+}
+
+// Sliced starts (EngineOptions::prefill_slice): a long stream plays (the slow-device seam keeps
+// its rounds long), and a newcomer with a prompt of many rows arrives. With slices of 4 rows its
+// prefill runs 4 rows a round, in the rounds where the long stream makes its chunks, instead of
+// all at once; its speech (sampled: the draws would show any change in its logits) and the long
+// stream's are bitwise those of an engine that starts it whole, with and without batched steps.
+TEST_CASE("cpu-fast sliced starts: a long prompt is prefilled a few rows a round while another stream plays",
+          "[engine][scheduling][slice]") {
+    std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("A long stream plays while the newcomer's prompt is prefilled.", 120, kGreedySeed),
+        qtts_test::greedy_request("The newcomer says a sentence long enough to take several slices of its prompt.", 12,
+                                  kGreedySeed + 1),
+    };
+    requests[1].greedy = false;
+    requests[1].seed = 808;
+    EngineOptions whole = cpu_fast_options(false);
+    whole.prefill_slice = 0;
+    EngineStats whole_stats;
+    const auto reference = qtts_test::speak_joining(whole, requests, std::chrono::milliseconds(30), &whole_stats);
+    CHECK(whole_stats.prefill_slices == 0);
+    CHECK(whole_stats.sliced_starts == 0);
+    for (const bool batching : {false, true}) {
+        INFO("batching " << batching);
+        EngineOptions sliced = cpu_fast_options(batching);
+        sliced.prefill_slice = 4;
+        EngineStats stats;
+        const auto heard = qtts_test::speak_joining(sliced, requests, std::chrono::milliseconds(30), &stats);
+        same_speech_cpu(heard, reference, requests, 0);
+        // The long stream started alone, with nobody to stall: whole. The newcomer: in slices.
+        CHECK(stats.sliced_starts == 1);
+        const int64_t slices = stats.prefill_slices;
+        WARN("batching " << batching << ": the newcomer's start took " << slices << " slices of 4 rows");
+        CHECK(slices >= 3);
+        // One slice a round, the last in the round of its first chunk; the long stream made a
+        // chunk in each of those rounds.
+        const uint64_t first = heard[1].trace.front().round;
+        REQUIRE(first >= uint64_t(slices));
+        for (uint64_t r = first - uint64_t(slices) + 1; r <= first; ++r) {
+            INFO("round " << r);
+            CHECK(std::any_of(heard[0].trace.begin(), heard[0].trace.end(),
+                              [r](const EngineTraceEntry& t) { return t.round == r; }));
+        }
+    }
+}
+
+TEST_CASE("cpu-fast sliced starts: a fault in a slice ends that stream alone; the playing one finishes intact",
+          "[engine][faults][slice]") {
+    const SpeechRequest playing = qtts_test::greedy_request("This stream plays on while the other one fails.", 60, kGreedySeed);
+    const SpeechRequest victim = qtts_test::greedy_request(
+        "The newcomer's start fails in one of its slices, long before its first audio comes.", 12, kGreedySeed + 1);
+    std::vector<FrameCodes> alone;
+    {
+        Engine engine(cpu_fast_options(true));
+        auto s = engine.submit(playing);
+        read_all(*s);
+        alone = qtts_test::stream_codes(*s);
+    }
+    EngineOptions options = cpu_fast_options(true);
+    options.prefill_slice = 4;
+    Engine engine(options);
+    engine_chunk_delay_set(engine, 30ms);
+    auto a = engine.submit(playing);
+    std::vector<float> pcm_a;
+    std::thread reader([&] { pcm_a = read_all(*a); });
+    REQUIRE(wait_for([&] { return a->metrics().frames >= 5; }));
+    auto b = engine.submit(victim);
+    REQUIRE(wait_for([&] { return engine.stats().prefill_slices >= 1; }));
+    engine_fault_inject(engine, b->id());
+    qtts_test::stream_read_all(*b);
+    reader.join();
+    REQUIRE(b->generation_done());
+    CHECK(b->metrics().stop_reason == StopReason::STOP_ERROR);
+    CHECK_THAT(b->error(), Catch::Contains("injected fault"));
+    CHECK(b->metrics().frames == 0);
+    CHECK(a->metrics().stop_reason == StopReason::STOP_MAX_FRAMES);
+    CHECK(qtts_test::stream_codes(*a) == alone);
+    CHECK(engine.healthy());
+    const EngineStats stats = engine.stats();
+    CHECK(stats.errors == 1);
+    CHECK(stats.sliced_starts == 0);
+    CHECK(stats.active_streams == 0);
+}
+
+TEST_CASE("sliced starts: only backends whose prefill splits exactly slice; the option is checked where it enters",
+          "[engine][slice]") {
+    for (const char* name : {"cpu", "cpu-fast"}) {
+        BackendOptions backend;
+        backend.name = name;
+        const auto model = SpeechModel::load(default_model_dir(), backend);
+        CHECK(model->generator_new()->start_slices() == (std::string(name) == "cpu-fast"));
+    }
+    for (const int rows : {-1, PREFILL_SLICE_MAX + 1}) {
+        EngineOptions options = cpu_fast_options(true);
+        options.prefill_slice = rows;
+        CHECK_THROWS_WITH(Engine(options), Catch::Contains("prefill_slice must be 0 (off) to 4096 prompt rows"));
+    }
 }
