@@ -818,6 +818,62 @@ TEST_CASE("cpu-fast sliced starts: a fault in a slice ends that stream alone; th
     CHECK(stats.active_streams == 0);
 }
 
+TEST_CASE("sliced starts in an utterance: each segment's long start runs in slices, and it speaks the same",
+          "[engine][slice]") {
+    BackendOptions backend;
+    backend.name = "cpu-fast";
+    const auto model = SpeechModel::load(default_model_dir(), backend);
+    // Two segments (as a text of more than 600 bytes gives; short ones here, so that their
+    // frame budgets stay small): the second segment's ids appended to the first request's.
+    PreparedSpeech prepared = model->prepare(qtts_test::greedy_request("A first sentence starts the text.", 0, kGreedySeed));
+    const PreparedSpeech second = model->prepare(qtts_test::greedy_request("Then a second one ends it.", 0, kGreedySeed));
+    prepared.segments.push_back(second.segments.at(0));
+    REQUIRE(prepared.segments.size() >= 2);
+    struct Spoken {
+        std::vector<float> pcm;
+        std::vector<FrameCodes> codes;
+        int slices = 0;        // start_advance() calls
+        int later_starts = 0;  // UTTERANCE_STARTING after the first frames: a later segment's start
+    };
+    const auto speak = [&](int slice) {
+        Spoken out;
+        Utterance u(model, prepared);
+        u.start_slice_set(slice);
+        if (slice > 0) {
+            CHECK(u.start_pending());  // the first segment's prompt is longer than the slice
+            CHECK_FALSE(u.first_request().has_value());
+            CHECK(u.first_candidate(1) == nullptr);  // starts nothing
+            CHECK(u.start_pending());
+        }
+        for (int calls = 0; calls < 100000; ++calls) {
+            const UtteranceStatus status = u.chunk(4, &out.pcm, &out.codes);
+            if (status == UtteranceStatus::UTTERANCE_DONE) break;
+            if (status == UtteranceStatus::UTTERANCE_STARTING) {
+                REQUIRE(u.start_pending());
+                if (u.frames() > 0 && u.start_rows_left() == 0) ++out.later_starts;
+                const int left = u.start_rows_left();
+                const int ran = u.start_advance();
+                CHECK(ran >= 1);
+                CHECK(ran <= slice);
+                if (left > 0) CHECK(u.start_rows_left() == left - ran);
+                ++out.slices;
+                continue;
+            }
+            REQUIRE(status == UtteranceStatus::UTTERANCE_CHUNK);
+        }
+        return out;
+    };
+    const Spoken whole = speak(0);
+    const Spoken sliced = speak(8);
+    CHECK(whole.slices == 0);
+    CHECK(sliced.later_starts == int(prepared.segments.size()) - 1);
+    CHECK(sliced.slices >= 2 * int(prepared.segments.size()));
+    CHECK(sliced.codes == whole.codes);
+    CHECK(sliced.pcm == whole.pcm);  // the same chunks through the same decoder: bitwise
+    WARN(prepared.segments.size() << " segments, " << whole.codes.size() << " frames, " << sliced.slices
+                                  << " slices of 8 rows");
+}
+
 TEST_CASE("sliced starts: only backends whose prefill splits exactly slice; the option is checked where it enters",
           "[engine][slice]") {
     for (const char* name : {"cpu", "cpu-fast"}) {
