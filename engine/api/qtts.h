@@ -243,12 +243,17 @@ struct EngineOptions {
     bool admission = false;
     double admission_headroom = 0.9;  // fraction of the measured capacity to fill, 0.05..4
     // Sliced starts (docs/engine.md, "Sliced starts"): while other streams play, a segment start
-    // whose prompt prefill has more rows than this runs this many rows per engine round, between
-    // the steps that keep the others playing, instead of stalling them for the whole prefill (a
-    // voice-cloning prompt with a long reference: hundreds of rows, ~20 ms each on two CPU cores
-    // at 0.6B). Backends whose prefill splits exactly (cpu-fast); the others start whole. 0 = off;
-    // at most PREFILL_SLICE_MAX.
+    // whose prompt prefill has more rows than a round's slice (this many rows, or more: below)
+    // runs a slice per engine round, between the steps that keep the others playing, instead of
+    // stalling them for the whole prefill (a paragraph or a voice-cloning reference: a hundred
+    // rows and more, ~8-20 ms each on two CPU cores at 0.6B). Backends whose prefill splits
+    // exactly (cpu-fast); the others start whole. 0 = off; at most PREFILL_SLICE_MAX.
     int prefill_slice = PREFILL_SLICE_DEFAULT;
+    // A slice grows to what the playing streams' buffered audio covers (half the time until the
+    // first of their listeners would run dry, at the engine's measured prefill speed), so a long
+    // prompt still starts whole when nobody is near running dry; false: always prefill_slice rows
+    // (tests, measurements).
+    bool prefill_slice_by_deadline = true;
 };
 
 // What an application may want to know about the loaded model (qtts info, the server's

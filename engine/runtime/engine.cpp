@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <future>
 #include <list>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -264,6 +265,7 @@ struct Engine::Impl {
     std::string failure;                    // why; written once before `failed` is set
     const Clock::time_point t0 = Clock::now();  // the engine clock's zero (PlayClock times)
     CapacityMeter capacity_meter;           // engine thread only
+    PrefillMeter prefill_meter;             // engine thread only: seconds per prompt row (sliced starts)
     std::atomic<double> capacity{0.0};      // capacity_meter's value, for submit (admission)
     // This round's figures (engine thread only), added to the stats at its end.
     int64_t round_batch = 0;
@@ -593,22 +595,22 @@ struct Engine::Impl {
     }
 
     // Sliced starts (EngineOptions::prefill_slice; docs/engine.md, "Sliced starts"): while other
-    // streams play, a segment start whose prompt is longer than the slice runs that many prompt
-    // rows per round, here, before the round's steps, instead of stalling every other stream for
-    // its whole prefill; when no other stream has audio to play, the rest of it runs at once. One
-    // slice per stream and round. Shorter prompts start as before. A start refused for its own
-    // request ends that stream; a backend failure is handled as in service(). Returns true when
-    // it ran a slice (progress: the round is not an idle one). Engine thread.
+    // streams play, a segment start whose prompt is longer than the round's slice runs that many
+    // prompt rows per round, here, before the round's steps, instead of stalling every other
+    // stream for its whole prefill; when no other stream has audio to play, the rest of it runs at
+    // once. The slice is prefill_slice rows, more where the playing streams' buffered audio covers
+    // them (prefill_slice_by_deadline; scheduler.h, prefill_slice_rows). One slice per stream and
+    // round. Shorter prompts start as before. A start refused for its own request ends that
+    // stream; a backend failure is handled as in service(). Returns true when it ran a slice
+    // (progress: the round is not an idle one). Engine thread.
     bool prefill_slices(std::list<std::shared_ptr<StreamImpl>>& active) {
         if (options.prefill_slice == 0) return false;
         bool ran = false;
-        const auto playing = [](const StreamImpl& s) { return s.utterance_->frames() > 0 && !s.utterance_->done(); };
-        const auto players = std::count_if(active.begin(), active.end(), [&](const auto& s) { return playing(*s); });
+        const Margins margins = margins_of(active);
         for (auto it = active.begin(); it != active.end();) {
             StreamImpl& s = **it;
             Utterance& u = *s.utterance_;
-            const bool others = players - (playing(s) ? 1 : 0) > 0;
-            u.start_slice_set(others ? options.prefill_slice : 0);
+            u.start_slice_set(slice_rows(margins, s));
             if (s.cancelled_.load() || s.sliced_round_ == round || !u.start_pending()) {
                 ++it;
                 continue;
@@ -620,7 +622,9 @@ struct Engine::Impl {
                     fault_stream.store(0);
                     model->backend_fault_raise();
                 }
-                u.start_advance();
+                const double slice_start_s = now_s();
+                const int rows = u.start_advance();
+                prefill_meter.slice_add(rows, now_s() - slice_start_s);
                 ran = true;
                 std::lock_guard<std::mutex> lock(stats_mutex);
                 ++stats.prefill_slices;
@@ -638,6 +642,46 @@ struct Engine::Impl {
             }
         }
         return ran;
+    }
+
+    // The playing streams (audio made, not ended) as sliced starts see them: how many, and the
+    // two smallest margins (seconds until the listener has played all that was published) among
+    // those that can be served; a held one (waiting for text, or its reader behind) has its audio
+    // in hand and does not count. Engine thread.
+    struct Margins {
+        int64_t players = 0;
+        const StreamImpl* first = nullptr;  // the stream with the smallest margin
+        double first_s = std::numeric_limits<double>::infinity();
+        double second_s = std::numeric_limits<double>::infinity();
+    };
+    static bool playing(const StreamImpl& s) { return s.utterance_->frames() > 0 && !s.utterance_->done(); }
+    Margins margins_of(std::list<std::shared_ptr<StreamImpl>>& active) {
+        Margins m;
+        const double now = now_s();
+        for (auto& x : active) {
+            if (!playing(*x)) continue;
+            ++m.players;
+            if (held(*x)) continue;
+            const double margin = play_clock_deadline(x->clock_) - now;
+            if (margin < m.first_s) {
+                m.second_s = m.first_s;
+                m.first_s = margin;
+                m.first = x.get();
+            } else {
+                m.second_s = std::min(m.second_s, margin);
+            }
+        }
+        return m;
+    }
+
+    // The rows stream s's start may prefill this round (Utterance::start_slice_set): 0 (whole)
+    // when no other stream is playing, else prefill_slice, grown by the other playing streams'
+    // smallest margin when prefill_slice_by_deadline. Engine thread.
+    int slice_rows(const Margins& m, const StreamImpl& s) const {
+        if (m.players - (playing(s) ? 1 : 0) == 0) return 0;
+        if (!options.prefill_slice_by_deadline) return options.prefill_slice;
+        const double slack_s = m.first == &s ? m.second_s : m.first_s;
+        return prefill_slice_rows(options.prefill_slice, PREFILL_SLICE_MAX, slack_s, prefill_meter.row_s());
     }
 
     // The steady step: every stream whose next chunk is a steady one and can be made now, in the

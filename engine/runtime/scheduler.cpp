@@ -64,4 +64,17 @@ bool admission_allows(int64_t admitted, double capacity, double headroom) {
     return double(admitted + 1) <= headroom * capacity;
 }
 
+int prefill_slice_rows(int min_rows, int max_rows, double slack_s, double row_s) {
+    if (!(row_s > 0.0) || !(slack_s > 0.0)) return std::min(min_rows, max_rows);
+    const double covered = PREFILL_SLACK_SHARE * slack_s / row_s;  // rows the margin pays for
+    if (covered >= double(max_rows)) return max_rows;
+    return std::clamp(int(covered), std::min(min_rows, max_rows), max_rows);
+}
+
+void PrefillMeter::slice_add(int rows, double seconds) {
+    if (rows <= 0 || !(seconds >= 0.0)) return;
+    const double per_row = seconds / double(rows);
+    row_s_ = row_s_ == 0.0 ? per_row : row_s_ + 0.25 * (per_row - row_s_);
+}
+
 }  // namespace qtts

@@ -2,7 +2,8 @@
 // their own numbers (docs/engine.md, "Scheduling"):
 //   - a stream's play clock: when would a listener who plays it in real time run dry?
 //   - the order in which a round serves its streams (first chunks, then earliest deadline);
-//   - the engine's measured capacity and the admission rule built on it.
+//   - the engine's measured capacity and the admission rule built on it;
+//   - how much of a long prompt's prefill a round may run (sliced starts).
 // Plain values and pure functions; the engine thread owns every object of these types.
 #pragma once
 
@@ -80,5 +81,25 @@ private:
 // measured, and always for the first stream (an engine slower than real time still serves one
 // listener rather than none); otherwise when admitted + 1 <= headroom x capacity.
 bool admission_allows(int64_t admitted, double capacity, double headroom);
+
+// Sliced starts (EngineOptions::prefill_slice; docs/engine.md, "Sliced starts"): the prompt rows
+// a start may prefill in this round while other streams play. At least `min_rows` (the option);
+// more where the playing streams' buffered audio covers it: PREFILL_SLACK_SHARE of `slack_s`
+// (how long until the first of their listeners runs dry; the rest is left for the round's other
+// work) at `row_s` seconds a prefill row (PrefillMeter; 0 = not measured yet: `min_rows`). At
+// most `max_rows`.
+constexpr double PREFILL_SLACK_SHARE = 0.5;
+int prefill_slice_rows(int min_rows, int max_rows, double slack_s, double row_s);
+
+// The engine's measured prefill speed: seconds per prompt row over the slices it ran, older
+// slices fading (each new one weighs a quarter); 0 before the first.
+class PrefillMeter {
+public:
+    void slice_add(int rows, double seconds);
+    double row_s() const { return row_s_; }
+
+private:
+    double row_s_ = 0.0;
+};
 
 }  // namespace qtts

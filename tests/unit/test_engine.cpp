@@ -760,6 +760,7 @@ TEST_CASE("cpu-fast sliced starts: a long prompt is prefilled a few rows a round
         INFO("batching " << batching);
         EngineOptions sliced = cpu_fast_options(batching);
         sliced.prefill_slice = 4;
+        sliced.prefill_slice_by_deadline = false;  // 4 rows a round whatever the margin
         EngineStats stats;
         const auto heard = qtts_test::speak_joining(sliced, requests, std::chrono::milliseconds(30), &stats);
         same_speech_cpu(heard, reference, requests, 0);
@@ -780,6 +781,34 @@ TEST_CASE("cpu-fast sliced starts: a long prompt is prefilled a few rows a round
     }
 }
 
+// With the margin rule on (the default), a slice grows to what the playing streams' buffered
+// audio covers: the demo model makes audio far faster than real time, so the playing stream's
+// listener is seconds from running dry and the newcomer's start, after one slice at the option's
+// size (the engine's first measure of its prefill speed), runs whole. A listener already dry
+// (the slow-device seam holds each chunk longer than its audio lasts) covers nothing: slices stay
+// at the option's rows.
+TEST_CASE("cpu-fast sliced starts grow with the playing streams' margin", "[engine][scheduling][slice]") {
+    const std::vector<SpeechRequest> requests = {
+        qtts_test::greedy_request("A long stream plays while the newcomer's prompt is prefilled.", 40, kGreedySeed),
+        qtts_test::greedy_request("The newcomer says a sentence long enough to take several slices of its prompt.", 8,
+                                  kGreedySeed + 1),
+    };
+    EngineOptions options = cpu_fast_options(true);
+    options.prefill_slice = 8;
+    EngineStats fast_stats, slow_stats;
+    const auto fast = qtts_test::speak_joining(options, requests, 30ms, &fast_stats);
+    const auto slow = qtts_test::speak_joining(options, requests, 400ms, &slow_stats);
+    WARN("margin of seconds: " << fast_stats.prefill_slices << " slices; none: " << slow_stats.prefill_slices);
+    CHECK(fast_stats.sliced_starts == 1);
+    CHECK(fast_stats.prefill_slices == 2);  // the option's 8 rows, then the rest at once
+    CHECK(slow_stats.sliced_starts == 1);
+    CHECK(slow_stats.prefill_slices >= 4);  // 8 rows a round: the prompt has more than 24
+    for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("stream " << i);
+        CHECK(fast[i].codes == slow[i].codes);
+    }
+}
+
 TEST_CASE("cpu-fast sliced starts: a fault in a slice ends that stream alone; the playing one finishes intact",
           "[engine][faults][slice]") {
     const SpeechRequest playing = qtts_test::greedy_request("This stream plays on while the other one fails.", 60, kGreedySeed);
@@ -794,6 +823,7 @@ TEST_CASE("cpu-fast sliced starts: a fault in a slice ends that stream alone; th
     }
     EngineOptions options = cpu_fast_options(true);
     options.prefill_slice = 4;
+    options.prefill_slice_by_deadline = false;
     Engine engine(options);
     engine_chunk_delay_set(engine, 30ms);
     auto a = engine.submit(playing);

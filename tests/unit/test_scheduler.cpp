@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "engine/api/qtts.h"
@@ -118,4 +120,30 @@ TEST_CASE("admission: one more real-time stream within the headroom of the measu
     CHECK(admission_allows(2, 3.0, 1.0));   // 3 <= 3
     CHECK_FALSE(admission_allows(1, 1.5, 1.0));
     CHECK(admission_allows(3, 1.5, 4.0));   // headroom above 1: an operator who knows batching gains
+}
+
+TEST_CASE("sliced starts: a slice is the option's rows, grown to what the playing streams' margin covers",
+          "[scheduler]") {
+    // Not measured yet, or no margin (a listener dry or about to be): the option's rows.
+    CHECK(prefill_slice_rows(64, 4096, 2.0, 0.0) == 64);
+    CHECK(prefill_slice_rows(64, 4096, 0.0, 0.01) == 64);
+    CHECK(prefill_slice_rows(64, 4096, -0.3, 0.01) == 64);
+    // Half the margin pays for rows at the measured speed: 0.5 x 3 s / 10 ms = 150 rows.
+    CHECK(prefill_slice_rows(64, 4096, 3.0, 0.01) == 150);
+    CHECK(prefill_slice_rows(64, 4096, 1.0, 0.01) == 64);  // 50 rows: never below the option
+    // Capped; a margin with no end (every other stream held) gives the cap.
+    CHECK(prefill_slice_rows(64, 4096, 1e6, 0.01) == 4096);
+    CHECK(prefill_slice_rows(64, 4096, std::numeric_limits<double>::infinity(), 0.01) == 4096);
+    CHECK(prefill_slice_rows(64, 100, 3.0, 0.01) == 100);
+    CHECK(prefill_slice_rows(200, 100, 0.0, 0.0) == 100);
+
+    PrefillMeter meter;
+    CHECK(meter.row_s() == 0.0);
+    meter.slice_add(10, 0.1);  // the first slice sets it: 10 ms a row
+    CHECK(meter.row_s() == Approx(0.01));
+    meter.slice_add(10, 0.5);  // 50 ms a row weighs a quarter
+    CHECK(meter.row_s() == Approx(0.02));
+    meter.slice_add(0, 1.0);   // nothing ran: ignored
+    meter.slice_add(5, std::nan(""));
+    CHECK(meter.row_s() == Approx(0.02));
 }
