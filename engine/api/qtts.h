@@ -246,8 +246,10 @@ struct EngineOptions {
     // whose prompt prefill has more rows than a round's slice (this many rows, or more: below)
     // runs a slice per engine round, between the steps that keep the others playing, instead of
     // stalling them for the whole prefill (a paragraph or a voice-cloning reference: a hundred
-    // rows and more, ~8-20 ms each on two CPU cores at 0.6B). Backends whose prefill splits
-    // exactly (cpu-fast); the others start whole. 0 = off; at most PREFILL_SLICE_MAX.
+    // rows and more, ~8-20 ms each on two CPU cores at 0.6B); an in-context clone's reference
+    // codes, decoded before its first chunk, go a steady chunk's worth a round first. Backends
+    // whose prefill splits exactly (cpu-fast); the others start whole. 0 = off; at most
+    // PREFILL_SLICE_MAX.
     int prefill_slice = PREFILL_SLICE_DEFAULT;
     // A slice grows to what the playing streams' buffered audio covers (half the time until the
     // first of their listeners would run dry, at the engine's measured prefill speed), so a long

@@ -610,7 +610,12 @@ struct Engine::Impl {
         for (auto it = active.begin(); it != active.end();) {
             StreamImpl& s = **it;
             Utterance& u = *s.utterance_;
-            u.start_slice_set(slice_rows(margins, s));
+            // Reference frames (in-context cloning) a steady chunk's worth a round, grown with
+            // the rows.
+            const int rows = slice_rows(margins, s);
+            const int ref_frames =
+                rows == 0 ? 0 : int(std::max<int64_t>(1, int64_t(options.chunk_frames) * rows / options.prefill_slice));
+            u.start_slice_set(rows, ref_frames);
             if (s.cancelled_.load() || s.sliced_round_ == round || !u.start_pending()) {
                 ++it;
                 continue;
@@ -623,8 +628,8 @@ struct Engine::Impl {
                     model->backend_fault_raise();
                 }
                 const double slice_start_s = now_s();
-                const int rows = u.start_advance();
-                prefill_meter.slice_add(rows, now_s() - slice_start_s);
+                const int rows_run = u.start_advance();  // prompt rows (0 for reference frames)
+                prefill_meter.slice_add(rows_run, now_s() - slice_start_s);
                 ran = true;
                 std::lock_guard<std::mutex> lock(stats_mutex);
                 ++stats.prefill_slices;

@@ -12,9 +12,21 @@ namespace qtts {
 Utterance::Utterance(std::shared_ptr<const SpeechModel> model, PreparedSpeech prepared)
     : model_(std::move(model)), prepared_(std::move(prepared)), generator_(model_->generator_new()) {
     // In-context cloning: the reference codes become the decoder's left context (audio discarded).
+    // A generator that slices starts decodes them with the first start (reference_flush), which a
+    // sliced start may spread over rounds; the others decode them now.
     const PromptRequest& base = prepared_.base;
-    if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * MAX_CODE_GROUPS)
-        generator_->reference_decode(base.ref_codes.data(), base.ref_frames);
+    if (base.ref_frames > 0 && base.ref_codes.size() == size_t(base.ref_frames) * MAX_CODE_GROUPS) {
+        if (generator_->start_slices()) ref_left_ = base.ref_frames;
+        else generator_->reference_decode(base.ref_codes.data(), base.ref_frames);
+    }
+}
+
+void Utterance::reference_flush(int frames) {
+    const int n = std::min(frames, ref_left_);
+    if (n <= 0) return;
+    const int done = prepared_.base.ref_frames - ref_left_;
+    generator_->reference_decode(prepared_.base.ref_codes.data() + size_t(done) * MAX_CODE_GROUPS, n);
+    ref_left_ -= n;
 }
 
 GenerationStart Utterance::segment_request() const {
@@ -40,26 +52,34 @@ bool Utterance::segment_start() {
 }
 
 void Utterance::segment_started() {
+    reference_flush(ref_left_);  // before the segment's first chunk is decoded
     ++next_segment_;
     due_rows_ = -1;
     generating_ = true;
 }
 
-void Utterance::start_slice_set(int rows) {
-    QTTS_ASSERT(rows >= 0);
-    slice_rows_ = generator_->start_slices() && !prepared_.incremental ? rows : 0;
+void Utterance::start_slice_set(int rows, int ref_frames) {
+    QTTS_ASSERT(rows >= 0 && ref_frames >= 0 && (rows == 0) == (ref_frames == 0));
+    const bool slices = generator_->start_slices() && !prepared_.incremental;
+    slice_rows_ = slices ? rows : 0;
+    slice_ref_ = slices ? ref_frames : 0;
 }
 
 bool Utterance::start_pending() const {
     if (start_open_) return true;
     if (slice_rows_ == 0 || done_ || generating_ || prepared_.incremental || next_segment_ >= prepared_.segments.size())
         return false;
+    if (ref_left_ > slice_ref_) return true;
     if (due_rows_ < 0) due_rows_ = int(segment_request().prompt.positions.size());
     return due_rows_ > slice_rows_;
 }
 
 int Utterance::start_advance() {
     QTTS_ASSERT(start_pending());
+    if (!start_open_ && ref_left_ > 0) {  // the reference codes first, a piece a call
+        reference_flush(slice_ref_ > 0 ? slice_ref_ : ref_left_);
+        return 0;
+    }
     if (!start_open_) {
         const GenerationStart start = segment_request();
         start_left_ = generator_->start_open(start.prompt, start.params, start.seed);
@@ -117,6 +137,7 @@ bool Utterance::incremental_start() {
     GenerationParams params = prepared_.params;
     if (prepared_.max_frames > 0) params.max_frames = prepared_.max_frames;
     generator_->start(prompt, params, prepared_.seed);
+    reference_flush(ref_left_);
     committed_ids_.clear();
     generating_ = true;
     next_segment_ = 1;

@@ -64,18 +64,22 @@ public:
 
     // Sliced starts (the engine's EngineOptions::prefill_slice; docs/engine.md, "Sliced
     // starts"), on backends whose generator slices a prefill (ChunkGenerator::start_slices:
-    // cpu-fast). With start_slice_set(n), n >= 1, a segment start whose prompt prefill has more
-    // than n rows is not run by chunk(), first_request() or first_candidate(): chunk() returns
-    // UTTERANCE_STARTING with nothing made, and start_advance() runs it n rows per call (opening
-    // it first: the prompt is built and embedded), between the engine's steps for other streams.
-    // When start_pending() turns false the segment has started, exactly as chunk() would have
-    // started it. n = 0 (the default) runs every start whole: an open one at the next
-    // start_advance(). Shorter prompts and incremental utterances (whose text trails a short
-    // prompt) always start whole, through the usual calls.
-    void start_slice_set(int rows);
-    // A start that start_advance() runs: open, or due with more than the slice's rows.
+    // cpu-fast). With start_slice_set(n, r), n, r >= 1, a segment start whose prompt prefill has
+    // more than n rows, or that still has more than r reference frames to decode (in-context
+    // cloning: its first start decodes them), is not run by chunk(), first_request() or
+    // first_candidate(): chunk() returns UTTERANCE_STARTING with nothing made, and each
+    // start_advance() runs a piece of it between the engine's steps for other streams: r
+    // reference frames while any are left, then n prompt rows (opening the start first: the
+    // prompt is built and embedded). When start_pending() turns false the segment has started
+    // (or is left to start whole, within one slice), exactly as chunk() would have started it.
+    // (0, 0), the default, runs every start whole: an open one at the next start_advance().
+    // Shorter starts and incremental utterances (whose text trails a short prompt) start whole,
+    // through the usual calls.
+    void start_slice_set(int rows, int ref_frames);
+    // A start that start_advance() runs: open, or due with more than a slice's rows or
+    // reference frames.
     bool start_pending() const;
-    int start_advance();  // returns the prompt rows it ran; throws what the start throws
+    int start_advance();  // returns the prompt rows it ran (0 for reference frames); throws what the start throws
     int start_rows_left() const { return start_left_; }  // of the open start; 0 when none is open
 
     // Incremental text (prepared with incremental = true).
@@ -91,6 +95,7 @@ public:
 
 private:
     bool segment_start();              // starts the next complete segment; false when none is left
+    void reference_flush(int frames);  // decodes up to `frames` more of the reference codes left
     GenerationStart segment_request() const;  // what segment_start() starts (a segment is left)
     void segment_started();                   // the segment segment_request() described has started
     bool incremental_start();          // starts the incremental utterance once text exists
@@ -102,9 +107,12 @@ private:
     std::vector<FrameCodes> chunk_codes_;        // the codes of the chunk being made
     size_t next_segment_ = 0;
     bool generating_ = false;
-    // Sliced starts: rows per start_advance() (0: whole), the open start's rows to go, and the
-    // prompt rows of the due segment's start (-1: not counted yet).
+    // Sliced starts: rows and reference frames per start_advance() (0: whole), the reference
+    // frames and the open start's rows to go, and the prompt rows of the due segment's start
+    // (-1: not counted yet).
     int slice_rows_ = 0;
+    int slice_ref_ = 0;  // reference frames per start_advance()
+    int ref_left_ = 0;   // in-context cloning: reference frames not decoded yet (slicing generators)
     bool start_open_ = false;
     int start_left_ = 0;
     mutable int due_rows_ = -1;

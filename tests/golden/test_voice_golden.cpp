@@ -1,12 +1,15 @@
 // Base voice cloning end to end on tiny-base (../shared/reference): a voice made from the
 // golden reference clip (written to a WAV file) carries the golden x-vector; greedy x-vector and
 // in-context (ICL) runs through saved voices give the golden codes and audio (the reference
-// codes are the decoder's left context and are cut off); and the clear errors around voices.
+// codes are the decoder's left context and are cut off); the clear errors around voices; and an
+// in-context clone's start sliced against a playing stream on cpu-fast (its reference codes and
+// prompt a piece a round) speaking as when started whole.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -23,6 +26,7 @@
 #include "engine/runtime/utterance.h"
 #include "engine/runtime/voice.h"
 #include "engine/cpu/speech_decoder.h"
+#include "test_engine_batching.h"
 #include "test_errors.h"
 #include "test_support.h"
 
@@ -319,4 +323,59 @@ TEST_CASE("voice errors: missing voice, bad audio, foreign voice, missing transc
     require_error([&] { custom->prepare(creq); }, ErrorCode::ERROR_INVALID_ARGUMENT, "Base");
     require_error([&] { qtts::voice_create(*custom, qtts_test::random_floats(24000, 5), "hi", true); },
                   ErrorCode::ERROR_UNSUPPORTED, "Base model");
+}
+
+// Sliced starts (docs/engine.md, "Sliced starts") on an in-context clone: its first start decodes
+// the reference codes into its decoder state and prefills its prompt. With another stream
+// playing and slices of 4 rows (a steady chunk's 4 reference frames a round), both run a piece a
+// round on cpu-fast; its codes are bitwise those of an engine that starts it whole, its audio
+// within float rounding (the reference decoded in 4-frame pieces instead of at once).
+TEST_CASE("cpu-fast sliced starts take an in-context clone's reference codes a chunk a round", "[voice][golden][slice]") {
+    const std::string dir = qtts_test::temp_dir() + "/sliced-voices";
+    std::filesystem::create_directories(dir);
+    std::vector<qtts::SpeechRequest> requests(2);
+    const char* scenarios[] = {"base-xvec-stream", "base-icl-stream"};
+    int ref_frames = 0;
+    for (size_t i = 0; i < 2; ++i) {
+        const nlohmann::json spec = scenario_spec(scenarios[i]);
+        const auto golden = qtts::SafetensorsFile::open(qtts_test::golden_path("tiny-base", scenarios[i]));
+        const qtts::Voice voice = golden_voice(*golden, spec);
+        if (i == 1) ref_frames = voice.ref_frames;
+        const std::string path = dir + "/" + scenarios[i] + ".qv";
+        qtts::voice_save(voice, path);
+        requests[i].voice_path = path;
+        requests[i].language = spec.at("language").get<std::string>();
+        requests[i].greedy = true;
+        requests[i].seed = 5;
+    }
+    requests[0].text = "This stream plays on while the cloned voice starts.";
+    requests[0].max_frames = 60;
+    requests[1].text = "A cloned voice.";
+    requests[1].max_frames = 8;
+    REQUIRE(ref_frames >= 8);
+    qtts::EngineOptions whole;
+    whole.model_dir = qtts_test::reference_model_dir("tiny-base");
+    whole.backend.name = "cpu-fast";
+    whole.max_streams = 2;
+    whole.prefill_slice = 0;
+    qtts::EngineOptions sliced = whole;
+    sliced.prefill_slice = 4;
+    sliced.prefill_slice_by_deadline = false;
+    qtts::EngineStats whole_stats, sliced_stats;
+    const auto reference = qtts_test::speak_joining(whole, requests, std::chrono::milliseconds(30), &whole_stats);
+    const auto heard = qtts_test::speak_joining(sliced, requests, std::chrono::milliseconds(30), &sliced_stats);
+    CHECK(whole_stats.prefill_slices == 0);
+    CHECK(sliced_stats.sliced_starts == 1);
+    // ceil(ref_frames / 4) reference pieces, then the prompt's rows in slices of 4.
+    CHECK(sliced_stats.prefill_slices >= (ref_frames + 3) / 4 + 1);
+    WARN(ref_frames << " reference frames; the clone's start took " << sliced_stats.prefill_slices << " slices");
+    for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("stream " << i);
+        CHECK(heard[i].error.empty());
+        CHECK(heard[i].stop == reference[i].stop);
+        REQUIRE(!reference[i].codes.empty());
+        CHECK(heard[i].codes == reference[i].codes);
+        REQUIRE(heard[i].pcm.size() == reference[i].pcm.size());
+        CHECK(qtts_test::max_abs_error(heard[i].pcm.data(), reference[i].pcm.data(), reference[i].pcm.size()) < 1e-5);
+    }
 }

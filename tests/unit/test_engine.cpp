@@ -868,7 +868,7 @@ TEST_CASE("sliced starts in an utterance: each segment's long start runs in slic
     const auto speak = [&](int slice) {
         Spoken out;
         Utterance u(model, prepared);
-        u.start_slice_set(slice);
+        u.start_slice_set(slice, slice > 0 ? 4 : 0);
         if (slice > 0) {
             CHECK(u.start_pending());  // the first segment's prompt is longer than the slice
             CHECK_FALSE(u.first_request().has_value());
