@@ -66,7 +66,7 @@ void Utterance::start_slice_set(int rows, int ref_frames) {
 }
 
 bool Utterance::start_pending() const {
-    if (start_open_) return true;
+    if (start_left_ > 0) return true;  // an open start
     if (slice_rows_ == 0 || done_ || generating_ || prepared_.incremental || next_segment_ >= prepared_.segments.size())
         return false;
     if (ref_left_ > slice_ref_) return true;
@@ -76,22 +76,18 @@ bool Utterance::start_pending() const {
 
 int Utterance::start_advance() {
     QTTS_ASSERT(start_pending());
-    if (!start_open_ && ref_left_ > 0) {  // the reference codes first, a piece a call
+    if (start_left_ == 0 && ref_left_ > 0) {  // the reference codes first, a piece a call
         reference_flush(slice_ref_ > 0 ? slice_ref_ : ref_left_);
         return 0;
     }
-    if (!start_open_) {
+    if (start_left_ == 0) {  // open it
         const GenerationStart start = segment_request();
         start_left_ = generator_->start_open(start.prompt, start.params, start.seed);
         QTTS_ASSERT(start_left_ >= 1);  // a prompt has rows, and a slicing generator ran none yet
-        start_open_ = true;
     }
     const int before = start_left_;
     start_left_ = generator_->start_advance(slice_rows_ > 0 ? slice_rows_ : start_left_);
-    if (start_left_ == 0) {
-        start_open_ = false;
-        segment_started();
-    }
+    if (start_left_ == 0) segment_started();
     return before - start_left_;
 }
 

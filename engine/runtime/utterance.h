@@ -113,8 +113,7 @@ private:
     int slice_rows_ = 0;
     int slice_ref_ = 0;  // reference frames per start_advance()
     int ref_left_ = 0;   // in-context cloning: reference frames not decoded yet (slicing generators)
-    bool start_open_ = false;
-    int start_left_ = 0;
+    int start_left_ = 0;  // > 0: a sliced start is open
     mutable int due_rows_ = -1;
     bool done_ = false;
     int64_t frames_ = 0;
