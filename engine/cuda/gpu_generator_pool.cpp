@@ -360,7 +360,8 @@ GpuGenerator& GpuGeneratorPool::leased_state(ChunkGenerator* generator) const {
     return *lease->state_;
 }
 
-int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio) {
+int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio,
+                                const std::function<void()>& meanwhile) {
     context_->guard().check("GpuGeneratorPool::batch_run");
     QTTS_ASSERT(batch_ && !generators.empty() && int(generators.size()) <= batch_->max_streams());
     std::vector<GpuLm*> lms;
@@ -374,22 +375,26 @@ int GpuGeneratorPool::batch_run(const std::vector<ChunkGenerator*>& generators, 
     batch_->bind(lms);
     batch_->run(frames);
     for (GpuGenerator* s : states) s->batch_computed(frames);
-    if (!batch_decoder_) return 0;  // each chunk() reads and decodes its own frames
+    if (!batch_decoder_) {  // each chunk() reads and decodes its own frames
+        if (meanwhile) meanwhile();
+        return 0;
+    }
 
     // Every stream's codes in one synchronisation, then one decoder pass for the streams that keep
     // the whole chunk, and one for each set of two or more that keep as many fewer frames (the
     // last chunk of streams ending at an end-of-speech or their frame limit; without it each
     // would be decoded alone in its chunk()).
     for (GpuGenerator* s : states) s->batch_codes_enqueue(frames);
+    // While the step runs: the pass that ran beside it (a step before deferred its audio) lands
+    // (its pinned buffers are the next pass's), and the caller hands those samples on.
+    batch_audio_land();
+    if (meanwhile) meanwhile();
     context_->synchronize();
     std::map<int, std::vector<GpuGenerator*>> by_kept;  // frames kept -> streams
     for (GpuGenerator* s : states) {
         const int kept = s->batch_codes_land(frames);
         if (kept > 0 && s->decoder()) by_kept[kept].push_back(s);
     }
-    // The pass in flight beside this step (a step before deferred its audio) lands first: its
-    // pinned buffers are the next pass's.
-    batch_audio_land();
     // Deferred: one pass for every stream of the step, each keeping the whole chunk; it runs on the
     // second stream while the engine goes on to its next step, and each chunk() emits its codes
     // with the samples owed (audio_take). Steps with partial chunks (ends) decode at once.

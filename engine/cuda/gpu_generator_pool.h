@@ -107,7 +107,11 @@ public:
     // (ChunkGenerator::audio_owed), and the pass overlaps whatever the engine does next on the
     // LM stream (its next step). The samples land at the next batch_run, at an audio_take that
     // needs them, or when a state that is in the pass is released.
-    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false);
+    // `meanwhile` (when set) runs once the step is launched and an earlier deferred pass's samples
+    // have landed, before the host waits for the step: the engine publishes the chunks owed
+    // (audio_take) there, while the device runs the step.
+    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false,
+                  const std::function<void()>& meanwhile = {});
     // Waits for a deferred pass, if one is in flight, and hands its samples to its streams. Owner thread.
     void batch_audio_land();
     // Segment starts of several generators (from acquire()) with their prompts prefilled together

@@ -270,6 +270,7 @@ struct Engine::Impl {
     // This round's figures (engine thread only), added to the stats at its end.
     int64_t round_batch = 0;
     EngineStats::ThreadTime round_time;     // this round's share of EngineStats::thread_time
+    std::vector<float> owed_pcm;            // owed_publish_all's samples
 
     // Adds the wall time of its scope to one part of round_time. Engine thread.
     struct PartClock {
@@ -328,17 +329,11 @@ struct Engine::Impl {
         }
         // The last chunk's audio first, when its decoder pass ran beside a step (its frames were
         // counted in the round that made them).
+        // (Usually published already, while the next step ran: owed_publish_all.)
         const bool owed = !s.owed_frames_.empty();
-        if (owed) {
-            pcm.clear();
-            s.utterance_->audio_take(&pcm);
-            chunk_publish(s, pcm, s.owed_frames_, s.owed_excused_, s.owed_step_frames_, s.owed_ends_);
-            s.owed_frames_.clear();
-            if (s.owed_ends_) {
-                finish(s, s.utterance_->stop_reason(), "");
-                finished = true;
-                return true;
-            }
+        if (owed && owed_publish(s, pcm)) {
+            finished = true;
+            return true;
         }
         std::string text;
         bool got_text = false;
@@ -406,6 +401,48 @@ struct Engine::Impl {
             finished = true;
         }
         return owed || !frames.empty() || finished;
+    }
+
+    // The chunk whose samples a decoder pass beside a step made (its codes were read a round
+    // earlier) to the stream's reader; true when the stream ended with it (finished: the caller
+    // drops it). Engine thread.
+    bool owed_publish(StreamImpl& s, std::vector<float>& pcm) {
+        QTTS_ASSERT(!s.owed_frames_.empty());
+        pcm.clear();
+        s.utterance_->audio_take(&pcm);
+        chunk_publish(s, pcm, s.owed_frames_, s.owed_excused_, s.owed_step_frames_, s.owed_ends_);
+        s.owed_frames_.clear();
+        if (!s.owed_ends_) return false;
+        finish(s, s.utterance_->stop_reason(), "");
+        return true;
+    }
+
+    // Run by SpeechModel::batch_run while its step is on the device: every chunk owed by the pass
+    // that ran beside it goes to its reader now, not after the step (the LM stream does not idle
+    // through the publishing, and the listeners get their audio a step sooner). A cancelled
+    // stream is left to service(). Streams that ended with their chunk go into `ended`, for the
+    // caller to drop once the step is back; none is a member of the step (an ended utterance has
+    // no next chunk). The time counts as service time, not the step's (`step_part`). Engine thread.
+    void owed_publish_all(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<StreamImpl*>& members,
+                          std::vector<StreamImpl*>& ended, double& step_part) {
+        const double start_s = now_s();
+        for (auto& s : active) {
+            if (s->owed_frames_.empty() || s->cancelled_.load()) continue;
+            bool gone = false;
+            try {
+                gone = owed_publish(*s, owed_pcm);
+            } catch (const std::exception& e) {
+                QTTS_LOG_WARN("stream {} failed: {}", s->id(), e.what());
+                finish(*s, StopReason::STOP_ERROR, e.what());
+                gone = true;
+            }
+            if (!gone) continue;
+            QTTS_ASSERT(std::find(members.begin(), members.end(), s.get()) == members.end());
+            ended.push_back(s.get());
+        }
+        const double spent = now_s() - start_s;
+        round_time.service_s += spent;
+        step_part -= spent;
     }
 
     // A chunk's audio to the stream's reader: the listener's clock (an underrun when it came late,
@@ -545,7 +582,7 @@ struct Engine::Impl {
             }
         // One candidate alone makes its chunk in service() with its own graph (prefill done).
         const PartClock clock(*this, round_time.first_steps_s);
-        if (generators.size() >= 2) batch_run(active, generators, members, k);
+        if (generators.size() >= 2) batch_run(active, generators, members, k, round_time.first_steps_s);
     }
 
     // The newcomers' first segment starts, run together (at most one batch of them, in the
@@ -746,22 +783,28 @@ struct Engine::Impl {
         const bool defer = goes_on && std::all_of(members.begin(), members.end(), [now](const StreamImpl* s) {
             return play_clock_can_wait(s->clock_, now);
         });
-        if (batch_run(active, generators, members, frames, defer))
+        if (batch_run(active, generators, members, frames, round_time.steps_s, defer))
             for (StreamImpl* s : seconds) s->second_round_ = round;
     }
 
-    // One batched step of `frames` frames for `members` (their generators), then the stats. A
+    // One batched step of `frames` frames for `members` (their generators), then the stats; while
+    // it runs, the chunks owed by the pass beside it are published (owed_publish_all; its time
+    // leaves `step_part`, the round_time part that the caller's clock counts the step in). A
     // failed step ends its streams with the error (their device state is unknown; returns false);
     // the others go on if the device still works. Engine thread.
     bool batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
-                   const std::vector<StreamImpl*>& members, int frames, bool defer_audio = false) {
+                   const std::vector<StreamImpl*>& members, int frames, double& step_part, bool defer_audio = false) {
         int decoded = 0;  // chunks the batched decoder pass made audio for
+        std::vector<StreamImpl*> ended;  // published their last chunk while the step ran
+        const auto meanwhile = [&] { owed_publish_all(active, members, ended, step_part); };
         try {
-            decoded = model->batch_run(generators, frames, defer_audio);
+            decoded = model->batch_run(generators, frames, defer_audio, meanwhile);
         } catch (const std::exception& e) {
+            streams_remove(active, ended);
             batch_failed(active, members, "step", e);
             return false;
         }
+        streams_remove(active, ended);
         for (StreamImpl* s : members) s->batched_frames_ = frames;
         round_batch = std::max(round_batch, int64_t(generators.size()));
         std::lock_guard<std::mutex> lock(stats_mutex);

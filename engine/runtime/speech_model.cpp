@@ -260,14 +260,16 @@ int SpeechModel::batch_max() const {
     return fast && options_.batching && options_.states >= 2 ? options_.states : 0;
 }
 
-int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio) const {
+int SpeechModel::batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio,
+                           const std::function<void()>& meanwhile) const {
 #ifdef QTTS_HAVE_CUDA
-    if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames, defer_audio);
+    if (gpu_ && gpu_->batch_max() > 0) return gpu_->batch_run(generators, frames, defer_audio, meanwhile);
 #endif
     (void)defer_audio;  // the CPU decodes each chunk in its chunk() call
     if (batch_max() == 0)
         fail(ErrorCode::ERROR_INTERNAL, "batch_run on the {} backend, which does not batch", backend_name());
     QTTS_ASSERT(!generators.empty() && int(generators.size()) <= batch_max());
+    if (meanwhile) meanwhile();  // nothing is owed here; the step below runs on this thread
     std::vector<FastChunkGenerator*> chunkers;
     std::vector<cpu_fast::FastGenerator*> fast;
     for (ChunkGenerator* g : generators) {

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,8 +100,11 @@ public:
     int batch_max() const;
     // With `defer_audio` the backend may leave the step's decoder pass running beside whatever
     // comes next: the chunk() calls then emit codes with their samples owed
-    // (ChunkGenerator::audio_owed, audio_take).
-    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false) const;
+    // (ChunkGenerator::audio_owed, audio_take). `meanwhile` (when set) runs once during the call,
+    // when the samples owed by an earlier step can be taken: on CUDA while the device runs this
+    // step (its audio_take calls then take nothing off the step's path); elsewhere first.
+    int batch_run(const std::vector<ChunkGenerator*>& generators, int frames, bool defer_audio = false,
+                  const std::function<void()>& meanwhile = {}) const;
     // Batched starts (same backends): the segment starts of several generators with their prompt
     // prefills run together (cpu-fast: one after another). A start whose prompt or parameters are refused gets its `error` (its
     // generator unchanged) and the others start; throws when the device step fails (every

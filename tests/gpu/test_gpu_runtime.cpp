@@ -685,7 +685,10 @@ TEST_CASE("a step's decoder pass beside the next step: each chunk's samples come
     // samples owed; the next step lands the pass (it ran beside that step), audio_take() appends
     // them, then the next chunk() is read. The third utterance is dropped while its audio is
     // owed, and a fourth, started after on one of the freed states, speaks as alone. Reference:
-    // each utterance spoken alone.
+    // each utterance spoken alone. The samples are taken after each step, or (as the engine does)
+    // inside the step's `meanwhile`, while the device runs it.
+    const bool take_meanwhile = GENERATE(false, true);
+    INFO("samples taken " << (take_meanwhile ? "while the step runs" : "after the step"));
     const auto model = four_stream_model();
     REQUIRE(model->batch_max() >= 3);
     std::vector<SpeechRequest> requests = {
@@ -708,6 +711,7 @@ TEST_CASE("a step's decoder pass beside the next step: each chunk's samples come
     }
     std::vector<Spoken> got(3);
     int deferred_chunks = 0;
+    int taken_meanwhile = 0;
     // Frames 0 (first step, decoded at once), 1-4, 5-8, 9-12, 13-16: 17 frames.
     for (int step = 0; step < 5; ++step) {
         INFO("step " << step);
@@ -716,7 +720,18 @@ TEST_CASE("a step's decoder pass beside the next step: each chunk's samples come
         for (auto& u : utterances)
             if (u) generators.push_back(u->batch_candidate(frames));
         for (ChunkGenerator* g : generators) REQUIRE(g != nullptr);
-        CHECK(model->batch_run(generators, frames, /*defer_audio=*/step > 0) == int(generators.size()));
+        int meanwhile_calls = 0;
+        const auto meanwhile = [&] {
+            ++meanwhile_calls;
+            if (!take_meanwhile) return;
+            for (size_t i = 0; i < utterances.size(); ++i) {
+                if (!utterances[i] || utterances[i]->audio_owed() == 0) continue;
+                utterances[i]->audio_take(&got[i].pcm);  // the last step's, landed before the call
+                ++taken_meanwhile;
+            }
+        };
+        CHECK(model->batch_run(generators, frames, /*defer_audio=*/step > 0, meanwhile) == int(generators.size()));
+        CHECK(meanwhile_calls == 1);
         for (size_t i = 0; i < utterances.size(); ++i) {
             if (!utterances[i]) continue;
             if (utterances[i]->audio_owed() > 0) utterances[i]->audio_take(&got[i].pcm);  // the last step's
@@ -735,6 +750,8 @@ TEST_CASE("a step's decoder pass beside the next step: each chunk's samples come
         if (step == 2) utterances[2].reset();  // dropped with its audio owed (its pass still in flight)
     }
     CHECK(deferred_chunks == 4 * 3 - 2);  // steps 1-4 for two streams, 1-2 for the dropped one
+    // At steps 2-4: the two streams' chunks of steps 1-3, and the dropped one's of step 1.
+    CHECK(taken_meanwhile == (take_meanwhile ? 3 * 2 + 1 : 0));
     for (size_t i = 0; i < 2; ++i) {  // the last step's samples: taken without another step
         INFO("utterance " << i);
         REQUIRE(utterances[i]->audio_owed() == 4);
