@@ -332,6 +332,7 @@ struct Engine::Impl {
         // (Usually published already, while the next step ran: owed_publish_all.)
         const bool owed = !s.owed_frames_.empty();
         if (owed && owed_publish(s, pcm)) {
+            finish(s, s.utterance_->stop_reason(), "");
             finished = true;
             return true;
         }
@@ -404,45 +405,57 @@ struct Engine::Impl {
     }
 
     // The chunk whose samples a decoder pass beside a step made (its codes were read a round
-    // earlier) to the stream's reader; true when the stream ended with it (finished: the caller
-    // drops it). Engine thread.
+    // earlier) to the stream's reader; true when the stream ends with it (the caller finishes
+    // it). Engine thread.
     bool owed_publish(StreamImpl& s, std::vector<float>& pcm) {
         QTTS_ASSERT(!s.owed_frames_.empty());
         pcm.clear();
         s.utterance_->audio_take(&pcm);
         chunk_publish(s, pcm, s.owed_frames_, s.owed_excused_, s.owed_step_frames_, s.owed_ends_);
         s.owed_frames_.clear();
-        if (!s.owed_ends_) return false;
-        finish(s, s.utterance_->stop_reason(), "");
-        return true;
+        return s.owed_ends_;
     }
 
     // Run by SpeechModel::batch_run while its step is on the device: every chunk owed by the pass
     // that ran beside it goes to its reader now, not after the step (the LM stream does not idle
     // through the publishing, and the listeners get their audio a step sooner). A cancelled
-    // stream is left to service(). Streams that ended with their chunk go into `ended`, for the
-    // caller to drop once the step is back; none is a member of the step (an ended utterance has
-    // no next chunk). The time counts as service time, not the step's (`step_part`). Engine thread.
+    // stream is left to service(). Streams that end with their chunk (or whose publishing
+    // failed) go into `ending`, for the caller to finish once the step is back (a finished
+    // stream's state is reset, which waits for the device); none is a member of the step (an
+    // ended utterance has no next chunk; a member's failure fails the step). The time counts as
+    // service time, not the step's (`step_part`). Engine thread.
     void owed_publish_all(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<StreamImpl*>& members,
-                          std::vector<StreamImpl*>& ended, double& step_part) {
+                          std::vector<std::pair<StreamImpl*, std::string>>& ending, double& step_part) {
         const double start_s = now_s();
         for (auto& s : active) {
             if (s->owed_frames_.empty() || s->cancelled_.load()) continue;
-            bool gone = false;
+            const bool member = std::find(members.begin(), members.end(), s.get()) != members.end();
             try {
-                gone = owed_publish(*s, owed_pcm);
+                if (!owed_publish(*s, owed_pcm)) continue;
+                QTTS_ASSERT(!member);
+                ending.emplace_back(s.get(), std::string());
             } catch (const std::exception& e) {
+                if (member) throw;  // the step fails with it (batch_failed ends its members)
                 QTTS_LOG_WARN("stream {} failed: {}", s->id(), e.what());
-                finish(*s, StopReason::STOP_ERROR, e.what());
-                gone = true;
+                ending.emplace_back(s.get(), e.what());
             }
-            if (!gone) continue;
-            QTTS_ASSERT(std::find(members.begin(), members.end(), s.get()) == members.end());
-            ended.push_back(s.get());
         }
         const double spent = now_s() - start_s;
         round_time.service_s += spent;
         step_part -= spent;
+    }
+
+    // Finishes the streams that owed_publish_all found ending (with their error, if publishing
+    // failed) and drops them from `active`. Engine thread.
+    void owed_finish(std::list<std::shared_ptr<StreamImpl>>& active,
+                     const std::vector<std::pair<StreamImpl*, std::string>>& ending) {
+        std::vector<StreamImpl*> gone;
+        for (const auto& [s, error] : ending) {
+            if (error.empty()) finish(*s, s->utterance_->stop_reason(), "");
+            else finish(*s, StopReason::STOP_ERROR, error);
+            gone.push_back(s);
+        }
+        streams_remove(active, gone);
     }
 
     // A chunk's audio to the stream's reader: the listener's clock (an underrun when it came late,
@@ -795,16 +808,16 @@ struct Engine::Impl {
     bool batch_run(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<ChunkGenerator*>& generators,
                    const std::vector<StreamImpl*>& members, int frames, double& step_part, bool defer_audio = false) {
         int decoded = 0;  // chunks the batched decoder pass made audio for
-        std::vector<StreamImpl*> ended;  // published their last chunk while the step ran
-        const auto meanwhile = [&] { owed_publish_all(active, members, ended, step_part); };
+        std::vector<std::pair<StreamImpl*, std::string>> ending;  // published their last chunk meanwhile
+        const auto meanwhile = [&] { owed_publish_all(active, members, ending, step_part); };
         try {
             decoded = model->batch_run(generators, frames, defer_audio, meanwhile);
         } catch (const std::exception& e) {
-            streams_remove(active, ended);
+            owed_finish(active, ending);
             batch_failed(active, members, "step", e);
             return false;
         }
-        streams_remove(active, ended);
+        owed_finish(active, ending);
         for (StreamImpl* s : members) s->batched_frames_ = frames;
         round_batch = std::max(round_batch, int64_t(generators.size()));
         std::lock_guard<std::mutex> lock(stats_mutex);
