@@ -250,7 +250,7 @@ void GpuGeneratorPool::batch_enable(int streams) {
     if (streams < 2 || batch_) return;
     GpuBatchOptions o;
     std::vector<int> buckets;
-    for (const int b : {2, 4, 8, 12, 16, 24, 32, 48, 64})
+    for (const int b : {2, 4, 8, 10, 12, 16, 24, 32, 48, 64})
         if (b < streams) buckets.push_back(b);
     buckets.push_back(std::min(streams, kernels::GEMV_MAX_BATCH_ROWS / 2));
     o.buckets = buckets;

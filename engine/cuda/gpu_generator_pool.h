@@ -85,7 +85,7 @@ public:
     const std::vector<int>& fused_sizes() const { return fused_sizes_; }  // chunk sizes fused (states alike)
 
     // Batched steps (BackendOptions::batching; cuda/gpu_batch.h): a GpuBatch for up to `streams`
-    // streams, with a graph per bucket (2, 4, 8, 12, 16, 24, 32, 48, 64 up to `streams`, and
+    // streams, with a graph per bucket (2, 4, 8, 10, 12, 16, 24, 32, 48, 64 up to `streams`, and
     // `streams`) and chunk size, captured now; with the states' own decoders attached, also a
     // GpuBatchDecoder (cuda/gpu_batch_decoder.h) with a graph per stream count up to 16, then
     // every fourth, and chunk size. Owner thread; called once at load, after decoders_attach and
