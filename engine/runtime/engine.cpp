@@ -427,15 +427,17 @@ struct Engine::Impl {
     void owed_publish_all(std::list<std::shared_ptr<StreamImpl>>& active, const std::vector<StreamImpl*>& members,
                           std::vector<std::pair<StreamImpl*, std::string>>& ending, double& step_part) {
         const double start_s = now_s();
+        const auto member = [&members](const StreamImpl* s) {
+            return std::find(members.begin(), members.end(), s) != members.end();
+        };
         for (auto& s : active) {
             if (s->owed_frames_.empty() || s->cancelled_.load()) continue;
-            const bool member = std::find(members.begin(), members.end(), s.get()) != members.end();
             try {
                 if (!owed_publish(*s, owed_pcm)) continue;
-                QTTS_ASSERT(!member);
+                QTTS_ASSERT(!member(s.get()));
                 ending.emplace_back(s.get(), std::string());
             } catch (const std::exception& e) {
-                if (member) throw;  // the step fails with it (batch_failed ends its members)
+                if (member(s.get())) throw;  // the step fails with it (batch_failed ends its members)
                 QTTS_LOG_WARN("stream {} failed: {}", s->id(), e.what());
                 ending.emplace_back(s.get(), e.what());
             }
