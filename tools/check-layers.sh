@@ -20,6 +20,11 @@
 # (cpu/cuda, api/kernels) may not include each other. Every quoted include must name a file from
 # the repository root ("engine/cpu/ops.h"), the one include root. Tests may include anything.
 #
+# A second rule keeps builds without CUDA (QTTS_CUDA=OFF, or AUTO on a machine without nvcc)
+# compiling: only engine/cuda/, kernels/ and apps/kernel-lab/ are built with CUDA alone, so any
+# other file (tests included) that includes a CUDA header (<cuda*>, <cublas*>, "engine/cuda/...",
+# "kernels/...") must do so after an `#if`/`#ifdef` on QTTS_HAVE_CUDA.
+#
 # usage: tools/check-layers.sh [repository root]   (exit 0: clean; 1: violations, listed)
 set -euo pipefail
 root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
@@ -81,8 +86,24 @@ while IFS= read -r file; do
 done < <(git ls-files --cached --others --exclude-standard -- apps audio_io engine kernels |
              grep -E '\.(h|hpp|cpp|cu|cuh)$')
 
+# The CUDA guard (above): the first CUDA include of a file built without CUDA comes after its
+# first QTTS_HAVE_CUDA conditional.
+cuda_include='^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](cuda|cublas|engine/cuda/|kernels/)'
+while IFS= read -r file; do
+    [[ -f "$file" ]] || continue
+    first_include=$(grep -n -m 1 -E "$cuda_include" "$file" | cut -d: -f1 || true)
+    [[ -z "$first_include" ]] && continue
+    checked=$((checked + 1))
+    first_guard=$(grep -n -m 1 -E '^[[:space:]]*#[[:space:]]*if.*QTTS_HAVE_CUDA' "$file" | cut -d: -f1 || true)
+    if [[ -z "$first_guard" ]] || ((first_guard > first_include)); then
+        echo "$file:$first_include: includes a CUDA header outside #ifdef QTTS_HAVE_CUDA; builds without CUDA compile this file"
+        violations=$((violations + 1))
+    fi
+done < <(git ls-files --cached --others --exclude-standard -- apps audio_io engine tests |
+             grep -E '\.(h|hpp|cpp)$' | grep -v -E '^(engine/cuda|apps/kernel-lab)/')
+
 if ((violations > 0)); then
-    echo "check-layers: $violations include(s) out of $checked point up or outside the layers (see docs/architecture.md)"
+    echo "check-layers: $violations include(s) out of $checked point up or outside the layers, or need CUDA unguarded (see docs/architecture.md)"
     exit 1
 fi
-echo "check-layers: $checked includes, every one points down or within its layer"
+echo "check-layers: $checked includes, every one points down or within its layer (CUDA headers guarded)"

@@ -9,6 +9,8 @@
 // Skipped (exit 77, tests/support/test_main.cpp) without a GPU.
 #include <catch2/catch.hpp>
 
+#ifdef QTTS_HAVE_CUDA
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -221,3 +223,5 @@ TEST_CASE("more streams than the GPU memory limit holds fail at load with the nu
     // Nothing is left behind: what qtts tracks on the device is back to what the context holds.
     CHECK(qtts::gpu_memory_use(0).current_bytes <= context().cublas_workspace_bytes());
 }
+
+#endif  // QTTS_HAVE_CUDA

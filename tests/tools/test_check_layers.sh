@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests tools/check-layers.sh: it passes on a small tree whose includes point down, fails (and
-# names the file and line) on one with an upward, a cross-backend and a relative include, and
-# passes on the repository itself.
+# names the file and line) on one with an upward, a cross-backend and a relative include, and on
+# a file built without CUDA that includes a CUDA header unguarded, and passes on the repository
+# itself.
 # usage: tests/tools/test_check_layers.sh REPOSITORY_ROOT
 set -euo pipefail
 repo="$1"
@@ -65,6 +66,17 @@ expect 1 'is relative'
 make_tree
 printf '#include "engine/api/qtts.h"\n' >kernels/gemv.cu
 expect 1 'kernels includes api'
+
+# A file built without CUDA (a test here) includes a CUDA header only under QTTS_HAVE_CUDA.
+make_tree
+mkdir -p tests/gpu
+printf '#include <vector>\n#include <cuda_runtime_api.h>\n' >tests/gpu/test_x.cpp
+expect 1 'tests/gpu/test_x.cpp:2: includes a CUDA header outside #ifdef QTTS_HAVE_CUDA'
+
+make_tree
+mkdir -p tests/gpu
+printf '#include <vector>\n#ifdef QTTS_HAVE_CUDA\n#include "kernels/gemv.cuh"\n#endif\n' >tests/gpu/test_x.cpp
+expect 0 'CUDA headers guarded'
 
 # The repository itself.
 "$check" "$repo"
