@@ -313,7 +313,7 @@ void CpuSpeechDecoder::causal_trans_conv(const TransConv& tc, ConvTail& overlap,
         const float bias = tc.b[size_t(c)];
         float* yc = y + size_t(c) * emit;
         for (int m = 0; m < emit; ++m) yc[m] = row[m] + bias;
-        std::memcpy(tail, row + emit, sizeof(float) * size_t(O));
+        if (O > 0) std::memcpy(tail, row + emit, sizeof(float) * size_t(O));  // k == stride: no spill-over, no buffer
     }
 }
 

@@ -320,7 +320,7 @@ void FastSpeechDecoder::causal_trans_conv(const TransConv& tc, TimeTail& overlap
         float* yr = y + size_t(m) * C;
         for (int c = 0; c < C; ++c) yr[c] = row[c] + tc.bias[size_t(c)];
     }
-    std::memcpy(overlap.data.data(), out + size_t(emit) * C, sizeof(float) * size_t(O) * C);
+    if (O > 0) std::memcpy(overlap.data.data(), out + size_t(emit) * C, sizeof(float) * size_t(O) * C);  // k == stride: none
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -322,7 +322,9 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> sh
     for (int64_t d : shape) numel *= size_t(d);
     QTTS_ASSERT(numel == values.size());
     add(name, DType::DTYPE_F32, std::move(shape),
-        [values](uint8_t* dst, size_t nbytes) { std::memcpy(dst, values.data(), nbytes); });
+        [values](uint8_t* dst, size_t nbytes) {
+            if (nbytes > 0) std::memcpy(dst, values.data(), nbytes);  // an empty tensor has no buffers
+        });
 }
 
 size_t SafetensorsWriter::write(const std::string& path, int threads) const {
