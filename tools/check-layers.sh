@@ -88,12 +88,13 @@ done < <(git ls-files --cached --others --exclude-standard -- apps audio_io engi
 
 # The CUDA guard (above): the first CUDA include of a file built without CUDA comes after its
 # first QTTS_HAVE_CUDA conditional.
+cuda_files=0
 cuda_include='^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](cuda|cublas|engine/cuda/|kernels/)'
 while IFS= read -r file; do
     [[ -f "$file" ]] || continue
     first_include=$(grep -n -m 1 -E "$cuda_include" "$file" | cut -d: -f1 || true)
     [[ -z "$first_include" ]] && continue
-    checked=$((checked + 1))
+    cuda_files=$((cuda_files + 1))
     first_guard=$(grep -n -m 1 -E '^[[:space:]]*#[[:space:]]*if.*QTTS_HAVE_CUDA' "$file" | cut -d: -f1 || true)
     if [[ -z "$first_guard" ]] || ((first_guard > first_include)); then
         echo "$file:$first_include: includes a CUDA header outside #ifdef QTTS_HAVE_CUDA; builds without CUDA compile this file"
@@ -106,4 +107,4 @@ if ((violations > 0)); then
     echo "check-layers: $violations include(s) out of $checked point up or outside the layers, or need CUDA unguarded (see docs/architecture.md)"
     exit 1
 fi
-echo "check-layers: $checked includes, every one points down or within its layer (CUDA headers guarded)"
+echo "check-layers: $checked includes, every one points down or within its layer; CUDA headers guarded in the $cuda_files files built without CUDA that include them"

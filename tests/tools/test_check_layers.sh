@@ -76,7 +76,7 @@ expect 1 'tests/gpu/test_x.cpp:2: includes a CUDA header outside #ifdef QTTS_HAV
 make_tree
 mkdir -p tests/gpu
 printf '#include <vector>\n#ifdef QTTS_HAVE_CUDA\n#include "kernels/gemv.cuh"\n#endif\n' >tests/gpu/test_x.cpp
-expect 0 'CUDA headers guarded'
+expect 0 'CUDA headers guarded in the 1 files'
 
 # The repository itself.
 "$check" "$repo"
