@@ -78,7 +78,8 @@ void check_not_truncated(SNDFILE* file, const std::string& path) {
 
 }  // namespace
 
-AudioData audio_read(const std::string& path) {
+AudioData audio_read(const std::string& path, double max_seconds) {
+    QTTS_ASSERT(max_seconds > 0 && max_seconds <= k_audio_max_seconds);
     check_path_is_readable_file(path);
 
     SF_INFO info{};
@@ -101,10 +102,16 @@ AudioData audio_read(const std::string& path) {
              info.samplerate, k_min_sample_rate, k_max_sample_rate);
     check_not_truncated(file, path);
     if (info.frames <= 0) fail(ErrorCode::ERROR_FORMAT, "audio file '{}' contains no audio (0 samples)", path);
+    // MP3 lengths are estimates; every other format knows its exact length.
+    const bool length_is_estimate = (info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_MPEG;
+    const auto too_long = [&](double seconds) {
+        fail(ErrorCode::ERROR_FORMAT, "audio file '{}' is {:.1f} s long; at most {:.1f} s are accepted", path, seconds,
+             max_seconds);
+    };
     const double seconds = double(info.frames) / info.samplerate;
-    if (seconds > k_audio_max_seconds)
-        fail(ErrorCode::ERROR_FORMAT, "audio file '{}' is {:.0f} s long; at most {:.0f} s are accepted", path,
-             seconds, k_audio_max_seconds);
+    // An estimate is checked against the hard limit only; the decoded samples against max_seconds.
+    if (seconds > (length_is_estimate ? k_audio_max_seconds : max_seconds)) too_long(seconds);
+    const size_t frames_max = size_t(std::ceil(max_seconds * info.samplerate));
 
     const size_t frames_declared = size_t(info.frames);
     const size_t channels = size_t(info.channels);
@@ -126,6 +133,7 @@ AudioData audio_read(const std::string& path) {
         const size_t want = std::min(k_block_frames, frames_declared - frames_read);
         const sf_count_t got = sf_readf_float(file, block.data(), sf_count_t(want));
         if (got <= 0) break;
+        if (frames_read + size_t(got) > frames_max) too_long(double(frames_read + size_t(got)) / info.samplerate);
         audio.samples.resize(frames_read + size_t(got));
         for (size_t f = 0; f < size_t(got); ++f) {
             const float* frame = block.data() + f * channels;
@@ -143,8 +151,6 @@ AudioData audio_read(const std::string& path) {
         fail(ErrorCode::ERROR_FORMAT, "audio file '{}' could not be decoded after {} samples: {}", path, frames_read,
              sf_strerror(file));
     if (frames_read < frames_declared) {
-        // MP3 lengths are estimates; every other format knows its exact length.
-        const bool length_is_estimate = (info.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_MPEG;
         if (!length_is_estimate || frames_read == 0)
             fail(ErrorCode::ERROR_FORMAT,
                  "audio file '{}' is truncated or corrupt: {} samples announced, {} could be decoded", path,
@@ -176,8 +182,8 @@ std::vector<float> audio_resample(const std::vector<float>& samples, int from_sr
     return out;
 }
 
-std::vector<float> audio_read_mono_24k(const std::string& path) {
-    AudioData audio = audio_read(path);
+std::vector<float> audio_read_mono_24k(const std::string& path, double max_seconds) {
+    AudioData audio = audio_read(path, max_seconds);
     if (audio.sample_rate != SAMPLE_RATE) {
         QTTS_LOG_DEBUG("{}: resampling {} Hz -> 24000 Hz ({} channel(s) mixed to mono)", path, audio.sample_rate,
                        audio.source_channels);

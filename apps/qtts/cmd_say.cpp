@@ -59,7 +59,8 @@ std::string stdin_first_text_line() {
 // to load. The engine takes the samples; it never opens audio files.
 std::vector<float> ref_audio_read(const std::string& path) {
     try {
-        std::vector<float> audio = qtts::audio_read_mono_24k(path);
+        // A clip past the limit fails on its header, before hours of it are decoded.
+        std::vector<float> audio = qtts::audio_read_mono_24k(path, qtts::VOICE_REF_MAX_SECONDS);
         qtts::reference_clip_validate(audio);
         return audio;
     } catch (const qtts::Error& e) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,30 @@ TEST_CASE("FLAC and 16-bit WAV files are read", "[audio_file]") {
     const std::vector<float> back = qtts::audio_read_mono_24k(wav);
     CHECK(back.size() == x.size());
     CHECK(qtts_test::max_abs_error(back.data(), x.data(), x.size()) < 2.0 / 32767.0);
+}
+
+TEST_CASE("a caller's shorter limit refuses a longer file by its header, and a file at the limit reads", "[audio_file]") {
+    // 8 kHz keeps the files small; the limit is in seconds whatever the rate.
+    const int rate = 8000;
+    const std::string longer = temp_path("31s.wav"), exact = temp_path("30s.wav");
+    sndfile_write(longer, SF_FORMAT_WAV | SF_FORMAT_PCM_16, rate, 2, sine(440.0, rate, size_t(31 * rate) * 2, 0.3f));
+    sndfile_write(exact, SF_FORMAT_FLAC | SF_FORMAT_PCM_16, rate, 1, sine(440.0, rate, size_t(30 * rate), 0.3f));
+    for (const auto& read : {std::function<size_t()>([&] { return qtts::audio_read(longer, 30.0).samples.size(); }),
+                             std::function<size_t()>([&] { return qtts::audio_read_mono_24k(longer, 30.0).size(); })}) {
+        try {
+            read();
+            FAIL("a 31 s file was read under a 30 s limit");
+        } catch (const qtts::Error& e) {
+            INFO(e.what());
+            CHECK(e.code() == qtts::ErrorCode::ERROR_FORMAT);
+            CHECK_THAT(e.what(), Catch::Contains(longer) && Catch::Contains("31.0 s long") &&
+                                     Catch::Contains("at most 30.0 s"));
+        }
+    }
+    // The default limit (an hour) takes it; the 30 s file passes a 30 s limit whole.
+    CHECK(qtts::audio_read(longer).samples.size() == size_t(31 * rate));
+    CHECK(qtts::audio_read(exact, 30.0).samples.size() == size_t(30 * rate));
+    CHECK(qtts::audio_read_mono_24k(exact, 30.0).size() == size_t(30 * qtts::SAMPLE_RATE));
 }
 
 TEST_CASE("bad files give clear errors that name the file", "[audio_file]") {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audio_io/wav_writer.h"
 #include "engine/api/qtts.h"
 #include "engine/common/device.h"
 #include "test_support.h"
@@ -198,6 +200,21 @@ TEST_CASE("qtts say --ref-audio and voice create --audio are checked before the 
         check_refused(v, ref == not_audio ? "not-audio.wav" : ref, voice);
         CHECK_THAT(v.err, !Catch::Contains("no-such-model"));
     }
+}
+
+TEST_CASE("a reference clip past voice cloning's 30 s is refused by its length, before it is decoded or the model loads",
+          "[cli]") {
+    const std::string missing_model = qtts_test::temp_dir() + "/no-such-model";
+    const std::string ref = temp_path("ref-31s.wav"), wav = temp_path("long-ref.wav"), voice = temp_path("long.qv");
+    std::vector<float> clip(size_t(31) * 8000);
+    for (size_t i = 0; i < clip.size(); ++i) clip[i] = 0.3f * float(std::sin(0.3 * double(i)));
+    qtts::wav_write_file(ref, clip, 8000);
+    const Run r = qtts_run("say \"Hi.\" --model " + missing_model + " --ref-audio " + ref + " --x-vector-only -o " + wav);
+    check_refused(r, "31.0 s long; at most 30.0 s are accepted", wav);
+    CHECK_THAT(r.err, Catch::Contains("--ref-audio") && !Catch::Contains("no-such-model"));
+    const Run v = qtts_run("voice create --model " + missing_model + " --audio " + ref + " --x-vector-only -o " + voice);
+    check_refused(v, "31.0 s long; at most 30.0 s are accepted", voice);
+    CHECK_THAT(v.err, !Catch::Contains("no-such-model"));
 }
 
 TEST_CASE("a plain say warns about nothing; without a GPU it says at info level why the CPU is used", "[cli]") {
