@@ -41,8 +41,9 @@ case "$mode" in
     ;;
   thread)
     build=build-tsan
-    targets=(test_engine test_pipeline test_scheduler test_spsc_ring test_jitter_buffer test_audio_output
-      test_server test_server_engine test_server_protocol test_serve_sigterm qtts_cli)
+    tests=(test_engine test_pipeline test_scheduler test_spsc_ring test_jitter_buffer test_audio_output
+      test_server test_server_engine test_server_protocol test_serve_sigterm)
+    targets=("${tests[@]}" qtts_cli)  # the server tests run the qtts program
     cmake -S . -B "$build" -DQTTS_CUDA=OFF -DQTTS_SANITIZE_THREAD=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
     cmake --build "$build" -j "$JOBS" --target "${targets[@]}"
     # One BLAS thread: OpenBLAS's uninstrumented workers hand work over through spin flags that
@@ -50,7 +51,7 @@ case "$mode" in
     export OPENBLAS_NUM_THREADS=1 QTTS_CACHE_DIR="$PWD/$build/cache"
     # shellcheck disable=SC2086
     exec ctest --test-dir "$build" --output-on-failure -j "$JOBS" --timeout 1500 \
-      -R "^(test_engine|test_pipeline|test_scheduler|test_spsc_ring|test_jitter_buffer|test_audio_output|test_server|test_server_engine|test_server_protocol|test_serve_sigterm)$" \
+      -R "^($(IFS='|'; echo "${tests[*]}"))$" \
       ${QTTS_CTEST_ARGS:-}
     ;;
   *)

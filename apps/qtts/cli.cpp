@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "audio_io/audio_file.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
 #include "engine/common/memory_plan.h"
 #include "engine/model/make_model.h"
+#include "engine/runtime/voice.h"
 
 namespace qtts_cli {
 
@@ -112,6 +114,12 @@ int max_context_option(const Args& args) {
     if (positions < 1 || positions > (1 << 20))
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "--max-context must be 1..{} positions, got {}", 1 << 20, positions);
     return int(positions);
+}
+
+std::vector<float> reference_clip_read(const std::string& path) {
+    std::vector<float> audio = qtts::audio_read_mono_24k(path, qtts::VOICE_REF_MAX_SECONDS);
+    qtts::reference_clip_validate(audio);
+    return audio;
 }
 
 std::map<std::string, Command>& command_registry() {

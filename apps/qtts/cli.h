@@ -65,6 +65,12 @@ constexpr const char* MAX_CONTEXT_HELP =
     "  --max-context N       CUDA: positions per stream (prompt + 12.5 per second of audio; default 4096);\n"
     "                        fewer take less device memory per stream, so more streams fit\n";
 
+// A voice-cloning reference clip from a file (say --ref-audio, voice create --audio): decoded
+// (any format libsndfile reads, resampled to 24 kHz mono) and checked as the engine will (1-30 s,
+// not silent), so a bad one fails before the seconds a model takes to load. A clip past 30 s
+// fails on its header's length, before it is decoded. The engine takes samples, never files.
+std::vector<float> reference_clip_read(const std::string& path);
+
 // Options every command accepts (log level); returns the remaining arguments.
 std::vector<std::string> apply_common_options(const std::vector<std::string>& args);
 

@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "audio_io/audio_file.h"
 #include "audio_io/audio_output.h"
 #include "audio_io/jitter_buffer.h"
 #include "audio_io/stream_player.h"
@@ -21,7 +20,6 @@
 #include "engine/model/make_model.h"
 #include "engine/api/qtts.h"
 #include "engine/runtime/engine_debug.h"
-#include "engine/runtime/voice.h"
 #include "engine/text/request_check.h"
 #include "engine/text/text_split.h"
 
@@ -54,15 +52,10 @@ std::string stdin_first_text_line() {
     return "";
 }
 
-// Decodes a reference clip (any format libsndfile reads, resampled to 24 kHz mono) and checks it
-// as the engine will (1-30 s, not silent), so a bad one fails before the seconds a model takes
-// to load. The engine takes the samples; it never opens audio files.
+// --ref-audio FILE: reference_clip_read (cli.h), its errors named after the option.
 std::vector<float> ref_audio_read(const std::string& path) {
     try {
-        // A clip past the limit fails on its header, before hours of it are decoded.
-        std::vector<float> audio = qtts::audio_read_mono_24k(path, qtts::VOICE_REF_MAX_SECONDS);
-        qtts::reference_clip_validate(audio);
-        return audio;
+        return qtts_cli::reference_clip_read(path);
     } catch (const qtts::Error& e) {
         fail(e.code(), "--ref-audio: {}", e.what());
     }

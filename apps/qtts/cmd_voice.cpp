@@ -3,7 +3,6 @@
 // Saved voices for the Base (voice cloning) models (docs/voice-cloning.md).
 #include <cstdio>
 
-#include "audio_io/audio_file.h"
 #include "apps/qtts/cli.h"
 #include "engine/common/error.h"
 #include "engine/common/log.h"
@@ -36,8 +35,7 @@ int voice_create_command(const qtts_cli::Args& args) {
         fail(ErrorCode::ERROR_INVALID_ARGUMENT,
              "missing --text TRANSCRIPT: in-context cloning needs what the clip says (or pass --x-vector-only)");
     // The clip first: a missing, undecodable, too short or silent one fails before the model loads.
-    const std::vector<float> audio = qtts::audio_read_mono_24k(*args.get("audio"), qtts::VOICE_REF_MAX_SECONDS);
-    qtts::reference_clip_validate(audio);
+    const std::vector<float> audio = qtts_cli::reference_clip_read(*args.get("audio"));
     // Only the tokenizer and the cloning encoders are needed: no LM conversion, no GPU upload.
     qtts::BackendOptions options;
     options.name = "cpu";
