@@ -34,7 +34,7 @@ int speak(const std::string& text, const std::string& out_path, const std::strin
         return 1;
     }
     // The consumer side of the stream: wait for audio, read what is there, convert, write.
-    std::vector<float> pcm(size_t(qtts::SAMPLES_PER_FRAME));  // [samples] one frame's worth per read
+    std::vector<float> pcm(static_cast<size_t>(qtts::SAMPLES_PER_FRAME));  // [samples] one frame's worth per read
     std::vector<int16_t> s16(pcm.size());
     int64_t samples = 0;
     while (!stream->finished()) {
