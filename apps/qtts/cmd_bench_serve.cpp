@@ -725,6 +725,12 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["model_size"] = info.size;
     if (auto preset = args.get("preset")) out["preset"] = *preset;
     out["backend"] = backend;
+    // The machine, so that a result file says where it was measured (device calls come on H100 or
+    // H200 machines; ratios hold only within one).
+    const bool on_gpu = backend.rfind("cuda", 0) == 0;
+    const std::string machine = on_gpu ? qtts::cuda_describe(o.device)
+                                       : fmt::format("cpu, {} hardware threads", std::thread::hardware_concurrency());
+    out["device"] = machine;
     out["max_streams"] = o.max_streams;
     out["first_chunk_frames"] = o.first_chunk_frames;
     out["chunk_frames"] = o.chunk_frames;
@@ -739,9 +745,9 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     out["admission"] = eo.admission;
     out["load_s"] = load_s;
 
-    std::printf("\nqtts bench-serve  %s (%s %s)  backend %s  max streams %d  chunks %d then %d  ", o.model_dir.c_str(),
-                info.type.c_str(), info.size.c_str(), backend.c_str(), o.max_streams, o.first_chunk_frames,
-                o.chunk_frames);
+    std::printf("\nqtts bench-serve  %s (%s %s)  backend %s (%s)  max streams %d  chunks %d then %d  ",
+                o.model_dir.c_str(), info.type.c_str(), info.size.c_str(), backend.c_str(), machine.c_str(),
+                o.max_streams, o.first_chunk_frames, o.chunk_frames);
     if (o.frames_cycle.size() > 1) std::printf("frames per request by turn: %s\n", args.get_or("frames", "").c_str());
     else if (o.frames > 0) std::printf("%d frames (%.2f s) per request\n", o.frames, o.frames * 0.08);
     else std::printf("requests end at EOS or the frame budget\n");
@@ -815,7 +821,7 @@ int cmd_bench_serve(const std::vector<std::string>& argv) {
     }
 
     // Device memory while the engine still holds its states (whole device: other processes count).
-    if (backend.rfind("cuda", 0) == 0 && qtts::cuda_device_count() > 0) {
+    if (on_gpu && qtts::cuda_device_count() > 0) {
         const qtts::DeviceMemory mem = qtts::cuda_memory(o.device);
         out["gpu_memory"] = {{"device", o.device}, {"used_bytes", mem.used_bytes}, {"total_bytes", mem.total_bytes}};
         std::printf("  GPU %d memory: %.2f of %.2f GiB in use\n", o.device, mem.used_bytes / 1073741824.0,

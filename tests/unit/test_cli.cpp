@@ -13,6 +13,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -354,6 +355,7 @@ TEST_CASE("qtts bench-serve closed loop on the demo model: every request counted
     const auto j = nlohmann::json::parse(file_read(json));
     CHECK(j.at("mode") == "closed");
     CHECK(j.at("backend") == "cpu");
+    CHECK(j.at("device") == "cpu, " + std::to_string(std::thread::hardware_concurrency()) + " hardware threads");
     CHECK(j.at("frames") == frames);
     CHECK(j.at("sentences") == 1);
     CHECK(j.at("prefill_slice") == qtts::PREFILL_SLICE_DEFAULT);
