@@ -81,6 +81,7 @@ GpuBatchDecoder::GpuBatchDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> 
             for (const int b : buckets_) {
                 if (graphs_.count({b, n})) continue;
                 GraphStats stats;
+                const CublasSmLimit narrow(context_, sm_limit(b));
                 GraphExec exec = graph_capture(
                     context_, "batched decoder " + std::to_string(b) + " x" + std::to_string(n),
                     [this, b, n] { pass_.enqueue({table_.get(), b}, n); }, &stats);
@@ -94,6 +95,11 @@ GpuBatchDecoder::GpuBatchDecoder(std::shared_ptr<const GpuSpeechDecoderWeights> 
                   context_.device(), S, max_n_, pass_.scratch_bytes() / 1e6, graphs_.size(), nodes,
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                   free_before > free_after ? (free_before - free_after) / 1e6 : 0.0);
+}
+
+int GpuBatchDecoder::sm_limit(int streams) const {
+    const bool narrow = options_.narrow_from_streams > 0 && streams >= options_.narrow_from_streams;
+    return narrow ? options_.narrow_sms : 0;
 }
 
 int GpuBatchDecoder::bucket_for(int streams, int n) const {
@@ -175,6 +181,7 @@ void GpuBatchDecoder::enqueue(const std::vector<GpuSpeechDecoder*>& streams, con
         graph_replay(context_, graphs_.at({bucket, n}));
     } else {
         OwnerGuard::Scope owner(context_.guard(), "eager batched decoder pass");
+        const CublasSmLimit narrow(context_, sm_limit(S));
         const auto enqueue = [&] { pass_.enqueue({table_.get(), S}, n); };
         if (profile)
             *profile = pass_.profile(enqueue);

@@ -49,6 +49,14 @@ struct GpuBatchDecoderOptions {
     std::vector<int> chunk_frames{1, 2, 4};  // frames per stream in a pass; graphs for each
     std::vector<int> buckets;              // stream counts with graphs; empty: every count 2..max_streams
     bool cuda_graphs = true;  // (the products' arithmetic is the weights': DecoderMath)
+    // Passes of at least this many streams (0: none) spread their cuBLAS GEMMs over at most
+    // `narrow_sms` SMs (GpuContext::cublas_sm_limit; the same sums, another tiling): beside an LM
+    // step, a pass that does not take every SM leaves the step's launches room. Measured (1.7B,
+    // closed loop, 88 of 132 SMs): every pass on the H200, +1.3% audio-s/s at 32 streams, +0.3% at
+    // 16, -0.5% at 10; passes of 17 or more streams on the H100, +1.7% at 32 and +1.2% at 64
+    // (docs/performance.md, thirty-first and thirty-third sessions).
+    int narrow_from_streams = 0;
+    int narrow_sms = 0;
 };
 
 class GpuBatchDecoder {
@@ -86,6 +94,7 @@ public:
 
 private:
     int bucket_for(int streams, int n) const;  // 0: none (eager)
+    int sm_limit(int streams) const;           // the cuBLAS SM target of a pass of `streams` (0: all)
     // decode()'s checks and uploads, the pass (a graph when `graphs` and one fits, else eager:
     // `profile` then times its stages) and, with `samples`, their copy to the pinned buffer; the
     // pass is then in flight (land()).

@@ -89,6 +89,24 @@ void GpuContext::synchronize() {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void GpuContext::cublas_sm_limit(int sms) {
+    guard_.check("GpuContext::cublas_sm_limit");
+    QTTS_ASSERT(sms >= 0);
+    CUBLAS_CHECK(cublasSetSmCountTarget(cublas_, sms));
+}
+
+CublasSmLimit::CublasSmLimit(GpuContext& context, int sms) : context_(context), set_(sms > 0) {
+    if (set_) context_.cublas_sm_limit(sms);
+}
+
+CublasSmLimit::~CublasSmLimit() {
+    if (!set_) return;
+    // Resetting a handle setting has no device work that could fail; a failure here is only logged
+    // (a destructor must not throw while an exception may be unwinding).
+    if (cublasSetSmCountTarget(context_.cublas(), 0) != CUBLAS_STATUS_SUCCESS)
+        QTTS_LOG_WARN("cuBLAS SM count target could not be reset on device {}", context_.device());
+}
+
 void GpuContext::stream_priority_set(bool high) {
     guard_.check("GpuContext::stream_priority_set");
     DeviceScope scope(device_);

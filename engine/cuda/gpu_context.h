@@ -78,6 +78,10 @@ public:
     // lower-priority streams (a second context's work fills what is left). Owner thread, between
     // steps.
     void stream_priority_set(bool high);
+    // Asks cuBLAS to spread this context's GEMMs over at most `sms` SMs (0: all; captured graphs
+    // keep what was set when they were captured). Owner thread; CublasSmLimit (below) sets it for
+    // a scope.
+    void cublas_sm_limit(int sms);
     // After a failed call on this context (one stream's error): clears the thread's pending
     // runtime error and waits for the stream. True when the context still works; false after a
     // sticky error (illegal address, device lost), after which every call fails. Owner thread.
@@ -100,6 +104,21 @@ private:
     cublasHandle_t cublas_ = nullptr;
     DeviceBuffer workspace_;
     OwnerGuard guard_;
+};
+
+// GpuContext::cublas_sm_limit(sms) for the lifetime of the scope, then every SM again (also when
+// the scope is left by an exception, so no later GEMM or capture inherits the limit). sms 0 changes
+// nothing. Owner thread of the context.
+class CublasSmLimit {
+public:
+    CublasSmLimit(GpuContext& context, int sms);
+    ~CublasSmLimit();
+    CublasSmLimit(const CublasSmLimit&) = delete;
+    CublasSmLimit& operator=(const CublasSmLimit&) = delete;
+
+private:
+    GpuContext& context_;
+    const bool set_;
 };
 
 }  // namespace qtts::cuda
