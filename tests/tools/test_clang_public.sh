@@ -18,30 +18,27 @@ trap 'rm -rf "$tmp"' EXIT
 # The C programs include <qtts/qtts_c.h>, the installed layout.
 mkdir -p "$tmp/include/qtts"
 ln -s "$src/engine/api/qtts_c.h" "$tmp/include/qtts/qtts_c.h"
-echo '#include "engine/api/qtts.h"' >"$tmp/api.cpp"
-echo '#include <qtts/qtts_c.h>' >"$tmp/c_api.cpp"
+# The headers alone, in files named after them (the output names a file by its path in the tree,
+# or by that name).
+echo '#include "engine/api/qtts.h"' >"$tmp/qtts.h-as-C++.cpp"
+echo '#include <qtts/qtts_c.h>' >"$tmp/qtts_c.h-as-C++.cpp"
 
 failed=0
-label() {  # a file as the output names it
-    case "$1" in
-        "$tmp/api.cpp") echo "engine/api/qtts.h (C++)" ;;
-        "$tmp/c_api.cpp") echo "engine/api/qtts_c.h (as C++)" ;;
-        *) echo "${1#"$src"/}" ;;
-    esac
-}
 check() {  # check COMPILER FLAGS... FILE
     local file="${*: -1}"
+    file="${file#"$src"/}"
+    file="${file#"$tmp"/}"
     if "$@" >"$tmp/out.txt" 2>&1; then
-        echo "ok: $(label "$file")"
+        echo "ok: $file"
     else
-        echo "FAILED: $(label "$file")"
+        echo "FAILED: $file"
         cat "$tmp/out.txt"
         failed=1
     fi
 }
 cxx_flags=(-std=c++17 -Wall -Wextra -Werror -fsyntax-only -I"$src" -I"$tmp/include")
-check "$cxx" "${cxx_flags[@]}" "$tmp/api.cpp"
-check "$cxx" "${cxx_flags[@]}" "$tmp/c_api.cpp"
+check "$cxx" "${cxx_flags[@]}" "$tmp/qtts.h-as-C++.cpp"
+check "$cxx" "${cxx_flags[@]}" "$tmp/qtts_c.h-as-C++.cpp"
 check "$cxx" "${cxx_flags[@]}" "$src/apps/embed/embed_pcm.cpp"
 check "$cc" -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$tmp/include" "$src/tests/c_api/hello.c"
 check "$cc" -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$tmp/include" "$src/tests/c_api/features.c"
