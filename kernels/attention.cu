@@ -45,13 +45,15 @@ struct SeqBuffers {
     float* k_cache;
     float* v_cache;
     const int32_t* pos_dev;
+    const int32_t* stopped;  // null: no flag (one sequence, or a batch row without one)
     float* partial;
     uint32_t* counters;
     int row0;  // the sequence's first row in the launch's rows (out_split)
 };
 
 __device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int seq) {
-    if (!a.seqs) return SeqBuffers{a.qkv, a.qkv_lo, a.out, a.k_cache, a.v_cache, a.pos_dev, a.partial, a.counters, 0};
+    if (!a.seqs)
+        return SeqBuffers{a.qkv, a.qkv_lo, a.out, a.k_cache, a.v_cache, a.pos_dev, nullptr, a.partial, a.counters, 0};
     const AttentionSeq s = a.seqs[seq];
     const int tiles = query_tiles(a.T);
     SeqBuffers b;
@@ -61,6 +63,7 @@ __device__ __forceinline__ SeqBuffers seq_buffers(const AttentionArgs& a, int se
     b.k_cache = s.k_cache ? s.k_cache + a.seq_layer_offset : nullptr;
     b.v_cache = s.v_cache ? s.v_cache + a.seq_layer_offset : nullptr;
     b.pos_dev = s.pos;
+    b.stopped = s.stopped;
     b.partial = a.partial ? a.partial + size_t(seq) * a.n_heads * a.T * a.splits * (a.head_dim + 2) : nullptr;
     b.counters = a.counters ? a.counters + size_t(seq) * a.n_kv * tiles : nullptr;
     b.row0 = seq * a.T;
@@ -268,12 +271,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     }
     pdl_wait();
     pdl_trigger();
-    if (a.seqs) {
-        const int32_t* stopped = a.seqs[seq].stopped;
-        if (stopped && *stopped) {
-            if (staged) __pipeline_wait_prior(0);
-            return;  // the stream ended: its cache and position stay as they are
-        }
+    if (sb.stopped && *sb.stopped) {  // the flag's address came with the table, before the wait
+        if (staged) __pipeline_wait_prior(0);
+        return;  // the stream ended: its cache and position stay as they are
     }
 
     // Slices blockIdx.y, + gridDim.y, ...: one each when the grid has a block per slice, several

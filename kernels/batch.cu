@@ -13,10 +13,10 @@ constexpr int BATCH_THREADS = 256;
 // grid: rows. Block r copies row r's codes and hidden vector.
 __global__ void __launch_bounds__(BATCH_THREADS)
     slots_load_kernel(const StreamSlot* slots, int dim, int32_t* batch_codes, float* hidden_rows) {
+    const int r = blockIdx.x;
+    const StreamSlot slot = slots[r];  // written by the host before the step: read before the wait
     pdl_wait();
     pdl_trigger();
-    const int r = blockIdx.x;
-    const StreamSlot slot = slots[r];
     if (threadIdx.x < SAMPLE_MAX_GROUPS)
         batch_codes[size_t(r) * SAMPLE_MAX_GROUPS + threadIdx.x] = slot.state ? slot.state->current[threadIdx.x] : 0;
     float* dst = hidden_rows + size_t(r) * dim;
@@ -26,10 +26,10 @@ __global__ void __launch_bounds__(BATCH_THREADS)
 // grid: rows. Stopped streams keep the output of their last real step.
 __global__ void __launch_bounds__(BATCH_THREADS)
     slots_store_hidden_kernel(const StreamSlot* slots, int dim, const float* hidden_rows) {
+    const int r = blockIdx.x;
+    const StreamSlot slot = slots[r];  // written by the host before the step: read before the wait
     pdl_wait();
     pdl_trigger();
-    const int r = blockIdx.x;
-    const StreamSlot slot = slots[r];
     if (!slot.state || !slot.hidden || slot.state->stopped) return;
     const float* src = hidden_rows + size_t(r) * dim;
     for (int i = threadIdx.x; i < dim; i += BATCH_THREADS) slot.hidden[i] = src[i];

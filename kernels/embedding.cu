@@ -24,13 +24,14 @@ __global__ void __launch_bounds__(EMBED_THREADS)
 }
 
 __global__ void __launch_bounds__(EMBED_THREADS) frame_embed_kernel(const FrameEmbedArgs a) {
+    const int r = blockIdx.y;
+    StreamSlot slot;
+    if (a.slots) slot = a.slots[r];  // written by the host before the step: read before the wait
     pdl_wait();
     pdl_trigger();
-    const int r = blockIdx.y;
     const int32_t* codes = a.codes + size_t(r) * a.code_stride;
     const float* text = nullptr;
     if (a.slots) {
-        const StreamSlot slot = a.slots[r];
         const int index = slot.state ? slot.state->frame : -1;
         const bool has = slot.trailing && index >= 0 && index < slot.state->trailing_rows;
         text = has ? slot.trailing + size_t(index) * a.dim : slot.pad;

@@ -396,6 +396,62 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
     __syncthreads();
 }
 
+    // The draw from the `count` probabilities compacted into sh.value (ids in sh.index), as
+    // probs_pick() on the CPU makes it: the first entry whose running sum in index order exceeds
+    // u * total, else the last nonzero one. Called by the 32 lanes of one warp; every lane returns
+    // the id. Overwrites sh.value with the running sums.
+    //
+    // Why a warp: thread 0 alone walked the list with one dependent shared-memory read and add
+    // after another, ~36 ns a candidate (~1.8 us of a top-k 50 draw; a draw from the whole
+    // vocabulary walks 2048 or more). Here lane l of a 32-entry round adds entries 32c .. 32c + l, one after another, to the
+    // sum carried from the round before: the same additions in the same order as the serial loop,
+    // so every running sum has the serial loop's bits, and 32 of them come out of one pass of
+    // broadcast reads. Adding a zero leaves a sum as it is, so a zero never exceeds the target
+    // first (target = u * total >= 0) and the pick is the first sum above it.
+    static __device__ __forceinline__ int warp_draw(int count, float u, Shared& sh) {
+        const int lane = threadIdx.x & 31;
+        float carry = 0.0f;
+        int last_nonzero = -1;
+        for (int c0 = 0; c0 < count; c0 += 32) {
+            const int in_round = min(32, count - c0);
+            float sum = carry;
+#pragma unroll
+            for (int t = 0; t < 32; ++t) {
+                const float p = t < in_round ? sh.value[c0 + t] : 0.0f;
+                if (t <= lane) sum += p;
+            }
+            if (lane < in_round && sh.value[c0 + lane] != 0.0f) last_nonzero = c0 + lane;
+            __syncwarp();
+            if (lane < in_round) sh.value[c0 + lane] = sum;
+            carry = __shfl_sync(0xffffffffu, sum, in_round - 1);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) last_nonzero = max(last_nonzero, __shfl_xor_sync(0xffffffffu, last_nonzero, o));
+        __syncwarp();
+        const float target = u * carry;  // carry: the total
+        int pick = -1;
+        for (int c0 = 0; c0 < count && pick < 0; c0 += 32) {
+            const unsigned over = __ballot_sync(0xffffffffu, c0 + lane < count && sh.value[c0 + lane] > target);
+            if (over) pick = c0 + __ffs(int(over)) - 1;
+        }
+        if (pick < 0) pick = last_nonzero;
+        return pick >= 0 ? sh.index[pick] : (count > 0 ? sh.index[0] : 0);
+    }
+
+    // Tests: the draw from probabilities[0..count) with ids 0..count - 1 (warp_draw above).
+    static __device__ __forceinline__ void draw_probe(const float* probabilities, int count, float u, int* out,
+                                                      Shared& sh) {
+        for (int i = threadIdx.x; i < count; i += SAMPLE_THREADS) {
+            sh.value[i] = probabilities[i];
+            sh.index[i] = i;
+        }
+        __syncthreads();
+        if ((threadIdx.x >> 5) == 0) {
+            const int pick = warp_draw(count, u, sh);
+            if (threadIdx.x == 0) *out = pick;
+        }
+    }
+
     // Tests: the k-th largest of values[0..n) by the bracket (out[0], NaN when it declined; out[2]
     // its max) and by the radix passes (out[1]), from the same registers.
     static __device__ __forceinline__ void kth_probe(const float* values, int n, int k, float* out, Shared& sh) {
@@ -416,32 +472,36 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
     }
 
     static __device__ __forceinline__ void run(const SampleArgs& args, Shared& sh) {
-    pdl_wait();
-    pdl_trigger();
     // Batched: this block's row takes its stream's buffers; idle and stopped rows draw nothing.
+    // The slot table is written by the host before the step (GpuBatch::bind), so it is read
+    // before the wait; idle rows return at once.
     SampleArgs a = args;
     int32_t* batch_code = nullptr;
     if (args.slots) {
         const int r = blockIdx.x;
         const StreamSlot slot = args.slots[r];
-        if (!slot.state || slot.state->stopped) return;
+        if (!slot.state) return;
         a.state = slot.state;
         a.seen = slot.seen;
         a.codes = slot.codes;
         a.logits = args.logits + size_t(r) * args.ld_logits;
         batch_code = args.batch_codes + size_t(r) * SAMPLE_MAX_GROUPS + args.group;
     }
+    pdl_wait();
+    pdl_trigger();
     const int tid = threadIdx.x, n = a.n;
     GenerationDeviceState* st = a.state;
-    const SamplingDeviceParams p = a.group == 0 ? st->talker : st->predictor;
-    const int frame = st->frame + a.frame_offset;
-
+    // The logits and the stream's state in one round of loads: a stopped row's are read and
+    // dropped.
     float v[PER_THREAD];
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
         const int i = tid + j * SAMPLE_THREADS;
         v[j] = i < n ? a.logits[i] : -INFINITY;
     }
+    const SamplingDeviceParams p = a.group == 0 ? st->talker : st->predictor;
+    const int frame = st->frame + a.frame_offset;
+    if (args.slots && st->stopped) return;
     if (a.group == 0) {
         const bool mask_eos = st->history_count < st->min_new_tokens;
         const float penalty = p.repetition_penalty;
@@ -488,21 +548,9 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         // ran; fmaxf picks the same value either way (a +0 / -0 tie gives the same exponentials).
         const float max_v = max_known == max_known ? max_known : block_max(v, n, sh);
         const int count = block_compact(v, n, sh, [max_v](float x) { return expf(x - max_v); });
-        if (tid == 0) {
-            // Sequential sums in index order, exactly as probs_draw() on the CPU.
-            float total = 0.0f;
-            for (int i = 0; i < count; ++i) total += sh.value[i];
-            const float target = philox_uniform(st->seed, uint32_t(a.group), uint64_t(frame)) * total;
-            float cumulative = 0.0f;
-            int pick = count > 0 ? sh.index[0] : 0;
-            for (int i = 0; i < count; ++i) {
-                const float prob = sh.value[i];
-                if (prob == 0.0f) continue;
-                cumulative += prob;
-                pick = sh.index[i];
-                if (cumulative > target) break;
-            }
-            sh.result = pick;
+        if ((tid >> 5) == 0) {
+            const int pick = warp_draw(count, philox_uniform(st->seed, uint32_t(a.group), uint64_t(frame)), sh);
+            if (tid == 0) sh.result = pick;
         }
         __syncthreads();
         chosen = sh.result;
@@ -539,6 +587,12 @@ __global__ void __launch_bounds__(SAMPLE_BLOCK) kth_probe_kernel(const float* va
     SampleImpl<SAMPLE_BLOCK>::kth_probe(values, n, k, out, sh);
 }
 
+__global__ void __launch_bounds__(SAMPLE_BLOCK) draw_probe_kernel(const float* probabilities, int count, float u,
+                                                                   int* out) {
+    __shared__ SampleImpl<SAMPLE_BLOCK>::Shared sh;
+    SampleImpl<SAMPLE_BLOCK>::draw_probe(probabilities, count, u, out, sh);
+}
+
 }  // namespace
 
 float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index) { return philox_uniform(seed, stream, index); }
@@ -548,6 +602,12 @@ void top_k_threshold_probe(const float* values, int n, int k, float* out, const 
         check_fail("top_k_threshold_probe", "invalid arguments (2 <= n <= 4096, 1 <= k < n)", __func__, __FILE__,
                    __LINE__);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, kth_probe_kernel, values, n, k, out));
+}
+
+void draw_probe(const float* probabilities, int count, float u, int* out, const Launch& l) {
+    if (!probabilities || !out || count < 1 || count > SAMPLE_MAX_VOCAB || !(u >= 0.0f && u < 1.0f))
+        check_fail("draw_probe", "invalid arguments (1 <= count <= 4096, 0 <= u < 1)", __func__, __FILE__, __LINE__);
+    KERNEL_CUDA_CHECK(launch_kernel(l, dim3(1), dim3(SAMPLE_BLOCK), 0, draw_probe_kernel, probabilities, count, u, out));
 }
 
 void sample(const SampleArgs& a, const Launch& l) {

@@ -77,4 +77,9 @@ float philox_uniform_host(uint64_t seed, uint32_t stream, uint64_t index);
 // the radix passes), [1] by the radix passes, [2] the max the bracket found (NaN likewise).
 void top_k_threshold_probe(const float* values, int n, int k, float* out, const Launch& launch);
 
+// Tests: the id a draw picks from probabilities[0..count) (device memory; id i for entry i) at the
+// uniform u, into *out (device): the first entry whose running sum in index order exceeds u * total,
+// else the last nonzero one (probs_pick() on the CPU, engine/generation/sampling.h).
+void draw_probe(const float* probabilities, int count, float u, int* out, const Launch& launch);
+
 }  // namespace qtts::kernels

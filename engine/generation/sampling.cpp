@@ -152,18 +152,12 @@ int32_t logits_argmax(const float* logits, int n) {
     return best;
 }
 
-int32_t probs_draw(const float* logits, int n, float u, float* probs) {
-    const int32_t top = logits_argmax(logits, n);
-    const float max_v = logits[top];
-    if (max_v == NEG_INF) fail(ErrorCode::ERROR_INTERNAL, "sampling: every logit is -inf");
+int32_t probs_pick(const float* probs, int n, float u) {
     float total = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        probs[i] = logits[i] == NEG_INF ? 0.0f : std::exp(logits[i] - max_v);
-        total += probs[i];
-    }
+    for (int i = 0; i < n; ++i) total += probs[i];
     const float target = u * total;
     float cumulative = 0.0f;
-    int32_t last_nonzero = top;
+    int32_t last_nonzero = 0;
     for (int i = 0; i < n; ++i) {
         if (probs[i] == 0.0f) continue;
         cumulative += probs[i];
@@ -171,6 +165,14 @@ int32_t probs_draw(const float* logits, int n, float u, float* probs) {
         if (cumulative > target) return i;
     }
     return last_nonzero;  // rounding left target just above the running sum
+}
+
+int32_t probs_draw(const float* logits, int n, float u, float* probs) {
+    const int32_t top = logits_argmax(logits, n);
+    const float max_v = logits[top];
+    if (max_v == NEG_INF) fail(ErrorCode::ERROR_INTERNAL, "sampling: every logit is -inf");
+    for (int i = 0; i < n; ++i) probs[i] = logits[i] == NEG_INF ? 0.0f : std::exp(logits[i] - max_v);
+    return probs_pick(probs, n, u);  // probs[top] = 1: never the all-zero case
 }
 
 void SamplerScratch::reserve(int n) {

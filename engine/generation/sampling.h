@@ -92,9 +92,12 @@ void logits_apply_top_p(float* logits, int n, float top_p, float* scratch, int32
 
 // Index of the largest logit; the first one on ties (as torch.argmax).
 int32_t logits_argmax(const float* logits, int n);
-// Softmax (fp32, max-subtracted, sum in index order) into probs, then the first index whose
-// running sum exceeds u · total. u in [0, 1).
+// Softmax (fp32, max-subtracted) into probs, then probs_pick. u in [0, 1).
 int32_t probs_draw(const float* logits, int n, float u, float* probs);
+// The first index whose running sum (fp32, in index order) exceeds u · total, else the last
+// nonzero index (rounding can leave u · total above every sum), else 0. The GPU draw makes the
+// same sums in the same order (kernels/sampling.cu).
+int32_t probs_pick(const float* probs, int n, float u);
 
 // Working memory for the processors; sized once, reused for every token.
 struct SamplerScratch {

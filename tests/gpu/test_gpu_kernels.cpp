@@ -1318,6 +1318,52 @@ TEST_CASE("the top-k threshold is the k-th largest value, bucketed or by radix p
     CHECK(declined_equal == 10);  // all-equal values always go to the radix passes
 }
 
+TEST_CASE("a draw picks what probs_pick picks, running sums bit for bit", "[gpu][sampling]") {
+    // The device draw makes its running sums with one warp, 32 at a time (kernels/sampling.cu,
+    // warp_draw); they must be the serial loop's sums to the bit, so the pick must be the CPU's
+    // for any probabilities, zeros and absorbed tiny values included, at any count up to the
+    // largest vocabulary (rounds of 32, a partial last round).
+    struct Shape {
+        const char* name;
+        int kind;  // 0 uniform, 1 a third zero, 2 zeros around one block, 3 tiny beside large, 4 one nonzero
+    };
+    const Shape shapes[] = {{"uniform", 0}, {"a third zero", 1}, {"zeros around a block", 2},
+                            {"tiny beside large", 3}, {"one nonzero", 4}};
+    DeviceArray<int> d_out(1);
+    int runs = 0;
+    for (const Shape& sh : shapes) {
+        for (const int count : {1, 2, 31, 32, 33, 50, 97, 2048, 3073, k::SAMPLE_MAX_VOCAB}) {
+            const uint64_t seed = fresh_seed();
+            std::mt19937_64 rng(seed);
+            std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+            std::vector<float> probs(static_cast<size_t>(count));
+            const int lone = int(rng() % uint64_t(count));
+            for (int i = 0; i < count; ++i) {
+                float p = uni(rng);
+                switch (sh.kind) {
+                    case 1: p = i % 3 == 1 ? 0.0f : p; break;
+                    case 2: p = (i < count / 4 || i > count / 2) ? 0.0f : p; break;
+                    case 3: p = i % 2 == 0 ? p * 1e-9f : p * 1e3f; break;
+                    case 4: p = i == lone ? p + 0.5f : 0.0f; break;
+                    default: break;
+                }
+                probs[size_t(i)] = p;
+            }
+            auto d_probs = upload(probs);
+            for (const float u : {0.0f, uni(rng), uni(rng), uni(rng), 0.5f, 0.99999994f}) {
+                INFO(sh.name << " count " << count << " u " << u << " seed " << seed);
+                const int want = qtts::probs_pick(probs.data(), count, u);
+                CUDA_CHECK(cudaMemset(d_out.get(), 0xff, sizeof(int)));  // -1: poisoned
+                k::draw_probe(d_probs.get(), count, u, d_out.get(), context().launch());
+                REQUIRE(download(d_out, 1)[0] == want);
+                ++runs;
+            }
+        }
+    }
+    CHECK(runs == 5 * 10 * 6);
+    CHECK_THROWS_AS(k::draw_probe(nullptr, 4, 0.5f, d_out.get(), context().launch()), k::KernelError);
+}
+
 TEST_CASE("on-device sampling reproduces the CPU sampler and its random stream", "[gpu][sampling]") {
     // Philox: the host mirror of the device generator equals the CPU RNG exactly.
     const qtts::SamplingRng rng(0x1234abcd5678ef01ull);
@@ -1341,6 +1387,8 @@ TEST_CASE("on-device sampling reproduces the CPU sampler and its random stream",
         {"predictor greedy", true, 1.0f, 0, 1.0f, 2048, 5},
         {"predictor reference sampling", false, 0.9f, 50, 1.0f, 2048, 7},
         {"predictor top-k + top-p", false, 1.3f, 200, 0.9f, 2048, 15},
+        {"predictor whole vocabulary", false, 1.0f, 0, 1.0f, 2048, 9},
+        {"codebook 0 whole vocabulary", false, 1.0f, 0, 1.0f, 3072, 0},
     };
     qtts::cuda::GpuContext& ctx = context();
     DeviceArray<k::GenerationDeviceState> d_state(1);
