@@ -205,6 +205,28 @@ TEST_CASE("greedy picks the argmax (first on ties) and ignores the warpers", "[s
     CHECK(qtts::logits_argmax(logits.data(), 2048) == 1234);
 }
 
+TEST_CASE("a draw picks the first index whose running sum passes u times the total", "[sampling]") {
+    // probs_pick is the draw both backends make (the GPU's warp sums reproduce it bit for bit).
+    // Sums in index order: 0, .25, .25, .75, 1, 1 (total 1), so the pick moves past each boundary
+    // and never lands on a zero.
+    const float probs[] = {0.0f, 0.25f, 0.0f, 0.5f, 0.25f, 0.0f};
+    CHECK(qtts::probs_pick(probs, 6, 0.0f) == 1);           // the first nonzero
+    CHECK(qtts::probs_pick(probs, 6, 0.2499f) == 1);
+    CHECK(qtts::probs_pick(probs, 6, 0.25f) == 3);          // a sum equal to the target does not pass it
+    CHECK(qtts::probs_pick(probs, 6, 0.7499f) == 3);
+    CHECK(qtts::probs_pick(probs, 6, 0.75f) == 4);
+    CHECK(qtts::probs_pick(probs, 6, 0.99999994f) == 4);    // the trailing zero is never picked
+    const float zeros[] = {0.0f, 0.0f, 0.0f};
+    CHECK(qtts::probs_pick(zeros, 3, 0.5f) == 0);
+    // probs_draw is the softmax and then this pick.
+    const std::vector<float> logits = qtts_test::random_floats(300, 11, -4.0f, 4.0f);
+    std::vector<float> p1(300);
+    for (const float u : {0.0f, 0.1f, 0.5f, 0.9f, 0.99999994f}) {
+        const int32_t drawn = qtts::probs_draw(logits.data(), 300, u, p1.data());
+        CHECK(qtts::probs_pick(p1.data(), 300, u) == drawn);
+    }
+}
+
 TEST_CASE("parameter validation and the frame budget rule", "[sampling]") {
     CHECK_NOTHROW(qtts::sampling_params_validate(qtts::SamplingParams{}, "talker"));
     CHECK_THROWS_AS(qtts::sampling_params_validate(sampling(0.0f, 50, 1.0f), "talker"), qtts::Error);
