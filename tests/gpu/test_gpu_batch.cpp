@@ -149,9 +149,10 @@ bool neighbour_draw_allowed(const StreamSpec& s, bool bitwise_path) {
 
 // Frames [0, n) equal; with a frame_end, frames from it on were never completed: the frame at
 // frame_end holds only the codebook-0 draw that ended the stream, later frames nothing (-1).
-// With `neighbour_allowed` (above) the stream may part from its codes alone at one draw: the sampler picks the first index whose running sum (in index order) passes
-// the draw's target, and with ~2048 candidates the sums' boundaries are ~5e-4 apart, so a last-bit
-// difference in the logits moves a draw that lands that close to one to the neighbouring index
+// With `neighbour_allowed` (above) the stream may part from its codes alone at one draw: the
+// sampler picks the first index whose running sum (in index order) passes the draw's target, and
+// with ~2048 candidates the sums' boundaries are ~5e-4 apart, so a last-bit difference in the
+// logits moves a draw that lands that close to one to the neighbouring index
 // (seen on an H100: 325 for 326, the 166th draw of a 12-frame run). That draw must be a
 // neighbour (a wrong product gives an arbitrary code, and from the first frames); the stream's
 // history differs after it, so nothing later is compared and false is returned. Streams that
