@@ -89,13 +89,13 @@ struct BlockSlice {
     int active;        // slices that hold keys at this context (the others return at once)
 };
 
-__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, const SeqBuffers& sb, int group, int tile,
-                                                  int split) {
+// pos0: the sequence's position (position_read), read by the caller with its other loads.
+__device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, int pos0, int group, int tile, int split) {
     BlockSlice b;
     b.t0 = tile * ATTN_TILE;
     const int qt = min(ATTN_TILE, a.T - b.t0);
     b.nq = qt * group;
-    b.pos0 = position_read(sb.pos_dev, a.pos_host);
+    b.pos0 = pos0;
     b.ctx = b.pos0 + a.T;
     b.chunk = split_chunk(b.ctx, a.splits, a.min_chunk);
     b.k0 = split * b.chunk;
@@ -271,7 +271,10 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     }
     pdl_wait();
     pdl_trigger();
-    if (sb.stopped && *sb.stopped) {  // the flag's address came with the table, before the wait
+    // The position and the stop flag in one round (their addresses came with the table).
+    const int pos_now = position_read(sb.pos_dev, a.pos_host);
+    const bool stopped = sb.stopped && *sb.stopped;
+    if (stopped) {
         if (staged) __pipeline_wait_prior(0);
         return;  // the stream ended: its cache and position stay as they are
     }
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     // Slices blockIdx.y, + gridDim.y, ...: one each when the grid has a block per slice, several
     // in a wide batch's launch (grid_splits); the slice staged before the wait is the first.
     for (int split = blockIdx.y;; split += gridDim.y) {
-        const BlockSlice b = block_slice(a, sb, group, tile, split);
+        const BlockSlice b = block_slice(a, pos_now, group, tile, split);
         const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, ctx = b.ctx, chunk = b.chunk, k0 = b.k0, k1 = b.k1;
         const int k1_visible = b.k1_visible;
         if (split >= b.active) {  // no key of the context falls in this slice
@@ -432,7 +435,7 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
     const size_t head_base = size_t(g) * size_t(a.max_ctx);
 
     const SeqBuffers sb = seq_buffers(a, 0);  // a is one sequence (a batch's: prefill_seq_args)
-    const BlockSlice b = block_slice(a, sb, group, tile, blockIdx.y);
+    const BlockSlice b = block_slice(a, position_read(sb.pos_dev, a.pos_host), group, tile, blockIdx.y);
     if (int(blockIdx.y) >= b.active) return;  // no key of the context falls in this slice
     const int t0 = b.t0, nq = b.nq, pos0 = b.pos0, k0 = b.k0;
     const int n = max(0, b.k1_visible - k0);  // keys some query of this tile can see

@@ -33,21 +33,27 @@ __device__ __forceinline__ void warp_head_norm_rope(const float* src, float* scr
                                                     const float* norm_w, float eps, const float* inv_freq, int pos,
                                                     const float* src_lo = nullptr) {
     const int lane = threadIdx.x & 31;
-    float v[4];
-    float ss = 0.0f;
+    const int half = head_dim / 2;
+    // The vector, its norm weights and its rotary frequencies are loaded in one round: the later
+    // uses sit behind shared-memory stores the compiler will not move these loads past.
+    float v[4], w[4], freq[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int d = lane + 32 * i;
         v[i] = d < head_dim ? projection_value(src, src_lo, d) : 0.0f;
-        ss += v[i] * v[i];
+        w[i] = (norm_w && d < head_dim) ? norm_w[d] : 1.0f;
+        freq[i] = (inv_freq && d < head_dim) ? inv_freq[d < half ? d : d - half] : 0.0f;
     }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
     if (norm_w) {
         ss = warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / float(head_dim) + eps);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int d = lane + 32 * i;
-            if (d < head_dim) v[i] = (v[i] * inv) * norm_w[d];
+            if (d < head_dim) v[i] = (v[i] * inv) * w[i];
         }
     }
     if (inv_freq) {
@@ -57,15 +63,13 @@ __device__ __forceinline__ void warp_head_norm_rope(const float* src, float* scr
             if (d < head_dim) scratch[d] = v[i];
         }
         __syncwarp();
-        const int half = head_dim / 2;
         const float p = float(pos);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int d = lane + 32 * i;
             if (d >= head_dim) continue;
-            const int f = d < half ? d : d - half;
             float s, c;
-            sincosf(p * inv_freq[f], &s, &c);
+            sincosf(p * freq[i], &s, &c);
             if (d < half) {
                 const float b = scratch[d + half];
                 v[i] = v[i] * c - b * s;

@@ -425,8 +425,7 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
             if (lane < in_round) sh.value[c0 + lane] = sum;
             carry = __shfl_sync(0xffffffffu, sum, in_round - 1);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) last_nonzero = max(last_nonzero, __shfl_xor_sync(0xffffffffu, last_nonzero, o));
+        last_nonzero = __reduce_max_sync(0xffffffffu, last_nonzero);  // sm_80+, as every build
         __syncwarp();
         const float target = u * carry;  // carry: the total
         int pick = -1;
@@ -471,21 +470,36 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         }
     }
 
+    // Batched with SampleArgs::embed_out: row r's input to the next predictor pass, the embedding
+    // of `code`. Called by every thread of the block.
+    static __device__ __forceinline__ void embed_row(const SampleArgs& a, int code) {
+        const bf16_t* src = a.embed_table + size_t(code) * a.embed_dim;
+        float* dst = a.embed_out + size_t(blockIdx.x) * a.embed_ld;
+        for (int i = threadIdx.x; i < a.embed_dim; i += SAMPLE_THREADS) dst[i] = bf16_to_float(src[i]);
+    }
+
     static __device__ __forceinline__ void run(const SampleArgs& args, Shared& sh) {
     // Batched: this block's row takes its stream's buffers; idle and stopped rows draw nothing.
     // The slot table is written by the host before the step (GpuBatch::bind), so it is read
-    // before the wait; idle rows return at once.
+    // before the wait; idle rows return at once (after embedding the code they hold, when asked).
     SampleArgs a = args;
     int32_t* batch_code = nullptr;
     if (args.slots) {
         const int r = blockIdx.x;
         const StreamSlot slot = args.slots[r];
-        if (!slot.state) return;
+        batch_code = args.batch_codes + size_t(r) * SAMPLE_MAX_GROUPS + args.group;
+        if (!slot.state) {
+            if (args.embed_out) {
+                pdl_wait();  // batch_codes was written by this step's slots_load
+                pdl_trigger();
+                embed_row(args, *batch_code);
+            }
+            return;
+        }
         a.state = slot.state;
         a.seen = slot.seen;
         a.codes = slot.codes;
         a.logits = args.logits + size_t(r) * args.ld_logits;
-        batch_code = args.batch_codes + size_t(r) * SAMPLE_MAX_GROUPS + args.group;
     }
     pdl_wait();
     pdl_trigger();
@@ -501,7 +515,10 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
     }
     const SamplingDeviceParams p = a.group == 0 ? st->talker : st->predictor;
     const int frame = st->frame + a.frame_offset;
-    if (args.slots && st->stopped) return;
+    if (args.slots && st->stopped) {
+        if (args.embed_out) embed_row(args, *batch_code);
+        return;
+    }
     if (a.group == 0) {
         const bool mask_eos = st->history_count < st->min_new_tokens;
         const float penalty = p.repetition_penalty;
@@ -573,6 +590,7 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         }
         if (batch_code) *batch_code = chosen;
     }
+    if (args.embed_out) embed_row(args, chosen);  // every thread holds `chosen`
     }
 };
 
@@ -612,11 +630,13 @@ void draw_probe(const float* probabilities, int count, float u, int* out, const 
 
 void sample(const SampleArgs& a, const Launch& l) {
     const bool batched = a.slots != nullptr;
-    const bool buffers = batched ? (a.rows >= 1 && a.ld_logits >= a.n && a.batch_codes)
-                                 : (a.state && a.codes && (a.group != 0 || a.seen));
+    const bool embed = !a.embed_out || (batched && a.embed_table && a.embed_dim >= 1 && a.embed_ld >= a.embed_dim);
+    const bool buffers = batched ? (a.rows >= 1 && a.ld_logits >= a.n && a.batch_codes && embed)
+                                 : (a.state && a.codes && (a.group != 0 || a.seen) && embed);
     if (!a.logits || a.n <= 0 || a.n > SAMPLE_MAX_VOCAB || !buffers || a.group < 0 || a.group >= SAMPLE_MAX_GROUPS)
-        check_fail("sample", "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen or slots set)", __func__,
-                   __FILE__, __LINE__);
+        check_fail("sample",
+                   "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen or slots set; embed_* only batched)",
+                   __func__, __FILE__, __LINE__);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(batched ? a.rows : 1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
 }
 

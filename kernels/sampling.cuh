@@ -65,6 +65,14 @@ struct SampleArgs {
     int rows = 1;
     int ld_logits = 0;
     int32_t* batch_codes = nullptr;  // [rows, SAMPLE_MAX_GROUPS]
+    // Batched, optional (embed_out set): each row r < rows also writes the next predictor pass's
+    // input row, embed_out[r, 0 .. embed_dim) = embed_table[code] as fp32, where code is the one
+    // the row drew, or for an idle or stopped row the one batch_codes[r, group] holds (what a
+    // gather of batch_codes would read). embed_table [vocab >= n, embed_dim] bf16.
+    const bf16_t* embed_table = nullptr;
+    int embed_dim = 0;
+    float* embed_out = nullptr;  // [rows, embed_ld]
+    int embed_ld = 0;
 };
 
 void sample(const SampleArgs& args, const Launch& launch);

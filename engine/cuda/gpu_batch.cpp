@@ -240,8 +240,23 @@ k::AttentionArgs GpuBatch::predictor_attention(int layer, int rows, int group) c
     return a;
 }
 
+float* GpuBatch::predictor_embedding_target(int rows, int* ld) const {
+    const GpuLmWeights& w = *weights_;
+    if (w.predictor_proj_w == nullptr) {  // no projection: the stack's input itself
+        *ld = w.predictor.hidden;
+        return predictor_.x;
+    }
+    if (rows >= options_.wide_rows) {
+        // The projection's input, for tensor cores (a gathering gemv would re-read the weights
+        // for every 8 rows: 61 us at 64 rows, ncu).
+        *ld = w.talker.hidden;
+        return predictor_in_;
+    }
+    *ld = 0;
+    return nullptr;  // the gathering gemv reads the table itself
+}
+
 void GpuBatch::predictor_pass(int rows, int group) {
-    const k::Launch l = context_.launch();
     const GpuLmWeights& w = *weights_;
     const GpuStack& P = w.predictor;
     const int H = w.talker.hidden, Hc = P.hidden;
@@ -251,45 +266,28 @@ void GpuBatch::predictor_pass(int rows, int group) {
     const int T = group == 1 ? 2 : 1;
     if (group == 1) {
         CUDA_CHECK_KERNEL(k::predictor_input_rows(hidden_, w.codec_embedding, batch_codes_, k::SAMPLE_MAX_GROUPS, rows,
-                                                  H, project ? predictor_in_ : predictor_.x, l));
+                                                  H, project ? predictor_in_ : predictor_.x, context_.launch()));
         if (project) {
             k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, 2 * rows, predictor_in_, predictor_.x);
             proj.bias = w.predictor_proj_b;
             product(proj);
         }
-    } else {
-        const bf16_t* table = w.predictor_codec_embedding[size_t(group - 2)];
-        const int32_t* previous = batch_codes_ + (group - 1);  // row r at r * SAMPLE_MAX_GROUPS
-        k::FrameEmbedArgs gather;  // one table: a strided gather of the previous codebook's embeddings
-        gather.tables[0] = table;
-        gather.groups = 1;
-        gather.dim = H;
-        gather.codes = previous;
-        gather.code_stride = k::SAMPLE_MAX_GROUPS;
-        gather.rows = rows;
-        if (project && rows >= options_.wide_rows) {
-            // Many rows: the embeddings gathered first, then the projection on tensor cores (the
-            // gathering gemv re-reads the weights for every 8 rows: 61 us at 64 rows, ncu).
-            gather.out = predictor_in_;
-            gather.ldo = H;
-            CUDA_CHECK_KERNEL(k::frame_embed(gather, l));
-            k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, rows, predictor_in_, predictor_.x);
-            proj.bias = w.predictor_proj_b;
-            product(proj);
-        } else if (project) {
-            k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, rows, nullptr, predictor_.x);
-            proj.bias = w.predictor_proj_b;
+    } else if (project) {
+        // The previous codebook's embeddings: written by the previous draw into predictor_in_
+        // (predictor_embedding_target), then projected on tensor cores; or, below wide_rows rows,
+        // gathered by the projection's gemv itself.
+        int ld = 0;
+        const float* gathered = predictor_embedding_target(rows, &ld);
+        k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, rows, gathered, predictor_.x);
+        proj.bias = w.predictor_proj_b;
+        if (!gathered) {
             proj.input = k::GemvInput::GEMV_INPUT_GATHER;
-            proj.table = table;
-            proj.index = previous;
+            proj.table = w.predictor_codec_embedding[size_t(group - 2)];
+            proj.index = batch_codes_ + (group - 1);  // row r at r * SAMPLE_MAX_GROUPS
             proj.index_stride = k::SAMPLE_MAX_GROUPS;
-            product(proj);
-        } else {
-            gather.out = predictor_.x;
-            gather.ldo = Hc;
-            CUDA_CHECK_KERNEL(k::frame_embed(gather, l));
         }
-    }
+        product(proj);
+    }  // else: the previous draw wrote the embeddings into predictor_.x
     stack_pass(P, DecodeRows{predictor_.x, predictor_.qkv, predictor_.attn, predictor_.mlp, T * rows},
                [this, rows, group](int layer) { return predictor_attention(layer, rows, group); });
     // The head reads each stream's last row.
@@ -327,6 +325,10 @@ void GpuBatch::step_enqueue(int rows) {
     const GpuLmWeights& w = *weights_;
     CUDA_CHECK_KERNEL(k::slots_load(slots_, rows, w.talker.hidden, batch_codes_, hidden_, l));
     // Codebooks 1..15 of each stream's frame in progress.
+    // Each draw but the last also writes the next pass's input where a gather would (the previous
+    // codebook's embedding of each row): one launch a pass fewer.
+    int embed_ld = 0;
+    float* embed_out = predictor_embedding_target(rows, &embed_ld);
     for (int g = 1; g < w.num_code_groups; ++g) {
         predictor_pass(rows, g);
         k::SampleArgs a = sample_args(w, g, predictor_logits_);
@@ -334,6 +336,12 @@ void GpuBatch::step_enqueue(int rows) {
         a.rows = rows;
         a.ld_logits = w.predictor_vocab;
         a.batch_codes = batch_codes_;
+        if (embed_out && g + 1 < w.num_code_groups) {
+            a.embed_table = w.predictor_codec_embedding[size_t(g - 1)];
+            a.embed_dim = w.talker.hidden;
+            a.embed_out = embed_out;
+            a.embed_ld = embed_ld;
+        }
         CUDA_CHECK_KERNEL(k::sample(a, l));
     }
     // The talker step of the finished frame and codebook 0 of the next one.
