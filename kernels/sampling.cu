@@ -481,7 +481,8 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
     static __device__ __forceinline__ void run(const SampleArgs& args, Shared& sh) {
     // Batched: this block's row takes its stream's buffers; idle and stopped rows draw nothing.
     // The slot table is written by the host before the step (GpuBatch::bind), so it is read
-    // before the wait; idle rows return at once (after embedding the code they hold, when asked).
+    // before the wait. Idle rows return at once, or, asked for the embedding (embed_out), after
+    // writing that of the code they hold.
     SampleArgs a = args;
     int32_t* batch_code = nullptr;
     if (args.slots) {
