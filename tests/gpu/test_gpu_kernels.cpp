@@ -551,8 +551,8 @@ TEST_CASE("attention over a device-positioned KV cache matches the CPU", "[gpu][
         {{2, 16, 8, 128, 16, 0}, true, 1},        // predictor pass 0
         {{1, 16, 8, 128, 16, 9}, true, 1},        // predictor pass
         {{1, 4, 2, 16, 64, 20}, true, 1},         // tiny model decode
-        {{1, 8, 4, 64, 256, 30}, true, 2},        // head_dim 64: the rotation's pairs in one lane
-        {{2, 4, 2, 18, 64, 20}, true, 1},         // head_dim 18: rows read in place, not staged
+        {{1, 8, 4, 64, 256, 30}, true, 2},        // head_dim 64, split-K over two slices
+        {{2, 4, 2, 18, 64, 20}, true, 1},         // head_dim 18: cached rows read in place, not staged
         {{37, 16, 8, 128, 4096, 5}, false, 1},    // prefill chunk (separate append)
         {{37, 4, 2, 24, 512, 100}, false, 2},     // prefill chunk after earlier chunks, split-K
         {{2, 4, 2, 24, 256, 16}, false, 2},       // a 2-row last prefill chunk (rows from kv_append)
