@@ -11,7 +11,9 @@
 // (the kernel before two-tile blocks); "wr" as auto with every one-launch product keeping its
 // weight steps in registers (GpuBatchOptions::skinny_weights; the kernel before the shared-memory
 // ring); "unfused" as auto with three launches per split product (GpuBatchOptions::split_fusion
-// off). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
+// off); "short8" as auto with the talker attention's short key slices taken in turn by at least
+// 8 blocks per stream and KV head (GpuBatchOptions::short_slices_blocks; auto: a block per
+// slice). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
 // audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
 // graph's nodes and device memory.
@@ -64,6 +66,7 @@ struct PathSpec {
     int skinny_tiles;     // 0: the default
     bool split_fusion = true;
     qtts::kernels::SkinnyWeights skinny_weights = qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED;
+    int short_slices_blocks = -1;  // -1: the default
 };
 
 // Starts streams first .. first + b - 1 on the bench prompt (stream i seeded seed_base + i;
@@ -361,11 +364,12 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     const PathSpec all_paths[] = {{"gemv", 1 << 20, 0, 0}, {"split", 4, 0, 0}, {"auto", 0, -1, 0},
                                   {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1},
                                   {"unfused", 0, -1, 0, false},
-                                  {"wr", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS}};
+                                  {"wr", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS},
+                                  {"short8", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED, 8}};
     for (const std::string& name : bench.paths)
         if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1, unfused, wr)", name);
+                       "sk16, sk32, t1, unfused, wr, short8)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
@@ -428,6 +432,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
         options.skinny_tiles = path.skinny_tiles;
         options.split_fusion = path.split_fusion;
         options.skinny_weights = path.skinny_weights;
+        if (path.short_slices_blocks >= 0) options.short_slices_blocks = path.short_slices_blocks;
         const auto t0 = Clock::now();
         qc::GpuBatch batch(weights, context, max_context, options);
         batch.capture();
@@ -436,6 +441,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                                    {"skinny_max_rows", options.skinny_max_rows},
                                    {"skinny_tiles", options.skinny_tiles},
                                    {"split_fusion", options.split_fusion},
+                                   {"short_slices_blocks", options.short_slices_blocks},
                                    {"skinny_weights_in_registers",
                                     options.skinny_weights == qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS},
                                    {"capture_ms", capture_ms},

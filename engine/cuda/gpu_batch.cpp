@@ -38,6 +38,11 @@ void gpu_batch_options_validate(const GpuBatchOptions& o) {
              k::SKINNY_MAX_ROWS);
     if (o.skinny_tiles < 0 || o.skinny_tiles > 2)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "skinny_tiles {} must be 0 (the default), 1 or 2", o.skinny_tiles);
+    if (o.slice_blocks_per_sm < 0)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "slice_blocks_per_sm {} must be >= 0", o.slice_blocks_per_sm);
+    if (o.short_slices_blocks < 0)
+        fail(ErrorCode::ERROR_INVALID_ARGUMENT, "short_slices_blocks {} must be 0 (a block per slice) or more",
+             o.short_slices_blocks);
     if (o.long_slices_rows < 0)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "long_slices_rows {} must be 0 (by SM count) or a row count",
              o.long_slices_rows);
@@ -218,14 +223,21 @@ k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
     a.batch = rows;
     a.pos_settled = true;  // the positions were advanced by the previous step's last sampler
     const int sms = context_.sm_count(), row_blocks = rows * s.n_kv;  // blocks per slice
+    const int per_sm = options_.slice_blocks_per_sm;
     const int long_from = options_.long_slices_rows > 0 ? options_.long_slices_rows
                                                         : (sms + s.n_kv - 1) / s.n_kv;  // row_blocks >= SMs
     if (rows >= long_from) {
-        // Slices of 128 keys, and about four blocks per SM whatever the context: at 64 rows two
-        // blocks per (stream, KV head) instead of talker_splits_ (32 at 4096 positions), most of
-        // which would find no key at a short context.
+        // Slices of 128 keys, and about slice_blocks_per_sm blocks per SM whatever the context: at
+        // 64 rows two blocks per (stream, KV head) instead of talker_splits_ (32 at 4096
+        // positions), most of which would find no key at a short context.
         a.min_chunk = k::ATTN_KEYS_PER_SPLIT;
-        a.grid_splits = std::min(talker_splits_, std::max(1, (4 * sms + row_blocks - 1) / row_blocks));
+        a.grid_splits = std::min(talker_splits_, std::max(1, (per_sm * sms + row_blocks - 1) / row_blocks));
+    } else if (options_.short_slices_blocks > 0) {
+        // Slices of 16 keys or more, and at least short_slices_blocks blocks per (stream, KV head):
+        // a context of up to that many slices still gets a block per slice, and a short one does
+        // not schedule thousands of blocks that find no key.
+        a.grid_splits = std::min(talker_splits_, std::max(options_.short_slices_blocks,
+                                                          (per_sm * sms + row_blocks - 1) / row_blocks));
     }
     return a;
 }

@@ -80,6 +80,18 @@ struct GpuBatchOptions {
     // (AttentionArgs::grid_splits), each taking several slices in turn when the context is long.
     // Only the last bits of the attention sums differ; tests set it to exercise both.
     int long_slices_rows = 0;
+    // Blocks per SM the talker's decode attention aims at along the key axis: from
+    // long_slices_rows rows this many (1 per stream and KV head at least); below it, where the
+    // slices stay short (16 keys or more), this many but at least short_slices_blocks per stream
+    // and KV head, when short_slices_blocks > 0. Each block takes slices y, y + grid, ... in turn,
+    // with the same bits as a block per slice (test_gpu_kernels). Why: the engine's 4096-position
+    // caches have 32 slices per KV head, almost all empty at a short context; with 8, a 10-row
+    // launch of the 1.7B would have 640 blocks instead of 2560, and a context of up to 128 keys
+    // still a block per slice. 0 (the default): a block per slice below long_slices_rows. Not
+    // measured yet (no device lent after it was written, 2026-12-05): `qtts bench --batch
+    // --batch-paths auto,short8` compares.
+    int slice_blocks_per_sm = 4;
+    int short_slices_blocks = 0;
 };
 
 // Checks the options (buckets ascending, 1..GEMV_MAX_BATCH_ROWS / 2; chunk frames >= 1;
