@@ -223,7 +223,8 @@ k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
     a.batch = rows;
     a.pos_settled = true;  // the positions were advanced by the previous step's last sampler
     const int sms = context_.sm_count(), row_blocks = rows * s.n_kv;  // blocks per slice
-    const int per_sm = options_.slice_blocks_per_sm;
+    // Blocks per (stream, KV head) for about slice_blocks_per_sm blocks per SM.
+    const int per_sm_aim = (options_.slice_blocks_per_sm * sms + row_blocks - 1) / row_blocks;
     const int long_from = options_.long_slices_rows > 0 ? options_.long_slices_rows
                                                         : (sms + s.n_kv - 1) / s.n_kv;  // row_blocks >= SMs
     if (rows >= long_from) {
@@ -231,13 +232,12 @@ k::AttentionArgs GpuBatch::talker_attention(int layer, int rows) const {
         // 64 rows two blocks per (stream, KV head) instead of talker_splits_ (32 at 4096
         // positions), most of which would find no key at a short context.
         a.min_chunk = k::ATTN_KEYS_PER_SPLIT;
-        a.grid_splits = std::min(talker_splits_, std::max(1, (per_sm * sms + row_blocks - 1) / row_blocks));
+        a.grid_splits = std::min(talker_splits_, std::max(1, per_sm_aim));
     } else if (options_.short_slices_blocks > 0) {
         // Slices of 16 keys or more, and at least short_slices_blocks blocks per (stream, KV head):
         // a context of up to that many slices still gets a block per slice, and a short one does
         // not schedule thousands of blocks that find no key.
-        a.grid_splits = std::min(talker_splits_, std::max(options_.short_slices_blocks,
-                                                          (per_sm * sms + row_blocks - 1) / row_blocks));
+        a.grid_splits = std::min(talker_splits_, std::max(options_.short_slices_blocks, per_sm_aim));
     }
     return a;
 }
