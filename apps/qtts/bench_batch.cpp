@@ -11,9 +11,9 @@
 // (the kernel before two-tile blocks); "wr" as auto with every one-launch product keeping its
 // weight steps in registers (GpuBatchOptions::skinny_weights; the kernel before the shared-memory
 // ring); "unfused" as auto with three launches per split product (GpuBatchOptions::split_fusion
-// off); "short8" as auto with the talker attention's short key slices taken in turn by at least
-// 8 blocks per stream and KV head (GpuBatchOptions::short_slices_blocks; auto: a block per
-// slice). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
+// off); "short0" as auto with a block per short key slice in the talker attention
+// (GpuBatchOptions::short_slices_blocks 0; auto: the slices taken in turn by at least 8 blocks
+// per stream and KV head). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
 // audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
 // (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
 // graph's nodes and device memory.
@@ -365,11 +365,11 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
                                   {"sk16", 0, 16, 0},    {"sk32", 0, 32, 0}, {"t1", 0, -1, 1},
                                   {"unfused", 0, -1, 0, false},
                                   {"wr", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_REGISTERS},
-                                  {"short8", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED, 8}};
+                                  {"short0", 0, -1, 0, true, qtts::kernels::SkinnyWeights::SKINNY_WEIGHTS_SHARED, 0}};
     for (const std::string& name : bench.paths)
         if (std::none_of(std::begin(all_paths), std::end(all_paths), [&](const PathSpec& p) { return name == p.name; }))
             qtts::fail(qtts::ErrorCode::ERROR_INVALID_ARGUMENT, "--batch-paths: unknown path '{}' (gemv, split, auto, "
-                       "sk16, sk32, t1, unfused, wr, short8)", name);
+                       "sk16, sk32, t1, unfused, wr, short0)", name);
     std::vector<int> sizes = buckets;
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());

@@ -83,7 +83,7 @@ void usage() {
         "  --cold-gap-ms G    also with G ms of idle time before each of those requests\n"
         "  --batch LIST       instead: the batched frame step at these batch sizes (e.g. 1,2,4,8,16,32,64):\n"
         "                     step time, audio-s/s, bytes and bandwidth per bucket, gemv vs tensor cores\n"
-        "  --batch-paths LIST with --batch: only these product paths (gemv,split,auto,sk16,sk32,t1,unfused,wr,short8)\n"
+        "  --batch-paths LIST with --batch: only these product paths (gemv,split,auto,sk16,sk32,t1,unfused,wr,short0)\n"
         "  --batch-step-only  with --batch: only the step table (no prefill, product or overlap tables)\n"
         "  --batch-pairs LIST with --batch: 2h streams as one batch against two batches of h on two CUDA\n"
         "                     streams replayed at once, for each h of LIST (2h must be a --batch size)\n"

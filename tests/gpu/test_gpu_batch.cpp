@@ -247,8 +247,9 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         int long_slices_rows = 0;  // GpuBatchOptions::long_slices_rows (0: by SM count)
         // GpuBatchOptions::short_slices_blocks and slice_blocks_per_sm (the cases that set them
         // set long_slices_rows past their bucket, so that the slices stay short on any GPU; the
-        // tests' 512-position caches have 4 slices per KV head, a context past 16 keys several)
-        int short_slices_blocks = 0;
+        // tests' 512-position caches have 4 slices per KV head, a context past 16 keys several).
+        // The others keep the options' defaults.
+        int short_slices_blocks = qc::GpuBatchOptions{}.short_slices_blocks;
         int slice_blocks_per_sm = 4;
     };
     const int skinny = qtts::kernels::SKINNY_MAX_ROWS;
@@ -260,6 +261,7 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         {"long attention slices (one per 128 keys) from 1 row, bucket 8", {8}, {4}, 4, true, 1, skinny, {4, 2, 0, 3, 1}, false, 1},
         {"short attention slices (16 keys) taken in turn by one block per stream and KV head, bucket 8", {8}, {4}, 4, true, 1, skinny, {1, 4, 2, 0, 3}, false, 64, 1, 0},
         {"short attention slices taken in turn by two blocks per stream and KV head, bucket 5, eager", {5}, {1}, 1, false, 1, skinny, {0, 2, 4, 1, 3}, false, 64, 2, 0},
+        {"a block per short attention slice (short_slices_blocks 0), bucket 8", {8}, {4}, 4, true, 1, skinny, {3, 0, 4, 2, 1}, false, 64, 0},
         {"tensor cores from 8 rows (the predictor's first pass), bucket 6", {6}, {3}, 3, true, 8, skinny, {1, 3, 0, 2, 4}, false},
         {"one launch up to 8 rows, split cuBLAS past (the predictor's first pass of bucket 6: 12 rows), eager", {6}, {3}, 3, false, 4, 8, {3, 1, 4, 0, 2}, false},
     };
