@@ -13,10 +13,10 @@
 // ring); "unfused" as auto with three launches per split product (GpuBatchOptions::split_fusion
 // off); "short0" as auto with a block per short key slice in the talker attention
 // (GpuBatchOptions::short_slices_blocks 0; auto: the slices taken in turn by at least 8 blocks
-// per stream and KV head). `--batch-paths` picks some of them. Reported per bucket and path: step time per frame,
-// audio seconds per wall second of LM work (b x 80 ms / step), the bytes a step must read
-// (weights once + every stream's talker KV cache) and the bandwidth that achieves, and the
-// graph's nodes and device memory.
+// per stream and KV head). `--batch-paths` picks some of them. Reported per bucket and path:
+// step time per frame, audio seconds per wall second of LM work (b x 80 ms / step), the bytes a
+// step must read (weights once + every stream's talker KV cache) and the bandwidth that achieves,
+// and the graph's nodes and device memory.
 // Then the batched prefill (engine/cuda/gpu_prefill_batch.h): for each bucket b, b prompts started
 // one after another (GpuLm::generation_start each) against started together (prompt_load each, one
 // GpuPrefillBatch::run with the engine's row cap, generation_begin each), wall time with the
