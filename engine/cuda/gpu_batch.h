@@ -87,9 +87,9 @@ struct GpuBatchOptions {
     // with the same bits as a block per slice (test_gpu_kernels). Why: the engine's 4096-position
     // caches have 32 slices per KV head, almost all empty at a short context; with 8, a 10-row
     // launch of the 1.7B would have 640 blocks instead of 2560, and a context of up to 128 keys
-    // still a block per slice. 0: a block per slice below long_slices_rows (the default before
-    // 2026-12-05); `qtts bench --batch --batch-paths auto,short0` compares the two, and
-    // docs/performance.md ("Thirty-eighth session") has the numbers behind the default.
+    // still a block per slice. 0: a block per slice below long_slices_rows (the old default);
+    // `qtts bench --batch --batch-paths auto,short0` compares the two, and docs/performance.md
+    // ("Thirty-eighth session") has the numbers behind the default.
     int slice_blocks_per_sm = 4;
     int short_slices_blocks = 8;
 };

@@ -250,7 +250,7 @@ TEST_CASE("a batch gives every stream its codes alone, whatever the bucket and t
         // tests' 512-position caches have 4 slices per KV head, a context past 16 keys several).
         // The others keep the options' defaults.
         int short_slices_blocks = qc::GpuBatchOptions{}.short_slices_blocks;
-        int slice_blocks_per_sm = 4;
+        int slice_blocks_per_sm = qc::GpuBatchOptions{}.slice_blocks_per_sm;
     };
     const int skinny = qtts::kernels::SKINNY_MAX_ROWS;
     const std::vector<Case> cases = {
