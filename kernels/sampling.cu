@@ -470,12 +470,17 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         }
     }
 
-    // Batched with SampleArgs::embed_out: row r's input to the next predictor pass, the embedding
-    // of `code`. Called by every thread of the block.
+    // With SampleArgs::embed_out: the block's row of the next predictor pass's input, row `code`
+    // of the embedding (bf16) or of the projected rows (fp32). Called by every thread of the block.
     static __device__ __forceinline__ void embed_row(const SampleArgs& a, int code) {
-        const bf16_t* src = a.embed_table + size_t(code) * a.embed_dim;
         float* dst = a.embed_out + size_t(blockIdx.x) * a.embed_ld;
-        for (int i = threadIdx.x; i < a.embed_dim; i += SAMPLE_THREADS) dst[i] = bf16_to_float(src[i]);
+        if (a.embed_rows) {
+            const float* src = a.embed_rows + size_t(code) * a.embed_dim;
+            for (int i = threadIdx.x; i < a.embed_dim; i += SAMPLE_THREADS) dst[i] = src[i];
+        } else {
+            const bf16_t* src = a.embed_table + size_t(code) * a.embed_dim;
+            for (int i = threadIdx.x; i < a.embed_dim; i += SAMPLE_THREADS) dst[i] = bf16_to_float(src[i]);
+        }
     }
 
     static __device__ __forceinline__ void run(const SampleArgs& args, Shared& sh) {
@@ -631,12 +636,13 @@ void draw_probe(const float* probabilities, int count, float u, int* out, const 
 
 void sample(const SampleArgs& a, const Launch& l) {
     const bool batched = a.slots != nullptr;
-    const bool embed = !a.embed_out || (batched && a.embed_table && a.embed_dim >= 1 && a.embed_ld >= a.embed_dim);
+    const bool embed = !a.embed_out || ((a.embed_table != nullptr) != (a.embed_rows != nullptr) && a.embed_dim >= 1 &&
+                                        a.embed_ld >= a.embed_dim);
     const bool buffers = batched ? (a.rows >= 1 && a.ld_logits >= a.n && a.batch_codes && embed)
                                  : (a.state && a.codes && (a.group != 0 || a.seen) && embed);
     if (!a.logits || a.n <= 0 || a.n > SAMPLE_MAX_VOCAB || !buffers || a.group < 0 || a.group >= SAMPLE_MAX_GROUPS)
         check_fail("sample",
-                   "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen or slots set; embed_* only batched)",
+                   "invalid arguments (vocab <= 4096, group 0..15, state/codes/seen or slots set; embed_* whole)",
                    __func__, __FILE__, __LINE__);
     KERNEL_CUDA_CHECK(launch_kernel(l, dim3(batched ? a.rows : 1), dim3(SAMPLE_BLOCK), 0, sample_kernel<SAMPLE_BLOCK>, a));
 }

@@ -65,11 +65,14 @@ struct SampleArgs {
     int rows = 1;
     int ld_logits = 0;
     int32_t* batch_codes = nullptr;  // [rows, SAMPLE_MAX_GROUPS]
-    // Batched, optional (embed_out set): each row r < rows also writes the next predictor pass's
-    // input row, embed_out[r, 0 .. embed_dim) = embed_table[code] as fp32, where code is the one
-    // the row drew, or for an idle or stopped row the one batch_codes[r, group] holds (what a
-    // gather of batch_codes would read). embed_table [vocab >= n, embed_dim] bf16.
+    // Optional (embed_out set): the draw also writes the next predictor pass's input row,
+    // embed_out[r, 0 .. embed_dim) = row `code` of embed_table (bf16, widened to fp32) or of
+    // embed_rows (fp32, as they are: GpuLmWeights::predictor_input_rows, the embedding already
+    // projected); exactly one of the two is set, [vocab >= n, embed_dim]. `code` is the one the
+    // draw picked or, for an idle or stopped batch row, the one batch_codes[r, group] holds (what a
+    // gather of batch_codes would read). A single-sequence draw writes row 0.
     const bf16_t* embed_table = nullptr;
+    const float* embed_rows = nullptr;
     int embed_dim = 0;
     float* embed_out = nullptr;  // [rows, embed_ld]
     int embed_ld = 0;

@@ -20,6 +20,9 @@
 //   qtts-kernel-lab persist --model DIR [--seed S] [--device N]
 //       the code predictor's 15 passes as the product's launches against one launch of the lab's
 //       persistent kernel (persistent_pass.h): compared bitwise, then timed.
+//   qtts-kernel-lab attno --model DIR [--seed S] [--device N]
+//       the same passes with each layer's attention folded into its o product (attention_o.h)
+//       against the product's launches: compared bitwise, then timed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -458,6 +461,7 @@ void usage() {
         "       qtts-kernel-lab wide --model DIR [--rows LIST] [--device N]\n"
         "       qtts-kernel-lab rows --model DIR [--rows LIST] [--device N]\n"
         "       qtts-kernel-lab persist --model DIR [--seed S] [--device N]\n"
+        "       qtts-kernel-lab attno --model DIR [--seed S] [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
         "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
         "  gemm   the batched step's split-path GEMMs: cublasGemmEx against cuBLASLt's algorithms\n"
@@ -467,7 +471,9 @@ void usage() {
         "  rows   the batched step's split-path GEMMs: cublasGemmEx against the lab's rows_gemm in\n"
         "         several block shapes (each checked, then timed) at each row count (24,32,48,64)\n"
         "  persist  the code predictor's passes as launches against one persistent launch (compared\n"
-        "         bitwise, then timed)\n");
+        "         bitwise, then timed)\n"
+        "  attno  the code predictor's passes with the attention folded into the o product against\n"
+        "         the product's launches (compared bitwise, then timed)\n");
 }
 
 }  // namespace
@@ -513,6 +519,7 @@ int main(int argc, char** argv) {
         if (mode == "wide" && !model.empty()) return qtts::kernel_lab::lab_wide(model, rows, device);
         if (mode == "rows" && !model.empty()) return qtts::kernel_lab::lab_rows(model, rows, device);
         if (mode == "persist" && !model.empty()) return qtts::kernel_lab::lab_persist(model, device, seed);
+        if (mode == "attno" && !model.empty()) return qtts::kernel_lab::lab_attno(model, device, seed);
         usage();
         return 2;
     } catch (const std::exception& e) {

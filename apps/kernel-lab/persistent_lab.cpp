@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "apps/kernel-lab/attention_o.h"
 #include "apps/kernel-lab/persistent_pass.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_buffer.h"
@@ -48,6 +49,93 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return m;
 }
 
+// The code predictor's passes as the product launches them, on random inputs and caches: pass p
+// from input row p at position pos0 + p (T = 1), 5 layers and the head into logits row p.
+// `o_fused` (the attno mode) replaces each layer's attention and o launches by the lab's
+// attention folded into the o product.
+struct PredictorChain {
+    PredictorChain(qc::GpuContext& ctx, const qc::GpuLmWeights& w, uint64_t seed)
+        : ctx(ctx), w(w), P(w.predictor), H(P.hidden), passes(w.num_code_groups - 1), max_ctx(w.num_code_groups),
+          cache_floats(P.layers.size() * size_t(P.n_kv) * size_t(max_ctx) * P.head_dim),
+          logit_floats(size_t(passes) * size_t(w.predictor_vocab)) {
+        std::mt19937 rng{uint32_t(seed)};
+        x_in_host = random_vector(size_t(passes) * H, rng, -2.0f, 2.0f);
+        caches0 = random_vector(2 * cache_floats, rng, -1.0f, 1.0f);  // k | v
+        d_x_in = qc::DeviceArray<float>(x_in_host.size());
+        d_caches = qc::DeviceArray<float>(caches0.size());
+        x = qc::DeviceArray<float>(size_t(H));
+        qkv = qc::DeviceArray<float>(size_t(P.qkv_dim()));
+        attn = qc::DeviceArray<float>(size_t(P.q_dim()));
+        mlp = qc::DeviceArray<float>(size_t(P.intermediate));
+        CUDA_CHECK(cudaMemcpy(d_x_in.get(), x_in_host.data(), x_in_host.size() * 4, cudaMemcpyHostToDevice));
+    }
+    float* k_cache() const { return d_caches.get(); }
+    float* v_cache() const { return d_caches.get() + cache_floats; }
+    void caches_reset() const {
+        CUDA_CHECK(cudaMemcpy(d_caches.get(), caches0.data(), caches0.size() * 4, cudaMemcpyHostToDevice));
+    }
+    // Enqueues the passes (capturable).
+    void run(float* logits, bool o_fused) const {
+        const k::Launch l = ctx.launch();
+        const size_t layer_stride = size_t(P.n_kv) * size_t(max_ctx) * size_t(P.head_dim);
+        for (int p = 0; p < passes; ++p) {
+            CUDA_CHECK(cudaMemcpyAsync(x.get(), d_x_in.get() + size_t(p) * H, size_t(H) * 4, cudaMemcpyDeviceToDevice,
+                                       ctx.stream()));
+            const auto attend = [&](int layer) {
+                return qc::attention_args(P, layer, qkv.get(), attn.get(), k_cache(), v_cache(), max_ctx, 1, nullptr,
+                                          nullptr, 1, nullptr, pos0 + p);
+            };
+            if (!o_fused) {
+                qc::stack_decode_pass(
+                    P, qc::DecodeRows{x.get(), qkv.get(), attn.get(), mlp.get(), 1},
+                    [&l](const k::GemvArgs& a) { qc::gemv_launch(a, l); }, attend, l);
+            } else {
+                const int I = P.intermediate;
+                for (size_t i = 0; i < P.layers.size(); ++i) {
+                    const qc::GpuStack::Layer& L = P.layers[i];
+                    qc::gemv_launch(qc::gemv_normed(qc::gemv_product(L.qkv, P.qkv_dim(), H, 1, x.get(), qkv.get()),
+                                                    L.input_norm, P.eps),
+                                    l);
+                    AttnOArgs o;
+                    o.qkv = qkv.get();
+                    o.o = L.o;
+                    o.q_norm = L.q_norm;
+                    o.k_norm = L.k_norm;
+                    o.eps = P.eps;
+                    o.inv_freq = P.inv_freq;
+                    o.k_cache = k_cache() + layer_stride * i;
+                    o.v_cache = v_cache() + layer_stride * i;
+                    o.max_ctx = max_ctx;
+                    o.pos = pos0 + p;
+                    o.hidden = H;
+                    o.n_heads = P.n_heads;
+                    o.n_kv = P.n_kv;
+                    o.head_dim = P.head_dim;
+                    o.x = x.get();
+                    attno_launch(o, l);
+                    qc::gemv_launch(qc::gemv_swiglu(qc::gemv_normed(qc::gemv_product(L.gate_up, I, H, 1, x.get(), mlp.get()),
+                                                                    L.post_norm, P.eps),
+                                                    L.gate_up + size_t(I) * H),
+                                    l);
+                    qc::gemv_launch(qc::gemv_residual(qc::gemv_product(L.down, H, I, 1, mlp.get(), x.get())), l);
+                }
+            }
+            qc::gemv_launch(qc::gemv_normed(qc::gemv_product(w.predictor_head[0], w.predictor_vocab, H, 1, x.get(),
+                                                             logits + size_t(p) * w.predictor_vocab),
+                                            P.norm, P.eps),
+                            l);
+        }
+    }
+
+    qc::GpuContext& ctx;
+    const qc::GpuLmWeights& w;
+    const qc::GpuStack& P;
+    const int H, passes, max_ctx, pos0 = 1;
+    const size_t cache_floats, logit_floats;
+    std::vector<float> x_in_host, caches0;
+    qc::DeviceArray<float> d_x_in, d_caches, x, qkv, attn, mlp;
+};
+
 }  // namespace
 
 int lab_persist(const std::string& model, int device, uint64_t seed) {
@@ -55,44 +143,18 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     const auto weights = qc::GpuLmWeights::upload(qtts::checkpoint_load(model), device);
     const qc::GpuLmWeights& w = *weights;
     const qc::GpuStack& P = w.predictor;
-    const int H = P.hidden, passes = w.num_code_groups - 1, max_ctx = w.num_code_groups, pos0 = 1;
-    const size_t cache_floats = P.layers.size() * size_t(P.n_kv) * max_ctx * P.head_dim;
-
-    std::mt19937 rng{uint32_t(seed)};
-    const auto x_in = random_vector(size_t(passes) * H, rng, -2.0f, 2.0f);
-    const auto caches0 = random_vector(2 * cache_floats, rng, -1.0f, 1.0f);  // k | v
-    const size_t logit_floats = size_t(passes) * size_t(w.predictor_vocab);
-    qc::DeviceArray<float> d_x_in{x_in.size()}, d_caches{caches0.size()}, x{size_t(H)}, qkv{size_t(P.qkv_dim())},
-        attn{size_t(P.q_dim())}, mlp{size_t(P.intermediate)}, logits_chain{logit_floats}, logits_persist{logit_floats};
+    const PredictorChain pc(ctx, w, seed);
+    const int H = P.hidden, passes = pc.passes, max_ctx = pc.max_ctx, pos0 = pc.pos0;
+    const size_t logit_floats = pc.logit_floats;
+    qc::DeviceArray<float> logits_chain{logit_floats}, logits_persist{logit_floats};
     qc::DeviceArray<unsigned> barrier(4096);
-    CUDA_CHECK(cudaMemcpy(d_x_in.get(), x_in.data(), x_in.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
-    float* k_cache = d_caches.get();
-    float* v_cache = d_caches.get() + cache_floats;
-    const auto caches_reset = [&] {
-        CUDA_CHECK(cudaMemcpy(d_caches.get(), caches0.data(), caches0.size() * 4, cudaMemcpyHostToDevice));
-    };
-
-    // The product's launches: pass p from input row p at position pos0 + p, then the head.
-    const k::Launch l = ctx.launch();
-    const auto chain = [&] {
-        for (int p = 0; p < passes; ++p) {
-            CUDA_CHECK(cudaMemcpyAsync(x.get(), d_x_in.get() + size_t(p) * H, size_t(H) * 4, cudaMemcpyDeviceToDevice,
-                                       ctx.stream()));
-            qc::stack_decode_pass(
-                P, qc::DecodeRows{x.get(), qkv.get(), attn.get(), mlp.get(), 1},
-                [&l](const k::GemvArgs& a) { qc::gemv_launch(a, l); },
-                [&](int layer) {
-                    return qc::attention_args(P, layer, qkv.get(), attn.get(), k_cache, v_cache, max_ctx, 1, nullptr,
-                                              nullptr, 1, nullptr, pos0 + p);
-                },
-                l);
-            qc::gemv_launch(qc::gemv_normed(qc::gemv_product(w.predictor_head[0], w.predictor_vocab, H, 1, x.get(),
-                                                             logits_chain.get() + size_t(p) * w.predictor_vocab),
-                                            P.norm, P.eps),
-                            l);
-        }
-    };
+    float* k_cache = pc.k_cache();
+    float* v_cache = pc.v_cache();
+    const auto caches_reset = [&] { pc.caches_reset(); };
+    const auto chain = [&] { pc.run(logits_chain.get(), false); };
+    const qc::DeviceArray<float>& d_caches = pc.d_caches;
+    const std::vector<float>& caches0 = pc.caches0;
 
     PersistArgs a;
     a.n_layers = int(P.layers.size());
@@ -110,11 +172,11 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     a.n_kv = P.n_kv;
     a.head_dim = P.head_dim;
     a.vocab = w.predictor_vocab;
-    a.x_in = d_x_in.get();
-    a.x = x.get();
-    a.qkv = qkv.get();
-    a.attn = attn.get();
-    a.mlp = mlp.get();
+    a.x_in = pc.d_x_in.get();
+    a.x = pc.x.get();
+    a.qkv = pc.qkv.get();
+    a.attn = pc.attn.get();
+    a.mlp = pc.mlp.get();
     a.k_cache = k_cache;
     a.v_cache = v_cache;
     a.max_ctx = max_ctx;
@@ -195,6 +257,52 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     std::printf("  bitwise: logits %s, caches %s (max |diff| logits %.3g, caches %.3g); chain logits finite: %s\n",
                 same_logits ? "equal" : "DIFFER", same_caches ? "equal" : "DIFFER",
                 max_abs_diff(got_logits, ref_logits), max_abs_diff(got_caches, ref_caches), finite ? "yes" : "NO");
+    return same_logits && same_caches && finite ? 0 : 1;
+}
+
+int lab_attno(const std::string& model, int device, uint64_t seed) {
+    qc::GpuContext ctx(device);
+    const auto weights = qc::GpuLmWeights::upload(qtts::checkpoint_load(model), device);
+    const PredictorChain pc(ctx, *weights, seed);
+    const size_t logit_floats = pc.logit_floats;
+    qc::DeviceArray<float> logits_chain{logit_floats}, logits_fused{logit_floats};
+
+    // Same inputs, same caches: bitwise the same logits and appended cache rows?
+    const auto result = [&](const qc::DeviceArray<float>& logits, bool fused) {
+        pc.caches_reset();
+        pc.run(logits.get(), fused);
+        CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+        return std::make_pair(download(logits, logit_floats), download(pc.d_caches, pc.caches0.size()));
+    };
+    const auto ref = result(logits_chain, false);
+    const auto got = result(logits_fused, true);
+    const bool same_logits = std::memcmp(got.first.data(), ref.first.data(), ref.first.size() * 4) == 0;
+    const bool same_caches = std::memcmp(got.second.data(), ref.second.data(), ref.second.size() * 4) == 0;
+    const bool finite = std::all_of(ref.first.begin(), ref.first.end(), [](float v) { return std::isfinite(v); });
+
+    // Timed: each as one graph of the passes, replayed, alternately three times.
+    qc::GraphStats chain_stats, fused_stats;
+    const qc::GraphExec chain = qc::graph_capture(ctx, "predictor passes (lab)", [&] { pc.run(logits_chain.get(), false); },
+                                                  &chain_stats);
+    const qc::GraphExec fused = qc::graph_capture(ctx, "predictor passes, attention in o (lab)",
+                                                  [&] { pc.run(logits_fused.get(), true); }, &fused_stats);
+    const auto timed = [&](const qc::GraphExec& g) {
+        for (int i = 0; i < 3; ++i) qc::graph_replay(ctx, g);
+        return qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { qc::graph_replay(ctx, g); }) * 1e3 / pc.passes;
+    };
+    std::printf("qtts-kernel-lab attno: %s, device %d (%s), seed %llu\n", model.c_str(), device,
+                ctx.device_name().c_str(), static_cast<unsigned long long>(seed));
+    std::printf("  %d passes of %zu layers + head, positions %d..%d, PDL %s\n", pc.passes, pc.P.layers.size(), pc.pos0,
+                pc.pos0 + pc.passes - 1, ctx.pdl() ? "on" : "off");
+    for (int round = 0; round < 3; ++round) {
+        const double c = timed(chain), f = timed(fused);
+        std::printf("  round %d: chain (%zu nodes) %8.2f us a pass; attention in o (%zu nodes) %8.2f us a pass "
+                    "(%+.2f us a layer)\n",
+                    round, chain_stats.nodes, c, fused_stats.nodes, f, (f - c) / double(pc.P.layers.size()));
+    }
+    std::printf("  bitwise: logits %s, caches %s (max |diff| logits %.3g, caches %.3g); chain logits finite: %s\n",
+                same_logits ? "equal" : "DIFFER", same_caches ? "equal" : "DIFFER", max_abs_diff(got.first, ref.first),
+                max_abs_diff(got.second, ref.second), finite ? "yes" : "NO");
     return same_logits && same_caches && finite ? 0 : 1;
 }
 

@@ -403,8 +403,7 @@ nlohmann::json bench_batch(const std::string& model_dir, int device, const std::
     // Bytes one step reads: the weights once (talker step + 15 predictor passes with heads) and
     // each stream's talker KV cache (fp32) at the mean context of the run.
     const qc::GpuStack& T = weights->talker;
-    const double weight_bytes = double(weights->talker_step_bytes()) +
-                                double(weights->num_code_groups - 1) * double(weights->predictor_pass_bytes());
+    const double weight_bytes = double(weights->talker_step_bytes()) + double(weights->predictor_frame_bytes());
     const double kv_bytes_per_stream = double(T.layers.size()) * (L + warm_up + frames / 2.0) * 2.0 * T.kv_dim() * 4.0;
 
     nlohmann::json out;

@@ -512,14 +512,12 @@ int bench_cuda(const qtts_cli::Args& args) {
             e2e_runs.push_back(end_to_end(model_dir, device, graphs, e2e_requests, false, k, memory_limit));
     }
 
-    // Bytes a frame must read: every talker weight once, every predictor weight 15 times, and the
-    // talker KV cache (fp32) at the mean context of the steady-state run.
+    // Bytes a frame must read: every talker weight once, every predictor weight 15 times (its input
+    // projection once), and the talker KV cache (fp32) at the mean context of the steady-state run.
     const qc::GpuStack& T = weights->talker;
-    const int groups = weights->num_code_groups;
     const double mean_ctx = L + frames / 2.0;
     const double kv_bytes = double(T.layers.size()) * mean_ctx * 2.0 * T.kv_dim() * 4.0;
-    const double weight_bytes =
-        double(weights->talker_step_bytes()) + double(groups - 1) * double(weights->predictor_pass_bytes());
+    const double weight_bytes = double(weights->talker_step_bytes()) + double(weights->predictor_frame_bytes());
     const double frame_bytes = weight_bytes + kv_bytes;
     const double floor_ms = frame_bytes / FLOOR_BANDWIDTH * 1e3;
     const double best_ms = graph_time.first > 0 ? graph_time.first : eager_time.first;

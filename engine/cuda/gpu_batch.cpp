@@ -167,9 +167,7 @@ void GpuBatch::bind(const std::vector<GpuLm*>& streams) {
 
 void GpuBatch::product(const k::GemvArgs& a) {
     const k::Launch l = context_.launch();
-    // Gathered inputs (the 1.7B predictor's projection of a codebook embedding below wide_rows rows;
-    // predictor_pass gathers wider ones first) stay on gemv.
-    if (a.rows < options_.wide_rows || a.input == k::GemvInput::GEMV_INPUT_GATHER) {
+    if (a.rows < options_.wide_rows) {
         gemv_launch(a, l);
         return;
     }
@@ -252,22 +250,6 @@ k::AttentionArgs GpuBatch::predictor_attention(int layer, int rows, int group) c
     return a;
 }
 
-float* GpuBatch::predictor_embedding_target(int rows, int* ld) const {
-    const GpuLmWeights& w = *weights_;
-    if (w.predictor_proj_w == nullptr) {  // no projection: the stack's input itself
-        *ld = w.predictor.hidden;
-        return predictor_.x;
-    }
-    if (rows >= options_.wide_rows) {
-        // The projection's input, for tensor cores (a gathering gemv would re-read the weights
-        // for every 8 rows: 61 us at 64 rows, ncu).
-        *ld = w.talker.hidden;
-        return predictor_in_;
-    }
-    *ld = 0;
-    return nullptr;  // the gathering gemv reads the table itself
-}
-
 void GpuBatch::predictor_pass(int rows, int group) {
     const GpuLmWeights& w = *weights_;
     const GpuStack& P = w.predictor;
@@ -284,22 +266,7 @@ void GpuBatch::predictor_pass(int rows, int group) {
             proj.bias = w.predictor_proj_b;
             product(proj);
         }
-    } else if (project) {
-        // The previous codebook's embeddings: written by the previous draw into predictor_in_
-        // (predictor_embedding_target), then projected on tensor cores; or, below wide_rows rows,
-        // gathered by the projection's gemv itself.
-        int ld = 0;
-        const float* gathered = predictor_embedding_target(rows, &ld);
-        k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, rows, gathered, predictor_.x);
-        proj.bias = w.predictor_proj_b;
-        if (!gathered) {
-            proj.input = k::GemvInput::GEMV_INPUT_GATHER;
-            proj.table = w.predictor_codec_embedding[size_t(group - 2)];
-            proj.index = batch_codes_ + (group - 1);  // row r at r * SAMPLE_MAX_GROUPS
-            proj.index_stride = k::SAMPLE_MAX_GROUPS;
-        }
-        product(proj);
-    }  // else: the previous draw wrote the embeddings into predictor_.x
+    }  // else: the previous draw wrote each row's input into predictor_.x (projected, if at all)
     stack_pass(P, DecodeRows{predictor_.x, predictor_.qkv, predictor_.attn, predictor_.mlp, T * rows},
                [this, rows, group](int layer) { return predictor_attention(layer, rows, group); });
     // The head reads each stream's last row.
@@ -336,11 +303,9 @@ void GpuBatch::step_enqueue(int rows) {
     const k::Launch l = context_.launch();
     const GpuLmWeights& w = *weights_;
     CUDA_CHECK_KERNEL(k::slots_load(slots_, rows, w.talker.hidden, batch_codes_, hidden_, l));
-    // Codebooks 1..15 of each stream's frame in progress.
-    // Each draw but the last also writes the next pass's input where a gather would (the previous
-    // codebook's embedding of each row): one launch a pass fewer.
-    int embed_ld = 0;
-    float* embed_out = predictor_embedding_target(rows, &embed_ld);
+    // Codebooks 1..15 of each stream's frame in progress. Each draw but the last also writes the
+    // next pass's input rows (the projected row of the code drawn, or its embedding): no gather or
+    // projection launch between.
     for (int g = 1; g < w.num_code_groups; ++g) {
         predictor_pass(rows, g);
         k::SampleArgs a = sample_args(w, g, predictor_logits_);
@@ -348,12 +313,7 @@ void GpuBatch::step_enqueue(int rows) {
         a.rows = rows;
         a.ld_logits = w.predictor_vocab;
         a.batch_codes = batch_codes_;
-        if (embed_out && g + 1 < w.num_code_groups) {
-            a.embed_table = w.predictor_codec_embedding[size_t(g - 1)];
-            a.embed_dim = w.talker.hidden;
-            a.embed_out = embed_out;
-            a.embed_ld = embed_ld;
-        }
+        if (g + 1 < w.num_code_groups) draw_next_predictor_input(a, w, g, predictor_.x, w.predictor.hidden);
         CUDA_CHECK_KERNEL(k::sample(a, l));
     }
     // The talker step of the finished frame and codebook 0 of the next one.

@@ -146,11 +146,9 @@ private:
     // (and split_fusion is on), else stack_decode_pass through product().
     template <typename Attend>
     void stack_pass(const GpuStack& s, const DecodeRows& b, Attend&& attend);
+    // Passes after the first start at their first layer: the draw before wrote their input
+    // (draw_next_predictor_input).
     void predictor_pass(int rows, int group);
-    // Where a predictor pass after the first takes the previous codebook's embeddings as written
-    // by the draw before it (SampleArgs::embed_out), with its row stride in *ld; null when the
-    // pass gathers them itself (the projection's gemv below wide_rows rows).
-    float* predictor_embedding_target(int rows, int* ld) const;
     void talker_step(int rows);
     kernels::AttentionArgs talker_attention(int layer, int rows) const;
     kernels::AttentionArgs predictor_attention(int layer, int rows, int group) const;

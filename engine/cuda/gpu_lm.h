@@ -70,7 +70,7 @@ public:
     const ModelConfig& config() const { return checkpoint_->config; }
     const Checkpoint& checkpoint() const { return *checkpoint_; }
     int device() const { return device_; }
-    size_t device_bytes() const { return arena_.bytes(); }
+    size_t device_bytes() const { return arena_.bytes() + input_rows_.bytes(); }
     double upload_seconds() const { return upload_seconds_; }
 
     int num_code_groups = 16;
@@ -93,14 +93,23 @@ public:
     std::vector<const bf16_t*> predictor_head;             // (G-1) x [predictor_vocab, Hc]
     const bf16_t* predictor_proj_w = nullptr;              // [Hc, H]; null = identity (0.6B)
     const float* predictor_proj_b = nullptr;               // [Hc]
+    // With the projection: the input of predictor passes 2..G-1 for every code, computed once at
+    // upload by the projection's own gemv (gathering each embedding row), so a row is bit for bit
+    // what that launch would write for its code. The draw before a pass copies the row of the
+    // code it picked (SampleArgs::embed_rows): the pass needs no projection launch. Entry g - 2
+    // is pass g's, [predictor_vocab, Hc] fp32 (14 x 8 MB for the 1.7B). Empty without a projection
+    // (the draw copies the embedding itself).
+    std::vector<const float*> predictor_input_rows;
 
-    // Bytes of bf16 weights one frame reads (talker step + head, 15 predictor passes + heads).
+    // Bytes of bf16 weights one frame reads: the talker step + head; the predictor's G - 1 passes
+    // + heads and its input projection, which only pass 1 reads (predictor_input_rows).
     size_t talker_step_bytes() const;
-    size_t predictor_pass_bytes() const;
+    size_t predictor_frame_bytes() const;
 
 private:
     std::shared_ptr<const Checkpoint> checkpoint_;
     DeviceBuffer arena_;
+    DeviceBuffer input_rows_;  // predictor_input_rows
     int device_ = 0;
     double upload_seconds_ = 0.0;
 };
@@ -225,8 +234,10 @@ private:
     // in, attn [T, q_dim] out): their keys and values stored in this stream's cache first.
     void prefill_attention(int layer, float* qkv, float* attn, int T, int pos0);
     void talker_head(const float* x_row);  // [H] -> hidden_, talker_logits_
-    void predictor_pass(int group);
-    void sample_enqueue(int group, int frame_offset, bool advance);
+    // input_drawn: the previous draw wrote the pass's input (draw_next_predictor_input).
+    void predictor_pass(int group, bool input_drawn);
+    // next_input: a predictor draw also writes the next pass's input (not after the last group).
+    void sample_enqueue(int group, int frame_offset, bool advance, bool next_input = false);
     void text_project(const int32_t* ids_dev, int n, float* out, int ldo);
     void prefill_device(const float* embeds_dev, int L);
     PromptRows prompt_embed_device(const Prompt& prompt);

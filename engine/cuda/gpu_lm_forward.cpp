@@ -74,7 +74,7 @@ void GpuLm::talker_head(const float* x_row) {
     gemv_launch(gemv_product(weights_->codec_head, weights_->codec_vocab, H, 1, hidden_, talker_logits_), l);
 }
 
-void GpuLm::predictor_pass(int group) {
+void GpuLm::predictor_pass(int group, bool input_drawn) {
     const k::Launch l = launch();
     const GpuLmWeights& w = *weights_;
     const GpuStack& P = w.predictor;
@@ -92,7 +92,7 @@ void GpuLm::predictor_pass(int group) {
             proj.bias = w.predictor_proj_b;
             gemv_launch(proj, l);
         }
-    } else {
+    } else if (!input_drawn) {  // else: predictor_buf_.x row 0 holds it
         const bf16_t* table = w.predictor_codec_embedding[size_t(group - 2)];
         if (project) {
             k::GemvArgs proj = gemv_product(w.predictor_proj_w, Hc, H, 1, nullptr, predictor_buf_.x);
@@ -112,8 +112,9 @@ void GpuLm::predictor_pass(int group) {
                 l);
 }
 
-void GpuLm::sample_enqueue(int group, int frame_offset, bool advance) {
+void GpuLm::sample_enqueue(int group, int frame_offset, bool advance, bool next_input) {
     k::SampleArgs a = sample_args(*weights_, group, group == 0 ? talker_logits_ : predictor_logits_);
+    if (next_input) draw_next_predictor_input(a, *weights_, group, predictor_buf_.x, weights_->predictor.hidden);
     a.state = state_;
     a.frame_offset = frame_offset;
     a.advance = advance;
@@ -179,7 +180,7 @@ void GpuLm::predictor_prefill(int32_t code0) {
     if (code0 < 0 || code0 >= weights_->codec_vocab)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "codebook-0 code {} is outside [0, {})", code0, weights_->codec_vocab);
     upload_ints(&code0, 1, &state_->current[0]);
-    predictor_pass(1);
+    predictor_pass(1, false);
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 
@@ -192,14 +193,16 @@ void GpuLm::predictor_step(int group, int32_t previous_code) {
     if (previous_code < 0 || previous_code >= weights_->predictor_vocab)
         fail(ErrorCode::ERROR_INVALID_ARGUMENT, "code {} is outside [0, {})", previous_code, weights_->predictor_vocab);
     upload_ints(&previous_code, 1, &state_->current[group - 1]);
-    predictor_pass(group);
+    predictor_pass(group, false);
     CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 
+// Each draw but the last writes the next pass's input itself.
 void GpuLm::predictor_frame_enqueue() {
-    for (int g = 1; g < weights_->num_code_groups; ++g) {
-        predictor_pass(g);
-        sample_enqueue(g, 0, false);
+    const int G = weights_->num_code_groups;
+    for (int g = 1; g < G; ++g) {
+        predictor_pass(g, g > 1);
+        sample_enqueue(g, 0, false, g + 1 < G);
     }
 }
 

@@ -236,6 +236,21 @@ inline kernels::SampleArgs sample_args(const GpuLmWeights& w, int group, const f
     return a;
 }
 
+// The draw of predictor codebook `group` (1..G-2) also writes the next pass's input: rows of
+// `ld` floats at `out`, each the projected row of the code drawn (GpuLmWeights::
+// predictor_input_rows) or, without a projection, its embedding. The next pass then starts at
+// its first layer: no gather or projection launch.
+inline void draw_next_predictor_input(kernels::SampleArgs& a, const GpuLmWeights& w, int group, float* out, int ld) {
+    QTTS_ASSERT(group >= 1 && group + 1 < w.num_code_groups);
+    if (w.predictor_proj_w)
+        a.embed_rows = w.predictor_input_rows[size_t(group - 1)];
+    else
+        a.embed_table = w.predictor_codec_embedding[size_t(group - 1)];
+    a.embed_dim = w.predictor.hidden;
+    a.embed_out = out;
+    a.embed_ld = ld;
+}
+
 // The 16 codebook tables of a frame (talker codec embedding, then the predictor's 15) at width H.
 inline kernels::FrameEmbedArgs frame_embed_tables(const GpuLmWeights& w) {
     kernels::FrameEmbedArgs f;

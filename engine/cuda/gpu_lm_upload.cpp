@@ -2,7 +2,9 @@
 // norms, biases and RoPE tables), planned on the host, copied once.
 #include "engine/cuda/gpu_lm.h"
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 
 #include "engine/common/error.h"
 #include "engine/common/log.h"
@@ -135,6 +137,29 @@ void stack_check(const GpuStack& s, const char* name) {
              name, s.hidden, s.intermediate, s.n_heads, s.n_kv, s.head_dim);
 }
 
+// GpuLmWeights::predictor_input_rows into `out`: every code's projected embedding, by the gemv
+// launch a pass would make for it (gathering the code's row), 256 codes a launch.
+void project_predictor_inputs(const GpuLmWeights& w, float* out) {
+    const int V = w.predictor_vocab, H = w.talker.hidden, Hc = w.predictor.hidden;
+    std::vector<int32_t> codes(size_t(V), 0);
+    std::iota(codes.begin(), codes.end(), 0);
+    DeviceArray<int32_t> d_codes(codes.size());
+    CUDA_CHECK(cudaMemcpy(d_codes.get(), codes.data(), codes.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const k::Launch l{cudaStreamPerThread, false};
+    for (int t = 0; t + 2 < w.num_code_groups; ++t) {
+        for (int c0 = 0; c0 < V; c0 += k::GEMV_MAX_BATCH_ROWS) {
+            k::GemvArgs a = gemv_product(w.predictor_proj_w, Hc, H, std::min(k::GEMV_MAX_BATCH_ROWS, V - c0), nullptr,
+                                         out + (size_t(t) * V + c0) * Hc);
+            a.bias = w.predictor_proj_b;
+            a.input = k::GemvInput::GEMV_INPUT_GATHER;
+            a.table = w.predictor_codec_embedding[size_t(t)];
+            a.index = d_codes.get() + c0;
+            gemv_launch(a, l);
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+}
+
 }  // namespace
 
 size_t GpuStack::layer_weight_bytes() const {
@@ -146,8 +171,9 @@ size_t GpuLmWeights::talker_step_bytes() const {
     return talker.layer_weight_bytes() + size_t(codec_vocab) * talker.hidden * 2;
 }
 
-size_t GpuLmWeights::predictor_pass_bytes() const {
-    size_t bytes = predictor.layer_weight_bytes() + size_t(predictor_vocab) * predictor.hidden * 2;
+size_t GpuLmWeights::predictor_frame_bytes() const {
+    const size_t pass = predictor.layer_weight_bytes() + size_t(predictor_vocab) * predictor.hidden * 2;
+    size_t bytes = size_t(num_code_groups - 1) * pass;
     if (predictor_proj_w) bytes += size_t(predictor.hidden) * talker.hidden * 2;
     return bytes;
 }
@@ -222,10 +248,15 @@ std::shared_ptr<const GpuLmWeights> GpuLmWeights::upload(std::shared_ptr<const C
     if (pw.proj_w) {
         w->predictor_proj_w = b16(proj_w);
         w->predictor_proj_b = f32(proj_b);
+        const size_t per_pass = size_t(w->predictor_vocab) * size_t(w->predictor.hidden);
+        w->input_rows_.allocate(size_t(w->num_code_groups - 2) * per_pass * sizeof(float));
+        float* rows = w->input_rows_.as<float>();
+        project_predictor_inputs(*w, rows);
+        for (int t = 0; t + 2 < w->num_code_groups; ++t) w->predictor_input_rows.push_back(rows + size_t(t) * per_pass);
     }
     w->upload_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     QTTS_LOG_INFO("uploaded talker + code predictor to CUDA device {}: {:.1f} MB in {:.2f} s", device,
-                  plan.size() / 1e6, w->upload_seconds_);
+                  w->device_bytes() / 1e6, w->upload_seconds_);
     return w;
 }
 

@@ -1482,94 +1482,125 @@ TEST_CASE("on-device sampling reproduces the CPU sampler and its random stream",
     }
 }
 
-TEST_CASE("a batched draw writes each row's embedding for the next predictor pass", "[gpu][sampling][batch]") {
+TEST_CASE("a draw writes each row's input for the next predictor pass", "[gpu][sampling][batch]") {
     const uint64_t seed = fresh_seed();
     INFO("seed " << seed);
-    // Rows: greedy, sampled, stopped, idle (no state), greedy. The embedding is narrower than its
-    // row stride; the padding between rows is poisoned and must stay so.
+    // Rows: greedy, sampled, stopped, idle (no state), greedy. The input row is narrower than its
+    // stride; the padding between rows is poisoned and must stay so. The rows come from a bf16
+    // embedding (widened) or from fp32 rows (the projected embedding, copied as they are).
     const int rows = 5, n = 2048, dim = 200, ld = 256, group = 6;
     const auto logits = random_floats(size_t(rows) * n, seed, -6.0f, 6.0f);
     const auto table_bf = to_bf16(random_floats(size_t(n) * dim, seed + 1));
+    const auto table_f32 = random_floats(size_t(n) * dim, seed + 2, -3.0f, 3.0f);
     const bool greedy[rows] = {true, false, false, false, true};
     const int32_t held[rows] = {11, 22, 1234, 777, 44};  // batch_codes[r, group] before the draw
-    std::vector<DeviceArray<k::GenerationDeviceState>> states;
-    std::vector<DeviceArray<int32_t>> codes, seen;
-    std::vector<k::StreamSlot> slots(rows);
-    for (int r = 0; r < rows; ++r) {
-        if (r == 3) continue;  // idle
-        k::GenerationDeviceState st;
-        st.seed = seed + uint64_t(r);
-        st.frame = 3;
-        st.code_capacity = 8;
-        st.stopped = r == 2 ? 1 : 0;
-        st.predictor.greedy = greedy[r] ? 1 : 0;
-        st.predictor.temperature = 0.9f;
-        st.predictor.top_k = 50;
-        st.current[group] = held[r];
-        states.push_back(upload(std::vector<k::GenerationDeviceState>{st}));
-        codes.push_back(upload(std::vector<int32_t>(size_t(8) * k::SAMPLE_MAX_GROUPS, -1)));
-        seen.push_back(upload(std::vector<int32_t>(size_t(n), 0)));
-        slots[size_t(r)].state = states.back().get();
-        slots[size_t(r)].codes = codes.back().get();
-        slots[size_t(r)].seen = seen.back().get();
-    }
-    std::vector<int32_t> batch_codes(size_t(rows) * k::SAMPLE_MAX_GROUPS, 0);
-    for (int r = 0; r < rows; ++r) batch_codes[size_t(r) * k::SAMPLE_MAX_GROUPS + group] = held[r];
     auto d_logits = upload(logits);
     auto d_table = upload(table_bf);
-    auto d_slots = upload(slots);
-    auto d_batch_codes = upload(batch_codes);
-    auto d_out = poisoned(size_t(rows) * ld);
+    auto d_rows = upload(table_f32);
+    for (const bool projected : {false, true}) {
+        INFO((projected ? "fp32 rows" : "bf16 embedding"));
+        std::vector<DeviceArray<k::GenerationDeviceState>> states;
+        std::vector<DeviceArray<int32_t>> codes, seen;
+        std::vector<k::StreamSlot> slots(rows);
+        for (int r = 0; r < rows; ++r) {
+            if (r == 3) continue;  // idle
+            k::GenerationDeviceState st;
+            st.seed = seed + uint64_t(r);
+            st.frame = 3;
+            st.code_capacity = 8;
+            st.stopped = r == 2 ? 1 : 0;
+            st.predictor.greedy = greedy[r] ? 1 : 0;
+            st.predictor.temperature = 0.9f;
+            st.predictor.top_k = 50;
+            st.current[group] = held[r];
+            states.push_back(upload(std::vector<k::GenerationDeviceState>{st}));
+            codes.push_back(upload(std::vector<int32_t>(size_t(8) * k::SAMPLE_MAX_GROUPS, -1)));
+            seen.push_back(upload(std::vector<int32_t>(size_t(n), 0)));
+            slots[size_t(r)].state = states.back().get();
+            slots[size_t(r)].codes = codes.back().get();
+            slots[size_t(r)].seen = seen.back().get();
+        }
+        std::vector<int32_t> batch_codes(size_t(rows) * k::SAMPLE_MAX_GROUPS, 0);
+        for (int r = 0; r < rows; ++r) batch_codes[size_t(r) * k::SAMPLE_MAX_GROUPS + group] = held[r];
+        auto d_slots = upload(slots);
+        auto d_batch_codes = upload(batch_codes);
+        auto d_out = poisoned(size_t(rows) * ld);
+        // Row `code`'s input as the next pass would read it.
+        auto expected = [&](int32_t code, int i) {
+            return projected ? table_f32[size_t(code) * dim + i] : qtts::bf16_to_f32(table_bf[size_t(code) * dim + i]);
+        };
 
-    k::SampleArgs a;
-    a.logits = d_logits.get();
-    a.n = n;
-    a.group = group;
-    a.slots = d_slots.get();
-    a.rows = rows;
-    a.ld_logits = n;
-    a.batch_codes = d_batch_codes.get();
-    a.embed_table = d_table.get();
-    a.embed_dim = dim;
-    a.embed_out = d_out.get();
-    a.embed_ld = ld;
-    k::sample(a, context().launch());
-    const auto out = download(d_out, size_t(rows) * ld);
-    const auto drawn = download(d_batch_codes, batch_codes.size());
+        k::SampleArgs a;
+        a.logits = d_logits.get();
+        a.n = n;
+        a.group = group;
+        a.slots = d_slots.get();
+        a.rows = rows;
+        a.ld_logits = n;
+        a.batch_codes = d_batch_codes.get();
+        if (projected)
+            a.embed_rows = d_rows.get();
+        else
+            a.embed_table = d_table.get();
+        a.embed_dim = dim;
+        a.embed_out = d_out.get();
+        a.embed_ld = ld;
+        k::sample(a, context().launch());
+        const auto out = download(d_out, size_t(rows) * ld);
+        const auto drawn = download(d_batch_codes, batch_codes.size());
 
-    for (int r = 0; r < rows; ++r) {
-        INFO("row " << r);
-        const int32_t code = drawn[size_t(r) * k::SAMPLE_MAX_GROUPS + group];
+        for (int r = 0; r < rows; ++r) {
+            INFO("row " << r);
+            const int32_t code = drawn[size_t(r) * k::SAMPLE_MAX_GROUPS + group];
+            REQUIRE(code >= 0);
+            REQUIRE(code < n);
+            if (r == 2 || r == 3) REQUIRE(code == held[r]);  // stopped, idle: nothing drawn
+            if (greedy[r]) {
+                const float* row = logits.data() + size_t(r) * n;
+                REQUIRE(code == int32_t(std::max_element(row, row + n) - row));
+            }
+            for (int i = 0; i < dim; ++i) REQUIRE(out[size_t(r) * ld + i] == expected(code, i));
+            for (int i = dim; i < ld; ++i) REQUIRE(std::isnan(out[size_t(r) * ld + i]));
+        }
+        // A drawn row's code went to its stream as well.
+        for (const int r : {0, 1, 4}) {
+            const size_t s = size_t(r < 3 ? r : r - 1);
+            const auto st = download(states[s], 1);
+            REQUIRE(st[0].current[group] == drawn[size_t(r) * k::SAMPLE_MAX_GROUPS + group]);
+        }
+
+        // A single sequence's draw (row 1's stream, sampled, at the next frame) writes row 0.
+        auto d_single = poisoned(size_t(ld));
+        k::SampleArgs single;
+        single.logits = d_logits.get() + n;
+        single.n = n;
+        single.state = states[1].get();
+        single.group = group;
+        single.frame_offset = 1;
+        single.codes = codes[1].get();
+        single.embed_table = a.embed_table;
+        single.embed_rows = a.embed_rows;
+        single.embed_dim = dim;
+        single.embed_out = d_single.get();
+        single.embed_ld = ld;
+        k::sample(single, context().launch());
+        const auto one = download(d_single, size_t(ld));
+        const int32_t code = download(states[1], 1)[0].current[group];
         REQUIRE(code >= 0);
         REQUIRE(code < n);
-        if (r == 2 || r == 3) REQUIRE(code == held[r]);  // stopped, idle: nothing drawn
-        if (greedy[r]) {
-            const float* row = logits.data() + size_t(r) * n;
-            REQUIRE(code == int32_t(std::max_element(row, row + n) - row));
-        }
-        for (int i = 0; i < dim; ++i)
-            REQUIRE(out[size_t(r) * ld + i] == qtts::bf16_to_f32(table_bf[size_t(code) * dim + i]));
-        for (int i = dim; i < ld; ++i) REQUIRE(std::isnan(out[size_t(r) * ld + i]));
-    }
-    // A drawn row's code went to its stream as well.
-    for (const int r : {0, 1, 4}) {
-        const size_t s = size_t(r < 3 ? r : r - 1);
-        const auto st = download(states[s], 1);
-        REQUIRE(st[0].current[group] == drawn[size_t(r) * k::SAMPLE_MAX_GROUPS + group]);
-    }
+        REQUIRE(download(codes[1], size_t(8) * k::SAMPLE_MAX_GROUPS)[size_t(4) * k::SAMPLE_MAX_GROUPS + group] == code);
+        for (int i = 0; i < dim; ++i) REQUIRE(one[size_t(i)] == expected(code, i));
+        for (int i = dim; i < ld; ++i) REQUIRE(std::isnan(one[size_t(i)]));
 
-    // The embedding is for batched draws only.
-    k::SampleArgs single;
-    single.logits = d_logits.get();
-    single.n = n;
-    single.state = states[0].get();
-    single.group = group;
-    single.codes = codes[0].get();
-    single.embed_table = a.embed_table;
-    single.embed_dim = dim;
-    single.embed_out = d_out.get();
-    single.embed_ld = ld;
-    REQUIRE_THROWS(k::sample(single, context().launch()));
+        // One source, never both or neither.
+        k::SampleArgs both = single;
+        both.embed_table = d_table.get();
+        both.embed_rows = d_rows.get();
+        REQUIRE_THROWS(k::sample(both, context().launch()));
+        both.embed_table = nullptr;
+        both.embed_rows = nullptr;
+        REQUIRE_THROWS(k::sample(both, context().launch()));
+    }
 }
 
 #endif  // QTTS_HAVE_CUDA

@@ -2,19 +2,28 @@
 // (../shared/reference/models; random tiny checkpoints of the same shapes when it is absent):
 //   * teacher-forced: every talker and predictor logits row (rel err < 1e-2, per row);
 //   * free-running greedy: identical codes, graphs on and off, host or device embeddings;
-//   * free-running seeded sampling: the same Philox stream gives the same codes.
+//   * free-running seeded sampling: the same Philox stream gives the same codes;
+//   * the predictor's projected inputs (GpuLmWeights::predictor_input_rows): the projection's
+//     gemv bit for bit, the CPU's product within 1e-5.
 #include <catch2/catch.hpp>
 
 // CPU-only builds compile this file to nothing (test_main skips the gpu label without a device).
 #ifdef QTTS_HAVE_CUDA
 
+#include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "engine/cpu/generator.h"
 #include "engine/cpu/lm.h"
+#include "engine/cuda/device_buffer.h"
 #include "engine/cuda/gpu_generator.h"
+#include "engine/model/safetensors.h"
+#include "kernels/gemv.cuh"
 #include "engine/model/make_model.h"
 #include "engine/model/weights.h"
 #include "engine/generation/sampling.h"
@@ -120,6 +129,75 @@ int matching_prefix(const std::vector<FrameCodes>& a, const std::vector<FrameCod
 }
 
 }  // namespace
+
+TEST_CASE("the predictor's projected inputs are its projection's gemv, bit for bit", "[gpu][lm]") {
+    int projected = 0;
+    for (const std::string& dir : tiny_models()) {
+        INFO("model " << dir);
+        const auto checkpoint = qtts::checkpoint_load(dir);
+        const auto w = qc::GpuLmWeights::upload(checkpoint, context().device());
+        if (!w->predictor_proj_w) {  // the draw copies the embedding itself
+            CHECK(w->predictor_input_rows.empty());
+            continue;
+        }
+        ++projected;
+        const int G = w->num_code_groups, V = w->predictor_vocab, H = w->talker.hidden, Hc = w->predictor.hidden;
+        REQUIRE(int(w->predictor_input_rows.size()) == G - 2);
+        const uint64_t seed = std::random_device{}();
+        INFO("seed " << seed);
+        std::mt19937_64 rng(seed);
+        std::vector<int32_t> codes = {0, 1, V - 1};
+        while (codes.size() < 12) codes.push_back(int32_t(rng() % uint64_t(V)));
+        const int R = int(codes.size());
+        qc::DeviceArray<int32_t> d_codes(codes.size());
+        REQUIRE(cudaMemcpy(d_codes.get(), codes.data(), codes.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        qc::DeviceArray<float> d_y(size_t(R) * Hc);
+        const std::vector<float> proj_w = qtts::tensor_to_f32(*checkpoint->code_predictor.proj_w);
+        const std::vector<float> proj_b = qtts::tensor_to_f32(*checkpoint->code_predictor.proj_b);
+        double worst = 0.0;
+        for (int t = 0; t + 2 < G; ++t) {
+            INFO("pass " << t + 2);
+            // What the pass's gathering gemv would write for these codes.
+            REQUIRE(cudaMemset(d_y.get(), 0xff, d_y.bytes()) == cudaSuccess);  // NaN
+            qtts::kernels::GemvArgs a;
+            a.w = w->predictor_proj_w;
+            a.bias = w->predictor_proj_b;
+            a.out = Hc;
+            a.in = H;
+            a.rows = R;
+            a.input = qtts::kernels::GemvInput::GEMV_INPUT_GATHER;
+            a.table = w->predictor_codec_embedding[size_t(t)];
+            a.index = d_codes.get();
+            a.y = d_y.get();
+            a.ldy = Hc;
+            qtts::kernels::gemv(a, qtts::kernels::Launch{});
+            std::vector<float> gemv_rows(size_t(R) * Hc), table_rows(size_t(R) * Hc);
+            REQUIRE(cudaMemcpy(gemv_rows.data(), d_y.get(), gemv_rows.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+            for (int r = 0; r < R; ++r)
+                REQUIRE(cudaMemcpy(table_rows.data() + size_t(r) * Hc,
+                                   w->predictor_input_rows[size_t(t)] + size_t(codes[size_t(r)]) * Hc, size_t(Hc) * 4,
+                                   cudaMemcpyDeviceToHost) == cudaSuccess);
+            REQUIRE(std::memcmp(gemv_rows.data(), table_rows.data(), table_rows.size() * 4) == 0);
+
+            // The CPU's product over the same bf16 values, in double.
+            const std::vector<float> table = qtts::tensor_to_f32(*checkpoint->code_predictor.codec_embedding[size_t(t)]);
+            auto bf = [](float v) { return double(qtts::bf16_to_f32(qtts::f32_to_bf16(v))); };
+            std::vector<float> ref(size_t(R) * Hc);
+            for (int r = 0; r < R; ++r)
+                for (int o = 0; o < Hc; ++o) {
+                    double acc = proj_b[size_t(o)];
+                    for (int i = 0; i < H; ++i)
+                        acc += bf(proj_w[size_t(o) * H + i]) * bf(table[size_t(codes[size_t(r)]) * H + i]);
+                    ref[size_t(r) * Hc + o] = float(acc);
+                }
+            const double e = qtts_test::rel_error(table_rows.data(), ref.data(), ref.size());
+            CHECK(e < 1e-5);
+            worst = std::max(worst, e);
+        }
+        WARN("projected predictor inputs vs the CPU: max rel err " << worst << " (" << dir << ")");
+    }
+    REQUIRE(projected >= 1);
+}
 
 TEST_CASE("GPU logits match the CPU reference row by row (teacher forcing)", "[gpu][lm]") {
     for (const std::string& dir : tiny_models()) {
