@@ -6,6 +6,7 @@
 
 #include <cuda_pipeline.h>
 
+#include "apps/kernel-lab/lab_attention.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/check.cuh"
 #include "kernels/rope.cuh"
@@ -138,17 +139,7 @@ __global__ void __launch_bounds__(AO_THREADS, 1) attno_kernel(const AttnOArgs a)
 
     // Softmax per query head (unnormalised probabilities stay in s_s).
     for (int h = warp; h < a.n_heads; h += AO_WARPS) {
-        float* sq = s_s + h * ATTNO_MAX_CTX;
-        float m = -INFINITY;
-        for (int j = lane; j < ctx; j += 32) m = fmaxf(m, sq[j]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int j = lane; j < ctx; j += 32) {
-            const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
-            sq[j] = e;
-            l += e;
-        }
-        l = warp_sum(l);
+        const float l = warp_softmax_unnormalised(s_s + h * ATTNO_MAX_CTX, ctx);
         if (lane == 0) l_s[h] = l;
     }
     __syncthreads();

@@ -149,12 +149,7 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     qc::DeviceArray<float> logits_chain{logit_floats}, logits_persist{logit_floats};
     qc::DeviceArray<unsigned> barrier(4096);
     CUDA_CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
-    float* k_cache = pc.k_cache();
-    float* v_cache = pc.v_cache();
-    const auto caches_reset = [&] { pc.caches_reset(); };
     const auto chain = [&] { pc.run(logits_chain.get(), false); };
-    const qc::DeviceArray<float>& d_caches = pc.d_caches;
-    const std::vector<float>& caches0 = pc.caches0;
 
     PersistArgs a;
     a.n_layers = int(P.layers.size());
@@ -177,8 +172,8 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     a.qkv = pc.qkv.get();
     a.attn = pc.attn.get();
     a.mlp = pc.mlp.get();
-    a.k_cache = k_cache;
-    a.v_cache = v_cache;
+    a.k_cache = pc.k_cache();
+    a.v_cache = pc.v_cache();
     a.max_ctx = max_ctx;
     a.pos0 = pos0;
     a.passes = passes;
@@ -194,16 +189,16 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     const int blocks = sms * per_sm;
 
     // Same inputs, same caches: bitwise the same logits and appended cache rows?
-    caches_reset();
+    pc.caches_reset();
     chain();
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
     const auto ref_logits = download(logits_chain, logit_floats);
-    const auto ref_caches = download(d_caches, caches0.size());
-    caches_reset();
+    const auto ref_caches = download(pc.d_caches, pc.caches0.size());
+    pc.caches_reset();
     persist_launch(a, blocks, ctx.stream());
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
     const auto got_logits = download(logits_persist, logit_floats);
-    const auto got_caches = download(d_caches, caches0.size());
+    const auto got_caches = download(pc.d_caches, pc.caches0.size());
     const bool same_logits = std::memcmp(got_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0;
     const bool same_caches = std::memcmp(got_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
     const bool finite = std::all_of(ref_logits.begin(), ref_logits.end(), [](float v) { return std::isfinite(v); });

@@ -5,6 +5,7 @@
 
 #include <cuda_pipeline.h>
 
+#include "apps/kernel-lab/lab_attention.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/check.cuh"
 #include "kernels/rope.cuh"
@@ -275,17 +276,7 @@ __device__ __forceinline__ void attention_stage(const PersistArgs& a, int layer,
     }
     __syncthreads();
     for (int qi = warp; qi < group; qi += PS_WARPS) {
-        float* sq = sm.s + qi * PERSIST_MAX_CTX;
-        float m = -INFINITY;
-        for (int j = lane; j < ctx; j += 32) m = fmaxf(m, sq[j]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int j = lane; j < ctx; j += 32) {
-            const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
-            sq[j] = e;
-            l += e;
-        }
-        l = warp_sum(l);
+        const float l = warp_softmax_unnormalised(sm.s + qi * PERSIST_MAX_CTX, ctx);
         if (lane == 0) sm.l[qi] = l;
     }
     __syncthreads();
