@@ -111,7 +111,7 @@ __device__ __forceinline__ BlockSlice block_slice(const AttentionArgs& a, int po
 // the output (one split) or this split's partial state plus, in the last block of the (KV head,
 // query tile), the split-K combine. Called by every thread of the block.
 __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const SeqBuffers& sb, float* s_s, const float* v_base, int n, int t0,
-                                                 int nq, int ctx, int chunk, float* m_s, float* l_s, int* is_last_s,
+                                                 int nq, int ctx, int chunk, float* m_s, float* l_s,
                                                  int tile, int split) {
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
@@ -165,36 +165,37 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const S
     // The last block of this (KV head, tile) combines the partial states of the splits that
     // hold keys (the blocks of later splits returned without taking part).
     const int active = active_slices(ctx, a.splits, chunk);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t* counter = sb.counters + size_t(g) * query_tiles(a.T) + tile;
-        const uint32_t before = atomicAdd(counter, 1u);
-        *is_last_s = before == uint32_t(active - 1);
-        if (*is_last_s) *counter = 0u;  // every split has arrived: reset for the next launch
-    }
-    __syncthreads();
-    if (!*is_last_s) return;
-    __threadfence();
-    // Weights of every (query, split) in parallel, into s_s (free now): w = exp(m - M).
+    if (!block_arrive_last(sb.counters + size_t(g) * query_tiles(a.T) + tile, uint32_t(active))) return;
+    // Each warp loads its queries' (max, sum) pairs in one round, lane-strided over the splits,
+    // into registers; then the weights w = exp(m - M) into s_s (free now) and the sums, in the
+    // order of the loops that loaded the maxima and the sums one round after the other (the same
+    // bits, one dependent round and one barrier fewer).
+    constexpr int SPLIT_STEPS = ATTN_KEYS_PER_SPLIT / 32;  // splits <= ATTN_KEYS_PER_SPLIT
     float* w_s = s_s;  // [nq, active]
-    for (int i = threadIdx.x; i < nq * active; i += threads) {
-        const int qi = i / active, sp = i % active;
-        const int t = t0 + qi / group, h = g * group + qi % group;
-        w_s[i] = load_coherent(sb.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd);
-    }
-    __syncthreads();
     for (int qi = warp; qi < nq; qi += warps) {
         const int t = t0 + qi / group, h = g * group + qi % group;
+        const float* stats = sb.partial + (size_t(t) * a.n_heads + h) * a.splits * (hd + 2) + hd;  // split 0's m, l
+        float m[SPLIT_STEPS], l[SPLIT_STEPS];
+#pragma unroll
+        for (int i = 0; i < SPLIT_STEPS; ++i) {
+            const int sp = lane + 32 * i;
+            m[i] = sp < active ? load_coherent(stats + size_t(sp) * (hd + 2)) : -INFINITY;
+            l[i] = sp < active ? load_coherent(stats + size_t(sp) * (hd + 2) + 1) : 0.0f;
+        }
         float M = -INFINITY;
-        for (int sp = lane; sp < active; sp += 32) M = fmaxf(M, w_s[qi * active + sp]);
+#pragma unroll
+        for (int i = 0; i < SPLIT_STEPS; ++i)
+            if (lane + 32 * i < active) M = fmaxf(M, m[i]);
         M = warp_max(M);
         float L = 0.0f;
-        for (int sp = lane; sp < active; sp += 32) {
-            const float m = w_s[qi * active + sp];
-            const float w = (m == -INFINITY || M == -INFINITY) ? 0.0f : expf(m - M);
-            w_s[qi * active + sp] = w;
-            L = fmaf(w, load_coherent(sb.partial + ((size_t(t) * a.n_heads + h) * a.splits + sp) * (hd + 2) + hd + 1), L);
+#pragma unroll
+        for (int i = 0; i < SPLIT_STEPS; ++i) {
+            const int sp = lane + 32 * i;
+            if (sp < active) {
+                const float w = (m[i] == -INFINITY || M == -INFINITY) ? 0.0f : expf(m[i] - M);
+                w_s[qi * active + sp] = w;
+                L = fmaf(w, l[i], L);
+            }
         }
         L = warp_sum(L);
         if (lane == 0) l_s[qi] = L;
@@ -225,7 +226,6 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
     if (!sb.k_cache) return;  // an idle row of a batch
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
-    __shared__ int is_last;
 
     const int hd = a.head_dim;
     const int group = a.n_heads / a.n_kv;
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
         }
         __syncthreads();
 
-        attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, &is_last, tile, split);
+        attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, tile, split);
         staged = false;   // later slices read the cache
         __syncthreads();  // they reuse q_s and s_s
     }
@@ -420,7 +420,6 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
     extern __shared__ float4 attn_smem4[];
     __shared__ float m_s[ATTN_TILE * ATTN_MAX_GROUP];
     __shared__ float l_s[ATTN_TILE * ATTN_MAX_GROUP];
-    __shared__ int is_last;
 
     const int hd = a.head_dim, kld = STAGE_KV ? hd + 1 : hd;
     const int group = a.n_heads / a.n_kv;
@@ -505,7 +504,7 @@ __device__ __forceinline__ void attention_cached_block(const AttentionArgs& a, i
         }
     }
     __syncthreads();
-    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, &is_last, tile, blockIdx.y);
+    attention_finish(a, sb, s_s, v_base, n, t0, nq, b.ctx, b.chunk, m_s, l_s, tile, blockIdx.y);
 }
 
 template <bool STAGE_KV>

@@ -201,6 +201,30 @@ __device__ __forceinline__ float warp_max(float v) {
 // Reads a value produced by another block of the same grid (bypasses the non-coherent L1).
 __device__ __forceinline__ float load_coherent(const float* p) { return __ldcg(p); }
 
+// A split-K block's arrival at its group's counter: every thread of the block calls it after
+// storing its partial results. Returns, in every thread, whether this block is the count-th (the
+// last) to arrive; the last block resets the counter for the next launch, and its later
+// load_coherent reads see what every block of the group stored before arriving. After the
+// barrier, one thread releases the block's stores (fence.acq_rel.gpu, cumulative over the
+// barrier) and bumps the counter; the last block's thread then acquires the others' stores. This
+// is the usual semaphore pattern (CUTLASS's, for one), in place of a sequentially consistent fence
+// in every thread before and after.
+__device__ __forceinline__ bool block_arrive_last(uint32_t* counter, uint32_t count) {
+    __shared__ int last_s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        const bool last = atomicAdd(counter, 1u) == count - 1u;
+        if (last) {
+            *counter = 0u;
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        }
+        last_s = last ? 1 : 0;
+    }
+    __syncthreads();
+    return last_s != 0;
+}
+
 // silu exactly as the CPU reference writes it.
 __device__ __forceinline__ float silu_ref(float x) { return x / (1.0f + expf(-x)); }
 

@@ -48,18 +48,12 @@ __device__ __forceinline__ void finish_tile(const SliceOutput& out, int M, int N
         }
         return;
     }
-    __shared__ bool last;
     float* mine = out.partials + size_t(blockIdx.y) * size_t(M) * N;
     for (int o = int(threadIdx.x); o < outputs; o += int(blockDim.x)) {
         const int r = o / N, c = o % N, m = m_first + r;
         if (m < M) mine[size_t(m) * N + c] = block_sum(r, c);
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(out.tickets + blockIdx.x, 1u) == uint32_t(out.slices - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!block_arrive_last(out.tickets + blockIdx.x, uint32_t(out.slices))) return;
     for (int o = int(threadIdx.x); o < outputs; o += int(blockDim.x)) {
         const int r = o / N, c = o % N, m = m_first + r;
         if (m >= M) continue;
@@ -68,7 +62,6 @@ __device__ __forceinline__ void finish_tile(const SliceOutput& out, int M, int N
         float* dst = y + size_t(m) * N + c;
         *dst = accumulate ? *dst + s : s;
     }
-    if (threadIdx.x == 0) out.tickets[blockIdx.x] = 0u;
 }
 
 // Eight bytes of weights (four bf16), kept out of L1 as load_weights does. p 8-byte aligned.

@@ -23,6 +23,9 @@
 //   qtts-kernel-lab attno --model DIR [--seed S] [--device N]
 //       the same passes with each layer's attention folded into its o product (attention_o.h)
 //       against the product's launches: compared bitwise, then timed.
+//   qtts-kernel-lab parts --model DIR [--seed S] [--device N]
+//       the predictor's passes and a talker step as the product launches them, timed whole and
+//       with one kind of launch left out: what each kind costs inside the chain.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -462,6 +465,7 @@ void usage() {
         "       qtts-kernel-lab rows --model DIR [--rows LIST] [--device N]\n"
         "       qtts-kernel-lab persist --model DIR [--seed S] [--device N]\n"
         "       qtts-kernel-lab attno --model DIR [--seed S] [--device N]\n"
+        "       qtts-kernel-lab parts --model DIR [--seed S] [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
         "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
         "  gemm   the batched step's split-path GEMMs: cublasGemmEx against cuBLASLt's algorithms\n"
@@ -473,7 +477,9 @@ void usage() {
         "  persist  the code predictor's passes as launches against one persistent launch (compared\n"
         "         bitwise, then timed)\n"
         "  attno  the code predictor's passes with the attention folded into the o product against\n"
-        "         the product's launches (compared bitwise, then timed)\n");
+        "         the product's launches (compared bitwise, then timed)\n"
+        "  parts  the predictor's passes and a talker step timed whole and with one kind of launch\n"
+        "         left out (what each kind costs inside the chain)\n");
 }
 
 }  // namespace
@@ -520,6 +526,7 @@ int main(int argc, char** argv) {
         if (mode == "rows" && !model.empty()) return qtts::kernel_lab::lab_rows(model, rows, device);
         if (mode == "persist" && !model.empty()) return qtts::kernel_lab::lab_persist(model, device, seed);
         if (mode == "attno" && !model.empty()) return qtts::kernel_lab::lab_attno(model, device, seed);
+        if (mode == "parts" && !model.empty()) return qtts::kernel_lab::lab_parts(model, device, seed);
         usage();
         return 2;
     } catch (const std::exception& e) {

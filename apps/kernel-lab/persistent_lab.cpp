@@ -21,6 +21,7 @@
 #include "engine/cuda/gpu_lm.h"
 #include "engine/cuda/gpu_lm_launch.h"
 #include "engine/model/weights.h"
+#include "kernels/rmsnorm.cuh"
 
 namespace qtts::kernel_lab {
 
@@ -134,6 +135,99 @@ struct PredictorChain {
     const size_t cache_floats, logit_floats;
     std::vector<float> x_in_host, caches0;
     qc::DeviceArray<float> d_x_in, d_caches, x, qkv, attn, mlp;
+};
+
+
+// ---- parts: what each kind of launch costs inside the chain --------------------------------
+
+// A kind of launch a `parts` variant leaves out; TRIVIAL replaces every launch by a one-row
+// RMSNorm (a kernel with next to no work: the chain's floor of dependent launches).
+enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL };
+
+const char* part_name(Part p) {
+    switch (p) {
+        case Part::NONE: return "every launch";
+        case Part::QKV: return "without q/k/v";
+        case Part::ATTENTION: return "without attention";
+        case Part::O: return "without o";
+        case Part::GATE_UP: return "without gate/up";
+        case Part::DOWN: return "without down";
+        case Part::HEAD: return "without the head";
+        case Part::TRIVIAL: return "trivial launches only";
+    }
+    return "?";
+}
+
+// One decode pass of stack `s` as stack_decode_pass launches it (the same launchers), less the
+// launches of kind `skip`; plus the head when `head` is set. Every launch is a kernel (PDL on
+// when the context has it): no copy node breaks the chain.
+template <typename Attend>
+void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend, const k::Launch& l, Part skip,
+                const qc::bf16_t* head, int vocab, float* logits, float* scratch) {
+    const int H = s.hidden, I = s.intermediate;
+    const auto product = [&](Part kind, const k::GemvArgs& a) {
+        if (skip == Part::TRIVIAL)
+            CUDA_CHECK_KERNEL(k::rmsnorm(b.x, 1, H, H, s.norm, s.eps, scratch, H, l));
+        else if (skip != kind)
+            qc::gemv_launch(a, l);
+    };
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+        const qc::GpuStack::Layer& L = s.layers[i];
+        product(Part::QKV, qc::gemv_normed(qc::gemv_product(L.qkv, s.qkv_dim(), H, 1, b.x, b.qkv), L.input_norm, s.eps));
+        if (skip == Part::TRIVIAL)
+            CUDA_CHECK_KERNEL(k::rmsnorm(b.x, 1, H, H, s.norm, s.eps, scratch, H, l));
+        else if (skip != Part::ATTENTION)
+            CUDA_CHECK_KERNEL(k::attention(attend(int(i)), l));
+        product(Part::O, qc::gemv_residual(qc::gemv_product(L.o, H, s.q_dim(), 1, b.attn, b.x)));
+        product(Part::GATE_UP, qc::gemv_swiglu(qc::gemv_normed(qc::gemv_product(L.gate_up, I, H, 1, b.x, b.mlp),
+                                                               L.post_norm, s.eps),
+                                               L.gate_up + size_t(I) * H));
+        product(Part::DOWN, qc::gemv_residual(qc::gemv_product(L.down, H, I, 1, b.mlp, b.x)));
+    }
+    if (head) product(Part::HEAD, qc::gemv_normed(qc::gemv_product(head, vocab, H, 1, b.x, logits), s.norm, s.eps));
+}
+
+// The talker's layers for one decode step at a fixed context (cached keys constant), as GpuLm's
+// frame step runs them: a block per 16-key slice, the position read from device memory.
+struct TalkerChain {
+    TalkerChain(qc::GpuContext& ctx, const qc::GpuLmWeights& w, int ctx_len, uint64_t seed)
+        : T(w.talker), max_ctx(4096), splits(k::attention_splits(4096)) {
+        const size_t cache_floats = T.layers.size() * size_t(T.n_kv) * size_t(max_ctx) * T.head_dim;
+        std::mt19937 rng{uint32_t(seed)};
+        const std::vector<float> x0 = random_vector(size_t(T.hidden), rng, -2.0f, 2.0f);
+        x = qc::DeviceArray<float>(x0.size());
+        CUDA_CHECK(cudaMemcpy(x.get(), x0.data(), x0.size() * 4, cudaMemcpyHostToDevice));
+        qkv = qc::DeviceArray<float>(size_t(T.qkv_dim()));
+        attn = qc::DeviceArray<float>(size_t(T.q_dim()));
+        mlp = qc::DeviceArray<float>(size_t(T.intermediate));
+        scratch = qc::DeviceArray<float>(size_t(T.hidden));
+        caches = qc::DeviceArray<float>(2 * cache_floats);
+        CUDA_CHECK(cudaMemset(caches.get(), 0x3c, caches.bytes()));  // ~0.0115 everywhere: the timing needs no more
+        partial = qc::DeviceArray<float>(k::attention_partial_floats(T.n_heads, 1, splits, T.head_dim));
+        counters = qc::DeviceArray<uint32_t>(k::attention_counter_count(T.n_kv, 1));
+        CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+        pos = qc::DeviceArray<int32_t>(1);
+        CUDA_CHECK(cudaMemcpy(pos.get(), &ctx_len, 4, cudaMemcpyHostToDevice));
+        (void)ctx;
+    }
+    void run(const k::Launch& l, Part skip) const {
+        const size_t cache_floats = T.layers.size() * size_t(T.n_kv) * size_t(max_ctx) * T.head_dim;
+        pass_parts(
+            T, qc::DecodeRows{x.get(), qkv.get(), attn.get(), mlp.get(), 1},
+            [&](int layer) {
+                k::AttentionArgs a = qc::attention_args(T, layer, qkv.get(), attn.get(), caches.get(),
+                                                        caches.get() + cache_floats, max_ctx, splits, partial.get(),
+                                                        counters.get(), 1, pos.get(), 0);
+                a.pos_settled = true;
+                return a;
+            },
+            l, skip, nullptr, 0, nullptr, scratch.get());
+    }
+    const qc::GpuStack& T;
+    const int max_ctx, splits;
+    qc::DeviceArray<float> x, qkv, attn, mlp, scratch, caches, partial;
+    qc::DeviceArray<uint32_t> counters;
+    qc::DeviceArray<int32_t> pos;
 };
 
 }  // namespace
@@ -299,6 +393,69 @@ int lab_attno(const std::string& model, int device, uint64_t seed) {
                 same_logits ? "equal" : "DIFFER", same_caches ? "equal" : "DIFFER", max_abs_diff(got.first, ref.first),
                 max_abs_diff(got.second, ref.second), finite ? "yes" : "NO");
     return same_logits && same_caches && finite ? 0 : 1;
+}
+
+int lab_parts(const std::string& model, int device, uint64_t seed) {
+    qc::GpuContext ctx(device);
+    const auto weights = qc::GpuLmWeights::upload(qtts::checkpoint_load(model), device);
+    const qc::GpuLmWeights& w = *weights;
+    const PredictorChain pc(ctx, w, seed);
+    qc::DeviceArray<float> logits{pc.logit_floats}, scratch{size_t(std::max(w.talker.hidden, pc.H))};
+    const k::Launch l = ctx.launch();
+    std::printf("qtts-kernel-lab parts: %s, device %d (%s), seed %llu, PDL %s\n", model.c_str(), device,
+                ctx.device_name().c_str(), static_cast<unsigned long long>(seed), ctx.pdl() ? "on" : "off");
+
+    // The predictor: 15 passes of 5 layers and the head, one graph, no copy between passes.
+    const Part predictor_parts[] = {Part::NONE, Part::QKV, Part::ATTENTION, Part::O, Part::GATE_UP,
+                                    Part::DOWN, Part::HEAD, Part::TRIVIAL};
+    const auto predictor_run = [&](Part skip) {
+        for (int p = 0; p < pc.passes; ++p)
+            pass_parts(
+                pc.P, qc::DecodeRows{pc.x.get(), pc.qkv.get(), pc.attn.get(), pc.mlp.get(), 1},
+                [&](int layer) {
+                    return qc::attention_args(pc.P, layer, pc.qkv.get(), pc.attn.get(), pc.k_cache(), pc.v_cache(),
+                                              pc.max_ctx, 1, nullptr, nullptr, 1, nullptr, pc.pos0 + p);
+                },
+                l, skip, w.predictor_head[size_t(p)], w.predictor_vocab, logits.get() + size_t(p) * w.predictor_vocab,
+                scratch.get());
+    };
+    // The talker: one step's 28 layers at contexts 100 and 300.
+    const TalkerChain t100(ctx, w, 100, seed), t300(ctx, w, 300, seed + 1);
+    const Part talker_parts[] = {Part::NONE, Part::QKV, Part::ATTENTION, Part::O, Part::GATE_UP, Part::DOWN, Part::TRIVIAL};
+
+    struct Timed {
+        std::string name;
+        double per;  // divide the replay's time by this
+        qc::GraphExec graph;
+        std::vector<double> us;
+    };
+    std::vector<Timed> runs;
+    for (Part p : predictor_parts)
+        runs.push_back({std::string("predictor pass, ") + part_name(p), double(pc.passes),
+                        qc::graph_capture(ctx, "parts (lab)", [&] { predictor_run(p); }, nullptr), {}});
+    for (const TalkerChain* tc : {&t100, &t300})
+        for (Part p : talker_parts)
+            runs.push_back({std::string(tc == &t100 ? "talker step ctx 100, " : "talker step ctx 300, ") + part_name(p),
+                            1.0, qc::graph_capture(ctx, "parts (lab)", [&] { tc->run(l, p); }, nullptr), {}});
+    for (int round = 0; round < 3; ++round)
+        for (Timed& r : runs) {
+            for (int i = 0; i < 3; ++i) qc::graph_replay(ctx, r.graph);
+            r.us.push_back(qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { qc::graph_replay(ctx, r.graph); }) * 1e3 /
+                           r.per);
+        }
+    const auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    double full = 0.0;
+    for (const Timed& r : runs) {
+        const double m = median(r.us);
+        if (r.name.find(part_name(Part::NONE)) != std::string::npos) full = m;
+        const int layers = int(r.name.rfind("predictor", 0) == 0 ? pc.P.layers.size() : w.talker.layers.size());
+        std::printf("  %-52s %9.2f us (rounds %.2f / %.2f / %.2f); saves %7.2f us, %6.2f a layer\n", r.name.c_str(), m,
+                    r.us[0], r.us[1], r.us[2], full - m, (full - m) / layers);
+    }
+    return 0;
 }
 
 }  // namespace qtts::kernel_lab
