@@ -142,7 +142,9 @@ struct PredictorChain {
 
 // A kind of launch a `parts` variant leaves out; TRIVIAL replaces every launch by a one-row
 // RMSNorm (a kernel with next to no work: the chain's floor of dependent launches).
-enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL };
+// GATE_UP_HALVES is not a removal: the gate/up product as two launches of half the rows each (a
+// talker gate/up launch of 768 blocks takes ~1.45 waves of the SM slots; a half fits in one).
+enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL, GATE_UP_HALVES };
 
 const char* part_name(Part p) {
     switch (p) {
@@ -154,6 +156,7 @@ const char* part_name(Part p) {
         case Part::DOWN: return "without down";
         case Part::HEAD: return "without the head";
         case Part::TRIVIAL: return "trivial launches only";
+        case Part::GATE_UP_HALVES: return "gate/up as two half launches";
     }
     return "?";
 }
@@ -179,9 +182,20 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
         else if (skip != Part::ATTENTION)
             CUDA_CHECK_KERNEL(k::attention(attend(int(i)), l));
         product(Part::O, qc::gemv_residual(qc::gemv_product(L.o, H, s.q_dim(), 1, b.attn, b.x)));
-        product(Part::GATE_UP, qc::gemv_swiglu(qc::gemv_normed(qc::gemv_product(L.gate_up, I, H, 1, b.x, b.mlp),
-                                                               L.post_norm, s.eps),
-                                               L.gate_up + size_t(I) * H));
+        if (skip == Part::GATE_UP_HALVES) {
+            for (int half = 0; half < 2; ++half) {
+                const size_t r0 = size_t(half) * size_t(I / 2);
+                qc::gemv_launch(qc::gemv_swiglu(qc::gemv_normed(qc::gemv_product(L.gate_up + r0 * H, I / 2, H, 1, b.x,
+                                                                                 b.mlp + r0),
+                                                                L.post_norm, s.eps),
+                                                L.gate_up + (size_t(I) + r0) * H),
+                                l);
+            }
+        } else {
+            product(Part::GATE_UP, qc::gemv_swiglu(qc::gemv_normed(qc::gemv_product(L.gate_up, I, H, 1, b.x, b.mlp),
+                                                                   L.post_norm, s.eps),
+                                                   L.gate_up + size_t(I) * H));
+        }
         product(Part::DOWN, qc::gemv_residual(qc::gemv_product(L.down, H, I, 1, b.mlp, b.x)));
     }
     if (head) product(Part::HEAD, qc::gemv_normed(qc::gemv_product(head, vocab, H, 1, b.x, logits), s.norm, s.eps));
@@ -421,7 +435,8 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
     };
     // The talker: one step's 28 layers at contexts 100 and 300.
     const TalkerChain t100(ctx, w, 100, seed), t300(ctx, w, 300, seed + 1);
-    const Part talker_parts[] = {Part::NONE, Part::QKV, Part::ATTENTION, Part::O, Part::GATE_UP, Part::DOWN, Part::TRIVIAL};
+    const Part talker_parts[] = {Part::NONE,    Part::QKV,  Part::ATTENTION, Part::O,
+                                 Part::GATE_UP, Part::DOWN, Part::TRIVIAL,   Part::GATE_UP_HALVES};
 
     struct Timed {
         std::string name;
