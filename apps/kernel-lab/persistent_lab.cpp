@@ -142,9 +142,10 @@ struct PredictorChain {
 
 // A kind of launch a `parts` variant leaves out; TRIVIAL replaces every launch by a one-row
 // RMSNorm (a kernel with next to no work: the chain's floor of dependent launches).
-// GATE_UP_HALVES is not a removal: the gate/up product as two launches of half the rows each (a
-// talker gate/up launch of 768 blocks takes ~1.45 waves of the SM slots; a half fits in one).
-enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL, GATE_UP_HALVES };
+// The *_HALVES are not removals: the product as two launches of half the rows each (a talker
+// gate/up launch of 768 blocks takes ~1.45 waves of the SM slots, a half fits in one; a q/k/v
+// launch's 512 blocks fill every SM's registers, a half leaves room for the attention's blocks).
+enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL, GATE_UP_HALVES, QKV_HALVES };
 
 const char* part_name(Part p) {
     switch (p) {
@@ -157,6 +158,7 @@ const char* part_name(Part p) {
         case Part::HEAD: return "without the head";
         case Part::TRIVIAL: return "trivial launches only";
         case Part::GATE_UP_HALVES: return "gate/up as two half launches";
+        case Part::QKV_HALVES: return "q/k/v as two half launches";
     }
     return "?";
 }
@@ -176,7 +178,17 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
     };
     for (size_t i = 0; i < s.layers.size(); ++i) {
         const qc::GpuStack::Layer& L = s.layers[i];
-        product(Part::QKV, qc::gemv_normed(qc::gemv_product(L.qkv, s.qkv_dim(), H, 1, b.x, b.qkv), L.input_norm, s.eps));
+        if (skip == Part::QKV_HALVES) {
+            const int half = s.qkv_dim() / 2;
+            for (int i2 = 0; i2 < 2; ++i2)
+                qc::gemv_launch(qc::gemv_normed(qc::gemv_product(L.qkv + size_t(i2) * half * H, half, H, 1, b.x,
+                                                                 b.qkv + size_t(i2) * half),
+                                                L.input_norm, s.eps),
+                                l);
+        } else {
+            product(Part::QKV,
+                    qc::gemv_normed(qc::gemv_product(L.qkv, s.qkv_dim(), H, 1, b.x, b.qkv), L.input_norm, s.eps));
+        }
         if (skip == Part::TRIVIAL)
             CUDA_CHECK_KERNEL(k::rmsnorm(b.x, 1, H, H, s.norm, s.eps, scratch, H, l));
         else if (skip != Part::ATTENTION)
@@ -420,8 +432,8 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
                 ctx.device_name().c_str(), static_cast<unsigned long long>(seed), ctx.pdl() ? "on" : "off");
 
     // The predictor: 15 passes of 5 layers and the head, one graph, no copy between passes.
-    const Part predictor_parts[] = {Part::NONE, Part::QKV, Part::ATTENTION, Part::O, Part::GATE_UP,
-                                    Part::DOWN, Part::HEAD, Part::TRIVIAL};
+    const Part predictor_parts[] = {Part::NONE, Part::QKV,  Part::ATTENTION, Part::O,         Part::GATE_UP,
+                                    Part::DOWN, Part::HEAD, Part::TRIVIAL,   Part::QKV_HALVES};
     const auto predictor_run = [&](Part skip) {
         for (int p = 0; p < pc.passes; ++p)
             pass_parts(
@@ -435,8 +447,8 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
     };
     // The talker: one step's 28 layers at contexts 100 and 300.
     const TalkerChain t100(ctx, w, 100, seed), t300(ctx, w, 300, seed + 1);
-    const Part talker_parts[] = {Part::NONE,    Part::QKV,  Part::ATTENTION, Part::O,
-                                 Part::GATE_UP, Part::DOWN, Part::TRIVIAL,   Part::GATE_UP_HALVES};
+    const Part talker_parts[] = {Part::NONE, Part::QKV,     Part::ATTENTION,      Part::O,         Part::GATE_UP,
+                                 Part::DOWN, Part::TRIVIAL, Part::GATE_UP_HALVES, Part::QKV_HALVES};
 
     struct Timed {
         std::string name;

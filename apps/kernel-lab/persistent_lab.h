@@ -19,8 +19,8 @@ int lab_attno(const std::string& model, int device, uint64_t seed);
 // The `parts` mode: the predictor's 15 passes and a talker step (contexts 100 and 300) as the
 // product launches them, each timed whole and with one kind of launch left out (q/k/v,
 // attention, o, gate/up, down, head) or every launch replaced by a trivial one: what each kind
-// costs inside the chain, where the per-kernel table times a kernel after itself. The talker
-// also with its gate/up product as two launches of half the rows.
+// costs inside the chain, where the per-kernel table times a kernel after itself. Also with the
+// q/k/v product (and the talker's gate/up) as two launches of half the rows each.
 int lab_parts(const std::string& model, int device, uint64_t seed);
 
 }  // namespace qtts::kernel_lab
