@@ -2,7 +2,10 @@
 //   vec  the shipped kernel with double-buffered weight chunks (80 registers; 1.6% slower per
 //        1.7B frame on the H200, docs/performance.md 2026-11-29);
 //   smem the default before vec1: the block stages (and normalises) the input rows in shared
-//        memory first, then each warp streams its weight row (10% slower).
+//        memory first, then each warp streams its weight row (10% slower);
+//   rows2 vec1 with two output rows a warp, for one input row: half the blocks (a 1.7B q/k/v
+//        product in 256 blocks of at most 85 registers a thread, about two an SM, where vec1's
+//        512 fill every SM's registers), each row's arithmetic in vec1's order (the same bits).
 #include "apps/kernel-lab/gemv_variants.h"
 
 #include <atomic>
@@ -127,6 +130,134 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_smem_kernel(const GemvArgs 
     if (lane == 0) gemv_row_store<NB, NMAT>(a, row, acc);
 }
 
+// "rows2": gemv_vec_kernel<1, NMAT, false> with two output rows a warp (rows 2w, 2w + 1 of the
+// block's 16). Chunks of half vec1's (a 1024-wide row of one matrix still whole) go into
+// registers before the PDL wait, the rest into L2; at most 85 registers, so that two blocks an
+// SM leave room for the next kernel's blocks. Each row accumulates its chunks per lane in vec1's
+// order (ascending 16-byte columns), so every output has vec1's bits.
+template <int NMAT>
+__global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rows2_kernel(const GemvArgs a) {
+    extern __shared__ float4 gemv_rows2_buf[];
+    float* xs = reinterpret_cast<float*>(gemv_rows2_buf);  // [in]
+    __shared__ float partial[GEMV_WARPS];
+    constexpr int U = 4 / NMAT;   // 16-byte loads per lane per matrix per chunk (vec1: 8 / NMAT)
+    constexpr int STEP = 32 * U;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = 2 * (blockIdx.x * GEMV_WARPS + warp);
+    const int in = a.in, in8 = a.in >> 3;
+    bool active[2];
+    const uint4* w[2][NMAT];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        active[r] = row0 + r < a.out;
+        const size_t at = size_t(active[r] ? row0 + r : 0) * in8;
+        w[r][0] = reinterpret_cast<const uint4*>(a.w) + at;
+        if (NMAT == 2) w[r][NMAT - 1] = reinterpret_cast<const uint4*>(a.w2) + at;
+    }
+    uint4 cur[2][NMAT][U];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (!active[r]) continue;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = u * 32 + lane;
+            if (k < in8) {
+#pragma unroll
+                for (int m = 0; m < NMAT; ++m) cur[r][m][u] = __ldg(w[r][m] + k);
+            }
+        }
+        if (lane == 0 && in8 > STEP) {
+#pragma unroll
+            for (int m = 0; m < NMAT; ++m) prefetch_l2(w[r][m] + STEP, uint32_t(in8 - STEP) * 16u);
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    // The input row, staged (times norm_w) as vec1 stages it.
+    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    float sumsq = 0.0f;
+    {
+        float4* dst = reinterpret_cast<float4*>(xs);
+        if (a.input == GemvInput::GEMV_INPUT_GATHER) {
+            const uint4* src = reinterpret_cast<const uint4*>(a.table) + size_t(a.index[0]) * in8;
+            for (int i = threadIdx.x; i < in8; i += GEMV_THREADS) {
+                const uint4 t = src[i];
+                dst[2 * i] = make_float4(bf16_lo(t.x), bf16_hi(t.x), bf16_lo(t.y), bf16_hi(t.y));
+                dst[2 * i + 1] = make_float4(bf16_lo(t.z), bf16_hi(t.z), bf16_lo(t.w), bf16_hi(t.w));
+            }
+        } else {
+            const float4* src = reinterpret_cast<const float4*>(a.x);
+            const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
+            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) {
+                float4 v = src[i];
+                if (norm) {
+                    sumsq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    const float4 n = nw[i];
+                    v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
+                }
+                dst[i] = v;
+            }
+        }
+    }
+    if (norm) {
+        const float s = warp_sum(sumsq);
+        if (lane == 0) partial[warp] = s;
+    }
+    __syncthreads();
+    if (!active[0]) return;  // no block-wide barrier below
+
+    float acc[2][NMAT];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) acc[r][m] = 0.0f;
+    for (int base = 0; base < in8; base += STEP) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = base + u * 32 + lane;
+            if (k < in8) {
+                const float4* xv = reinterpret_cast<const float4*>(xs) + 2 * k;
+                const float4 x0 = xv[0], x1 = xv[1];
+#pragma unroll
+                for (int r = 0; r < 2; ++r)
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) acc[r][m] += dot8(cur[r][m][u], x0, x1);
+            }
+        }
+        if (base + STEP < in8) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int k = base + STEP + u * 32 + lane;
+                if (k < in8) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+#pragma unroll
+                        for (int m = 0; m < NMAT; ++m) cur[r][m][u] = __ldg(w[r][m] + k);
+                }
+            }
+        }
+    }
+    float inv = 1.0f;
+    if (norm) {
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GEMV_WARPS; ++i) total += partial[i];
+        inv = 1.0f / sqrtf(total / float(in) + a.eps);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float done[NMAT][1];
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) {
+            done[m][0] = warp_sum(acc[r][m]);
+            if (norm) done[m][0] *= inv;
+        }
+        if (lane == 0 && active[r]) gemv_row_store<1, NMAT>(a, row0 + r, done);
+    }
+}
+
 template <int NB, int NMAT>
 void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
@@ -142,6 +273,15 @@ void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
             static std::atomic<uint64_t> raised{0};
             smem_limit_raise(gemv_vec_kernel<NB, NMAT, true>, smem, raised);
             KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, true>, a));
+            return;
+        }
+        case GemvVariant::GEMV_VARIANT_ROWS2: {
+            if (NB != 1 || a.rows != 1 || a.in % 8 != 0)
+                check_fail("gemv rows2", "one input row, in a multiple of 8", __func__, __FILE__, __LINE__);
+            const dim3 grid2((a.out + 2 * GEMV_WARPS - 1) / (2 * GEMV_WARPS));
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(gemv_rows2_kernel<NMAT>, smem, raised);
+            KERNEL_CUDA_CHECK(launch_kernel(l, grid2, dim3(GEMV_THREADS), smem, gemv_rows2_kernel<NMAT>, a));
             return;
         }
         case GemvVariant::GEMV_VARIANT_VEC1: gemv(a, l); return;
@@ -170,11 +310,16 @@ void gemv_variant(GemvVariant variant, const GemvArgs& a, const Launch& l) {
         variant_dispatch<1>(variant, a, l);
 }
 
+bool gemv_variant_supports(GemvVariant variant, const GemvArgs& a) {
+    return variant != GemvVariant::GEMV_VARIANT_ROWS2 || a.rows == 1;
+}
+
 const char* gemv_variant_name(GemvVariant variant) {
     switch (variant) {
         case GemvVariant::GEMV_VARIANT_VEC1: return "vec1 (shipped)";
         case GemvVariant::GEMV_VARIANT_VEC: return "vec";
         case GemvVariant::GEMV_VARIANT_SMEM: return "smem";
+        case GemvVariant::GEMV_VARIANT_ROWS2: return "rows2";
     }
     return "?";
 }

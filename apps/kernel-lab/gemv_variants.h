@@ -6,13 +6,15 @@
 
 namespace qtts::kernel_lab {
 
-enum class GemvVariant { GEMV_VARIANT_VEC1, GEMV_VARIANT_VEC, GEMV_VARIANT_SMEM };
+enum class GemvVariant { GEMV_VARIANT_VEC1, GEMV_VARIANT_VEC, GEMV_VARIANT_SMEM, GEMV_VARIANT_ROWS2 };
 
 constexpr GemvVariant GEMV_VARIANTS[] = {GemvVariant::GEMV_VARIANT_VEC1, GemvVariant::GEMV_VARIANT_VEC,
-                                         GemvVariant::GEMV_VARIANT_SMEM};
+                                         GemvVariant::GEMV_VARIANT_SMEM, GemvVariant::GEMV_VARIANT_ROWS2};
 
 // Same arguments and results as kernels::gemv; throws kernels::KernelError.
 void gemv_variant(GemvVariant variant, const kernels::GemvArgs& args, const kernels::Launch& launch);
+// Whether the variant takes these arguments (rows2: one input row).
+bool gemv_variant_supports(GemvVariant variant, const kernels::GemvArgs& args);
 const char* gemv_variant_name(GemvVariant variant);
 
 }  // namespace qtts::kernel_lab

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/kernel-lab/attention_o.h"
+#include "apps/kernel-lab/gemv_variants.h"
 #include "apps/kernel-lab/persistent_pass.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_buffer.h"
@@ -144,8 +145,10 @@ struct PredictorChain {
 // RMSNorm (a kernel with next to no work: the chain's floor of dependent launches).
 // The *_HALVES are not removals: the product as two launches of half the rows each (a talker
 // gate/up launch of 768 blocks takes ~1.45 waves of the SM slots, a half fits in one; a q/k/v
-// launch's 512 blocks fill every SM's registers, a half leaves room for the attention's blocks).
-enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL, GATE_UP_HALVES, QKV_HALVES };
+// launch's 512 blocks fill every SM's registers, a half leaves room for the attention's blocks);
+// QKV_ROWS2 runs the q/k/v product with the lab's two-rows-a-warp gemv (gemv_variants.h: 256
+// blocks, one wave at two an SM, the same bits).
+enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL, GATE_UP_HALVES, QKV_HALVES, QKV_ROWS2 };
 
 const char* part_name(Part p) {
     switch (p) {
@@ -159,6 +162,7 @@ const char* part_name(Part p) {
         case Part::TRIVIAL: return "trivial launches only";
         case Part::GATE_UP_HALVES: return "gate/up as two half launches";
         case Part::QKV_HALVES: return "q/k/v as two half launches";
+        case Part::QKV_ROWS2: return "q/k/v with two rows a warp";
     }
     return "?";
 }
@@ -185,6 +189,9 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
                                                                  b.qkv + size_t(i2) * half),
                                                 L.input_norm, s.eps),
                                 l);
+        } else if (skip == Part::QKV_ROWS2) {
+            gemv_variant(GemvVariant::GEMV_VARIANT_ROWS2,
+                         qc::gemv_normed(qc::gemv_product(L.qkv, s.qkv_dim(), H, 1, b.x, b.qkv), L.input_norm, s.eps), l);
         } else {
             product(Part::QKV,
                     qc::gemv_normed(qc::gemv_product(L.qkv, s.qkv_dim(), H, 1, b.x, b.qkv), L.input_norm, s.eps));
@@ -433,7 +440,7 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
 
     // The predictor: 15 passes of 5 layers and the head, one graph, no copy between passes.
     const Part predictor_parts[] = {Part::NONE, Part::QKV,  Part::ATTENTION, Part::O,         Part::GATE_UP,
-                                    Part::DOWN, Part::HEAD, Part::TRIVIAL,   Part::QKV_HALVES};
+                                    Part::DOWN, Part::HEAD, Part::TRIVIAL,   Part::QKV_HALVES, Part::QKV_ROWS2};
     const auto predictor_run = [&](Part skip) {
         for (int p = 0; p < pc.passes; ++p)
             pass_parts(
@@ -448,7 +455,7 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
     // The talker: one step's 28 layers at contexts 100 and 300.
     const TalkerChain t100(ctx, w, 100, seed), t300(ctx, w, 300, seed + 1);
     const Part talker_parts[] = {Part::NONE, Part::QKV,     Part::ATTENTION,      Part::O,         Part::GATE_UP,
-                                 Part::DOWN, Part::TRIVIAL, Part::GATE_UP_HALVES, Part::QKV_HALVES};
+                                 Part::DOWN, Part::TRIVIAL, Part::GATE_UP_HALVES, Part::QKV_HALVES, Part::QKV_ROWS2};
 
     struct Timed {
         std::string name;
