@@ -6,7 +6,7 @@
 
 #include <cuda_pipeline.h>
 
-#include "apps/kernel-lab/lab_attention.cuh"
+#include "apps/kernel-lab/lab_device.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/check.cuh"
 #include "kernels/rope.cuh"

@@ -10,6 +10,7 @@
 
 #include <atomic>
 
+#include "apps/kernel-lab/lab_device.cuh"
 #include "kernels/check.cuh"
 #include "kernels/gemv_device.cuh"
 
@@ -175,37 +176,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rows2_kernel(const GemvA
     pdl_wait();
     pdl_trigger();
 
-    // The input row, staged (times norm_w) as vec1 stages it.
+    // The input row, staged (times norm_w) with vec1's sums.
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
-    float sumsq = 0.0f;
-    {
-        float4* dst = reinterpret_cast<float4*>(xs);
-        if (a.input == GemvInput::GEMV_INPUT_GATHER) {
-            const uint4* src = reinterpret_cast<const uint4*>(a.table) + size_t(a.index[0]) * in8;
-            for (int i = threadIdx.x; i < in8; i += GEMV_THREADS) {
-                const uint4 t = src[i];
-                dst[2 * i] = make_float4(bf16_lo(t.x), bf16_hi(t.x), bf16_lo(t.y), bf16_hi(t.y));
-                dst[2 * i + 1] = make_float4(bf16_lo(t.z), bf16_hi(t.z), bf16_lo(t.w), bf16_hi(t.w));
-            }
-        } else {
-            const float4* src = reinterpret_cast<const float4*>(a.x);
-            const float4* nw = reinterpret_cast<const float4*>(a.norm_w);
-            for (int i = threadIdx.x; i < in / 4; i += GEMV_THREADS) {
-                float4 v = src[i];
-                if (norm) {
-                    sumsq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                    const float4 n = nw[i];
-                    v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
-                }
-                dst[i] = v;
-            }
-        }
-    }
-    if (norm) {
-        const float s = warp_sum(sumsq);
-        if (lane == 0) partial[warp] = s;
-    }
-    __syncthreads();
+    const float inv = stage_input_row(a.x, norm ? a.norm_w : nullptr, in, a.eps, xs, partial);
     if (!active[0]) return;  // no block-wide barrier below
 
     float acc[2][NMAT];
@@ -239,13 +212,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rows2_kernel(const GemvA
             }
         }
     }
-    float inv = 1.0f;
-    if (norm) {
-        float total = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GEMV_WARPS; ++i) total += partial[i];
-        inv = 1.0f / sqrtf(total / float(in) + a.eps);
-    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float done[NMAT][1];
@@ -276,8 +242,9 @@ void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
             return;
         }
         case GemvVariant::GEMV_VARIANT_ROWS2: {
-            if (NB != 1 || a.rows != 1 || a.in % 8 != 0)
-                check_fail("gemv rows2", "one input row, in a multiple of 8", __func__, __FILE__, __LINE__);
+            if (NB != 1 || a.rows != 1 || a.in % 8 != 0 || a.input == GemvInput::GEMV_INPUT_GATHER)
+                check_fail("gemv rows2", "one input row (plain or normalised), in a multiple of 8", __func__,
+                           __FILE__, __LINE__);
             const dim3 grid2((a.out + 2 * GEMV_WARPS - 1) / (2 * GEMV_WARPS));
             static std::atomic<uint64_t> raised{0};
             smem_limit_raise(gemv_rows2_kernel<NMAT>, smem, raised);
@@ -311,7 +278,7 @@ void gemv_variant(GemvVariant variant, const GemvArgs& a, const Launch& l) {
 }
 
 bool gemv_variant_supports(GemvVariant variant, const GemvArgs& a) {
-    return variant != GemvVariant::GEMV_VARIANT_ROWS2 || a.rows == 1;
+    return variant != GemvVariant::GEMV_VARIANT_ROWS2 || (a.rows == 1 && a.input != GemvInput::GEMV_INPUT_GATHER);
 }
 
 const char* gemv_variant_name(GemvVariant variant) {

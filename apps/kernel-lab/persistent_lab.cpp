@@ -223,7 +223,7 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
 // The talker's layers for one decode step at a fixed context (cached keys constant), as GpuLm's
 // frame step runs them: a block per 16-key slice, the position read from device memory.
 struct TalkerChain {
-    TalkerChain(qc::GpuContext& ctx, const qc::GpuLmWeights& w, int ctx_len, uint64_t seed)
+    TalkerChain(const qc::GpuLmWeights& w, int ctx_len, uint64_t seed)
         : T(w.talker), max_ctx(4096), splits(k::attention_splits(4096)) {
         const size_t cache_floats = T.layers.size() * size_t(T.n_kv) * size_t(max_ctx) * T.head_dim;
         std::mt19937 rng{uint32_t(seed)};
@@ -241,7 +241,6 @@ struct TalkerChain {
         CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
         pos = qc::DeviceArray<int32_t>(1);
         CUDA_CHECK(cudaMemcpy(pos.get(), &ctx_len, 4, cudaMemcpyHostToDevice));
-        (void)ctx;
     }
     void run(const k::Launch& l, Part skip) const {
         const size_t cache_floats = T.layers.size() * size_t(T.n_kv) * size_t(max_ctx) * T.head_dim;
@@ -453,7 +452,7 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
                 scratch.get());
     };
     // The talker: one step's 28 layers at contexts 100 and 300.
-    const TalkerChain t100(ctx, w, 100, seed), t300(ctx, w, 300, seed + 1);
+    const TalkerChain t100(w, 100, seed), t300(w, 300, seed + 1);
     const Part talker_parts[] = {Part::NONE, Part::QKV,     Part::ATTENTION,      Part::O,         Part::GATE_UP,
                                  Part::DOWN, Part::TRIVIAL, Part::GATE_UP_HALVES, Part::QKV_HALVES, Part::QKV_ROWS2};
 

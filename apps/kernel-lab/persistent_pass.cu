@@ -5,7 +5,7 @@
 
 #include <cuda_pipeline.h>
 
-#include "apps/kernel-lab/lab_attention.cuh"
+#include "apps/kernel-lab/lab_device.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/check.cuh"
 #include "kernels/rope.cuh"
@@ -103,35 +103,10 @@ __device__ __forceinline__ void stage_prefetch(const Stage& s, bool on) {
     }
 }
 
-// The block's copy of the input (times norm_w) in xs; returns the RMSNorm factor (1 without a
-// norm). The sums as gemv_vec_kernel makes them for one row: thread t takes float4 t, t + 256, ...;
-// warp sums, then the 8 warps' in order.
+// The block's copy of the stage's input (times norm_w) in xs; returns the RMSNorm factor (1
+// without a norm): lab_device.cuh's stage_input_row over the PS_THREADS threads.
 __device__ __forceinline__ float stage_input(const Stage& s, float eps, float* xs, float* partial) {
-    const bool norm = s.norm_w != nullptr;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float4* src = reinterpret_cast<const float4*>(s.x);
-    const float4* nw = reinterpret_cast<const float4*>(s.norm_w);
-    float4* dst = reinterpret_cast<float4*>(xs);
-    float sumsq = 0.0f;
-    for (int i = threadIdx.x; i < s.in / 4; i += PS_THREADS) {
-        float4 v = __ldcg(src + i);
-        if (norm) {
-            sumsq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            const float4 n = nw[i];
-            v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
-        }
-        dst[i] = v;
-    }
-    if (norm) {
-        const float total_w = warp_sum(sumsq);
-        if (lane == 0) partial[warp] = total_w;
-    }
-    __syncthreads();
-    if (!norm) return 1.0f;
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < PS_WARPS; ++w) total += partial[w];
-    return 1.0f / sqrtf(total / float(s.in) + eps);
+    return stage_input_row(s.x, s.norm_w, s.in, eps, xs, partial);
 }
 
 // One stage over the grid: every warp computes its rows as gemv_vec_kernel computes one (16-byte

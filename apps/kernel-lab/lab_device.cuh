@@ -1,0 +1,65 @@
+// Device pieces the kernel lab's experiments share (persistent_pass.cu, attention_o.cu,
+// gemv_variants.cu). They repeat the product kernels' arithmetic in its order (kernels/attention.cu,
+// kernels/gemv_device.cuh), so that the lab's results can be compared bitwise with the product's
+// launches. Include from .cu files only.
+#pragma once
+
+#ifdef __CUDACC__
+
+#include "kernels/common.cuh"
+
+namespace qtts::kernel_lab {
+
+// One query's softmax over the n scores at sq (shared memory; -inf = masked), by one warp, as
+// attention_finish computes it: sq[j] becomes exp(sq[j] - max) (0 where masked), unnormalised;
+// returns their sum (every lane).
+__device__ __forceinline__ float warp_softmax_unnormalised(float* sq, int n) {
+    const int lane = threadIdx.x & 31;
+    float m = -INFINITY;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, sq[j]);
+    m = kernels::warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+        const float e = sq[j] == -INFINITY ? 0.0f : expf(sq[j] - m);
+        sq[j] = e;
+        l += e;
+    }
+    return kernels::warp_sum(l);
+}
+
+// The block's copy of one input row x [in] (times norm_w when given) in xs; returns the RMSNorm
+// factor (1 without a norm). The sums as gemv_vec_kernel makes them for one row with the block's
+// threads: thread t takes float4 t, t + blockDim.x, ...; warp sums into partial [warps], then the
+// warps' in order. The row is read with __ldcg (another block of a persistent launch may have
+// written it). Ends with a block barrier.
+__device__ __forceinline__ float stage_input_row(const float* x, const float* norm_w, int in, float eps, float* xs,
+                                                 float* partial) {
+    const bool norm = norm_w != nullptr;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = int(blockDim.x >> 5);
+    const float4* src = reinterpret_cast<const float4*>(x);
+    const float4* nw = reinterpret_cast<const float4*>(norm_w);
+    float4* dst = reinterpret_cast<float4*>(xs);
+    float sumsq = 0.0f;
+    for (int i = threadIdx.x; i < in / 4; i += int(blockDim.x)) {
+        float4 v = __ldcg(src + i);
+        if (norm) {
+            sumsq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            const float4 n = nw[i];
+            v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
+        }
+        dst[i] = v;
+    }
+    if (norm) {
+        const float total_w = kernels::warp_sum(sumsq);
+        if (lane == 0) partial[warp] = total_w;
+    }
+    __syncthreads();
+    if (!norm) return 1.0f;
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += partial[w];
+    return 1.0f / sqrtf(total / float(in) + eps);
+}
+
+}  // namespace qtts::kernel_lab
+
+#endif  // __CUDACC__
