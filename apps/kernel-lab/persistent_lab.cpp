@@ -328,6 +328,59 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     const bool same_logits = std::memcmp(got_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0;
     const bool same_caches = std::memcmp(got_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
     const bool finite = std::all_of(ref_logits.begin(), ref_logits.end(), [](float v) { return std::isfinite(v); });
+    // The second form (weights streamed through a ring in shared memory, one block per SM, the
+    // growing-counter barrier), in several ring shapes: same bits?
+    struct RingRun {
+        uint32_t slot;
+        bool issuers, cp_async, strided;
+        bool fits = false, same = false;
+        double diff = 0.0, ms = 0.0, bare_ms = 0.0;
+    };
+    std::vector<RingRun> rings = {{16384, false, false, false}, {32768, true, false, false},
+                                  {16384, false, true, false},  {32768, false, true, false},
+                                  {16384, false, true, true},   {32768, false, true, true},
+                                  {8192, false, true, true}};
+    const auto ring_args = [&](const RingRun& r) {
+        PersistArgs s = a;
+        s.monotonic_barrier = true;
+        s.ring_slot = r.slot;
+        s.ring_issuers = r.issuers;
+        s.ring_cp_async = r.cp_async;
+        s.ring_strided = r.strided;
+        return s;
+    };
+    for (RingRun& r : rings) {
+        CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
+        pc.caches_reset();
+        r.fits = persist_staged_launch(ring_args(r), sms, ctx.stream());
+        CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+        if (!r.fits) continue;
+        const auto s_logits = download(logits_persist, logit_floats);
+        const auto s_caches = download(pc.d_caches, pc.caches0.size());
+        r.same = std::memcmp(s_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0 &&
+                 std::memcmp(s_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
+        r.diff = std::max(max_abs_diff(s_logits, ref_logits), max_abs_diff(s_caches, ref_caches));
+    }
+
+    // The first form with the next stage's rows in registers: same bits?
+    bool preload_same = false;
+    double preload_diff = 0.0;
+    {
+        PersistArgs pre = a;
+        pre.monotonic_barrier = true;
+        pre.preload = true;
+        if (persist_preload_fits(pre, blocks)) {
+            CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
+            pc.caches_reset();
+            persist_launch(pre, blocks, ctx.stream());
+            CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+            const auto p_logits = download(logits_persist, logit_floats);
+            const auto p_caches = download(pc.d_caches, pc.caches0.size());
+            preload_same = std::memcmp(p_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0 &&
+                           std::memcmp(p_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
+            preload_diff = std::max(max_abs_diff(p_logits, ref_logits), max_abs_diff(p_caches, ref_caches));
+        }
+    }
 
     // Timed: the chain as one graph of `passes` passes, replayed; the persistent kernel as one
     // launch of `passes` passes (each run rewrites the same cache rows from the same inputs).
@@ -335,11 +388,14 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     const qc::GraphExec graph = qc::graph_capture(ctx, "predictor passes (lab)", chain, &stats);
     for (int i = 0; i < 3; ++i) qc::graph_replay(ctx, graph);
     const double chain_ms = qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { qc::graph_replay(ctx, graph); });
-    const auto persist_time = [&](const PersistArgs& args, int grid) {
-        // Every block starts a launch with the same arrival count: zero them for a new grid.
+    // Every block starts a launch with the same arrival count: zero them for each new series.
+    const auto series_time = [&](const auto& launch) {
         CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
-        for (int i = 0; i < 3; ++i) persist_launch(args, grid, ctx.stream());
-        return qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { persist_launch(args, grid, ctx.stream()); });
+        for (int i = 0; i < 3; ++i) launch();
+        return qtts::cuda::time_on_stream(ctx.stream(), 20, launch);
+    };
+    const auto persist_time = [&](const PersistArgs& args, int grid) {
+        return series_time([&] { persist_launch(args, grid, ctx.stream()); });
     };
     const double persist_ms = persist_time(a, blocks);
     // The same with one block per SM, and the barriers and prefetches alone (no stage work).
@@ -357,6 +413,29 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     PersistArgs no_prefetch = a;
     no_prefetch.prefetch = false;
     const double no_prefetch_ms = persist_time(no_prefetch, blocks);
+    const auto staged_time = [&](const PersistArgs& args) {
+        return series_time([&] { persist_staged_launch(args, sms, ctx.stream()); });
+    };
+    for (RingRun& r : rings) {
+        if (!r.fits) continue;
+        PersistArgs s = ring_args(r);
+        r.ms = staged_time(s);
+        s.barriers_only = true;
+        r.bare_ms = staged_time(s);
+    }
+    // The growing counter in the first form, and alone.
+    PersistArgs mono = a;
+    mono.monotonic_barrier = true;
+    const double mono_ms = persist_time(mono, blocks);
+    PersistArgs preload = mono;
+    preload.preload = true;
+    const bool preload_fits = persist_preload_fits(preload, blocks);
+    const double preload_ms = preload_fits ? persist_time(preload, blocks) : 0.0;
+    mono.barriers_only = true;
+    mono.prefetch = false;
+    const double mono_alone_ms = persist_time(mono, blocks);
+    const double mono_alone_sms_ms = persist_time(mono, sms);
+    const double chain_again_ms = qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { qc::graph_replay(ctx, graph); });
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
 
     const double bytes = double(P.layer_weight_bytes()) + double(w.predictor_vocab) * H * 2.0;  // per pass
@@ -378,7 +457,33 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     std::printf("  bitwise: logits %s, caches %s (max |diff| logits %.3g, caches %.3g); chain logits finite: %s\n",
                 same_logits ? "equal" : "DIFFER", same_caches ? "equal" : "DIFFER",
                 max_abs_diff(got_logits, ref_logits), max_abs_diff(got_caches, ref_caches), finite ? "yes" : "NO");
-    return same_logits && same_caches && finite ? 0 : 1;
+    std::printf("  the growing-counter barrier: first form %8.2f us a pass; barriers alone %8.2f us (%d blocks), "
+                "%8.2f us (%d blocks)\n",
+                mono_ms * 1e3 / passes, mono_alone_ms * 1e3 / passes, blocks, mono_alone_sms_ms * 1e3 / passes, sms);
+    std::printf("  chain again %8.2f us a pass\n", chain_again_ms * 1e3 / passes);
+    if (preload_fits)
+        std::printf("  first form, growing counter, next rows in registers: %8.2f us a pass (%.2fx the chain); "
+                    "bitwise %s (max |diff| %.3g)\n",
+                    preload_ms * 1e3 / passes, chain_ms / preload_ms, preload_same ? "equal" : "DIFFER", preload_diff);
+    else
+        std::printf("  first form, next rows in registers: the rows do not fit %d warps' registers\n", blocks * 8);
+    bool rings_same = true;
+    for (const RingRun& r : rings) {
+        const PersistArgs s = ring_args(r);
+        if (!r.fits) {
+            std::printf("  ring of %u-byte slots: does not fit (%.1f KiB a block, %d blocks)\n", r.slot,
+                        double(persist_staged_smem(s, sms)) / 1024.0, sms);
+            continue;
+        }
+        rings_same = rings_same && r.same;
+        std::printf("  ring of %5u-byte slots, copies by %s (%d blocks, %.1f KiB each): %8.2f us a pass (%.2fx the "
+                    "chain); barriers and copies alone %8.2f us; bitwise %s (max |diff| %.3g)%s\n",
+                    r.slot, r.cp_async ? "every thread (cp.async)" : r.issuers ? "the warps in turn" : "thread 0", sms,
+                    double(persist_staged_smem(s, sms)) / 1024.0, r.ms * 1e3 / passes, chain_ms / r.ms,
+                    r.bare_ms * 1e3 / passes, r.same ? "equal" : "DIFFER", r.diff,
+                    r.strided ? "; rows strided over the blocks" : "");
+    }
+    return same_logits && same_caches && finite && rings_same && (!preload_fits || preload_same) ? 0 : 1;
 }
 
 int lab_attno(const std::string& model, int device, uint64_t seed) {

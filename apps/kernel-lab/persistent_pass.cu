@@ -69,11 +69,60 @@ __device__ __forceinline__ void grid_barrier_counter(unsigned* flags) {
     __syncthreads();
 }
 
+// The third form (PersistArgs::monotonic_barrier): one counter that only grows. Thread 0 of each
+// block adds its arrival with release semantics (no value returned) and polls the counter with
+// acquire loads until every block's arrival for this barrier is in (target barriers x blocks).
+// Nobody resets anything, so there is no last-arrival step. `target` counts the barriers this
+// block has passed; the kernel stores it in the block's word at the end (monotonic_finish), so
+// that the next launch continues from the counter's value.
+__device__ __forceinline__ void grid_barrier_monotonic(unsigned* counter, unsigned& target) {
+    __syncthreads();
+    ++target;
+    if (threadIdx.x == 0) {
+        const unsigned want = target * gridDim.x;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+        unsigned v = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+        } while (int(v - want) < 0);
+    }
+    __syncthreads();
+}
+
+// The growing-counter barrier in two halves, so that a block can start work that needs nothing
+// from the others between its arrival and its wait. The arrival comes first for another reason
+// too: a release waits for the thread's loads in flight, so loads issued before it (the next
+// stage's weights) would hold the arrival back.
+__device__ __forceinline__ void grid_arrive(unsigned* counter, unsigned& target) {
+    __syncthreads();
+    ++target;
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+}
+
+__device__ __forceinline__ void grid_wait(const unsigned* counter, unsigned target) {
+    if (threadIdx.x == 0) {
+        const unsigned want = target * gridDim.x;
+        unsigned v = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+        } while (int(v - want) < 0);
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ void grid_barrier(const PersistArgs& a, unsigned& target) {
-    if (a.counter_barrier)
+    if (a.monotonic_barrier)
+        grid_barrier_monotonic(a.barrier + gridDim.x + 2, target);
+    else if (a.counter_barrier)
         grid_barrier_counter(a.barrier);
     else
         grid_barrier_flags(a.barrier, target);
+}
+
+// At the end of a launch: the block's barrier count for the next launch (the flags barrier keeps
+// it in the word already).
+__device__ __forceinline__ void barrier_count_store(const PersistArgs& a, unsigned target) {
+    if (a.monotonic_barrier && threadIdx.x == 0) a.barrier[blockIdx.x] = target;
 }
 
 // One product stage: y[row] (rule) = W[row] · input for every row, rows spread over all warps
@@ -88,6 +137,43 @@ struct Stage {
     const float* norm_w = nullptr;  // RMSNorm input when set
     Rule rule = Rule::STORE;
     float* y = nullptr;
+};
+
+// Lane 0's store of a finished row: for SWIGLU silu(gate) * sum, for ADD residual + sum (the
+// row's earlier value, read by the caller), else the sum, as gemv_vec_kernel stores them.
+__device__ __forceinline__ void stage_store(const Stage& s, int row, float gate, float sum, float residual) {
+    float* y = s.y + row;
+    if (s.rule == Rule::SWIGLU)
+        *y = silu_ref(gate) * sum;
+    else if (s.rule == Rule::ADD)
+        *y = residual + (sum + 0.0f);
+    else
+        *y = sum + 0.0f;
+}
+
+// The product stages of a pass, from the launch's arguments: layer l's q/k/v, o, gate/up and down,
+// and pass p's head.
+struct PassStages {
+    const PersistArgs& a;
+    __device__ Stage qkv(int l) const {
+        const PersistLayer& L = a.layers[l];
+        return Stage{L.qkv, nullptr, (a.n_heads + 2 * a.n_kv) * a.head_dim, a.hidden, a.x, L.input_norm, Rule::STORE,
+                     a.qkv};
+    }
+    __device__ Stage o(int l) const {
+        return Stage{a.layers[l].o, nullptr, a.hidden, a.n_heads * a.head_dim, a.attn, nullptr, Rule::ADD, a.x};
+    }
+    __device__ Stage gate_up(int l) const {
+        const PersistLayer& L = a.layers[l];
+        return Stage{L.gate_up, L.gate_up + size_t(a.intermediate) * a.hidden, a.intermediate, a.hidden, a.x,
+                     L.post_norm, Rule::SWIGLU, a.mlp};
+    }
+    __device__ Stage down(int l) const {
+        return Stage{a.layers[l].down, nullptr, a.hidden, a.intermediate, a.mlp, nullptr, Rule::ADD, a.x};
+    }
+    __device__ Stage head(int p) const {
+        return Stage{a.head, nullptr, a.vocab, a.hidden, a.x, a.final_norm, Rule::STORE, a.logits + size_t(p) * a.vocab};
+    }
 };
 
 // This warp's rows of `s` into L2 (fire and forget): the next stage's weights stream while the
@@ -148,15 +234,7 @@ __device__ __forceinline__ void stage_run(const Stage& s, float eps, float* xs, 
         }
 #pragma unroll
         for (int m = 0; m < NMAT; ++m) acc[m] = warp_sum(acc[m]) * inv;
-        if (lane == 0) {
-            float* y = s.y + row;
-            if (s.rule == Rule::SWIGLU)
-                *y = silu_ref(acc[0]) * acc[NMAT - 1];
-            else if (s.rule == Rule::ADD)
-                *y = __ldcg(y) + (acc[0] + 0.0f);
-            else
-                *y = acc[0] + 0.0f;
-        }
+        if (lane == 0) stage_store(s, row, acc[0], acc[NMAT - 1], s.rule == Rule::ADD ? __ldcg(s.y + row) : 0.0f);
     }
 }
 
@@ -270,54 +348,466 @@ __global__ void __launch_bounds__(PS_THREADS, 2) persistent_kernel(const Persist
     extern __shared__ float4 ps_smem4[];
     __shared__ float partial[PS_WARPS];
     float* xs = reinterpret_cast<float*>(ps_smem4);
-    const int group = a.n_heads / a.n_kv, H = a.hidden, I = a.intermediate, hd = a.head_dim;
+    const int group = a.n_heads / a.n_kv, H = a.hidden, hd = a.head_dim;
     const AttnSmem sm = attn_smem(xs + PS_MAX_IN, hd, group);
-    const int qkv_dim = (a.n_heads + 2 * a.n_kv) * hd, qd = a.n_heads * hd;
     const bool attends = int(blockIdx.x) < a.n_kv && !a.barriers_only;
     unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);  // this block's count
 
-    auto qkv_stage = [&](int l) {
-        const PersistLayer& L = a.layers[l];
-        return Stage{L.qkv, nullptr, qkv_dim, H, a.x, L.input_norm, Rule::STORE, a.qkv};
-    };
-    auto o_stage = [&](int l) { return Stage{a.layers[l].o, nullptr, H, qd, a.attn, nullptr, Rule::ADD, a.x}; };
-    auto gu_stage = [&](int l) {
-        const PersistLayer& L = a.layers[l];
-        return Stage{L.gate_up, L.gate_up + size_t(I) * H, I, H, a.x, L.post_norm, Rule::SWIGLU, a.mlp};
-    };
-    auto down_stage = [&](int l) { return Stage{a.layers[l].down, nullptr, H, I, a.mlp, nullptr, Rule::ADD, a.x}; };
+    const PassStages st{a};
 
     for (int p = 0; p < a.passes; ++p) {
         const int pos = a.pos0 + p;
-        const Stage head{a.head, nullptr, a.vocab, H, a.x, a.final_norm, Rule::STORE, a.logits + size_t(p) * a.vocab};
+        const Stage head = st.head(p);
         for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
             a.x[i] = a.x_in[size_t(p) * H + i];
-        if (p == 0) stage_prefetch(qkv_stage(0), a.prefetch);  // later passes: during the previous one's last layer
+        if (p == 0) stage_prefetch(st.qkv(0), a.prefetch);  // later passes: during the previous one's last layer
         grid_barrier(a, target);
         // Each stage's work starts with the prefetch of the next product's weights, so that they
         // have that stage and two barriers to arrive.
         for (int l = 0; l < a.n_layers; ++l) {
             const bool last = l + 1 == a.n_layers;
-            stage_prefetch(o_stage(l), a.prefetch);
-            stage_run<1>(qkv_stage(l), a.eps, xs, partial, a.barriers_only);
+            stage_prefetch(st.o(l), a.prefetch);
+            stage_run<1>(st.qkv(l), a.eps, xs, partial, a.barriers_only);
             if (attends) attention_stage_begin(a, l, pos, sm);
             grid_barrier(a, target);
-            stage_prefetch(gu_stage(l), a.prefetch);
+            stage_prefetch(st.gate_up(l), a.prefetch);
             if (attends) attention_stage(a, l, pos, sm);
             grid_barrier(a, target);
-            stage_prefetch(down_stage(l), a.prefetch);
-            stage_run<1>(o_stage(l), a.eps, xs, partial, a.barriers_only);
+            stage_prefetch(st.down(l), a.prefetch);
+            stage_run<1>(st.o(l), a.eps, xs, partial, a.barriers_only);
             grid_barrier(a, target);
-            stage_prefetch(last ? head : qkv_stage(l + 1), a.prefetch);
-            stage_run<2>(gu_stage(l), a.eps, xs, partial, a.barriers_only);
+            stage_prefetch(last ? head : st.qkv(l + 1), a.prefetch);
+            stage_run<2>(st.gate_up(l), a.eps, xs, partial, a.barriers_only);
             grid_barrier(a, target);
-            if (last && p + 1 < a.passes) stage_prefetch(qkv_stage(0), a.prefetch);
-            stage_run<1>(down_stage(l), a.eps, xs, partial, a.barriers_only);
+            if (last && p + 1 < a.passes) stage_prefetch(st.qkv(0), a.prefetch);
+            stage_run<1>(st.down(l), a.eps, xs, partial, a.barriers_only);
             grid_barrier(a, target);
         }
         stage_run<1>(head, a.eps, xs, partial, a.barriers_only);
         grid_barrier(a, target);  // the next pass overwrites x
     }
+    barrier_count_store(a, target);
+}
+
+// ---- The first form with the next stage's rows in registers ----
+//
+// As the product's gemv loads its first weights before its PDL wait, each warp here loads its
+// rows of the next stage (all of them: PRE_MAX 16-byte pieces a lane at most) into registers
+// before the barrier, and the stage after the barrier only reads its input row from L2.
+// Warp gw of the grid (W warps) takes rows gw, gw + W, ...; piece i of a lane is row i / (P
+// NMAT), matrix (i / P) mod NMAT, 16-byte piece k = lane + 32 (i mod P), P = in / 256.
+
+constexpr int PRE_MAX = 16;
+
+template <int P, int NMAT>
+__device__ __forceinline__ void stage_preload_p(const Stage& s, uint4 (&w)[PRE_MAX]) {
+    const int lane = threadIdx.x & 31, W = int(gridDim.x) * PS_WARPS;
+    const int first = int(blockIdx.x) * PS_WARPS + int(threadIdx.x >> 5);
+    constexpr int per_row = P * NMAT;
+#pragma unroll
+    for (int i = 0; i < PRE_MAX; ++i) {
+        const int r = i / per_row, m = (i / P) % NMAT, u = i % P;
+        const int row = first + r * W;
+        if (row < s.out) {
+            const bf16_t* base = (m == 0 ? s.w : s.w2) + size_t(row) * s.in;
+            w[i] = __ldg(reinterpret_cast<const uint4*>(base) + u * 32 + lane);
+        }
+    }
+}
+
+// The stage from the preloaded pieces: per row the sums of stage_run in its order.
+template <int P, int NMAT>
+__device__ __forceinline__ void stage_run_p(const Stage& s, const uint4 (&w)[PRE_MAX], float inv, const float* xs) {
+    const int lane = threadIdx.x & 31, W = int(gridDim.x) * PS_WARPS;
+    const int first = int(blockIdx.x) * PS_WARPS + int(threadIdx.x >> 5);
+    constexpr int per_row = P * NMAT;
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    float acc = 0.0f, gate = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PRE_MAX; ++i) {
+        const int r = i / per_row, m = (i / P) % NMAT, u = i % P;
+        const int row = first + r * W;
+        if (row < s.out) {
+            const int k = u * 32 + lane;
+            acc += dot8(w[i], x4[2 * k], x4[2 * k + 1]);
+            if (u == P - 1) {
+                const float sum = warp_sum(acc) * inv;
+                acc = 0.0f;
+                if (NMAT == 2 && m == 0) {
+                    gate = sum;
+                } else if (lane == 0) {
+                    stage_store(s, row, gate, sum, s.rule == Rule::ADD ? __ldcg(s.y + row) : 0.0f);
+                }
+            }
+        }
+    }
+}
+
+// P = in / 256 pieces a lane a row: 4, 8 or 12 at the predictors' shapes (preload_fits checks).
+template <int NMAT>
+__device__ __forceinline__ void stage_preload(const Stage& s, uint4 (&w)[PRE_MAX], bool skip) {
+    if (skip) return;
+    switch (s.in >> 8) {
+        case 4: stage_preload_p<4, NMAT>(s, w); break;
+        case 8: stage_preload_p<8, NMAT>(s, w); break;
+        default: stage_preload_p<12, NMAT>(s, w); break;
+    }
+}
+
+template <int NMAT>
+__device__ __forceinline__ void stage_run_preloaded(const Stage& s, const uint4 (&w)[PRE_MAX], float eps, float* xs,
+                                                    float* partial, bool skip) {
+    if (skip) return;
+    const float inv = stage_input(s, eps, xs, partial);
+    switch (s.in >> 8) {
+        case 4: stage_run_p<4, NMAT>(s, w, inv, xs); break;
+        case 8: stage_run_p<8, NMAT>(s, w, inv, xs); break;
+        default: stage_run_p<12, NMAT>(s, w, inv, xs); break;
+    }
+}
+
+__host__ __device__ inline bool preload_fits(int out, int in, int nmat, int warps) {
+    const int p = in / 256;
+    return in % 256 == 0 && (p == 4 || p == 8 || p == 12) && ((out + warps - 1) / warps) * p * nmat <= PRE_MAX;
+}
+
+__global__ void __launch_bounds__(PS_THREADS, 2) persistent_preload_kernel(const PersistArgs a) {
+    extern __shared__ float4 ps_smem4[];
+    __shared__ float partial[PS_WARPS];
+    float* xs = reinterpret_cast<float*>(ps_smem4);
+    const int group = a.n_heads / a.n_kv, H = a.hidden, hd = a.head_dim;
+    const AttnSmem sm = attn_smem(xs + PS_MAX_IN, hd, group);
+    const bool skip = a.barriers_only;
+    const bool attends = int(blockIdx.x) < a.n_kv && !skip;
+    unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);
+    uint4 w[PRE_MAX];
+
+    const PassStages st{a};
+
+    unsigned* counter = a.barrier + gridDim.x + 2;  // the growing counter's word
+    stage_preload<1>(st.qkv(0), w, skip);
+    for (int p = 0; p < a.passes; ++p) {
+        const int pos = a.pos0 + p;
+        const Stage head = st.head(p);
+        for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
+            a.x[i] = a.x_in[size_t(p) * H + i];
+        grid_arrive(counter, target);
+        if (p == 0) stage_prefetch(st.o(0), a.prefetch);
+        grid_wait(counter, target);
+        // The L2 prefetches run two weight stages ahead, the register loads one (between a
+        // barrier's arrival and its wait).
+        for (int l = 0; l < a.n_layers; ++l) {
+            const bool last = l + 1 == a.n_layers;
+            stage_prefetch(st.gate_up(l), a.prefetch);
+            stage_run_preloaded<1>(st.qkv(l), w, a.eps, xs, partial, skip);
+            grid_arrive(counter, target);
+            if (attends) attention_stage_begin(a, l, pos, sm);
+            if (!attends) stage_preload<1>(st.o(l), w, skip);
+            grid_wait(counter, target);
+            stage_prefetch(st.down(l), a.prefetch);
+            if (attends) attention_stage(a, l, pos, sm);
+            grid_arrive(counter, target);
+            if (attends) stage_preload<1>(st.o(l), w, skip);
+            grid_wait(counter, target);
+            stage_prefetch(last ? head : st.qkv(l + 1), a.prefetch);
+            stage_run_preloaded<1>(st.o(l), w, a.eps, xs, partial, skip);
+            grid_arrive(counter, target);
+            stage_preload<2>(st.gate_up(l), w, skip);
+            grid_wait(counter, target);
+            if (!last) stage_prefetch(st.o(l + 1), a.prefetch);
+            if (last && p + 1 < a.passes) stage_prefetch(st.qkv(0), a.prefetch);
+            stage_run_preloaded<2>(st.gate_up(l), w, a.eps, xs, partial, skip);
+            grid_arrive(counter, target);
+            stage_preload<1>(st.down(l), w, skip);
+            grid_wait(counter, target);
+            if (last && p + 1 < a.passes) stage_prefetch(st.o(0), a.prefetch);
+            stage_run_preloaded<1>(st.down(l), w, a.eps, xs, partial, skip);
+            grid_arrive(counter, target);
+            if (last)
+                stage_preload<1>(head, w, skip);
+            else
+                stage_preload<1>(st.qkv(l + 1), w, skip);
+            grid_wait(counter, target);
+        }
+        stage_run_preloaded<1>(head, w, a.eps, xs, partial, skip);
+        grid_arrive(counter, target);  // the next pass overwrites x
+        if (p + 1 < a.passes) stage_preload<1>(st.qkv(0), w, skip);
+        grid_wait(counter, target);
+    }
+    barrier_count_store(a, target);
+}
+
+// ---- The second form: the weights streamed through a ring in shared memory ----
+//
+// One block per SM. The grid's blocks take consecutive row ranges of every product, so a block's
+// rows of a matrix are one contiguous piece of it. In the order the stages use them these pieces
+// are the block's weight stream (a pass: per layer q/k/v, o, gate, up, down; then the head).
+// Thread 0 (or lane 0 of the warps in turn) copies the stream into a ring of slots in shared memory with bulk copies
+// (the copy engine moves the bytes; a slot's copies complete on its mbarrier) and refills each
+// slot as soon as the stages have used it, so the next stages' rows arrive while the grid waits
+// at its barriers. After a barrier a stage reads its input row from L2 and its rows from the ring.
+
+constexpr uint32_t RING_BUDGET = 180224;  // bytes of shared memory for the ring (176 KiB)
+constexpr int RING_MAX_SLOTS = 64;
+
+// The ring's shape (PersistArgs::ring_slot): slots of `slot` bytes, as many as the budget holds.
+struct RingShape {
+    uint32_t slot, slots, bytes;
+};
+__host__ __device__ inline RingShape ring_shape(uint32_t slot) {
+    const uint32_t n = RING_BUDGET / slot < RING_MAX_SLOTS ? RING_BUDGET / slot : RING_MAX_SLOTS;
+    return RingShape{slot, n, slot * n};
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)bar, (void)count;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+#else
+    (void)bar, (void)parity;
+    __trap();
+#endif
+}
+
+__host__ __device__ inline int staged_rows(int out, int blocks) { return (out + blocks - 1) / blocks; }
+
+// The block's rows [r0, r1) of one matrix: where they start and how many bytes they are.
+struct Piece {
+    const char* src;
+    uint32_t bytes;
+    uint32_t row_bytes, stride;  // a row's bytes; from one of the block's rows to its next
+};
+
+// The block's rows of a product with `out` rows: a range of consecutive rows, or with
+// PersistArgs::ring_strided rows b, b + G, b + 2G, ... (the grid then sweeps the matrix in order,
+// as the chain's launches do). Row j of the block is row first + j * step.
+struct BlockRows {
+    int first, step, count;
+};
+__device__ __forceinline__ BlockRows block_rows(int out, bool strided) {
+    const int G = int(gridDim.x), b = int(blockIdx.x);
+    if (strided) return BlockRows{b, G, b < out ? (out - b + G - 1) / G : 0};
+    const int r0 = min(out, b * staged_rows(out, G)), r1 = min(out, r0 + staged_rows(out, G));
+    return BlockRows{r0, 1, r1 - r0};
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// Piece j of a pass in the block's stream: 5 a layer (q/k/v, o, gate, up, down), then the head.
+__device__ __forceinline__ Piece stream_piece(const PersistArgs& a, int j) {
+    const int H = a.hidden, I = a.intermediate, hd = a.head_dim, G = int(gridDim.x);
+    const bf16_t* w = a.head;
+    int out = a.vocab, in = H;
+    if (j < 5 * a.n_layers) {
+        const PersistLayer& L = a.layers[j / 5];
+        switch (j % 5) {
+            case 0: w = L.qkv, out = (a.n_heads + 2 * a.n_kv) * hd, in = H; break;
+            case 1: w = L.o, out = H, in = a.n_heads * hd; break;
+            case 2: w = L.gate_up, out = I, in = H; break;
+            case 3: w = L.gate_up + size_t(I) * H, out = I, in = H; break;
+            default: w = L.down, out = H, in = I; break;
+        }
+    }
+    (void)G;
+    const BlockRows br = block_rows(out, a.ring_strided);
+    const uint32_t row_bytes = uint32_t(in) * 2u;
+    return Piece{reinterpret_cast<const char*>(w + size_t(br.first) * in), uint32_t(br.count) * row_bytes, row_bytes,
+                 uint32_t(br.step) * row_bytes};
+}
+#endif
+
+// Thread 0's place in the block's weight stream: `issued` bytes requested, the next one at
+// offset `off` of piece `piece` of pass `pass`.
+struct RingProducer {
+    uint32_t issued = 0;
+    int pass = 0, piece = 0;
+    uint32_t off = 0;
+};
+
+// Every thread keeps the producer's place (the same sums); the copies into a slot are issued by
+// thread 0, or with PersistArgs::ring_issuers by lane 0 of warp (slot number mod 8). Requests
+// whole slots of the stream while the slot's previous bytes are used up (`consumed` bytes are).
+__device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr, uint32_t consumed, char* ring,
+                                          uint64_t* bars) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const RingShape r = ring_shape(a.ring_slot);
+    const int pieces = 5 * a.n_layers + 1;
+    if ((threadIdx.x & 31) == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads come first
+    while (pr.pass < a.passes && pr.issued + r.slot <= consumed + r.bytes) {
+        const uint32_t chunk = pr.issued / r.slot;
+        const bool mine = threadIdx.x == (a.ring_issuers ? 32u * (chunk % PS_WARPS) : 0u);
+        char* dst = ring + (chunk % r.slots) * r.slot;
+        const uint32_t bar = smem_address(&bars[chunk % r.slots]);
+        uint32_t fill = 0;
+        while (fill < r.slot && pr.pass < a.passes) {
+            const Piece pc = stream_piece(a, pr.piece);
+            const uint32_t n = min(r.slot - fill, pc.bytes - pr.off);
+            if (n > 0 && a.ring_cp_async) {  // every thread copies 16-byte pieces
+                const uint32_t d = smem_address(dst + fill);
+                for (uint32_t i = threadIdx.x * 16u; i < n; i += PS_THREADS * 16u) {
+                    const uint32_t q = pr.off + i, j = q / pc.row_bytes;  // row j of the block's, byte q - j row
+                    const char* from = pc.src + size_t(j) * pc.stride + (q - j * pc.row_bytes);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + i), "l"(from) : "memory");
+                }
+            } else if (n > 0 && mine) {
+                asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(n) : "memory");
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                        smem_address(dst + fill)),
+                    "l"(pc.src + pr.off), "r"(n), "r"(bar)
+                    : "memory");
+            }
+            fill += n;
+            pr.off += n;
+            if (pr.off == pc.bytes) {
+                pr.off = 0;
+                if (++pr.piece == pieces) pr.piece = 0, ++pr.pass;
+            }
+        }
+        if (fill == 0) break;
+        if (a.ring_cp_async)  // the slot's barrier counts every thread's copies in
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+        else if (mine)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+        pr.issued += fill;
+    }
+#else
+    (void)a, (void)pr, (void)consumed, (void)ring, (void)bars;
+    __trap();
+#endif
+}
+
+// One stage from the ring: the block's rows of s (the next bytes of its stream after `consumed`;
+// for SWIGLU the gate rows, then the up rows), one warp a row, each row's arithmetic as
+// stage_run's (pieces k = lane, lane + 32, ... in increasing order, a warp sum, the norm factor).
+template <int NMAT>
+__device__ __forceinline__ void ring_run(const Stage& s, const RingShape r, const char* ring,
+                                         uint64_t* bars, uint32_t& consumed, float eps, float* xs, float* partial,
+                                         bool skip, bool strided) {
+    const BlockRows br = block_rows(s.out, strided);
+    const uint32_t row_bytes = uint32_t(s.in) * 2u, mat_bytes = uint32_t(br.count) * row_bytes;
+    const uint32_t begin = consumed, end = begin + NMAT * mat_bytes;
+    const float inv = skip ? 1.0f : stage_input(s, eps, xs, partial);
+    if (end > begin)
+        for (uint32_t c = begin / r.slot; c <= (end - 1) / r.slot; ++c) mbar_wait(&bars[c % r.slots], (c / r.slots) & 1u);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int in8 = s.in >> 3;
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    for (int j = warp; j < br.count && !skip; j += PS_WARPS) {
+        const int row = br.first + j * br.step;
+        const uint32_t q0 = begin + uint32_t(j) * row_bytes;
+        uint32_t o0 = (q0 + 16u * lane) % r.bytes, o1 = (q0 + mat_bytes + 16u * lane) % r.bytes;
+        const float residual = s.rule == Rule::ADD && lane == 0 ? __ldcg(s.y + row) : 0.0f;  // read early
+        float acc[NMAT];
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) acc[m] = 0.0f;
+        for (int k = lane; k < in8; k += 32) {
+            const float4 x0 = x4[2 * k], x1 = x4[2 * k + 1];
+            acc[0] += dot8(*reinterpret_cast<const uint4*>(ring + o0), x0, x1);
+            o0 = o0 + 512u >= r.bytes ? o0 + 512u - r.bytes : o0 + 512u;
+            if (NMAT == 2) {  // the up row, mat_bytes further on
+                acc[NMAT - 1] += dot8(*reinterpret_cast<const uint4*>(ring + o1), x0, x1);
+                o1 = o1 + 512u >= r.bytes ? o1 + 512u - r.bytes : o1 + 512u;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) acc[m] = warp_sum(acc[m]) * inv;
+        if (lane == 0) stage_store(s, row, acc[0], acc[NMAT - 1], residual);
+    }
+    __syncthreads();  // every warp is done with these slots before thread 0 refills them
+    consumed = end;
+}
+
+__host__ __device__ inline size_t round128(size_t n) { return (n + 127) / 128 * 128; }
+
+// Shared memory of the second form: the input row (or, in the attention stage, the attention's
+// scratch over it), then the ring.
+__host__ __device__ inline size_t staged_front(const PersistArgs& a) {
+    const int group = a.n_heads / a.n_kv, hd = a.head_dim;
+    const size_t attn = size_t(2 * PERSIST_MAX_CTX * hd + (group + 2) * hd + group * hd + group * PERSIST_MAX_CTX +
+                               PS_WARPS * 128 + 2 * ATTN_MAX_GROUP);
+    return round128((attn > size_t(PS_MAX_IN) ? attn : size_t(PS_MAX_IN)) * sizeof(float));
+}
+
+__global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const PersistArgs a) {
+    extern __shared__ float4 staged_smem4[];
+    __shared__ float partial[PS_WARPS];
+    __shared__ uint64_t bars[RING_MAX_SLOTS];
+    const int group = a.n_heads / a.n_kv, H = a.hidden, hd = a.head_dim;
+    char* base = reinterpret_cast<char*>(staged_smem4);
+    float* xs = reinterpret_cast<float*>(base);
+    const AttnSmem sm = attn_smem(xs, hd, group);
+    char* ring = base + staged_front(a);
+    const bool attends = int(blockIdx.x) < a.n_kv && !a.barriers_only;
+    const bool skip = a.barriers_only;
+    unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);
+    uint32_t consumed = 0;
+    unsigned* counter = a.barrier + gridDim.x + 2;  // the growing counter's word (the refills go between
+                                                    // a barrier's arrival and its wait)
+    RingProducer producer;
+    const RingShape shape = ring_shape(a.ring_slot);
+
+    const PassStages st{a};
+    auto refill = [&] { ring_fill(a, producer, consumed, ring, bars); };
+
+    if (threadIdx.x == 0)
+        for (uint32_t i = 0; i < shape.slots; ++i) mbar_init(&bars[i], a.ring_cp_async ? PS_THREADS : 1u);
+    __syncthreads();
+    refill();
+    for (int p = 0; p < a.passes; ++p) {
+        const int pos = a.pos0 + p;
+        const Stage head = st.head(p);
+        for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
+            a.x[i] = a.x_in[size_t(p) * H + i];
+        grid_barrier(a, target);
+        for (int l = 0; l < a.n_layers; ++l) {
+            ring_run<1>(st.qkv(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            grid_arrive(counter, target);
+            refill();
+            if (attends) attention_stage_begin(a, l, pos, sm);
+            grid_wait(counter, target);
+            if (attends) attention_stage(a, l, pos, sm);
+            grid_barrier(a, target);
+            ring_run<1>(st.o(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            grid_arrive(counter, target);
+            refill();
+            grid_wait(counter, target);
+            ring_run<2>(st.gate_up(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            grid_arrive(counter, target);
+            refill();
+            grid_wait(counter, target);
+            ring_run<1>(st.down(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            grid_arrive(counter, target);
+            refill();
+            grid_wait(counter, target);
+        }
+        ring_run<1>(head, shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+        grid_arrive(counter, target);  // the next pass overwrites x
+        refill();
+        grid_wait(counter, target);
+    }
+    barrier_count_store(a, target);
 }
 
 size_t persist_smem(const PersistArgs& a) {
@@ -351,15 +841,54 @@ int persist_blocks_per_sm(int device) {
     return std::min(per_sm, 2);
 }
 
+bool persist_preload_fits(const PersistArgs& a, int blocks) {
+    const int W = blocks * PS_WARPS, H = a.hidden, I = a.intermediate;
+    const int qkv_dim = (a.n_heads + 2 * a.n_kv) * a.head_dim, qd = a.n_heads * a.head_dim;
+    return preload_fits(qkv_dim, H, 1, W) && preload_fits(H, qd, 1, W) && preload_fits(I, H, 2, W) &&
+           preload_fits(H, I, 1, W) && preload_fits(a.vocab, H, 1, W);
+}
+
 void persist_launch(const PersistArgs& a, int blocks, cudaStream_t stream) {
-    if (!persist_supported(a) || blocks < a.n_kv)
+    if (!persist_supported(a) || blocks < a.n_kv ||
+        (a.preload && (!persist_preload_fits(a, blocks) || !a.monotonic_barrier)))
         check_fail("persist_launch", "unsupported shapes or arguments", __func__, __FILE__, __LINE__);
     const size_t smem = persist_smem(a);
-    KERNEL_CUDA_CHECK(cudaFuncSetAttribute(persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const auto kernel = a.preload ? persistent_preload_kernel : persistent_kernel;
+    KERNEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     PersistArgs args = a;
     void* params[] = {&args};
-    KERNEL_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(persistent_kernel), dim3(blocks),
+    KERNEL_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
                                                   dim3(PS_THREADS), params, smem, stream));
+}
+
+bool persist_staged_launch(const PersistArgs& a, int blocks, cudaStream_t stream) {
+    if (!persist_supported(a) || blocks < a.n_kv || a.ring_slot < 1024 || a.ring_slot % 16 != 0 ||
+        RING_BUDGET / a.ring_slot < 2 || !a.monotonic_barrier || (a.ring_strided && !a.ring_cp_async))
+        check_fail("persist_staged_launch", "unsupported shapes or arguments", __func__, __FILE__, __LINE__);
+    int device = 0, optin = 0;
+    KERNEL_CUDA_CHECK(cudaGetDevice(&device));
+    KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    KERNEL_CUDA_CHECK(cudaFuncGetAttributes(&attr, persistent_staged_kernel));
+    const size_t smem = staged_front(a) + ring_shape(a.ring_slot).bytes;
+    if (smem + attr.sharedSizeBytes > size_t(optin)) return false;
+    KERNEL_CUDA_CHECK(
+        cudaFuncSetAttribute(persistent_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    int per_sm = 0;
+    KERNEL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_staged_kernel, PS_THREADS, smem));
+    int sms = 0;
+    KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (per_sm * sms < blocks) return false;
+    PersistArgs args = a;
+    void* params[] = {&args};
+    KERNEL_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(persistent_staged_kernel),
+                                                  dim3(blocks), dim3(PS_THREADS), params, smem, stream));
+    return true;
+}
+
+size_t persist_staged_smem(const PersistArgs& a, int blocks) {
+    (void)blocks;
+    return staged_front(a) + ring_shape(a.ring_slot).bytes;
 }
 
 }  // namespace qtts::kernel_lab

@@ -9,6 +9,14 @@
 // kernel boundaries, and each warp prefetches its rows of the weights two stages ahead into L2,
 // so the weights stream while the barriers settle.
 //
+// Forms measured (qtts-kernel-lab persist; docs/performance.md "Forty-first session"):
+// - the first form above, with one of three grid barriers (per-block arrival words, one counter
+//   reset by the last block, or a counter that only grows: release adds, acquire polls);
+// - the first form with each warp's rows of the next stage loaded into registers between the
+//   barrier's arrival and its wait (PersistArgs::preload);
+// - the second form, one block per SM, each block's rows streamed through a ring of slots in its
+//   shared memory by bulk copies or cp.async (PersistArgs::ring_*; persist_staged_launch).
+//
 // The arithmetic is the product's, in the same order: a product row is one warp's sum over its
 // lanes' 16-byte weight pieces (kernels/gemv_device.cuh, one row), the RMSNorm input sums its
 // squares over 256 threads and 8 warp partials, and the attention of a KV head is one block's as in
@@ -58,17 +66,37 @@ struct PersistArgs {
     int pos0 = 0;                 // pass p appends position pos0 + p
     int passes = 0;
     float* logits = nullptr;      // [passes, vocab]
-    unsigned* barrier = nullptr;  // [launch blocks] arrival words, zeros before the first launch
+    unsigned* barrier = nullptr;  // [launch blocks + 3] arrival words and counters, zeros before the first launch
     // Measurement switches: the barriers (and prefetches) without the stages' work; the weight
-    // prefetches off; the one-counter barrier instead of the arrival words.
+    // prefetches off; the one-counter barrier or the growing counter instead of the arrival words.
     bool barriers_only = false;
     bool prefetch = true;
     bool counter_barrier = false;
+    bool monotonic_barrier = false;  // one growing counter, release adds and acquire polls
+    // The first form with each warp's rows of the next stage loaded into registers before the
+    // barrier's wait (persist_preload_fits says where they fit; needs monotonic_barrier).
+    bool preload = false;
+    // The second form's ring: bytes a slot (a multiple of 16), and whether the warps take turns
+    // issuing the slots' copies (else thread 0 issues them all).
+    // With ring_cp_async every thread copies 16-byte pieces (cp.async) instead of bulk copies.
+    uint32_t ring_slot = 16384;
+    bool ring_issuers = false;
+    bool ring_cp_async = false;
+    bool ring_strided = false;  // block b's rows are b, b + blocks, ... (cp.async only), else a range
 };
 
 bool persist_supported(const PersistArgs& args);
 // Blocks of 256 threads per SM that can be resident together on `device` (at most two).
 int persist_blocks_per_sm(int device);
 void persist_launch(const PersistArgs& args, int blocks, cudaStream_t stream);
+bool persist_preload_fits(const PersistArgs& args, int blocks);
+
+// The second form (sm_90): one block per SM; each block's rows of every product stream through a
+// ring in its shared memory (bulk copies, refilled as the stages use them; persistent_pass.cu).
+// The same bits as the first. Returns false (nothing launched) when the blocks and their shared
+// memory do not fit.
+bool persist_staged_launch(const PersistArgs& args, int blocks, cudaStream_t stream);
+// Dynamic shared memory a block of the second form uses.
+size_t persist_staged_smem(const PersistArgs& args, int blocks);
 
 }  // namespace qtts::kernel_lab
