@@ -282,7 +282,8 @@ device() {
             note "batch profile: $((SECONDS - t)) s"
         fi
         # The kernel lab (apps/kernel-lab): GEMV variants checked and timed, per-kernel frame timing.
-        # QTTS_KERNEL_LAB: the lab modes to run, comma-separated (gemv, frame, gemm, wide, rows, persist, attno, parts); 1 = gemv
+        # QTTS_KERNEL_LAB: the lab modes to run, comma-separated (gemv, frame, gemm, wide, rows, persist, attno, parts,
+        # stream); 1 = gemv
         # and frame, 0 = none. QTTS_KERNEL_LAB_ROWS: the gemm, wide and rows modes' row counts.
         local lab_modes=${QTTS_KERNEL_LAB:-1}
         [ "$lab_modes" = "1" ] && lab_modes=gemv,frame
@@ -292,7 +293,7 @@ device() {
             echo "===== kernel lab ($lab_modes)" >"$q/lab.log"
             for m in ${lab_modes//,/ }; do
                 case $m in
-                    gemv) timeout 120 "$q/bin/qtts-kernel-lab" gemv >>"$q/lab.log" 2>&1 || note "kernel lab gemv FAILED" ;;
+                    gemv | stream) timeout 120 "$q/bin/qtts-kernel-lab" "$m" >>"$q/lab.log" 2>&1 || note "kernel lab $m FAILED" ;;
                     frame) timeout 120 "$q/bin/qtts-kernel-lab" frame --model "$dir" >>"$q/lab.log" 2>&1 || note "kernel lab frame FAILED" ;;
                     persist | attno | parts) timeout 120 "$q/bin/qtts-kernel-lab" "$m" --model "$dir" >>"$q/lab.log" 2>&1 || note "kernel lab $m FAILED" ;;
                     gemm | wide | rows) timeout 300 "$q/bin/qtts-kernel-lab" "$m" --model "$dir" --rows "${QTTS_KERNEL_LAB_ROWS:-24,32,48,64}" \

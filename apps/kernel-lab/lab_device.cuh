@@ -60,6 +60,51 @@ __device__ __forceinline__ float stage_input_row(const float* x, const float* no
     return 1.0f / sqrtf(total / float(in) + eps);
 }
 
+// mbarriers in shared memory (sm_90; trap elsewhere), for the lab's copy rings.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)bar, (void)count;
+    __trap();
+#endif
+}
+
+// Until the barrier's phase of this parity has completed: try_wait (the thread may be suspended
+// until then, or until a time limit), or with `spin` test_wait in a loop (never suspended).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity, bool spin) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t done = 0;
+    if (spin) {
+        do {
+            asm volatile(
+                "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                : "=r"(done)
+                : "r"(smem_address(bar)), "r"(parity)
+                : "memory");
+        } while (!done);
+        return;
+    }
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_address(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+#else
+    (void)bar, (void)parity, (void)spin;
+    __trap();
+#endif
+}
+
 }  // namespace qtts::kernel_lab
 
 #endif  // __CUDACC__

@@ -43,6 +43,7 @@
 #include "apps/kernel-lab/gemm_lab.h"
 #include "apps/kernel-lab/gemv_variants.h"
 #include "apps/kernel-lab/persistent_lab.h"
+#include "apps/kernel-lab/stream_lab.h"
 #include "engine/common/error.h"
 #include "engine/common/strings.h"
 #include "engine/cuda/event_timer.h"
@@ -470,6 +471,7 @@ void usage() {
         "       qtts-kernel-lab persist --model DIR [--seed S] [--device N]\n"
         "       qtts-kernel-lab attno --model DIR [--seed S] [--device N]\n"
         "       qtts-kernel-lab parts --model DIR [--seed S] [--device N]\n"
+        "       qtts-kernel-lab stream [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
         "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
         "  gemm   the batched step's split-path GEMMs: cublasGemmEx against cuBLASLt's algorithms\n"
@@ -483,7 +485,8 @@ void usage() {
         "  attno  the code predictor's passes with the attention folded into the o product against\n"
         "         the product's launches (compared bitwise, then timed)\n"
         "  parts  the predictor's passes and a talker step timed whole and with one kind of launch\n"
-        "         left out (what each kind costs inside the chain)\n");
+        "         left out (what each kind costs inside the chain)\n"
+        "  stream how fast one block per SM streams memory into a ring of shared-memory slots\n");
 }
 
 }  // namespace
@@ -531,6 +534,7 @@ int main(int argc, char** argv) {
         if (mode == "persist" && !model.empty()) return qtts::kernel_lab::lab_persist(model, device, seed);
         if (mode == "attno" && !model.empty()) return qtts::kernel_lab::lab_attno(model, device, seed);
         if (mode == "parts" && !model.empty()) return qtts::kernel_lab::lab_parts(model, device, seed);
+        if (mode == "stream") return qtts::kernel_lab::lab_stream(device);
         usage();
         return 2;
     } catch (const std::exception& e) {

@@ -75,10 +75,15 @@ __device__ __forceinline__ void grid_barrier_counter(unsigned* flags) {
 // Nobody resets anything, so there is no last-arrival step. `target` counts the barriers this
 // block has passed; the kernel stores it in the block's word at the end (monotonic_finish), so
 // that the next launch continues from the counter's value.
+// The thread of a block that adds its arrivals to the growing counter and polls it: the last
+// warp's first lane, which issues no copies into shared memory (a release waits for the issuing
+// thread's copies in flight too).
+__device__ __forceinline__ bool barrier_thread() { return threadIdx.x == blockDim.x - 32; }
+
 __device__ __forceinline__ void grid_barrier_monotonic(unsigned* counter, unsigned& target) {
     __syncthreads();
     ++target;
-    if (threadIdx.x == 0) {
+    if (barrier_thread()) {
         const unsigned want = target * gridDim.x;
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
         unsigned v = 0;
@@ -96,11 +101,11 @@ __device__ __forceinline__ void grid_barrier_monotonic(unsigned* counter, unsign
 __device__ __forceinline__ void grid_arrive(unsigned* counter, unsigned& target) {
     __syncthreads();
     ++target;
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    if (barrier_thread()) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
 __device__ __forceinline__ void grid_wait(const unsigned* counter, unsigned target) {
-    if (threadIdx.x == 0) {
+    if (barrier_thread()) {
         const unsigned want = target * gridDim.x;
         unsigned v = 0;
         do {
@@ -559,38 +564,6 @@ __host__ __device__ inline RingShape ring_shape(uint32_t slot) {
     return RingShape{slot, n, slot * n};
 }
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-#endif
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#else
-    (void)bar, (void)count;
-    __trap();
-#endif
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t done = 0;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(smem_address(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-#else
-    (void)bar, (void)parity;
-    __trap();
-#endif
-}
-
 __host__ __device__ inline int staged_rows(int out, int blocks) { return (out + blocks - 1) / blocks; }
 
 // The block's rows [r0, r1) of one matrix: where they start and how many bytes they are.
@@ -646,7 +619,7 @@ struct RingProducer {
 };
 
 // Every thread keeps the producer's place (the same sums); the copies into a slot are issued by
-// thread 0, or with PersistArgs::ring_issuers by lane 0 of warp (slot number mod 8). Requests
+// thread 0, or with PersistArgs::ring_issuers by lane 0 of warp (slot number mod 7). Requests
 // whole slots of the stream while the slot's previous bytes are used up (`consumed` bytes are).
 __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr, uint32_t consumed, char* ring,
                                           uint64_t* bars) {
@@ -656,7 +629,7 @@ __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr
     if ((threadIdx.x & 31) == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads come first
     while (pr.pass < a.passes && pr.issued + r.slot <= consumed + r.bytes) {
         const uint32_t chunk = pr.issued / r.slot;
-        const bool mine = threadIdx.x == (a.ring_issuers ? 32u * (chunk % PS_WARPS) : 0u);
+        const bool mine = threadIdx.x == (a.ring_issuers ? 32u * (chunk % (PS_WARPS - 1)) : 0u);  // not barrier_thread()
         char* dst = ring + (chunk % r.slots) * r.slot;
         const uint32_t bar = smem_address(&bars[chunk % r.slots]);
         uint32_t fill = 0;
@@ -704,13 +677,14 @@ __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr
 template <int NMAT>
 __device__ __forceinline__ void ring_run(const Stage& s, const RingShape r, const char* ring,
                                          uint64_t* bars, uint32_t& consumed, float eps, float* xs, float* partial,
-                                         bool skip, bool strided) {
+                                         bool skip, bool strided, bool spin) {
     const BlockRows br = block_rows(s.out, strided);
     const uint32_t row_bytes = uint32_t(s.in) * 2u, mat_bytes = uint32_t(br.count) * row_bytes;
     const uint32_t begin = consumed, end = begin + NMAT * mat_bytes;
     const float inv = skip ? 1.0f : stage_input(s, eps, xs, partial);
     if (end > begin)
-        for (uint32_t c = begin / r.slot; c <= (end - 1) / r.slot; ++c) mbar_wait(&bars[c % r.slots], (c / r.slots) & 1u);
+        for (uint32_t c = begin / r.slot; c <= (end - 1) / r.slot; ++c)
+            mbar_wait(&bars[c % r.slots], (c / r.slots) & 1u, spin);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int in8 = s.in >> 3;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
@@ -782,27 +756,27 @@ __global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const 
             a.x[i] = a.x_in[size_t(p) * H + i];
         grid_barrier(a, target);
         for (int l = 0; l < a.n_layers; ++l) {
-            ring_run<1>(st.qkv(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            ring_run<1>(st.qkv(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
             grid_arrive(counter, target);
             refill();
             if (attends) attention_stage_begin(a, l, pos, sm);
             grid_wait(counter, target);
             if (attends) attention_stage(a, l, pos, sm);
             grid_barrier(a, target);
-            ring_run<1>(st.o(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            ring_run<1>(st.o(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
             grid_arrive(counter, target);
             refill();
             grid_wait(counter, target);
-            ring_run<2>(st.gate_up(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            ring_run<2>(st.gate_up(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
             grid_arrive(counter, target);
             refill();
             grid_wait(counter, target);
-            ring_run<1>(st.down(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+            ring_run<1>(st.down(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
             grid_arrive(counter, target);
             refill();
             grid_wait(counter, target);
         }
-        ring_run<1>(head, shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided);
+        ring_run<1>(head, shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
         grid_arrive(counter, target);  // the next pass overwrites x
         refill();
         grid_wait(counter, target);
