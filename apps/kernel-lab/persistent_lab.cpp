@@ -328,6 +328,26 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     const bool same_logits = std::memcmp(got_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0;
     const bool same_caches = std::memcmp(got_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
     const bool finite = std::all_of(ref_logits.begin(), ref_logits.end(), [](float v) { return std::isfinite(v); });
+    // Another form's run from fresh caches and barrier words: bitwise the chain's logits and cache
+    // rows? And the largest difference. `launch` returns false when the form does not fit.
+    struct Compared {
+        bool ran = false, same = false;
+        double diff = 0.0;
+    };
+    const auto compared = [&](const auto& launch) {
+        Compared c;
+        CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
+        pc.caches_reset();
+        c.ran = launch();
+        CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+        if (!c.ran) return c;
+        const auto l = download(logits_persist, logit_floats);
+        const auto k = download(pc.d_caches, pc.caches0.size());
+        c.same = std::memcmp(l.data(), ref_logits.data(), ref_logits.size() * 4) == 0 &&
+                 std::memcmp(k.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
+        c.diff = std::max(max_abs_diff(l, ref_logits), max_abs_diff(k, ref_caches));
+        return c;
+    };
     // The second form (weights streamed through a ring in shared memory, one block per SM, the
     // growing-counter barrier), in several ring shapes: same bits?
     struct RingRun {
@@ -350,37 +370,23 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
         return s;
     };
     for (RingRun& r : rings) {
-        CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
-        pc.caches_reset();
-        r.fits = persist_staged_launch(ring_args(r), sms, ctx.stream());
-        CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-        if (!r.fits) continue;
-        const auto s_logits = download(logits_persist, logit_floats);
-        const auto s_caches = download(pc.d_caches, pc.caches0.size());
-        r.same = std::memcmp(s_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0 &&
-                 std::memcmp(s_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
-        r.diff = std::max(max_abs_diff(s_logits, ref_logits), max_abs_diff(s_caches, ref_caches));
+        const Compared c = compared([&] { return persist_staged_launch(ring_args(r), sms, ctx.stream()); });
+        r.fits = c.ran;
+        r.same = c.same;
+        r.diff = c.diff;
     }
 
     // The first form with the next stage's rows in registers: same bits?
-    bool preload_same = false;
-    double preload_diff = 0.0;
-    {
-        PersistArgs pre = a;
-        pre.monotonic_barrier = true;
-        pre.preload = true;
-        if (persist_preload_fits(pre, blocks)) {
-            CUDA_CHECK(cudaMemsetAsync(barrier.get(), 0, barrier.bytes(), ctx.stream()));
-            pc.caches_reset();
-            persist_launch(pre, blocks, ctx.stream());
-            CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
-            const auto p_logits = download(logits_persist, logit_floats);
-            const auto p_caches = download(pc.d_caches, pc.caches0.size());
-            preload_same = std::memcmp(p_logits.data(), ref_logits.data(), ref_logits.size() * 4) == 0 &&
-                           std::memcmp(p_caches.data(), ref_caches.data(), ref_caches.size() * 4) == 0;
-            preload_diff = std::max(max_abs_diff(p_logits, ref_logits), max_abs_diff(p_caches, ref_caches));
-        }
-    }
+    PersistArgs pre = a;
+    pre.monotonic_barrier = true;
+    pre.preload = true;
+    const Compared preload_check = compared([&] {
+        if (!persist_preload_fits(pre, blocks)) return false;
+        persist_launch(pre, blocks, ctx.stream());
+        return true;
+    });
+    const bool preload_same = preload_check.same;
+    const double preload_diff = preload_check.diff;
 
     // Timed: the chain as one graph of `passes` passes, replayed; the persistent kernel as one
     // launch of `passes` passes (each run rewrites the same cache rows from the same inputs).
@@ -427,10 +433,8 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     PersistArgs mono = a;
     mono.monotonic_barrier = true;
     const double mono_ms = persist_time(mono, blocks);
-    PersistArgs preload = mono;
-    preload.preload = true;
-    const bool preload_fits = persist_preload_fits(preload, blocks);
-    const double preload_ms = preload_fits ? persist_time(preload, blocks) : 0.0;
+    const bool preload_fits = preload_check.ran;
+    const double preload_ms = preload_fits ? persist_time(pre, blocks) : 0.0;
     mono.barriers_only = true;
     mono.prefetch = false;
     const double mono_alone_ms = persist_time(mono, blocks);
