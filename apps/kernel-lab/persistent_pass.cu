@@ -677,41 +677,65 @@ __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr
 // One stage from the ring: the block's rows of s (the next bytes of its stream after `consumed`;
 // for SWIGLU the gate rows, then the up rows), one warp a row, each row's arithmetic as
 // stage_run's (pieces k = lane, lane + 32, ... in increasing order, a warp sum, the norm factor).
-template <int NMAT>
-__device__ __forceinline__ void ring_run(const Stage& s, const RingShape r, const char* ring,
-                                         uint64_t* bars, uint32_t& consumed, float eps, float* xs, float* partial,
-                                         bool skip, bool strided, bool spin) {
-    const BlockRows br = block_rows(s.out, strided);
+// How ring_run waits and consumes (PersistArgs's ring switches).
+struct RingRunMode {
+    bool skip, strided, spin, eager;
+};
+
+template <int NMAT, typename Refill>
+__device__ __forceinline__ void ring_run(const Stage& s, const RingShape r, const char* ring, uint64_t* bars,
+                                         uint32_t& consumed, float eps, float* xs, float* partial,
+                                         const RingRunMode m, const Refill& refill) {
+    const BlockRows br = block_rows(s.out, m.strided);
     const uint32_t row_bytes = uint32_t(s.in) * 2u, mat_bytes = uint32_t(br.count) * row_bytes;
     const uint32_t begin = consumed, end = begin + NMAT * mat_bytes;
-    const float inv = skip ? 1.0f : stage_input(s, eps, xs, partial);
-    if (end > begin)
-        for (uint32_t c = begin / r.slot; c <= (end - 1) / r.slot; ++c)
-            mbar_wait(&bars[c % r.slots], (c / r.slots) & 1u, spin);
+    const float inv = m.skip ? 1.0f : stage_input(s, eps, xs, partial);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int in8 = s.in >> 3;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
-    for (int j = warp; j < br.count && !skip; j += PS_WARPS) {
-        const int row = br.first + j * br.step;
-        const uint32_t q0 = begin + uint32_t(j) * row_bytes;
-        uint32_t o0 = (q0 + 16u * lane) % r.bytes, o1 = (q0 + mat_bytes + 16u * lane) % r.bytes;
-        const float residual = s.rule == Rule::ADD && lane == 0 ? __ldcg(s.y + row) : 0.0f;  // read early
-        float acc[NMAT];
+    const auto wait_chunk = [&](uint32_t c) { mbar_wait(&bars[c % r.slots], (c / r.slots) & 1u, m.spin); };
+    const auto rows = [&](int j0, int j1) {  // the block's rows j0..j1-1, a warp each
+        for (int j = j0 + warp; j < j1 && !m.skip; j += PS_WARPS) {
+            const int row = br.first + j * br.step;
+            const uint32_t q0 = begin + uint32_t(j) * row_bytes;
+            uint32_t o0 = (q0 + 16u * lane) % r.bytes, o1 = (q0 + mat_bytes + 16u * lane) % r.bytes;
+            const float residual = s.rule == Rule::ADD && lane == 0 ? __ldcg(s.y + row) : 0.0f;  // read early
+            float acc[NMAT];
 #pragma unroll
-        for (int m = 0; m < NMAT; ++m) acc[m] = 0.0f;
-        for (int k = lane; k < in8; k += 32) {
-            const float4 x0 = x4[2 * k], x1 = x4[2 * k + 1];
-            acc[0] += dot8(*reinterpret_cast<const uint4*>(ring + o0), x0, x1);
-            o0 = o0 + 512u >= r.bytes ? o0 + 512u - r.bytes : o0 + 512u;
-            if (NMAT == 2) {  // the up row, mat_bytes further on
-                acc[NMAT - 1] += dot8(*reinterpret_cast<const uint4*>(ring + o1), x0, x1);
-                o1 = o1 + 512u >= r.bytes ? o1 + 512u - r.bytes : o1 + 512u;
+            for (int mm = 0; mm < NMAT; ++mm) acc[mm] = 0.0f;
+            for (int k = lane; k < in8; k += 32) {
+                const float4 x0 = x4[2 * k], x1 = x4[2 * k + 1];
+                acc[0] += dot8(*reinterpret_cast<const uint4*>(ring + o0), x0, x1);
+                o0 = o0 + 512u >= r.bytes ? o0 + 512u - r.bytes : o0 + 512u;
+                if (NMAT == 2) {  // the up row, mat_bytes further on
+                    acc[NMAT - 1] += dot8(*reinterpret_cast<const uint4*>(ring + o1), x0, x1);
+                    o1 = o1 + 512u >= r.bytes ? o1 + 512u - r.bytes : o1 + 512u;
+                }
             }
-        }
 #pragma unroll
-        for (int m = 0; m < NMAT; ++m) acc[m] = warp_sum(acc[m]) * inv;
-        if (lane == 0) stage_store(s, row, acc[0], acc[NMAT - 1], residual);
+            for (int mm = 0; mm < NMAT; ++mm) acc[mm] = warp_sum(acc[mm]) * inv;
+            if (lane == 0) stage_store(s, row, acc[0], acc[NMAT - 1], residual);
+        }
+    };
+    if (NMAT == 1 && m.eager && end > begin) {
+        // Slot by slot: the rows whose bytes have all arrived, then their slots refilled, so the
+        // ring keeps streaming inside the stage (the stream lab's loop).
+        int done = 0;
+        for (uint32_t c = begin / r.slot; c <= (end - 1) / r.slot; ++c) {
+            wait_chunk(c);
+            const int ready = int((min(end, (c + 1) * r.slot) - begin) / row_bytes);
+            rows(done, ready);
+            done = ready;
+            __syncthreads();
+            consumed = begin + uint32_t(done) * row_bytes;
+            refill();
+        }
+        consumed = end;
+        return;
     }
+    if (end > begin)
+        for (uint32_t c = begin / r.slot; c <= (end - 1) / r.slot; ++c) wait_chunk(c);
+    rows(0, br.count);
     __syncthreads();  // every warp is done with these slots before they are refilled
     consumed = end;
 }
@@ -747,6 +771,7 @@ __global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const 
 
     const PassStages st{a};
     auto refill = [&] { ring_fill(a, producer, consumed, ring, bars); };
+    const RingRunMode mode{skip, a.ring_strided, a.ring_spin, a.ring_eager};
 
     if (threadIdx.x == 0)
         for (uint32_t i = 0; i < shape.slots; ++i) mbar_init(&bars[i], a.ring_cp_async ? PS_THREADS : 1u);
@@ -759,27 +784,27 @@ __global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const 
             a.x[i] = a.x_in[size_t(p) * H + i];
         grid_barrier(a, target);
         for (int l = 0; l < a.n_layers; ++l) {
-            ring_run<1>(st.qkv(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
+            ring_run<1>(st.qkv(l), shape, ring, bars, consumed, a.eps, xs, partial, mode, refill);
             grid_arrive(counter, target);
             refill();
             if (attends) attention_stage_begin(a, l, pos, sm);
             grid_wait(counter, target);
             if (attends) attention_stage(a, l, pos, sm);
             grid_barrier(a, target);
-            ring_run<1>(st.o(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
+            ring_run<1>(st.o(l), shape, ring, bars, consumed, a.eps, xs, partial, mode, refill);
             grid_arrive(counter, target);
             refill();
             grid_wait(counter, target);
-            ring_run<2>(st.gate_up(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
+            ring_run<2>(st.gate_up(l), shape, ring, bars, consumed, a.eps, xs, partial, mode, refill);
             grid_arrive(counter, target);
             refill();
             grid_wait(counter, target);
-            ring_run<1>(st.down(l), shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
+            ring_run<1>(st.down(l), shape, ring, bars, consumed, a.eps, xs, partial, mode, refill);
             grid_arrive(counter, target);
             refill();
             grid_wait(counter, target);
         }
-        ring_run<1>(head, shape, ring, bars, consumed, a.eps, xs, partial, skip, a.ring_strided, a.ring_spin);
+        ring_run<1>(head, shape, ring, bars, consumed, a.eps, xs, partial, mode, refill);
         grid_arrive(counter, target);  // the next pass overwrites x
         refill();
         grid_wait(counter, target);

@@ -84,6 +84,7 @@ struct PersistArgs {
     bool ring_cp_async = false;
     bool ring_strided = false;  // block b's rows are b, b + blocks, ... (cp.async only), else a range
     bool ring_spin = false;     // wait for a slot with mbarrier.test_wait in a loop, not try_wait
+    bool ring_eager = false;    // one-matrix stages take their rows slot by slot, refilling as they go
 };
 
 bool persist_supported(const PersistArgs& args);
