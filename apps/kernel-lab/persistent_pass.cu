@@ -674,14 +674,15 @@ __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr
 #endif
 }
 
-// One stage from the ring: the block's rows of s (the next bytes of its stream after `consumed`;
-// for SWIGLU the gate rows, then the up rows), one warp a row, each row's arithmetic as
-// stage_run's (pieces k = lane, lane + 32, ... in increasing order, a warp sum, the norm factor).
 // How ring_run waits and consumes (PersistArgs's ring switches).
 struct RingRunMode {
     bool skip, strided, spin, eager;
 };
 
+// One stage from the ring: the block's rows of s (the next bytes of its stream after `consumed`;
+// for SWIGLU the gate rows, then the up rows), one warp a row, each row's arithmetic as
+// stage_run's (pieces k = lane, lane + 32, ... in increasing order, a warp sum, the norm factor).
+// `refill` is the ring's refill (ring_fill), called inside the stage in eager mode.
 template <int NMAT, typename Refill>
 __device__ __forceinline__ void ring_run(const Stage& s, const RingShape r, const char* ring, uint64_t* bars,
                                          uint32_t& consumed, float eps, float* xs, float* partial,
