@@ -351,26 +351,28 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     // The second form (weights streamed through a ring in shared memory, one block per SM, the
     // growing-counter barrier), in several ring shapes: same bits?
     struct RingRun {
-        uint32_t slot;
-        bool issuers, cp_async, strided, spin, eager;
+        PersistArgs::Ring ring;
         bool fits = false, same = false;
         double diff = 0.0, ms = 0.0, bare_ms = 0.0;
     };
-    std::vector<RingRun> rings = {
-        {16384, false, false, false, false, false}, {32768, false, false, false, false, false},
-        {32768, true, false, false, false, false},  {16384, true, false, false, false, false},
-        {8192, true, false, false, false, false},   {32768, false, true, true, false, false},
-        {16384, false, false, false, false, true},  {32768, false, false, false, false, true},
-        {8192, true, false, false, false, true}};
+    const auto ring_run = [](uint32_t slot, bool issuers, bool cp_async, bool strided, bool eager) {
+        RingRun r;
+        r.ring.slot = slot;
+        r.ring.issuers = issuers;
+        r.ring.cp_async = cp_async;
+        r.ring.strided = strided;
+        r.ring.eager = eager;
+        return r;
+    };
+    std::vector<RingRun> rings = {ring_run(16384, false, false, false, false), ring_run(32768, false, false, false, false),
+                                  ring_run(32768, true, false, false, false),  ring_run(16384, true, false, false, false),
+                                  ring_run(8192, true, false, false, false),   ring_run(32768, false, true, true, false),
+                                  ring_run(16384, false, false, false, true),  ring_run(32768, false, false, false, true),
+                                  ring_run(8192, true, false, false, true)};
     const auto ring_args = [&](const RingRun& r) {
         PersistArgs s = a;
         s.monotonic_barrier = true;
-        s.ring_slot = r.slot;
-        s.ring_issuers = r.issuers;
-        s.ring_cp_async = r.cp_async;
-        s.ring_strided = r.strided;
-        s.ring_spin = r.spin;
-        s.ring_eager = r.eager;
+        s.ring = r.ring;
         return s;
     };
     for (RingRun& r : rings) {
@@ -479,18 +481,18 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
     for (const RingRun& r : rings) {
         const PersistArgs s = ring_args(r);
         if (!r.fits) {
-            std::printf("  ring of %u-byte slots: does not fit (%.1f KiB a block, %d blocks)\n", r.slot,
+            std::printf("  ring of %u-byte slots: does not fit (%.1f KiB a block, %d blocks)\n", r.ring.slot,
                         double(persist_staged_smem(s, sms)) / 1024.0, sms);
             continue;
         }
         rings_same = rings_same && r.same;
         std::printf("  ring of %5u-byte slots, copies by %s (%d blocks, %.1f KiB each): %8.2f us a pass (%.2fx the "
                     "chain); barriers and copies alone %8.2f us; bitwise %s (max |diff| %.3g)%s%s%s\n",
-                    r.slot, r.cp_async ? "every thread (cp.async)" : r.issuers ? "the warps in turn" : "thread 0", sms,
+                    r.ring.slot, r.ring.cp_async ? "every thread (cp.async)" : r.ring.issuers ? "the warps in turn" : "thread 0", sms,
                     double(persist_staged_smem(s, sms)) / 1024.0, r.ms * 1e3 / passes, chain_ms / r.ms,
                     r.bare_ms * 1e3 / passes, r.same ? "equal" : "DIFFER", r.diff,
-                    r.strided ? "; rows strided over the blocks" : "", r.spin ? "; test_wait spin" : "",
-                    r.eager ? "; slot by slot" : "");
+                    r.ring.strided ? "; rows strided over the blocks" : "", r.ring.spin ? "; test_wait spin" : "",
+                    r.ring.eager ? "; slot by slot" : "");
     }
     return same_logits && same_caches && finite && rings_same && (!preload_fits || preload_same) ? 0 : 1;
 }

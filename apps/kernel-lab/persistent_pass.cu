@@ -553,12 +553,12 @@ __global__ void __launch_bounds__(PS_THREADS, 2) persistent_preload_kernel(const
 // mbarrier), or every thread copies 16-byte pieces with cp.async; each slot is refilled as soon as
 // the stages have used it, so the next stages' rows arrive while the grid waits at its barriers.
 // After a barrier a stage reads its input row from L2 and its rows from the ring. With
-// PersistArgs::ring_strided block b's rows are b, b + G, ... instead of a range (cp.async only).
+// PersistArgs::ring.strided block b's rows are b, b + G, ... instead of a range (cp.async only).
 
 constexpr uint32_t RING_BUDGET = 180224;  // bytes of shared memory for the ring (176 KiB)
 constexpr int RING_MAX_SLOTS = 64;
 
-// The ring's shape (PersistArgs::ring_slot): slots of `slot` bytes, as many as the budget holds.
+// The ring's shape (PersistArgs::ring.slot): slots of `slot` bytes, as many as the budget holds.
 struct RingShape {
     uint32_t slot, slots, bytes;
 };
@@ -577,7 +577,7 @@ struct Piece {
 };
 
 // The block's rows of a product with `out` rows: a range of consecutive rows, or with
-// PersistArgs::ring_strided rows b, b + G, b + 2G, ... (the grid then sweeps the matrix in order,
+// PersistArgs::ring.strided rows b, b + G, b + 2G, ... (the grid then sweeps the matrix in order,
 // as the chain's launches do). Row j of the block is row first + j * step.
 struct BlockRows {
     int first, step, count;
@@ -606,7 +606,7 @@ __device__ __forceinline__ Piece stream_piece(const PersistArgs& a, int j) {
         }
     }
     (void)G;
-    const BlockRows br = block_rows(out, a.ring_strided);
+    const BlockRows br = block_rows(out, a.ring.strided);
     const uint32_t row_bytes = uint32_t(in) * 2u;
     return Piece{reinterpret_cast<const char*>(w + size_t(br.first) * in), uint32_t(br.count) * row_bytes, row_bytes,
                  uint32_t(br.step) * row_bytes};
@@ -622,24 +622,24 @@ struct RingProducer {
 };
 
 // Every thread keeps the producer's place (the same sums); the copies into a slot are issued by
-// thread 0, or with PersistArgs::ring_issuers by lane 0 of warp (slot number mod 7). Requests
+// thread 0, or with PersistArgs::ring.issuers by lane 0 of warp (slot number mod 7). Requests
 // whole slots of the stream while the slot's previous bytes are used up (`consumed` bytes are).
 __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr, uint32_t consumed, char* ring,
                                           uint64_t* bars) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const RingShape r = ring_shape(a.ring_slot);
+    const RingShape r = ring_shape(a.ring.slot);
     const int pieces = 5 * a.n_layers + 1;
     if ((threadIdx.x & 31) == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // reads come first
     while (pr.pass < a.passes && pr.issued + r.slot <= consumed + r.bytes) {
         const uint32_t chunk = pr.issued / r.slot;
-        const bool mine = threadIdx.x == (a.ring_issuers ? 32u * (chunk % (PS_WARPS - 1)) : 0u);  // not barrier_thread()
+        const bool mine = threadIdx.x == (a.ring.issuers ? 32u * (chunk % (PS_WARPS - 1)) : 0u);  // not barrier_thread()
         char* dst = ring + (chunk % r.slots) * r.slot;
         const uint32_t bar = smem_address(&bars[chunk % r.slots]);
         uint32_t fill = 0;
         while (fill < r.slot && pr.pass < a.passes) {
             const Piece pc = stream_piece(a, pr.piece);
             const uint32_t n = min(r.slot - fill, pc.bytes - pr.off);
-            if (n > 0 && a.ring_cp_async) {  // every thread copies 16-byte pieces
+            if (n > 0 && a.ring.cp_async) {  // every thread copies 16-byte pieces
                 const uint32_t d = smem_address(dst + fill);
                 for (uint32_t i = threadIdx.x * 16u; i < n; i += PS_THREADS * 16u) {
                     const uint32_t q = pr.off + i, j = q / pc.row_bytes;  // row j of the block's, byte q - j row
@@ -662,7 +662,7 @@ __device__ __forceinline__ void ring_fill(const PersistArgs& a, RingProducer& pr
             }
         }
         if (fill == 0) break;
-        if (a.ring_cp_async)  // the slot's barrier counts every thread's copies in
+        if (a.ring.cp_async)  // the slot's barrier counts every thread's copies in
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
         else if (mine)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
@@ -768,14 +768,14 @@ __global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const 
     unsigned* counter = a.barrier + gridDim.x + 2;  // the growing counter's word (the refills go between
                                                     // a barrier's arrival and its wait)
     RingProducer producer;
-    const RingShape shape = ring_shape(a.ring_slot);
+    const RingShape shape = ring_shape(a.ring.slot);
 
     const PassStages st{a};
     auto refill = [&] { ring_fill(a, producer, consumed, ring, bars); };
-    const RingRunMode mode{skip, a.ring_strided, a.ring_spin, a.ring_eager};
+    const RingRunMode mode{skip, a.ring.strided, a.ring.spin, a.ring.eager};
 
     if (threadIdx.x == 0)
-        for (uint32_t i = 0; i < shape.slots; ++i) mbar_init(&bars[i], a.ring_cp_async ? PS_THREADS : 1u);
+        for (uint32_t i = 0; i < shape.slots; ++i) mbar_init(&bars[i], a.ring.cp_async ? PS_THREADS : 1u);
     __syncthreads();
     refill();
     for (int p = 0; p < a.passes; ++p) {
@@ -865,15 +865,15 @@ void persist_launch(const PersistArgs& a, int blocks, cudaStream_t stream) {
 }
 
 bool persist_staged_launch(const PersistArgs& a, int blocks, cudaStream_t stream) {
-    if (!persist_supported(a) || blocks < a.n_kv || a.ring_slot < 1024 || a.ring_slot % 16 != 0 ||
-        RING_BUDGET / a.ring_slot < 2 || !a.monotonic_barrier || (a.ring_strided && !a.ring_cp_async))
+    if (!persist_supported(a) || blocks < a.n_kv || a.ring.slot < 1024 || a.ring.slot % 16 != 0 ||
+        RING_BUDGET / a.ring.slot < 2 || !a.monotonic_barrier || (a.ring.strided && !a.ring.cp_async))
         check_fail("persist_staged_launch", "unsupported shapes or arguments", __func__, __FILE__, __LINE__);
     int device = 0, optin = 0;
     KERNEL_CUDA_CHECK(cudaGetDevice(&device));
     KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     cudaFuncAttributes attr{};
     KERNEL_CUDA_CHECK(cudaFuncGetAttributes(&attr, persistent_staged_kernel));
-    const size_t smem = staged_front(a) + ring_shape(a.ring_slot).bytes;
+    const size_t smem = staged_front(a) + ring_shape(a.ring.slot).bytes;
     if (smem + attr.sharedSizeBytes > size_t(optin)) return false;
     KERNEL_CUDA_CHECK(
         cudaFuncSetAttribute(persistent_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -891,7 +891,7 @@ bool persist_staged_launch(const PersistArgs& a, int blocks, cudaStream_t stream
 
 size_t persist_staged_smem(const PersistArgs& a, int blocks) {
     (void)blocks;
-    return staged_front(a) + ring_shape(a.ring_slot).bytes;
+    return staged_front(a) + ring_shape(a.ring.slot).bytes;
 }
 
 }  // namespace qtts::kernel_lab

@@ -15,7 +15,7 @@
 // - the first form with each warp's rows of the next stage loaded into registers between the
 //   barrier's arrival and its wait (PersistArgs::preload);
 // - the second form, one block per SM, each block's rows streamed through a ring of slots in its
-//   shared memory by bulk copies or cp.async (PersistArgs::ring_*; persist_staged_launch).
+//   shared memory by bulk copies or cp.async (PersistArgs::ring; persist_staged_launch).
 //
 // The arithmetic is the product's, in the same order: a product row is one warp's sum over its
 // lanes' 16-byte weight pieces (kernels/gemv_device.cuh, one row), the RMSNorm input sums its
@@ -76,15 +76,16 @@ struct PersistArgs {
     // The first form with each warp's rows of the next stage loaded into registers before the
     // barrier's wait (persist_preload_fits says where they fit; needs monotonic_barrier).
     bool preload = false;
-    // The second form's ring: bytes a slot (a multiple of 16), and whether the warps take turns
-    // issuing the slots' copies (else thread 0 issues them all).
-    // With ring_cp_async every thread copies 16-byte pieces (cp.async) instead of bulk copies.
-    uint32_t ring_slot = 16384;
-    bool ring_issuers = false;
-    bool ring_cp_async = false;
-    bool ring_strided = false;  // block b's rows are b, b + blocks, ... (cp.async only), else a range
-    bool ring_spin = false;     // wait for a slot with mbarrier.test_wait in a loop, not try_wait
-    bool ring_eager = false;    // one-matrix stages take their rows slot by slot, refilling as they go
+    // The second form's ring (persist_staged_launch).
+    struct Ring {
+        uint32_t slot = 16384;  // bytes a slot, a multiple of 16
+        bool issuers = false;   // the warps take turns issuing the slots' bulk copies (else thread 0)
+        bool cp_async = false;  // every thread copies 16-byte pieces (cp.async) instead of bulk copies
+        bool strided = false;   // block b's rows are b, b + blocks, ... (cp.async only), else a range
+        bool spin = false;      // wait for a slot with mbarrier.test_wait in a loop, not try_wait
+        bool eager = false;     // one-matrix stages take their rows slot by slot, refilling as they go
+    };
+    Ring ring;
 };
 
 bool persist_supported(const PersistArgs& args);
