@@ -482,14 +482,14 @@ int lab_persist(const std::string& model, int device, uint64_t seed) {
         const PersistArgs s = ring_args(r);
         if (!r.fits) {
             std::printf("  ring of %u-byte slots: does not fit (%.1f KiB a block, %d blocks)\n", r.ring.slot,
-                        double(persist_staged_smem(s, sms)) / 1024.0, sms);
+                        double(persist_staged_smem(s)) / 1024.0, sms);
             continue;
         }
         rings_same = rings_same && r.same;
         std::printf("  ring of %5u-byte slots, copies by %s (%d blocks, %.1f KiB each): %8.2f us a pass (%.2fx the "
                     "chain); barriers and copies alone %8.2f us; bitwise %s (max |diff| %.3g)%s%s%s\n",
                     r.ring.slot, r.ring.cp_async ? "every thread (cp.async)" : r.ring.issuers ? "the warps in turn" : "thread 0", sms,
-                    double(persist_staged_smem(s, sms)) / 1024.0, r.ms * 1e3 / passes, chain_ms / r.ms,
+                    double(persist_staged_smem(s)) / 1024.0, r.ms * 1e3 / passes, chain_ms / r.ms,
                     r.bare_ms * 1e3 / passes, r.same ? "equal" : "DIFFER", r.diff,
                     r.ring.strided ? "; rows strided over the blocks" : "", r.ring.spin ? "; test_wait spin" : "",
                     r.ring.eager ? "; slot by slot" : "");

@@ -81,20 +81,6 @@ __device__ __forceinline__ void grid_barrier_counter(unsigned* flags) {
 // 2-4 µs a pass of the ring form).
 __device__ __forceinline__ bool barrier_thread() { return threadIdx.x == blockDim.x - 32; }
 
-__device__ __forceinline__ void grid_barrier_monotonic(unsigned* counter, unsigned& target) {
-    __syncthreads();
-    ++target;
-    if (barrier_thread()) {
-        const unsigned want = target * gridDim.x;
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-        unsigned v = 0;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-        } while (int(v - want) < 0);
-    }
-    __syncthreads();
-}
-
 // The growing-counter barrier in two halves, so that a block can start work that needs nothing
 // from the others between its arrival and its wait. The arrival comes first for another reason
 // too: a release waits for the thread's loads in flight, so loads issued before it (the next
@@ -116,19 +102,40 @@ __device__ __forceinline__ void grid_wait(const unsigned* counter, unsigned targ
     __syncthreads();
 }
 
+// The growing counter's word: after the blocks' arrival words and the reset counter's two.
+__device__ __forceinline__ unsigned* growing_counter(const PersistArgs& a) { return a.barrier + gridDim.x + 2; }
+
 __device__ __forceinline__ void grid_barrier(const PersistArgs& a, unsigned& target) {
-    if (a.monotonic_barrier)
-        grid_barrier_monotonic(a.barrier + gridDim.x + 2, target);
-    else if (a.counter_barrier)
+    if (a.monotonic_barrier) {
+        grid_arrive(growing_counter(a), target);
+        grid_wait(growing_counter(a), target);
+    } else if (a.counter_barrier)
         grid_barrier_counter(a.barrier);
     else
         grid_barrier_flags(a.barrier, target);
+}
+
+// At the start of a launch: the block's barrier count (the flags barrier's word, or what
+// barrier_count_store left there).
+__device__ __forceinline__ unsigned barrier_count_load(const PersistArgs& a) {
+    return *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);
 }
 
 // At the end of a launch: the block's barrier count for the next launch (the flags barrier keeps
 // it in the word already).
 __device__ __forceinline__ void barrier_count_store(const PersistArgs& a, unsigned target) {
     if (a.monotonic_barrier && threadIdx.x == 0) a.barrier[blockIdx.x] = target;
+}
+
+// Whether this block runs a KV head's attention stage (the first n_kv blocks).
+__device__ __forceinline__ bool attention_block(const PersistArgs& a) {
+    return int(blockIdx.x) < a.n_kv && !a.barriers_only;
+}
+
+// Pass p's input row into the residual stream x, spread over the grid (a barrier follows).
+__device__ __forceinline__ void pass_input(const PersistArgs& a, int p) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < a.hidden; i += gridDim.x * blockDim.x)
+        a.x[i] = a.x_in[size_t(p) * a.hidden + i];
 }
 
 // One product stage: y[row] (rule) = W[row] · input for every row, rows spread over all warps
@@ -354,18 +361,17 @@ __global__ void __launch_bounds__(PS_THREADS, 2) persistent_kernel(const Persist
     extern __shared__ float4 ps_smem4[];
     __shared__ float partial[PS_WARPS];
     float* xs = reinterpret_cast<float*>(ps_smem4);
-    const int group = a.n_heads / a.n_kv, H = a.hidden, hd = a.head_dim;
+    const int group = a.n_heads / a.n_kv, hd = a.head_dim;
     const AttnSmem sm = attn_smem(xs + PS_MAX_IN, hd, group);
-    const bool attends = int(blockIdx.x) < a.n_kv && !a.barriers_only;
-    unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);  // this block's count
+    const bool attends = attention_block(a);
+    unsigned target = barrier_count_load(a);
 
     const PassStages st{a};
 
     for (int p = 0; p < a.passes; ++p) {
         const int pos = a.pos0 + p;
         const Stage head = st.head(p);
-        for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
-            a.x[i] = a.x_in[size_t(p) * H + i];
+        pass_input(a, p);
         if (p == 0) stage_prefetch(st.qkv(0), a.prefetch);  // later passes: during the previous one's last layer
         grid_barrier(a, target);
         // Each stage's work starts with the prefetch of the next product's weights, so that they
@@ -481,22 +487,21 @@ __global__ void __launch_bounds__(PS_THREADS, 2) persistent_preload_kernel(const
     extern __shared__ float4 ps_smem4[];
     __shared__ float partial[PS_WARPS];
     float* xs = reinterpret_cast<float*>(ps_smem4);
-    const int group = a.n_heads / a.n_kv, H = a.hidden, hd = a.head_dim;
+    const int group = a.n_heads / a.n_kv, hd = a.head_dim;
     const AttnSmem sm = attn_smem(xs + PS_MAX_IN, hd, group);
     const bool skip = a.barriers_only;
-    const bool attends = int(blockIdx.x) < a.n_kv && !skip;
-    unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);
+    const bool attends = attention_block(a);
+    unsigned target = barrier_count_load(a);
     uint4 w[PRE_MAX];
 
     const PassStages st{a};
 
-    unsigned* counter = a.barrier + gridDim.x + 2;  // the growing counter's word
+    unsigned* counter = growing_counter(a);
     stage_preload<1>(st.qkv(0), w, skip);
     for (int p = 0; p < a.passes; ++p) {
         const int pos = a.pos0 + p;
         const Stage head = st.head(p);
-        for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
-            a.x[i] = a.x_in[size_t(p) * H + i];
+        pass_input(a, p);
         grid_arrive(counter, target);
         if (p == 0) stage_prefetch(st.o(0), a.prefetch);
         grid_wait(counter, target);
@@ -756,17 +761,16 @@ __global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const 
     extern __shared__ float4 staged_smem4[];
     __shared__ float partial[PS_WARPS];
     __shared__ uint64_t bars[RING_MAX_SLOTS];
-    const int group = a.n_heads / a.n_kv, H = a.hidden, hd = a.head_dim;
+    const int group = a.n_heads / a.n_kv, hd = a.head_dim;
     char* base = reinterpret_cast<char*>(staged_smem4);
     float* xs = reinterpret_cast<float*>(base);
     const AttnSmem sm = attn_smem(xs, hd, group);
     char* ring = base + staged_front(a);
-    const bool attends = int(blockIdx.x) < a.n_kv && !a.barriers_only;
+    const bool attends = attention_block(a);
     const bool skip = a.barriers_only;
-    unsigned target = *reinterpret_cast<volatile unsigned*>(a.barrier + blockIdx.x);
+    unsigned target = barrier_count_load(a);
     uint32_t consumed = 0;
-    unsigned* counter = a.barrier + gridDim.x + 2;  // the growing counter's word (the refills go between
-                                                    // a barrier's arrival and its wait)
+    unsigned* counter = growing_counter(a);  // the refills go between a barrier's arrival and its wait
     RingProducer producer;
     const RingShape shape = ring_shape(a.ring.slot);
 
@@ -781,8 +785,7 @@ __global__ void __launch_bounds__(PS_THREADS, 1) persistent_staged_kernel(const 
     for (int p = 0; p < a.passes; ++p) {
         const int pos = a.pos0 + p;
         const Stage head = st.head(p);
-        for (int i = blockIdx.x * PS_THREADS + threadIdx.x; i < H; i += gridDim.x * PS_THREADS)
-            a.x[i] = a.x_in[size_t(p) * H + i];
+        pass_input(a, p);
         grid_barrier(a, target);
         for (int l = 0; l < a.n_layers; ++l) {
             ring_run<1>(st.qkv(l), shape, ring, bars, consumed, a.eps, xs, partial, mode, refill);
@@ -889,8 +892,7 @@ bool persist_staged_launch(const PersistArgs& a, int blocks, cudaStream_t stream
     return true;
 }
 
-size_t persist_staged_smem(const PersistArgs& a, int blocks) {
-    (void)blocks;
+size_t persist_staged_smem(const PersistArgs& a) {
     return staged_front(a) + ring_shape(a.ring.slot).bytes;
 }
 

@@ -100,6 +100,6 @@ bool persist_preload_fits(const PersistArgs& args, int blocks);
 // memory do not fit.
 bool persist_staged_launch(const PersistArgs& args, int blocks, cudaStream_t stream);
 // Dynamic shared memory a block of the second form uses.
-size_t persist_staged_smem(const PersistArgs& args, int blocks);
+size_t persist_staged_smem(const PersistArgs& args);
 
 }  // namespace qtts::kernel_lab
