@@ -107,7 +107,10 @@ void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised)
 
 // Lets the next kernel on the stream be scheduled (it still waits in pdl_wait() for this one).
 // Kernels call it right after their own pdl_wait(), so at most one kernel runs ahead: its
-// prologue (weight prefetch) overlaps this kernel's work.
+// prologue (weight prefetch) overlaps this kernel's work. Measured both ways on the gemv (H100,
+// 1.7B frame, docs/performance.md "Forty-second session"): released at its start, several
+// launches loading at once, the frame took 5.7% longer; released after its dot products, the
+// predictor (whose rows are all loaded before the wait) took 8% longer.
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -147,8 +147,22 @@ struct PredictorChain {
 // gate/up launch of 768 blocks takes ~1.45 waves of the SM slots, a half fits in one; a q/k/v
 // launch's 512 blocks fill every SM's registers, a half leaves room for the attention's blocks);
 // QKV_ROWS2 runs the q/k/v product with the lab's two-rows-a-warp gemv (gemv_variants.h: 256
-// blocks, one wave at two an SM, the same bits).
-enum class Part { NONE, QKV, ATTENTION, O, GATE_UP, DOWN, HEAD, TRIVIAL, GATE_UP_HALVES, QKV_HALVES, QKV_ROWS2 };
+// blocks, one wave at two an SM, the same bits); GATE_UP_ROWS2 the gate/up product (a talker's
+// 768 blocks become 384: one wave at three an SM, where the product's take ~1.45).
+enum class Part {
+    NONE,
+    QKV,
+    ATTENTION,
+    O,
+    GATE_UP,
+    DOWN,
+    HEAD,
+    TRIVIAL,
+    GATE_UP_HALVES,
+    QKV_HALVES,
+    QKV_ROWS2,
+    GATE_UP_ROWS2
+};
 
 const char* part_name(Part p) {
     switch (p) {
@@ -163,6 +177,7 @@ const char* part_name(Part p) {
         case Part::GATE_UP_HALVES: return "gate/up as two half launches";
         case Part::QKV_HALVES: return "q/k/v as two half launches";
         case Part::QKV_ROWS2: return "q/k/v with two rows a warp";
+        case Part::GATE_UP_ROWS2: return "gate/up with two rows a warp";
     }
     return "?";
 }
@@ -211,9 +226,13 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
                                 l);
             }
         } else {
-            product(Part::GATE_UP, qc::gemv_swiglu(qc::gemv_normed(qc::gemv_product(L.gate_up, I, H, 1, b.x, b.mlp),
-                                                                   L.post_norm, s.eps),
-                                                   L.gate_up + size_t(I) * H));
+            const k::GemvArgs gate_up = qc::gemv_swiglu(
+                qc::gemv_normed(qc::gemv_product(L.gate_up, I, H, 1, b.x, b.mlp), L.post_norm, s.eps),
+                L.gate_up + size_t(I) * H);
+            if (skip == Part::GATE_UP_ROWS2)
+                gemv_variant(GemvVariant::GEMV_VARIANT_ROWS2, gate_up, l);
+            else
+                product(Part::GATE_UP, gate_up);
         }
         product(Part::DOWN, qc::gemv_residual(qc::gemv_product(L.down, H, I, 1, b.mlp, b.x)));
     }
@@ -569,8 +588,9 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
     };
     // The talker: one step's 28 layers at contexts 100 and 300.
     const TalkerChain t100(w, 100, seed), t300(w, 300, seed + 1);
-    const Part talker_parts[] = {Part::NONE, Part::QKV,     Part::ATTENTION,      Part::O,         Part::GATE_UP,
-                                 Part::DOWN, Part::TRIVIAL, Part::GATE_UP_HALVES, Part::QKV_HALVES, Part::QKV_ROWS2};
+    const Part talker_parts[] = {Part::NONE,           Part::QKV,        Part::ATTENTION, Part::O,
+                                 Part::GATE_UP,        Part::DOWN,       Part::TRIVIAL,   Part::GATE_UP_HALVES,
+                                 Part::QKV_HALVES,     Part::QKV_ROWS2,  Part::GATE_UP_ROWS2};
 
     struct Timed {
         std::string name;
