@@ -6,8 +6,13 @@
 //   rows2 vec1 with two output rows a warp, for one input row: half the blocks (a 1.7B q/k/v
 //        product in 256 blocks of at most 85 registers a thread, about two an SM, where vec1's
 //        512 fill every SM's registers), each row's arithmetic in vec1's order (the same bits).
+//   turns vec1 in at most two blocks an SM, each warp taking its rows in turn: half the
+//        register file is left to the next launch's blocks, so they load their rows before
+//        their wait as the predictor's products do (the talker's q/k/v and gate/up products
+//        fill every SM otherwise); the same bits.
 #include "apps/kernel-lab/gemv_variants.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "apps/kernel-lab/lab_device.cuh"
@@ -224,6 +229,99 @@ __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rows2_kernel(const GemvA
     }
 }
 
+// "turns": gemv_vec_kernel<1, NMAT, false> over a grid capped at TURNS_BLOCKS_PER_SM blocks an
+// SM; warp w of block b takes rows 8b + w, then 8 gridDim.x further on, and so on. Before the
+// wait: its first row's first chunk in registers (vec1's), and each lane asks L2 for lines of
+// the rest of the warp's rows (plain prefetches: no copy unit). After the last chunk of a row
+// the next row's first chunk is loaded before the row's reduction. Each row's arithmetic is
+// vec1's, so are its bits.
+constexpr int TURNS_BLOCKS_PER_SM = 2;
+
+template <int NMAT>
+__device__ __forceinline__ void turns_chunk(const GemvArgs& a, int row, int base, int in8, uint4 (&cur)[NMAT][8 / NMAT]) {
+    constexpr int U = 8 / NMAT;
+    const int lane = threadIdx.x & 31;
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(row) * in8;
+    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(row) * in8 : w0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = base + u * 32 + lane;
+        if (k < in8) {
+            cur[0][u] = __ldg(w0 + k);
+            if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+        }
+    }
+}
+
+template <int NMAT>
+__global__ void __launch_bounds__(GEMV_THREADS, 4) gemv_turns_kernel(const GemvArgs a) {
+    extern __shared__ float4 gemv_turns_buf[];
+    float* xs = reinterpret_cast<float*>(gemv_turns_buf);  // [in]
+    __shared__ float partial[GEMV_WARPS];
+    constexpr int U = 8 / NMAT;
+    constexpr int STEP = 32 * U;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int in = a.in, in8 = a.in >> 3;
+    const int stride = int(gridDim.x) * GEMV_WARPS;
+    const int first = int(blockIdx.x) * GEMV_WARPS + warp;
+
+    uint4 cur[NMAT][U];
+    if (first < a.out) {
+        turns_chunk<NMAT>(a, first, 0, in8, cur);
+        // L2 lines of the rest: the first row past its first chunk, then the later rows whole.
+        const size_t row_bytes = size_t(in) * 2;
+        for (int row = first; row < a.out; row += stride) {
+            const size_t skip = row == first ? size_t(STEP) * 16 : 0;
+            for (size_t off = skip + size_t(lane) * 128; off < row_bytes; off += 32 * 128) {
+                prefetch_line_l2(reinterpret_cast<const char*>(a.w) + size_t(row) * row_bytes + off);
+                if (NMAT == 2) prefetch_line_l2(reinterpret_cast<const char*>(a.w2) + size_t(row) * row_bytes + off);
+            }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
+
+    const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
+    const float inv = stage_input_row(a.x, norm ? a.norm_w : nullptr, in, a.eps, xs, partial);
+    for (int row = first; row < a.out; row += stride) {
+        float acc[NMAT][1];
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) acc[m][0] = 0.0f;
+        for (int base = 0; base < in8; base += STEP) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int k = base + u * 32 + lane;
+                if (k < in8) {
+                    const float4* xv = reinterpret_cast<const float4*>(xs) + 2 * k;
+                    const float4 x0 = xv[0], x1 = xv[1];
+#pragma unroll
+                    for (int m = 0; m < NMAT; ++m) acc[m][0] += dot8(cur[m][u], x0, x1);
+                }
+            }
+            if (base + STEP < in8)
+                turns_chunk<NMAT>(a, row, base + STEP, in8, cur);
+            else if (row + stride < a.out)
+                turns_chunk<NMAT>(a, row + stride, 0, in8, cur);
+        }
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) {
+            acc[m][0] = warp_sum(acc[m][0]);
+            if (norm) acc[m][0] *= inv;
+        }
+        if (lane == 0) gemv_row_store<1, NMAT>(a, row, acc);
+    }
+}
+
+int turns_grid(int out) {
+    static const int sms = [] {
+        int device = 0, n = 0;
+        KERNEL_CUDA_CHECK(cudaGetDevice(&device));
+        KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+        return n;
+    }();
+    return std::min((out + GEMV_WARPS - 1) / GEMV_WARPS, TURNS_BLOCKS_PER_SM * sms);
+}
+
 template <int NB, int NMAT>
 void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
@@ -249,6 +347,16 @@ void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
             static std::atomic<uint64_t> raised{0};
             smem_limit_raise(gemv_rows2_kernel<NMAT>, smem, raised);
             KERNEL_CUDA_CHECK(launch_kernel(l, grid2, dim3(GEMV_THREADS), smem, gemv_rows2_kernel<NMAT>, a));
+            return;
+        }
+        case GemvVariant::GEMV_VARIANT_TURNS: {
+            if (NB != 1 || a.rows != 1 || a.in % 8 != 0 || a.input == GemvInput::GEMV_INPUT_GATHER)
+                check_fail("gemv turns", "one input row (plain or normalised), in a multiple of 8", __func__,
+                           __FILE__, __LINE__);
+            static std::atomic<uint64_t> raised{0};
+            smem_limit_raise(gemv_turns_kernel<NMAT>, smem, raised);
+            KERNEL_CUDA_CHECK(
+                launch_kernel(l, dim3(turns_grid(a.out)), dim3(GEMV_THREADS), smem, gemv_turns_kernel<NMAT>, a));
             return;
         }
         case GemvVariant::GEMV_VARIANT_VEC1: gemv(a, l); return;
@@ -278,7 +386,11 @@ void gemv_variant(GemvVariant variant, const GemvArgs& a, const Launch& l) {
 }
 
 bool gemv_variant_supports(GemvVariant variant, const GemvArgs& a) {
-    return variant != GemvVariant::GEMV_VARIANT_ROWS2 || (a.rows == 1 && a.input != GemvInput::GEMV_INPUT_GATHER);
+    return !gemv_variant_exact(variant) || (a.rows == 1 && a.input != GemvInput::GEMV_INPUT_GATHER);
+}
+
+bool gemv_variant_exact(GemvVariant variant) {
+    return variant == GemvVariant::GEMV_VARIANT_ROWS2 || variant == GemvVariant::GEMV_VARIANT_TURNS;
 }
 
 const char* gemv_variant_name(GemvVariant variant) {
@@ -287,6 +399,7 @@ const char* gemv_variant_name(GemvVariant variant) {
         case GemvVariant::GEMV_VARIANT_VEC: return "vec";
         case GemvVariant::GEMV_VARIANT_SMEM: return "smem";
         case GemvVariant::GEMV_VARIANT_ROWS2: return "rows2";
+        case GemvVariant::GEMV_VARIANT_TURNS: return "turns";
     }
     return "?";
 }

@@ -60,6 +60,16 @@ __device__ __forceinline__ float stage_input_row(const float* x, const float* no
     return 1.0f / sqrtf(total / float(in) + eps);
 }
 
+// Asks L2 for the 128-byte line at ptr: a hint that no copy unit carries and nothing waits for
+// (unlike kernels::prefetch_l2, a bulk prefetch by the SM's copy unit).
+__device__ __forceinline__ void prefetch_line_l2(const void* ptr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+#else
+    (void)ptr;
+#endif
+}
+
 // mbarriers in shared memory (sm_90; trap elsewhere), for the lab's copy rings.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

@@ -148,7 +148,9 @@ struct PredictorChain {
 // launch's 512 blocks fill every SM's registers, a half leaves room for the attention's blocks);
 // QKV_ROWS2 runs the q/k/v product with the lab's two-rows-a-warp gemv (gemv_variants.h: 256
 // blocks, one wave at two an SM, the same bits); GATE_UP_ROWS2 the gate/up product (a talker's
-// 768 blocks become 384: one wave at three an SM, where the product's take ~1.45).
+// 768 blocks become 384: one wave at three an SM, where the product's take ~1.45). *_TURNS run
+// the q/k/v product, the gate/up product or both on the lab's `turns` gemv (at most two blocks an
+// SM, rows in turn: the next launch's blocks have room to load their rows before their wait).
 enum class Part {
     NONE,
     QKV,
@@ -161,7 +163,10 @@ enum class Part {
     GATE_UP_HALVES,
     QKV_HALVES,
     QKV_ROWS2,
-    GATE_UP_ROWS2
+    GATE_UP_ROWS2,
+    QKV_TURNS,
+    GATE_UP_TURNS,
+    BOTH_TURNS
 };
 
 const char* part_name(Part p) {
@@ -178,6 +183,9 @@ const char* part_name(Part p) {
         case Part::QKV_HALVES: return "q/k/v as two half launches";
         case Part::QKV_ROWS2: return "q/k/v with two rows a warp";
         case Part::GATE_UP_ROWS2: return "gate/up with two rows a warp";
+        case Part::QKV_TURNS: return "q/k/v with rows in turn";
+        case Part::GATE_UP_TURNS: return "gate/up with rows in turn";
+        case Part::BOTH_TURNS: return "q/k/v and gate/up with rows in turn";
     }
     return "?";
 }
@@ -204,8 +212,8 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
                                                                  b.qkv + size_t(i2) * half),
                                                 L.input_norm, s.eps),
                                 l);
-        } else if (skip == Part::QKV_ROWS2) {
-            gemv_variant(GemvVariant::GEMV_VARIANT_ROWS2,
+        } else if (skip == Part::QKV_ROWS2 || skip == Part::QKV_TURNS || skip == Part::BOTH_TURNS) {
+            gemv_variant(skip == Part::QKV_ROWS2 ? GemvVariant::GEMV_VARIANT_ROWS2 : GemvVariant::GEMV_VARIANT_TURNS,
                          qc::gemv_normed(qc::gemv_product(L.qkv, s.qkv_dim(), H, 1, b.x, b.qkv), L.input_norm, s.eps), l);
         } else {
             product(Part::QKV,
@@ -231,6 +239,8 @@ void pass_parts(const qc::GpuStack& s, const qc::DecodeRows& b, Attend&& attend,
                 L.gate_up + size_t(I) * H);
             if (skip == Part::GATE_UP_ROWS2)
                 gemv_variant(GemvVariant::GEMV_VARIANT_ROWS2, gate_up, l);
+            else if (skip == Part::GATE_UP_TURNS || skip == Part::BOTH_TURNS)
+                gemv_variant(GemvVariant::GEMV_VARIANT_TURNS, gate_up, l);
             else
                 product(Part::GATE_UP, gate_up);
         }
@@ -573,8 +583,10 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
                 ctx.device_name().c_str(), static_cast<unsigned long long>(seed), ctx.pdl() ? "on" : "off");
 
     // The predictor: 15 passes of 5 layers and the head, one graph, no copy between passes.
-    const Part predictor_parts[] = {Part::NONE, Part::QKV,  Part::ATTENTION, Part::O,         Part::GATE_UP,
-                                    Part::DOWN, Part::HEAD, Part::TRIVIAL,   Part::QKV_HALVES, Part::QKV_ROWS2};
+    const Part predictor_parts[] = {Part::NONE,       Part::QKV,       Part::ATTENTION,     Part::O,
+                                    Part::GATE_UP,    Part::DOWN,      Part::HEAD,          Part::TRIVIAL,
+                                    Part::QKV_HALVES, Part::QKV_ROWS2, Part::QKV_TURNS,     Part::GATE_UP_TURNS,
+                                    Part::BOTH_TURNS};
     const auto predictor_run = [&](Part skip) {
         for (int p = 0; p < pc.passes; ++p)
             pass_parts(
@@ -590,7 +602,8 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
     const TalkerChain t100(w, 100, seed), t300(w, 300, seed + 1);
     const Part talker_parts[] = {Part::NONE,           Part::QKV,        Part::ATTENTION, Part::O,
                                  Part::GATE_UP,        Part::DOWN,       Part::TRIVIAL,   Part::GATE_UP_HALVES,
-                                 Part::QKV_HALVES,     Part::QKV_ROWS2,  Part::GATE_UP_ROWS2};
+                                 Part::QKV_HALVES,     Part::QKV_ROWS2,  Part::GATE_UP_ROWS2,
+                                 Part::QKV_TURNS,      Part::GATE_UP_TURNS, Part::BOTH_TURNS};
 
     struct Timed {
         std::string name;
