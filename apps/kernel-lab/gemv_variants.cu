@@ -7,9 +7,10 @@
 //        product in 256 blocks of at most 85 registers a thread, about two an SM, where vec1's
 //        512 fill every SM's registers), each row's arithmetic in vec1's order (the same bits).
 //   turns vec1 in at most two blocks an SM, each warp taking its rows in turn: half the
-//        register file is left to the next launch's blocks, so they load their rows before
+//        register file is left to the next launch's blocks, so they can load their rows before
 //        their wait as the predictor's products do (the talker's q/k/v and gate/up products
-//        fill every SM otherwise); the same bits.
+//        fill every SM otherwise); the same bits. Slower in the chains, alone 2-6% slower but
+//        on o (H100, docs/performance.md "Forty-second session").
 #include "apps/kernel-lab/gemv_variants.h"
 
 #include <algorithm>
@@ -238,7 +239,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rows2_kernel(const GemvA
 constexpr int TURNS_BLOCKS_PER_SM = 2;
 
 template <int NMAT>
-__device__ __forceinline__ void turns_chunk(const GemvArgs& a, int row, int base, int in8, uint4 (&cur)[NMAT][8 / NMAT]) {
+__device__ __forceinline__ void turns_chunk(const GemvArgs& a, int row, int base, int in8,
+                                            uint4 (&cur)[NMAT][8 / NMAT]) {
     constexpr int U = 8 / NMAT;
     const int lane = threadIdx.x & 31;
     const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(row) * in8;
