@@ -107,14 +107,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_smem_kernel(const GemvArgs 
     constexpr int U = 8 / NMAT;
     for (int base = 0; base < in8; base += 32 * U) {
         uint4 wv[NMAT][U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int k = base + u * 32 + lane;
-            if (k < in8) {
-                wv[0][u] = __ldg(w0 + k);
-                if (NMAT == 2) wv[NMAT - 1][u] = __ldg(w1 + k);
-            }
-        }
+        weight_chunk_load<NMAT, U>(w0, NMAT == 2 ? w1 : w0, base, in8, wv);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int k = base + u * 32 + lane;
@@ -238,21 +231,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 3) gemv_rows2_kernel(const GemvA
 // vec1's, so are its bits.
 constexpr int TURNS_BLOCKS_PER_SM = 2;
 
+// Chunk `base` of row `row` (weight_chunk_load, lab_device.cuh).
 template <int NMAT>
 __device__ __forceinline__ void turns_chunk(const GemvArgs& a, int row, int base, int in8,
                                             uint4 (&cur)[NMAT][8 / NMAT]) {
-    constexpr int U = 8 / NMAT;
-    const int lane = threadIdx.x & 31;
     const uint4* w0 = reinterpret_cast<const uint4*>(a.w) + size_t(row) * in8;
-    const uint4* w1 = NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(row) * in8 : w0;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = base + u * 32 + lane;
-        if (k < in8) {
-            cur[0][u] = __ldg(w0 + k);
-            if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
-        }
-    }
+    weight_chunk_load<NMAT, 8 / NMAT>(w0, NMAT == 2 ? reinterpret_cast<const uint4*>(a.w2) + size_t(row) * in8 : w0,
+                                      base, in8, cur);
 }
 
 template <int NMAT>
@@ -328,6 +313,9 @@ template <int NB, int NMAT>
 void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS);
     const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
+    if (gemv_variant_exact(variant) && (NB != 1 || a.in % 8 != 0 || !gemv_variant_supports(variant, a)))
+        check_fail(gemv_variant_name(variant), "one input row (plain or normalised), in a multiple of 8", __func__,
+                   __FILE__, __LINE__);
     switch (variant) {
         case GemvVariant::GEMV_VARIANT_SMEM: {
             static std::atomic<uint64_t> raised{0};
@@ -342,9 +330,6 @@ void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
             return;
         }
         case GemvVariant::GEMV_VARIANT_ROWS2: {
-            if (NB != 1 || a.rows != 1 || a.in % 8 != 0 || a.input == GemvInput::GEMV_INPUT_GATHER)
-                check_fail("gemv rows2", "one input row (plain or normalised), in a multiple of 8", __func__,
-                           __FILE__, __LINE__);
             const dim3 grid2((a.out + 2 * GEMV_WARPS - 1) / (2 * GEMV_WARPS));
             static std::atomic<uint64_t> raised{0};
             smem_limit_raise(gemv_rows2_kernel<NMAT>, smem, raised);
@@ -352,9 +337,6 @@ void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
             return;
         }
         case GemvVariant::GEMV_VARIANT_TURNS: {
-            if (NB != 1 || a.rows != 1 || a.in % 8 != 0 || a.input == GemvInput::GEMV_INPUT_GATHER)
-                check_fail("gemv turns", "one input row (plain or normalised), in a multiple of 8", __func__,
-                           __FILE__, __LINE__);
             static std::atomic<uint64_t> raised{0};
             smem_limit_raise(gemv_turns_kernel<NMAT>, smem, raised);
             KERNEL_CUDA_CHECK(

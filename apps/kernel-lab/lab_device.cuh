@@ -60,6 +60,22 @@ __device__ __forceinline__ float stage_input_row(const float* x, const float* no
     return 1.0f / sqrtf(total / float(in) + eps);
 }
 
+// One chunk of a warp's weight row(s) into registers as the product's gemv loads it: lane l
+// takes 16-byte columns base + 32 u + l (u < U) of row w0 (and w1 for SwiGLU's second matrix).
+template <int NMAT, int U>
+__device__ __forceinline__ void weight_chunk_load(const uint4* w0, const uint4* w1, int base, int in8,
+                                                  uint4 (&cur)[NMAT][U]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = base + u * 32 + lane;
+        if (k < in8) {
+            cur[0][u] = __ldg(w0 + k);
+            if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
+        }
+    }
+}
+
 // Asks L2 for the 128-byte line at ptr: a hint that no copy unit carries and nothing waits for
 // (unlike kernels::prefetch_l2, a bulk prefetch by the SM's copy unit).
 __device__ __forceinline__ void prefetch_line_l2(const void* ptr) {
@@ -91,23 +107,21 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
 // until then, or until a time limit), or with `spin` test_wait in a loop (never suspended).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity, bool spin) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t at = smem_address(bar);
     uint32_t done = 0;
-    if (spin) {
-        do {
+    do {
+        if (spin)
             asm volatile(
                 "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                 : "=r"(done)
-                : "r"(smem_address(bar)), "r"(parity)
+                : "r"(at), "r"(parity)
                 : "memory");
-        } while (!done);
-        return;
-    }
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(smem_address(bar)), "r"(parity)
-            : "memory");
+        else
+            asm volatile(
+                "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                : "=r"(done)
+                : "r"(at), "r"(parity)
+                : "memory");
     } while (!done);
 #else
     (void)bar, (void)parity, (void)spin;

@@ -227,14 +227,7 @@ __device__ __forceinline__ void stage_run(const Stage& s, float eps, float* xs, 
         constexpr int U = 8 / NMAT;  // 16-byte pieces per lane per matrix in flight (as the product)
         for (int base = 0; base < in8; base += 32 * U) {
             uint4 cur[NMAT][U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int k = base + u * 32 + lane;
-                if (k < in8) {
-                    cur[0][u] = __ldg(w0 + k);
-                    if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
-                }
-            }
+            weight_chunk_load<NMAT, U>(w0, w1, base, in8, cur);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int k = base + u * 32 + lane;
