@@ -330,6 +330,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
             }
         }
         __syncthreads();
+        timeline_mark(0);  // profiling builds: the rows normalised and rotated (kernels/timeline.cuh)
 
         const float* k_base = staged ? k_stage : sb.k_cache + (head_base + k0) * hd;  // row j = key k0 + j
         const float* v_base = staged ? v_stage : sb.v_cache + (head_base + k0) * hd;
@@ -368,8 +369,10 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const Attention
             }
         }
         __syncthreads();
+        timeline_mark(2);  // the scores
 
         attention_finish(a, sb, s_s, v_base, n, t0, nq, ctx, chunk, m_s, l_s, tile, split);
+        timeline_mark(1);  // block 0's slice done (and the combine, where it came last)
         staged = false;   // later slices read the cache
         __syncthreads();  // they reuse q_s and s_s
     }

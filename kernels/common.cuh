@@ -110,7 +110,12 @@ void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised)
 // prologue (weight prefetch) overlaps this kernel's work. Measured both ways on the gemv (H100,
 // 1.7B frame, docs/performance.md "Forty-second session"): released at its start, several
 // launches loading at once, the frame took 5.7% longer; released after its dot products, the
-// predictor (whose rows are all loaded before the wait) took 8% longer.
+// predictor (whose rows are all loaded before the wait) took 8% longer. The one exception: the
+// products that add into y (o, down) release it once their input is staged ("Forty-third
+// session": the frame -0.8%, every product released there +1%). The kernel timeline had shown
+// their loads after the wait taking ~3 µs while the next product's weights came in; whether the
+// release point or the register allocation it brought (the one-row gemv's spills 24 -> 4
+// bytes) made the gain, the timeline build could not tell (its o product cost the same).
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -124,6 +129,13 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+}  // namespace qtts::kernels
+
+// Profiling builds (QTTS_KERNEL_TIMELINE) turn pdl_wait() into a stamped wait; timeline_mark().
+#include "kernels/timeline.cuh"
+
+namespace qtts::kernels {
 
 // Asks the copy engine to pull [ptr, ptr + bytes) into L2 (fire and forget). ptr and bytes must
 // be multiples of 16. Used for weights before pdl_wait(), so that they stream in while the

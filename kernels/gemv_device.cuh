@@ -86,7 +86,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
         }
     }
     pdl_wait();
-    pdl_trigger();
+    // The next launch is released here, or, by a product that adds into y (o and down), once its
+    // input is staged (kernels/common.cuh, pdl_trigger(): measured -0.8% a 1.7B frame, though
+    // maybe for this form's registers, ptxas spilling 4 bytes where it spilled 24).
+    const bool release_after_staging = a.output == GemvOutput::GEMV_OUTPUT_ADD;
+    if (!release_after_staging) pdl_trigger();
 
     const int rows = a.rows;
     const bool norm = a.input == GemvInput::GEMV_INPUT_RMSNORM;
@@ -127,6 +131,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
         }
     }
     __syncthreads();
+    if (release_after_staging) pdl_trigger();
+    timeline_mark(0);  // profiling builds: the input staged (kernels/timeline.cuh)
     if (!active) return;  // no block-wide barrier below
 
     float acc[NMAT][NB];
@@ -190,8 +196,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
             for (int m = 0; m < NMAT; ++m) acc[m][nb] *= inv;
         }
     }
+    timeline_mark(2);  // block 0's first row summed
 
     if (lane == 0) gemv_row_store<NB, NMAT>(a, row, acc);
+    timeline_mark(1);  // block 0's rows stored
 }
 
 }  // namespace

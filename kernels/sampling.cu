@@ -553,6 +553,7 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
                 max_known = NAN;
                 threshold = block_kth_largest(v, n, p.top_k, sh);
             }
+            timeline_mark(2);  // profiling builds: the top-k threshold found
 #pragma unroll
             for (int j = 0; j < PER_THREAD; ++j)
                 if (v[j] < threshold) v[j] = -INFINITY;
@@ -571,6 +572,7 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         // ran; fmaxf picks the same value either way (a +0 / -0 tie gives the same exponentials).
         const float max_v = max_known == max_known ? max_known : block_max(v, n, sh);
         const int count = block_compact(v, n, sh, [max_v](float x) { return expf(x - max_v); });
+        timeline_mark(3);  // the probabilities compacted
         if ((tid >> 5) == 0) {
             const int pick = warp_draw(count, philox_uniform(st->seed, uint32_t(a.group), uint64_t(frame)), sh);
             if (tid == 0) sh.result = pick;
@@ -579,6 +581,7 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         chosen = sh.result;
     }
 
+    timeline_mark(0);  // profiling builds: the code chosen (kernels/timeline.cuh)
     if (tid == 0) {
         st->current[a.group] = chosen;
         if (frame >= 0 && frame < st->code_capacity) a.codes[size_t(frame) * SAMPLE_MAX_GROUPS + a.group] = chosen;
@@ -597,6 +600,7 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         if (batch_code) *batch_code = chosen;
     }
     if (args.embed_out) embed_row(args, chosen);  // every thread holds `chosen`
+    timeline_mark(1);
     }
 };
 

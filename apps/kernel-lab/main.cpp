@@ -44,6 +44,7 @@
 #include "apps/kernel-lab/gemv_variants.h"
 #include "apps/kernel-lab/persistent_lab.h"
 #include "apps/kernel-lab/stream_lab.h"
+#include "apps/kernel-lab/timeline_lab.h"
 #include "engine/common/error.h"
 #include "engine/common/strings.h"
 #include "engine/cuda/event_timer.h"
@@ -472,6 +473,7 @@ void usage() {
         "       qtts-kernel-lab attno --model DIR [--seed S] [--device N]\n"
         "       qtts-kernel-lab parts --model DIR [--seed S] [--device N]\n"
         "       qtts-kernel-lab stream [--device N]\n"
+        "       qtts-kernel-lab timeline --model DIR [--frames N] [--seed S] [--device N]\n"
         "  gemv   check every gemv variant against the CPU reference on random inputs, then time it\n"
         "  frame  time each kernel of a frame alone on a checkpoint's shapes\n"
         "  gemm   the batched step's split-path GEMMs: cublasGemmEx against cuBLASLt's algorithms\n"
@@ -486,7 +488,9 @@ void usage() {
         "         the product's launches (compared bitwise, then timed)\n"
         "  parts  the predictor's passes and a talker step timed whole and with one kind of launch\n"
         "         left out (what each kind costs inside the chain)\n"
-        "  stream how fast one block per SM streams memory into a ring of shared-memory slots\n");
+        "  stream how fast one block per SM streams memory into a ring of shared-memory slots\n"
+        "  timeline  the product's frame graph replayed N times (default 48) in a build with\n"
+        "         -DQTTS_KERNEL_TIMELINE=ON: each launch's cost inside the chain, from its stamps\n");
 }
 
 }  // namespace
@@ -501,6 +505,7 @@ int main(int argc, char** argv) {
     int device = 0;
     uint64_t seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
     std::vector<int> rows = {24, 32, 48, 64};
+    int frames = 48;
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
         const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -509,6 +514,13 @@ int main(int argc, char** argv) {
             ++i;
         } else if (a == "--device" && v) {
             device = std::atoi(v);
+            ++i;
+        } else if (a == "--frames" && v) {
+            frames = std::atoi(v);
+            if (frames < 3 || frames > 1000) {
+                usage();
+                return 2;
+            }
             ++i;
         } else if (a == "--model" && v) {
             model = v;
@@ -535,6 +547,8 @@ int main(int argc, char** argv) {
         if (mode == "attno" && !model.empty()) return qtts::kernel_lab::lab_attno(model, device, seed);
         if (mode == "parts" && !model.empty()) return qtts::kernel_lab::lab_parts(model, device, seed);
         if (mode == "stream") return qtts::kernel_lab::lab_stream(device);
+        if (mode == "timeline" && !model.empty())
+            return qtts::kernel_lab::lab_timeline(model, device, frames, seed);
         usage();
         return 2;
     } catch (const std::exception& e) {

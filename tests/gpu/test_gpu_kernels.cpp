@@ -27,6 +27,7 @@
 #include "kernels/skinny.cuh"
 #include "kernels/sampling.cuh"
 #include "kernels/swiglu.cuh"
+#include "kernels/timeline.cuh"
 #include "engine/model/safetensors.h"
 #include "engine/generation/sampling.h"
 #include "test_support.h"
@@ -1604,3 +1605,18 @@ TEST_CASE("a draw writes each row's input for the next predictor pass", "[gpu][s
 }
 
 #endif  // QTTS_HAVE_CUDA
+
+TEST_CASE("the kernel timeline is a profiling build's alone", "[gpu][timeline]") {
+    // The record's file id: the name after the last '/', whatever the path before it.
+    STATIC_REQUIRE(k::timeline_file_id("/work/main/kernels/attention.cu") == k::timeline_file_id("attention.cu"));
+    STATIC_REQUIRE(k::timeline_file_id("kernels/attention.cu") != k::timeline_file_id("kernels/sampling.cu"));
+    if (k::timeline_built()) {
+        // A ring needs its counter and a capacity; the default ring detaches.
+        CHECK_THROWS_AS(k::timeline_attach(k::TimelineRing{reinterpret_cast<k::TimelineRecord*>(16), nullptr, 4}),
+                        k::KernelError);
+        CHECK_NOTHROW(k::timeline_attach(k::TimelineRing{}));
+    } else {
+        // An ordinary build records nothing and says so, before any device work.
+        CHECK_THROWS_AS(k::timeline_attach(k::TimelineRing{}), k::KernelError);
+    }
+}

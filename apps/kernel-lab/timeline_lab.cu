@@ -1,0 +1,197 @@
+// qtts-kernel-lab timeline: the product's frame graph replayed with the kernels' stamps on
+// (a -DQTTS_KERNEL_TIMELINE=ON build), each launch's cost inside the chain.
+#include "apps/kernel-lab/timeline_lab.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/device_buffer.h"
+#include "engine/cuda/event_timer.h"
+#include "engine/cuda/frame_graphs.h"
+#include "engine/cuda/gpu_context.h"
+#include "engine/cuda/gpu_lm.h"
+#include "engine/generation/sampling.h"
+#include "engine/model/weights.h"
+#include "kernels/common.cuh"
+#include "kernels/timeline.cuh"
+
+namespace qtts::kernel_lab {
+
+namespace {
+
+namespace qc = ::qtts::cuda;
+namespace k = ::qtts::kernels;
+
+// %globaltimer read back to back by one thread: the smallest step it takes shows its resolution.
+__global__ void timer_steps_kernel(uint64_t* out, int n) {
+    uint64_t last;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(last));
+    for (int i = 0; i < n; ++i) {
+        uint64_t t;
+        do {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        } while (t == last);
+        out[i] = t - last;
+        last = t;
+    }
+}
+
+const char* file_name(uint32_t id) {
+    static const char* const names[] = {"gemv_device.cuh", "attention.cu", "sampling.cu", "embedding.cu",
+                                        "rmsnorm.cu",      "linear.cu",    "batch.cu",    "skinny.cu",
+                                        "few_columns.cu",  "rope.cu",      "swiglu.cu",   "chunk.cu",
+                                        "decoder.cu",      "gemv.cu",      "common.cuh"};
+    for (const char* n : names)
+        if (k::timeline_file_id(n) == id) return n;
+    return "?";
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+}  // namespace
+
+int lab_timeline(const std::string& model, int device, int frames, uint64_t seed) {
+    if (!k::timeline_built()) {
+        std::printf("qtts-kernel-lab timeline: this build records no timeline; configure a build with "
+                    "-DQTTS_KERNEL_TIMELINE=ON\n");
+        return 2;
+    }
+    qc::GpuContext ctx(device);
+    const auto checkpoint = qtts::checkpoint_load(model);
+    const auto weights = qc::GpuLmWeights::upload(checkpoint, device);
+    qc::GpuLm lm(weights, ctx, qc::GpuLmOptions{});
+    const int H = weights->talker.hidden;
+    std::printf("qtts-kernel-lab timeline: %s, device %d (%s), PDL %s, %d frames, seed %llu\n", model.c_str(), device,
+                ctx.device_name().c_str(), ctx.pdl() ? "on" : "off", frames, static_cast<unsigned long long>(seed));
+
+    {  // the timer's resolution
+        constexpr int n = 256;
+        qc::DeviceArray<uint64_t> steps(n);
+        timer_steps_kernel<<<1, 1, 0, ctx.stream()>>>(steps.get(), n);
+        CUDA_CHECK(cudaGetLastError());
+        std::vector<uint64_t> h(n);
+        CUDA_CHECK(cudaMemcpyAsync(h.data(), steps.get(), n * 8, cudaMemcpyDeviceToHost, ctx.stream()));
+        ctx.synchronize();
+        std::sort(h.begin(), h.end());
+        std::printf("  %%globaltimer steps: min %llu ns, median %llu ns, max %llu ns\n",
+                    static_cast<unsigned long long>(h.front()), static_cast<unsigned long long>(h[n / 2]),
+                    static_cast<unsigned long long>(h.back()));
+    }
+
+    // An utterance that never ends: random prompt rows and text track, the checkpoint's sampling.
+    std::mt19937 rng{uint32_t(seed)};
+    std::uniform_real_distribution<float> uni(-0.05f, 0.05f);
+    const int L = 60, T = 40;
+    std::vector<float> prefill(size_t(L) * H), trailing(size_t(T) * H);
+    for (float& v : prefill) v = uni(rng);
+    for (float& v : trailing) v = uni(rng);
+    const qtts::GenerationParams params = qtts::generation_params_from_config(checkpoint->generation);
+    qc::GpuGenerationSetup setup;
+    setup.seed = seed;
+    setup.talker = params.talker;
+    setup.predictor = params.predictor;
+    setup.min_new_tokens = 1 << 30;
+    lm.generation_start(prefill.data(), L, trailing.data(), T, setup);
+    const qc::GraphExec frame = qc::graph_capture(ctx, "timeline frame (lab)", [&] { lm.frame_step_enqueue(); }, nullptr);
+    for (int i = 0; i < 4; ++i) qc::graph_replay(ctx, frame);
+
+    const uint32_t capacity = uint32_t(frames) * 1024u;
+    qc::DeviceArray<k::TimelineRecord> records(capacity);
+    qc::DeviceArray<uint32_t> next(1);
+    const auto frame_ms = [&] { return qc::time_on_stream(ctx.stream(), frames, [&] { qc::graph_replay(ctx, frame); }); };
+    k::timeline_attach(k::TimelineRing{});
+    const double detached_ms = frame_ms();
+    CUDA_CHECK(cudaMemset(next.get(), 0, 4));
+    k::timeline_attach(k::TimelineRing{records.get(), next.get(), capacity});
+    const double attached_ms = frame_ms();
+    k::timeline_attach(k::TimelineRing{});
+    uint32_t count = 0;
+    CUDA_CHECK(cudaMemcpy(&count, next.get(), 4, cudaMemcpyDeviceToHost));
+    count = std::min(count, capacity);
+    std::vector<k::TimelineRecord> r(count);
+    CUDA_CHECK(cudaMemcpy(r.data(), records.get(), size_t(count) * sizeof(k::TimelineRecord), cudaMemcpyDeviceToHost));
+    std::printf("  frame (graph replay): %.4f ms without the ring, %.4f ms recording; %u records\n", detached_ms,
+                attached_ms, count);
+    if (count == 0 || count % uint32_t(frames) != 0) {
+        std::printf("  the records do not split into %d equal frames\n", frames);
+        return 1;
+    }
+    const int K = int(count / uint32_t(frames));
+    for (int f = 1; f < frames; ++f)
+        for (int j = 0; j < K; ++j) {
+            const k::TimelineRecord &a = r[size_t(j)], &b = r[size_t(f) * K + j];
+            if (a.file != b.file || a.line != b.line || a.blocks != b.blocks) {
+                std::printf("  frame %d launch %d differs from frame 0's\n", f, j);
+                return 1;
+            }
+        }
+
+    // Per launch of a frame, over the frames but the last (whose successor is not recorded).
+    struct Row {
+        double chain = 0, waited = 0, launched = 0, after_end = -1;
+        double mark[k::TIMELINE_MARKS] = {-1, -1, -1, -1};
+    };
+    std::vector<Row> rows(static_cast<size_t>(K));
+    const auto us = [](uint64_t a, uint64_t b) { return (double(a) - double(b)) * 1e-3; };
+    for (int j = 0; j < K; ++j) {
+        std::vector<double> chain, waited, launched, after, marks[k::TIMELINE_MARKS];
+        for (int f = 1; f + 1 < frames; ++f) {
+            const size_t i = size_t(f) * K + j;
+            const k::TimelineRecord &c = r[i], &n = r[i + 1], &p = r[i - 1];
+            chain.push_back(us(n.release, c.release));
+            waited.push_back(us(c.release, c.entry));
+            launched.push_back(us(c.entry, p.release));
+            for (int m = 0; m < k::TIMELINE_MARKS; ++m)
+                if (c.mark[m]) marks[m].push_back(us(c.mark[m], c.release));
+            if (c.mark[1]) after.push_back(us(n.release, c.mark[1]));
+        }
+        Row& row = rows[size_t(j)];
+        row.chain = median(chain);
+        row.waited = median(waited);
+        row.launched = median(launched);
+        for (int m = 0; m < k::TIMELINE_MARKS; ++m)
+            if (!marks[m].empty()) row.mark[m] = median(marks[m]);
+        if (!after.empty()) row.after_end = median(after);
+    }
+
+    double total = 0;
+    for (const Row& row : rows) total += row.chain;
+    std::printf("  one frame: %d launches, chain medians summed %.1f us\n", K, total);
+    std::printf("  %4s %-22s %6s %5s %8s %8s %8s %8s %8s %8s %8s %8s\n", "#", "kernel", "blocks", "thr", "chain",
+                "waited", "launched", "mark0", "mark1", "mark2", "mark3", "1->next");
+    for (int j = 0; j < K; ++j) {
+        const k::TimelineRecord& c = r[size_t(j)];
+        const Row& row = rows[size_t(j)];
+        char where[64];
+        std::snprintf(where, sizeof where, "%s:%u", file_name(c.file), c.line);
+        std::printf("  %4d %-22s %6u %5u %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", j, where, c.blocks, c.threads,
+                    row.chain, row.waited, row.launched, row.mark[0], row.mark[1], row.mark[2], row.mark[3], row.after_end);
+    }
+
+    // By kernel and grid: launches a frame, their chain time summed and a launch's mean.
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::pair<int, double>> kinds;
+    for (int j = 0; j < K; ++j) {
+        const k::TimelineRecord& c = r[size_t(j)];
+        auto& e = kinds[{c.file, c.line, c.blocks}];
+        e.first += 1;
+        e.second += rows[size_t(j)].chain;
+    }
+    std::printf("  %-22s %6s %8s %10s %10s\n", "by kernel", "blocks", "launches", "chain us", "a launch");
+    for (const auto& [key, e] : kinds) {
+        char where[64];
+        std::snprintf(where, sizeof where, "%s:%u", file_name(std::get<0>(key)), std::get<1>(key));
+        std::printf("  %-22s %6u %8d %10.1f %10.2f\n", where, std::get<2>(key), e.first, e.second, e.second / e.first);
+    }
+    return 0;
+}
+
+}  // namespace qtts::kernel_lab
