@@ -1,5 +1,4 @@
-// kernels/timeline.cuh comes through common.cuh, whose pdl_wait() its device part needs.
-#include "kernels/common.cuh"
+#include "kernels/timeline.cuh"
 
 #include <vector>
 

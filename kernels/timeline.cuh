@@ -61,13 +61,16 @@ constexpr uint32_t timeline_file_id(const char* path) {
 
 }  // namespace qtts::kernels
 
-// The device part: kernels/common.cuh includes this header right after pdl_wait().
+// The device part builds on pdl_wait(): kernels/common.cuh includes this header right after it,
+// and a file that includes this header first gets it through common.cuh here.
 #ifdef __CUDACC__
 #ifdef QTTS_KERNEL_TIMELINE
 
 #include <cuda_runtime.h>
 
 #include <type_traits>
+
+#include "kernels/common.cuh"
 
 namespace qtts::kernels {
 namespace {

@@ -17,7 +17,6 @@
 #include "engine/cuda/gpu_lm.h"
 #include "engine/generation/sampling.h"
 #include "engine/model/weights.h"
-#include "kernels/common.cuh"
 #include "kernels/timeline.cuh"
 
 namespace qtts::kernel_lab {
