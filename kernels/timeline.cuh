@@ -4,8 +4,8 @@
 // that calls pdl_wait() records, in a ring of device memory the host attaches
 // (timeline_attach), when its first thread reached the wait (`entry`), when the wait let it go
 // (`release`) and up to TIMELINE_MARKS moments the kernel names itself (timeline_mark: the end of
-// block 0's work and some phases in the decode kernels). The record's `file` is timeline_file_id() of the calling
-// source file's name and `line` the line of its pdl_wait().
+// block 0's work and some phases in the decode kernels). The record's `file` is
+// timeline_file_id() of the calling source file's name and `line` the line of its pdl_wait().
 // Why: with programmatic dependent launch the kernels of a frame overlap, so a kernel's time
 // alone is not what it costs the chain; the release of the next kernel minus its own is. The
 // kernel lab's `timeline` mode reads the ring after graph replays (docs/cuda.md, "Kernel lab").

@@ -100,13 +100,16 @@ int lab_timeline(const std::string& model, int device, int frames, uint64_t seed
     setup.predictor = params.predictor;
     setup.min_new_tokens = 1 << 30;
     lm.generation_start(prefill.data(), L, trailing.data(), T, setup);
-    const qc::GraphExec frame = qc::graph_capture(ctx, "timeline frame (lab)", [&] { lm.frame_step_enqueue(); }, nullptr);
+    const qc::GraphExec frame =
+        qc::graph_capture(ctx, "timeline frame (lab)", [&] { lm.frame_step_enqueue(); }, nullptr);
     for (int i = 0; i < 4; ++i) qc::graph_replay(ctx, frame);
 
     const uint32_t capacity = uint32_t(frames) * 1024u;
     qc::DeviceArray<k::TimelineRecord> records(capacity);
     qc::DeviceArray<uint32_t> next(1);
-    const auto frame_ms = [&] { return qc::time_on_stream(ctx.stream(), frames, [&] { qc::graph_replay(ctx, frame); }); };
+    const auto frame_ms = [&] {
+        return qc::time_on_stream(ctx.stream(), frames, [&] { qc::graph_replay(ctx, frame); });
+    };
     k::timeline_attach(k::TimelineRing{});
     const double detached_ms = frame_ms();
     CUDA_CHECK(cudaMemset(next.get(), 0, 4));
@@ -172,8 +175,9 @@ int lab_timeline(const std::string& model, int device, int frames, uint64_t seed
         const Row& row = rows[size_t(j)];
         char where[64];
         std::snprintf(where, sizeof where, "%s:%u", file_name(c.file), c.line);
-        std::printf("  %4d %-22s %6u %5u %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", j, where, c.blocks, c.threads,
-                    row.chain, row.waited, row.launched, row.mark[0], row.mark[1], row.mark[2], row.mark[3], row.after_end);
+        std::printf("  %4d %-22s %6u %5u %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", j, where, c.blocks,
+                    c.threads, row.chain, row.waited, row.launched, row.mark[0], row.mark[1], row.mark[2], row.mark[3],
+                    row.after_end);
     }
 
     // By kernel and grid: launches a frame, their chain time summed and a launch's mean.
