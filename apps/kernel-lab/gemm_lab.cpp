@@ -24,6 +24,7 @@
 #include "engine/cuda/gpu_context.h"
 #include "apps/kernel-lab/rows_gemm.h"
 #include "apps/kernel-lab/wide_product.h"
+#include "apps/qtts/bench_stats.h"
 #include "engine/cuda/gpu_lm.h"
 #include "engine/cuda/gpu_lm_launch.h"
 #include "engine/model/weights.h"
@@ -191,8 +192,7 @@ double graph_us(qc::GpuContext& ctx, int launches, const std::function<void(int)
     for (int r = 0; r < 5; ++r)
         ms.push_back(qc::time_on_stream(ctx.stream(), 1, [&] { CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream())); }));
     CUDA_CHECK(cudaGraphExecDestroy(exec));
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2] * 1e3 / launches;
+    return qtts_cli::bench_median(ms) * 1e3 / launches;
 }
 
 std::vector<float> download(const qc::DeviceArray<float>& d, size_t n) {

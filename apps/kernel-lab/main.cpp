@@ -45,6 +45,7 @@
 #include "apps/kernel-lab/persistent_lab.h"
 #include "apps/kernel-lab/stream_lab.h"
 #include "apps/kernel-lab/timeline_lab.h"
+#include "apps/qtts/bench_stats.h"
 #include "engine/common/error.h"
 #include "engine/common/strings.h"
 #include "engine/cuda/event_timer.h"
@@ -201,8 +202,7 @@ int lab_gemv(uint64_t seed, int device) {
                 CUDA_CHECK(cudaMemsetAsync(flush.get(), i & 1, flush.bytes(), ctx.stream()));
                 us.push_back(1e3 * time_on_stream(ctx.stream(), 1, [&] { lab::gemv_variant(v, a, ctx.launch()); }));
             }
-            std::sort(us.begin(), us.end());
-            const double med = us[us.size() / 2];
+            const double med = qtts_cli::bench_median(us);
             const double bytes = double(c.out) * c.in * 2 * (two ? 2 : 1);
             std::printf("  %-24s %-16s %12.2e %10.2f %9.0f%s%s\n", c.name, lab::gemv_variant_name(v), err, med,
                         bytes / (med * 1e3), same_bits ? "   (vec1's bits)" : "", ok ? "" : "   MISMATCH");

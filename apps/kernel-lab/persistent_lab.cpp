@@ -14,6 +14,7 @@
 #include "apps/kernel-lab/attention_o.h"
 #include "apps/kernel-lab/gemv_variants.h"
 #include "apps/kernel-lab/persistent_pass.h"
+#include "apps/qtts/bench_stats.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/event_timer.h"
@@ -625,13 +626,9 @@ int lab_parts(const std::string& model, int device, uint64_t seed) {
             r.us.push_back(qtts::cuda::time_on_stream(ctx.stream(), 20, [&] { qc::graph_replay(ctx, r.graph); }) * 1e3 /
                            r.per);
         }
-    const auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-    };
     double full = 0.0;
     for (const Timed& r : runs) {
-        const double m = median(r.us);
+        const double m = qtts_cli::bench_median(r.us);
         if (r.name.find(part_name(Part::NONE)) != std::string::npos) full = m;
         const int layers = int(r.name.rfind("predictor", 0) == 0 ? pc.P.layers.size() : w.talker.layers.size());
         std::printf("  %-52s %9.2f us (rounds %.2f / %.2f / %.2f); saves %7.2f us, %6.2f a layer\n", r.name.c_str(), m,

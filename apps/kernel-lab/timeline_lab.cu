@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "apps/qtts/bench_stats.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/device_buffer.h"
 #include "engine/cuda/event_timer.h"
@@ -48,12 +49,6 @@ const char* file_name(uint32_t id) {
     for (const char* n : names)
         if (k::timeline_file_id(n) == id) return n;
     return "?";
-}
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 }  // namespace
@@ -157,12 +152,12 @@ int lab_timeline(const std::string& model, int device, int frames, uint64_t seed
             if (c.mark[1]) after.push_back(us(n.release, c.mark[1]));
         }
         Row& row = rows[size_t(j)];
-        row.chain = median(chain);
-        row.waited = median(waited);
-        row.launched = median(launched);
+        row.chain = qtts_cli::bench_median(chain);
+        row.waited = qtts_cli::bench_median(waited);
+        row.launched = qtts_cli::bench_median(launched);
         for (int m = 0; m < k::TIMELINE_MARKS; ++m)
-            if (!marks[m].empty()) row.mark[m] = median(marks[m]);
-        if (!after.empty()) row.after_end = median(after);
+            if (!marks[m].empty()) row.mark[m] = qtts_cli::bench_median(marks[m]);
+        if (!after.empty()) row.after_end = qtts_cli::bench_median(after);
     }
 
     double total = 0;

@@ -1,7 +1,5 @@
 #include "apps/qtts/bench_common.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -74,19 +72,6 @@ bool bench_gpu_present(const char* command, const char* what, int device) {
     std::fprintf(stderr, "qtts %s: %s; the benchmark measures %s and needs a GPU\n", command,
                  qtts::cuda_describe(device).c_str(), what);
     return false;
-}
-
-double bench_median(std::vector<double> v) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-double bench_percentile(std::vector<double> v, double p) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    const size_t rank = size_t(std::ceil(p / 100.0 * double(v.size())));
-    return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
 std::vector<int> bench_sizes(const std::string& text, const char* option) {

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "apps/qtts/bench_stats.h"  // bench_median, bench_percentile
+
 namespace qtts {
 struct ModelConfig;
 struct Prompt;
@@ -33,10 +35,6 @@ void bench_json_write(const std::string& path, const nlohmann::json& j);
 // True when this build has CUDA and device `device` exists. Otherwise prints
 // "qtts <command>: <why>; the benchmark measures <what> and needs a GPU" and returns false.
 bool bench_gpu_present(const char* command, const char* what, int device);
-
-// Median (upper middle element) and nearest-rank percentile (p in 0..100); 0 for no samples.
-double bench_median(std::vector<double> v);
-double bench_percentile(std::vector<double> v, double p);
 
 // "1,2,4" -> {1, 2, 4}: sizes in 1..1000; throws ERROR_INVALID_ARGUMENT naming `option` otherwise.
 std::vector<int> bench_sizes(const std::string& text, const char* option);
