@@ -110,12 +110,15 @@ void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised)
 // prologue (weight prefetch) overlaps this kernel's work. Measured both ways on the gemv (H100,
 // 1.7B frame, docs/performance.md "Forty-second session"): released at its start, several
 // launches loading at once, the frame took 5.7% longer; released after its dot products, the
-// predictor (whose rows are all loaded before the wait) took 8% longer. The one exception: the
-// products that add into y (o, down) release it once their input is staged ("Forty-third
-// session": the frame -0.8%, every product released there +1%). The kernel timeline had shown
-// their loads after the wait taking ~3 µs while the next product's weights came in; whether the
-// release point or the register allocation it brought (the one-row gemv's spills 24 -> 4
-// bytes) made the gain, the timeline build could not tell (its o product cost the same).
+// predictor (whose rows are all loaded before the wait) took 8% longer. The exceptions release
+// it once their own first loads after the wait are in, because the next launch's weight loads
+// held those up (the kernel timeline):
+//   - the products that add into y (o, down), once their input is staged ("Forty-third
+//     session": the frame -0.8%; every product released there +1%; whether the release point or
+//     the register allocation it brought made the gain is not settled);
+//   - the decode attention, once its new rows are normalised, rotated and in place ("Forty-fourth
+//     session": the 1.7B frame -3.1%; released after its scores instead, 1.2% slower than that);
+//   - the draw, once its logits are in ("Forty-fourth session": the frame -0.4%).
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -42,8 +42,9 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 }
 
 // One block samples one row. The block size is a template parameter (the helpers work for any
-// multiple of 32 from 256 to 1024 threads). Measured on the H200 (1.7B, top-k 50): 1024 threads
-// 10.2 / 9.9 us (codebook 0 / predictor), 512 10.9 / 9.9, 256 14.8 / 12.1.
+// multiple of 32 from 512 to 1024 threads: block_compact takes a round a warp). Measured on the
+// H200 (1.7B, top-k 50, before the bracket): 1024 threads 10.2 / 9.9 us (codebook 0 / predictor),
+// 512 10.9 / 9.9, 256 14.8 / 12.1.
 constexpr int SAMPLE_BLOCK = 1024;
 constexpr int SAMPLE_BRACKET_BUCKETS = 32;      // buckets below the max that bracket the k-th largest
 constexpr int SAMPLE_BRACKET_CANDIDATES = 256;  // the most values the bracket's rank selection takes
@@ -58,7 +59,6 @@ struct Shared {
     int red_i[SAMPLE_WARPS];
     int round_count[PER_THREAD][SAMPLE_WARPS];
     int round_offset[PER_THREAD][SAMPLE_WARPS];
-    int round_total[PER_THREAD];
     int digit;
     int above;
     int result;
@@ -141,14 +141,21 @@ static __device__ __forceinline__ float block_max(const float (&v)[PER_THREAD], 
 // The k-th largest value among v[i], i < n, in four barriers where the distribution allows
 // (false otherwise: the caller runs block_kth_largest's radix passes). The finite values' max m
 // and mean come from one reduction; each value falls in bucket floor((m - v) / delta), delta =
-// (m - mean) / 16, which never decreases as v decreases (rounding included), so the values of
-// the buckets before the one where the running count reaches k are all larger than that
-// bucket's and the values after it all smaller: the k-th largest is that bucket's (k - above)-th
-// largest, chosen by rank among its few values. The same value as the radix select (the CPU's
-// nth_element), bit for bit. *max_out: m (the max the softmax needs, which top-k and top-p
-// keep). Returns false, with nothing decided, when the values are all equal or all -inf, when
-// the 32 buckets hold fewer than k values, or when the bracket holds more than
-// SAMPLE_BRACKET_CANDIDATES; every thread returns the same.
+// (m - mean) / 16, here (m - v) * (1 / delta): both roundings are monotone, so the bucket never
+// decreases as v decreases and the values of the buckets before the one where the running count
+// reaches k are all larger than that bucket's and the values after it all smaller: the k-th
+// largest is that bucket's (k - above)-th largest, chosen by rank among its few values. The same
+// value as the radix select (the CPU's nth_element), bit for bit. *max_out: m (the max the
+// softmax needs, which top-k and top-p keep). Returns false, with nothing decided, when the values
+// are all equal or all -inf, when the 32 buckets hold fewer than k values, or when the bracket
+// holds more than SAMPLE_BRACKET_CANDIDATES; every thread returns the same.
+//
+// With 32 warps on one SM, work that every warp repeats is paid 32 times on the SM's shared
+// memory and shuffle pipe: each warp reduces the 32 partials with one shuffle butterfly (every
+// lane of every warp gets the same bits: the same additions, commutative pairs) rather than a
+// loop of 96 shared-memory reads, counts its buckets with ballots (lane L the lanes whose bucket
+// is L: five ballots of the bucket's bits, one atomic a lane) rather than a match and an atomic
+// a value, and finds the bracket with one scan over the 32 counts (a lane a bucket).
 static __device__ __forceinline__ bool block_kth_largest_bracket(const float (&v)[PER_THREAD], int n, int k, Shared& sh,
                                                                  float* kth_out, float* max_out) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -164,8 +171,7 @@ static __device__ __forceinline__ bool block_kth_largest_bracket(const float (&v
     }
     m = warp_max(m);
     sum = warp_sum(sum);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) finite += __shfl_xor_sync(0xffffffffu, finite, o);
+    finite = int(__reduce_add_sync(0xffffffffu, uint32_t(finite)));  // sm_80+, as every build
     if (lane == 0) {  // the draw's first reduction: no earlier one reads red_v
         sh.red_v[warp] = m;
         sh.red_s[warp] = sum;
@@ -177,47 +183,66 @@ static __device__ __forceinline__ bool block_kth_largest_bracket(const float (&v
         sh.kth = NAN;
     }
     __syncthreads();
-    // Every thread the same totals (the same partials in the same order).
-    m = -INFINITY;
-    sum = 0.0f;
-    finite = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) {
-        m = fmaxf(m, sh.red_v[w]);
-        sum += sh.red_s[w];
-        finite += sh.red_c[w];
-    }
+    m = warp_max(lane < SAMPLE_WARPS ? sh.red_v[lane] : -INFINITY);
+    sum = warp_sum(lane < SAMPLE_WARPS ? sh.red_s[lane] : 0.0f);
+    finite = int(__reduce_add_sync(0xffffffffu, lane < SAMPLE_WARPS ? uint32_t(sh.red_c[lane]) : 0u));
     if (finite < k) return false;
     const float delta = (m - sum / float(finite)) * (1.0f / 16.0f);
     if (!(delta > 0.0f) || !(delta < INFINITY)) return false;
+    const float per_delta = 1.0f / delta;
+    if (!(per_delta > 0.0f) || !(per_delta < INFINITY)) return false;
     int b[PER_THREAD];
+    uint32_t in_my_bucket = 0u;  // lane L: the warp's values in bucket L
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
         b[j] = SAMPLE_BRACKET_BUCKETS;  // past the buckets (or not a value)
         if (tid + j * SAMPLE_THREADS < n && v[j] != -INFINITY) {
-            const float q = (m - v[j]) / delta;
+            const float q = (m - v[j]) * per_delta;
             if (q < float(SAMPLE_BRACKET_BUCKETS)) b[j] = int(q);
         }
-        // Warp-aggregated: the top buckets are few and shared by many lanes.
-        const uint32_t tag = b[j] < SAMPLE_BRACKET_BUCKETS ? uint32_t(b[j]) : 64u + uint32_t(lane);
-        const unsigned peers = __match_any_sync(0xffffffffu, tag);
-        if (b[j] < SAMPLE_BRACKET_BUCKETS && lane == __ffs(peers) - 1) atomicAdd(&sh.bucket[b[j]], uint32_t(__popc(peers)));
-    }
-    __syncthreads();
-    int above = 0, bracket = -1;
-    for (int i = 0; i < SAMPLE_BRACKET_BUCKETS; ++i) {
-        const int c = int(sh.bucket[i]);
-        if (above + c >= k) {
-            bracket = i;
-            break;
+        unsigned same = __ballot_sync(0xffffffffu, b[j] < SAMPLE_BRACKET_BUCKETS);
+        if (same) {  // the same in every lane
+#pragma unroll
+            for (int bit = 0; bit < 5; ++bit) {
+                const unsigned set = __ballot_sync(0xffffffffu, (b[j] >> bit) & 1);
+                same &= ((lane >> bit) & 1) ? set : ~set;
+            }
+            in_my_bucket += uint32_t(__popc(same));
         }
-        above += c;
     }
-    if (bracket < 0) return false;
+    static_assert(SAMPLE_BRACKET_BUCKETS == 32, "a lane a bucket");
+    if (in_my_bucket) atomicAdd(&sh.bucket[lane], in_my_bucket);
+    __syncthreads();
+    const uint32_t in_bucket = sh.bucket[lane];
+    uint32_t through = in_bucket;  // values in buckets 0..lane
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, through, o);
+        if (lane >= o) through += t;
+    }
+    const unsigned reached = __ballot_sync(0xffffffffu, through >= uint32_t(k));
+    if (!reached) return false;
+    const int bracket = __ffs(int(reached)) - 1;
+    const int above = int(__shfl_sync(0xffffffffu, through - in_bucket, bracket));
+    // The bracket's values: one slot range a warp (one atomic), in (j, lane) order within it.
+    unsigned hit[PER_THREAD];
+    int hits = 0;
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
-        if (b[j] == bracket) {
-            const int slot = atomicAdd(&sh.candidates, 1);
-            if (slot < SAMPLE_BRACKET_CANDIDATES) sh.value[slot] = v[j];
+        hit[j] = __ballot_sync(0xffffffffu, b[j] == bracket);
+        hits += __popc(hit[j]);
+    }
+    if (hits) {
+        int slot = 0;
+        if (lane == 0) slot = atomicAdd(&sh.candidates, hits);
+        slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j) {
+            if (hit[j] & (1u << lane)) {
+                const int mine = slot + __popc(hit[j] & ((1u << lane) - 1u));
+                if (mine < SAMPLE_BRACKET_CANDIDATES) sh.value[mine] = v[j];
+            }
+            slot += __popc(hit[j]);
         }
     }
     __syncthreads();
@@ -227,6 +252,7 @@ static __device__ __forceinline__ bool block_kth_largest_bracket(const float (&v
     if (tid < count) {
         const float c = sh.value[tid];
         int greater = 0, not_less = 0;
+#pragma unroll 8  // the reads in flight together, not one after another's compare
         for (int i = 0; i < count; ++i) {
             const float o = sh.value[i];
             greater += o > c ? 1 : 0;
@@ -306,7 +332,9 @@ static __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_T
 
 // Writes the finite entries (i < n) into sh.index/sh.value in ascending index order, with
 // value = f(v). Returns the count (every thread). Index i = tid + j * SAMPLE_THREADS, so the
-// order is (j, warp, lane): one ballot per j, then warp j scans the 32 warp counts of round j.
+// order is (j, warp, lane): one ballot per j, then warp j scans the 32 warp counts of round j and
+// adds the counts of the rounds before it, so a warp reads only the offsets of the rounds where
+// it has entries (after a top-k, few do).
 template <typename F>
     static __device__ __forceinline__ int block_compact(const float (&v)[PER_THREAD], int n, Shared& sh, F f) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -318,7 +346,11 @@ template <typename F>
         if (lane == 0) sh.round_count[j][warp] = __popc(ballot[j]);
     }
     __syncthreads();
-    for (int round = warp; round < PER_THREAD; round += SAMPLE_WARPS) {
+    if (warp < PER_THREAD) {
+        const int round = warp;
+        uint32_t before = 0u;  // entries of the rounds before this one
+        for (int r = 0; r < round; ++r)
+            before += __reduce_add_sync(0xffffffffu, lane < SAMPLE_WARPS ? uint32_t(sh.round_count[r][lane]) : 0u);
         const int c = lane < SAMPLE_WARPS ? sh.round_count[round][lane] : 0;
         int inclusive = c;
 #pragma unroll
@@ -326,23 +358,23 @@ template <typename F>
             const int t = __shfl_up_sync(0xffffffffu, inclusive, o);
             if (lane >= o) inclusive += t;
         }
-        if (lane < SAMPLE_WARPS) sh.round_offset[round][lane] = inclusive - c;
-        if (lane == 31) sh.round_total[round] = inclusive;
+        if (lane < SAMPLE_WARPS) sh.round_offset[round][lane] = int(before) + inclusive - c;
+        if (round == PER_THREAD - 1 && lane == 31) sh.count = int(before) + inclusive;
     }
+    static_assert(PER_THREAD <= SAMPLE_WARPS, "a warp a round");
     __syncthreads();
-    int base = 0;
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
-        const int i = tid + j * SAMPLE_THREADS;
         if (ballot[j] & (1u << lane)) {
-            const int slot = base + sh.round_offset[j][warp] + __popc(ballot[j] & ((1u << lane) - 1u));
+            const int i = tid + j * SAMPLE_THREADS;
+            const int slot = sh.round_offset[j][warp] + __popc(ballot[j] & ((1u << lane) - 1u));
             sh.index[slot] = i;
             sh.value[slot] = f(v[j]);
         }
-        base += sh.round_total[j];
     }
+    const int count = sh.count;
     __syncthreads();
-    return base;
+    return count;
 }
 
 // HF TopPLogitsWarper (engine/runtime/sampling.cpp logits_apply_top_p) on the `count` finite
@@ -508,7 +540,6 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         a.logits = args.logits + size_t(r) * args.ld_logits;
     }
     pdl_wait();
-    pdl_trigger();
     const int tid = threadIdx.x, n = a.n;
     GenerationDeviceState* st = a.state;
     // The logits and the stream's state in one round of loads: a stopped row's are read and
@@ -538,6 +569,11 @@ static __device__ __noinline__ void block_top_p_mark(int count, int n, float top
         }
     }
 
+    // The next launch (the next pass's q/k/v product) is released once this thread has its
+    // logits: released right after the wait, its blocks' weight loads held up these loads ~2 µs
+    // (the kernel timeline: the pass's last draw, followed by a launch that loads nothing, had its
+    // logits reduced 2 µs sooner than the others; the frame -0.4% with the release here).
+    pdl_trigger();
     int chosen;
     if (p.greedy) {
         chosen = block_argmax(v, n, sh);
