@@ -210,6 +210,18 @@ __device__ __forceinline__ float block_sum(float v, float* shared /* [32] */) {
     return total;
 }
 
+// Inclusive prefix sum over the warp's lanes: lane l gets v of lanes 0..l (integers: exact).
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

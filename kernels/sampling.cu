@@ -214,12 +214,7 @@ static __device__ __forceinline__ bool block_kth_largest_bracket(const float (&v
     if (in_my_bucket) atomicAdd(&sh.bucket[lane], in_my_bucket);
     __syncthreads();
     const uint32_t in_bucket = sh.bucket[lane];
-    uint32_t through = in_bucket;  // values in buckets 0..lane
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t t = __shfl_up_sync(0xffffffffu, through, o);
-        if (lane >= o) through += t;
-    }
+    const uint32_t through = warp_inclusive_sum(in_bucket);  // values in buckets 0..lane
     const unsigned reached = __ballot_sync(0xffffffffu, through >= uint32_t(k));
     if (!reached) return false;
     const int bracket = __ffs(int(reached)) - 1;
@@ -303,12 +298,7 @@ static __device__ __forceinline__ float block_kth_largest(const float (&v)[PER_T
                 c[i] = sh.hist[255 - (8 * lane + i)];
                 lane_total += c[i];
             }
-            uint32_t inclusive = lane_total;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const uint32_t t = __shfl_up_sync(0xffffffffu, inclusive, o);
-                if (lane >= o) inclusive += t;
-            }
+            const uint32_t inclusive = warp_inclusive_sum(lane_total);
             uint32_t before = inclusive - lane_total;
             if (before < uint32_t(remaining) && uint32_t(remaining) <= inclusive) {
 #pragma unroll
@@ -352,12 +342,7 @@ template <typename F>
         for (int r = 0; r < round; ++r)
             before += __reduce_add_sync(0xffffffffu, lane < SAMPLE_WARPS ? uint32_t(sh.round_count[r][lane]) : 0u);
         const int c = lane < SAMPLE_WARPS ? sh.round_count[round][lane] : 0;
-        int inclusive = c;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int t = __shfl_up_sync(0xffffffffu, inclusive, o);
-            if (lane >= o) inclusive += t;
-        }
+        const int inclusive = warp_inclusive_sum(c);
         if (lane < SAMPLE_WARPS) sh.round_offset[round][lane] = int(before) + inclusive - c;
         if (round == PER_THREAD - 1 && lane == 31) sh.count = int(before) + inclusive;
     }
