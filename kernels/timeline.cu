@@ -33,7 +33,8 @@ void timeline_attach(const TimelineRing& ring) {
     if (!timeline_built())
         check_fail("timeline_attach", "this build records no timeline (configure with -DQTTS_KERNEL_TIMELINE=ON)",
                    __func__, __FILE__, __LINE__);
-    if (ring.records && (!ring.next || ring.capacity == 0))
+    if ((ring.records && (!ring.next || ring.capacity == 0)) ||
+        (ring.blocks && (!ring.blocks_next || ring.block_capacity == 0)))
         check_fail("timeline_attach", "a ring needs its counter and a capacity", __func__, __FILE__, __LINE__);
     for (const auto set : timeline_setters()) set(ring);
 }

@@ -12,9 +12,15 @@
 // Which thread: the host functions run on the thread that owns the context, between replays,
 // never while a kernel that records is in flight.
 // Cost: one atomic on the ring's counter by one thread before the wait (its latency overlaps the
-// wait), two reads of %globaltimer and one 64-byte store a launch. An ordinary build compiles
+// wait), two reads of %globaltimer and one 72-byte store a launch. An ordinary build compiles
 // none of it: pdl_wait() is the bare instruction, timeline_mark() nothing, and timeline_attach()
 // refuses.
+// Block records (optional, TimelineRing::blocks): the first thread of every block of every launch
+// records the same moments for its block, with the launch's %gridid (which the launch record
+// carries too; a graph node keeps it from replay to replay, so the reader also matches by time)
+// and the block's SM: when a launch's last blocks arrived and finished, which block 0 alone
+// cannot tell. It costs every block an atomic on one counter after its wait, so the lab takes
+// these in a pass of their own and reads the launch costs from a pass without.
 #pragma once
 
 #include <cstdint>
@@ -31,14 +37,29 @@ struct TimelineRecord {
     uint64_t entry = 0;    // %globaltimer (ns) when block 0 reached the wait
     uint64_t release = 0;  // ... when the wait returned
     uint64_t mark[TIMELINE_MARKS] = {};  // timeline_mark(i); 0: not set
+    uint64_t grid = 0;     // %gridid of the launch (the key of its block records)
+};
+
+// One block of a launch (TimelineRing::blocks): the moments of its first thread.
+struct TimelineBlockRecord {
+    uint64_t grid = 0;     // %gridid of the launch
+    uint32_t block = 0;    // linear block index
+    uint32_t sm = 0;       // %smid it ran on
+    uint64_t entry = 0;    // %globaltimer (ns) when the block reached the wait
+    uint64_t release = 0;  // ... when the wait returned
+    uint64_t mark[TIMELINE_MARKS] = {};  // timeline_mark(i) by the block's first thread; 0: not set
 };
 
 // records[capacity] and the counter of records taken (device memory, zeroed by the host); a
-// launch past the capacity records nothing.
+// launch past the capacity records nothing. The same for blocks[block_capacity] (null: no block
+// records).
 struct TimelineRing {
     TimelineRecord* records = nullptr;
     uint32_t* next = nullptr;
     uint32_t capacity = 0;
+    TimelineBlockRecord* blocks = nullptr;
+    uint32_t* blocks_next = nullptr;
+    uint32_t block_capacity = 0;
 };
 
 // Whether this build records (QTTS_KERNEL_TIMELINE).
@@ -78,7 +99,8 @@ namespace {
 // Each kernel source file (no relocatable device code) has its own copy of the ring and of the
 // sequence number block 0 took, and registers its setter when the program starts.
 __device__ TimelineRing timeline_ring;
-__shared__ uint32_t timeline_seq;
+__shared__ uint32_t timeline_seq;        // block 0: its launch record
+__shared__ uint32_t timeline_block_seq;  // every block: its block record
 
 void timeline_ring_set(const TimelineRing& ring) {
     KERNEL_CUDA_CHECK(cudaMemcpyToSymbol(timeline_ring, &ring, sizeof ring));
@@ -91,24 +113,56 @@ __device__ __forceinline__ uint64_t timeline_now() {
     return t;
 }
 
-__device__ __forceinline__ bool timeline_recorder() {
-    return (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+__device__ __forceinline__ uint64_t timeline_grid() {
+    uint64_t g;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+    return g;
 }
 
-// pdl_wait() in a timeline build: the wait between the stamps of block 0's first thread.
+__device__ __forceinline__ uint32_t timeline_sm() {
+    uint32_t s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+
+__device__ __forceinline__ bool timeline_first_thread() { return (threadIdx.x | threadIdx.y | threadIdx.z) == 0; }
+
+__device__ __forceinline__ bool timeline_recorder() {
+    return timeline_first_thread() && (blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+}
+
+// pdl_wait() in a timeline build: the wait between the stamps of each block's first thread;
+// block 0 writes the launch record (its slot taken before the wait, as before the block records
+// came), every block its block record when the ring has them (its slot taken after the wait, so
+// that a pass without them costs the other blocks one load, two timer reads and a shared store).
 __device__ __forceinline__ void timeline_wait(uint32_t file, uint32_t line) {
-    if (!timeline_recorder()) {
+    if (!timeline_first_thread()) {
         pdl_wait();
         return;
     }
-    const TimelineRing ring = timeline_ring;
-    uint32_t seq = 0xffffffffu;
+    constexpr uint32_t NONE = 0xffffffffu;
+    const bool recorder = timeline_recorder();
+    TimelineBlockRecord* const blocks = timeline_ring.blocks;  // used after the wait
+    uint32_t seq = NONE;
     const uint64_t entry = timeline_now();
-    if (ring.records) seq = atomicAdd(ring.next, 1u);
-    timeline_seq = seq < ring.capacity ? seq : 0xffffffffu;
+    if (recorder) {
+        const TimelineRing ring = timeline_ring;
+        if (ring.records) seq = atomicAdd(ring.next, 1u);
+        seq = seq < ring.capacity ? seq : NONE;
+        timeline_seq = seq;
+    }
     pdl_wait();
     const uint64_t release = timeline_now();
-    if (seq < ring.capacity) {
+    uint32_t block_seq = NONE;
+    if (blocks) {
+        const TimelineRing ring = timeline_ring;
+        block_seq = atomicAdd(ring.blocks_next, 1u);
+        block_seq = block_seq < ring.block_capacity ? block_seq : NONE;
+    }
+    timeline_block_seq = block_seq;
+    if (seq == NONE && block_seq == NONE) return;
+    const uint64_t grid = timeline_grid();
+    if (seq != NONE) {
         TimelineRecord r;
         r.file = file;
         r.line = line;
@@ -116,14 +170,30 @@ __device__ __forceinline__ void timeline_wait(uint32_t file, uint32_t line) {
         r.threads = blockDim.x * blockDim.y * blockDim.z;
         r.entry = entry;
         r.release = release;
-        ring.records[seq] = r;
+        r.grid = grid;
+        timeline_ring.records[seq] = r;
+    }
+    if (block_seq != NONE) {
+        TimelineBlockRecord b;
+        b.grid = grid;
+        b.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        b.sm = timeline_sm();
+        b.entry = entry;
+        b.release = release;
+        blocks[block_seq] = b;
     }
 }
 
-// Moment `i` of block 0 (called by its first thread; others and untracked launches skip it).
+// Moment `i` of a block (called by its first thread; others and untracked launches skip it):
+// into the launch record (block 0) and the block's record.
 __device__ __forceinline__ void timeline_mark(int i) {
-    if (!timeline_recorder() || timeline_seq == 0xffffffffu) return;
-    timeline_ring.records[timeline_seq].mark[i] = timeline_now();
+    if (!timeline_first_thread()) return;
+    const bool launch = timeline_recorder() && timeline_seq != 0xffffffffu;
+    const bool block = timeline_block_seq != 0xffffffffu;
+    if (!launch && !block) return;
+    const uint64_t now = timeline_now();
+    if (launch) timeline_ring.records[timeline_seq].mark[i] = now;
+    if (block) timeline_ring.blocks[timeline_block_seq].mark[i] = now;
 }
 
 }  // namespace

@@ -3,10 +3,12 @@
 #include "apps/kernel-lab/timeline_lab.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "apps/qtts/bench_stats.h"
@@ -49,6 +51,81 @@ const char* file_name(uint32_t id) {
     for (const char* n : names)
         if (k::timeline_file_id(n) == id) return n;
     return "?";
+}
+
+// The block records' pass (kernels/timeline.cuh, TimelineRing::blocks): `frames` replays with a
+// record for every block beside the launch records, joined by %gridid and time (a graph node
+// keeps its %gridid from replay to replay, so a launch takes the blocks of its node released
+// within 1 ms of its own release; a frame takes ~4 ms). Per launch of a frame
+// (K of them), medians over the frames but the first and the last, in µs from the launch's
+// release (block 0's wait returning): when its last block reached the wait and left it, when
+// the median block and the last block finished (a block's last stamp: its wait or its last
+// mark), and the next launch's release. A separate pass, because every block's atomic on the
+// ring's counter shifts the costs the launch records measure.
+int block_pass(qc::GpuContext& ctx, const qc::GraphExec& frame, int K, int frames) {
+    const uint32_t capacity = uint32_t(frames) * 1024u, block_capacity = uint32_t(frames) * (1u << 18);
+    qc::DeviceArray<k::TimelineRecord> records(capacity);
+    qc::DeviceArray<k::TimelineBlockRecord> blocks(block_capacity);
+    qc::DeviceArray<uint32_t> next(2);
+    CUDA_CHECK(cudaMemset(next.get(), 0, 8));
+    k::timeline_attach(k::TimelineRing{records.get(), next.get(), capacity, blocks.get(), next.get() + 1, block_capacity});
+    for (int f = 0; f < frames; ++f) qc::graph_replay(ctx, frame);
+    ctx.synchronize();
+    k::timeline_attach(k::TimelineRing{});
+    uint32_t counts[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpy(counts, next.get(), 8, cudaMemcpyDeviceToHost));
+    if (counts[0] != uint32_t(frames * K) || counts[1] > block_capacity) {
+        std::printf("  block pass: %u launch records for %d frames of %d, %u block records (room for %u)\n", counts[0],
+                    frames, K, counts[1], block_capacity);
+        return 1;
+    }
+    std::vector<k::TimelineRecord> r(counts[0]);
+    std::vector<k::TimelineBlockRecord> b(counts[1]);
+    CUDA_CHECK(cudaMemcpy(r.data(), records.get(), r.size() * sizeof r[0], cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(b.data(), blocks.get(), b.size() * sizeof b[0], cudaMemcpyDeviceToHost));
+    std::unordered_map<uint64_t, std::vector<uint32_t>> by_grid;
+    for (uint32_t i = 0; i < counts[1]; ++i) by_grid[b[i].grid].push_back(i);
+
+    const auto us = [](uint64_t a, uint64_t c) { return (double(a) - double(c)) * 1e-3; };
+    std::printf("  blocks: %d frames, %u block records; per launch, medians over frames 1..%d, us from its release\n",
+                frames, counts[1], frames - 2);
+    std::printf("  %4s %-22s %6s %8s %9s %9s %9s %9s %9s\n", "#", "kernel", "blocks", "recorded", "last in",
+                "last out", "half done", "last done", "next rel");
+    for (int j = 0; j < K; ++j) {
+        std::vector<double> recorded, last_in, last_out, half_done, last_done, next_rel;
+        for (int f = 1; f + 1 < frames; ++f) {
+            const k::TimelineRecord &c = r[size_t(f) * K + j], &n = r[size_t(f) * K + j + 1];
+            const auto it = by_grid.find(c.grid);
+            if (it == by_grid.end()) continue;
+            double in = -1e9, out = -1e9;
+            std::vector<double> done;
+            for (const uint32_t i : it->second) {
+                const k::TimelineBlockRecord& x = b[i];
+                if (std::abs(us(x.release, c.release)) > 1000.0) continue;  // the same graph node in another frame
+                uint64_t last = x.release;
+                for (const uint64_t m : x.mark) last = std::max(last, m);
+                in = std::max(in, us(x.entry, c.release));
+                out = std::max(out, us(x.release, c.release));
+                done.push_back(us(last, c.release));
+            }
+            if (done.empty()) continue;
+            std::sort(done.begin(), done.end());
+            recorded.push_back(double(done.size()));
+            last_in.push_back(in);
+            last_out.push_back(out);
+            half_done.push_back(done[done.size() / 2]);
+            last_done.push_back(done.back());
+            next_rel.push_back(us(n.release, c.release));
+        }
+        if (recorded.empty()) continue;
+        char where[64];
+        std::snprintf(where, sizeof where, "%s:%u", file_name(r[size_t(j)].file), r[size_t(j)].line);
+        std::printf("  %4d %-22s %6u %8.0f %9.2f %9.2f %9.2f %9.2f %9.2f\n", j, where, r[size_t(j)].blocks,
+                    qtts_cli::bench_median(recorded), qtts_cli::bench_median(last_in), qtts_cli::bench_median(last_out),
+                    qtts_cli::bench_median(half_done), qtts_cli::bench_median(last_done),
+                    qtts_cli::bench_median(next_rel));
+    }
+    return 0;
 }
 
 }  // namespace
@@ -189,7 +266,7 @@ int lab_timeline(const std::string& model, int device, int frames, uint64_t seed
         std::snprintf(where, sizeof where, "%s:%u", file_name(std::get<0>(key)), std::get<1>(key));
         std::printf("  %-22s %6u %8d %10.1f %10.2f\n", where, std::get<2>(key), e.first, e.second, e.second / e.first);
     }
-    return 0;
+    return block_pass(ctx, frame, K, std::min(frames, 8));
 }
 
 }  // namespace qtts::kernel_lab

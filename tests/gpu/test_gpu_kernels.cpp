@@ -1614,6 +1614,10 @@ TEST_CASE("the kernel timeline is a profiling build's alone", "[gpu][timeline]")
         // A ring needs its counter and a capacity; the default ring detaches.
         CHECK_THROWS_AS(k::timeline_attach(k::TimelineRing{reinterpret_cast<k::TimelineRecord*>(16), nullptr, 4}),
                         k::KernelError);
+        k::TimelineRing blocks_without_counter;
+        blocks_without_counter.blocks = reinterpret_cast<k::TimelineBlockRecord*>(64);
+        blocks_without_counter.block_capacity = 4;
+        CHECK_THROWS_AS(k::timeline_attach(blocks_without_counter), k::KernelError);
         CHECK_NOTHROW(k::timeline_attach(k::TimelineRing{}));
     } else {
         // An ordinary build records nothing and says so, before any device work.
