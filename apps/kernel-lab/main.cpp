@@ -490,7 +490,9 @@ void usage() {
         "         left out (what each kind costs inside the chain)\n"
         "  stream how fast one block per SM streams memory into a ring of shared-memory slots\n"
         "  timeline  the product's frame graph replayed N times (default 48) in a build with\n"
-        "         -DQTTS_KERNEL_TIMELINE=ON: each launch's cost inside the chain, from its stamps\n");
+        "         -DQTTS_KERNEL_TIMELINE=ON: each launch's cost inside the chain, from its stamps;\n"
+        "         then 8 replays with a record for every block (when a launch's last blocks\n"
+        "         arrived and finished)\n");
 }
 
 }  // namespace
