@@ -125,6 +125,8 @@ __device__ __forceinline__ uint32_t timeline_sm() {
     return s;
 }
 
+constexpr uint32_t TIMELINE_NONE = 0xffffffffu;  // no record taken
+
 __device__ __forceinline__ bool timeline_first_thread() { return (threadIdx.x | threadIdx.y | threadIdx.z) == 0; }
 
 __device__ __forceinline__ bool timeline_recorder() {
@@ -134,35 +136,32 @@ __device__ __forceinline__ bool timeline_recorder() {
 // pdl_wait() in a timeline build: the wait between the stamps of each block's first thread;
 // block 0 writes the launch record (its slot taken before the wait, as before the block records
 // came), every block its block record when the ring has them (its slot taken after the wait, so
-// that a pass without them costs the other blocks one load, two timer reads and a shared store).
+// that a pass without them costs the other blocks one load of the ring, two timer reads and a
+// shared store).
 __device__ __forceinline__ void timeline_wait(uint32_t file, uint32_t line) {
     if (!timeline_first_thread()) {
         pdl_wait();
         return;
     }
-    constexpr uint32_t NONE = 0xffffffffu;
-    const bool recorder = timeline_recorder();
-    TimelineBlockRecord* const blocks = timeline_ring.blocks;  // used after the wait
-    uint32_t seq = NONE;
+    const TimelineRing ring = timeline_ring;  // one load: the launch fields used before the wait, the blocks' after
+    uint32_t seq = TIMELINE_NONE;
     const uint64_t entry = timeline_now();
-    if (recorder) {
-        const TimelineRing ring = timeline_ring;
+    if (timeline_recorder()) {
         if (ring.records) seq = atomicAdd(ring.next, 1u);
-        seq = seq < ring.capacity ? seq : NONE;
+        seq = seq < ring.capacity ? seq : TIMELINE_NONE;
         timeline_seq = seq;
     }
     pdl_wait();
     const uint64_t release = timeline_now();
-    uint32_t block_seq = NONE;
-    if (blocks) {
-        const TimelineRing ring = timeline_ring;
+    uint32_t block_seq = TIMELINE_NONE;
+    if (ring.blocks) {
         block_seq = atomicAdd(ring.blocks_next, 1u);
-        block_seq = block_seq < ring.block_capacity ? block_seq : NONE;
+        block_seq = block_seq < ring.block_capacity ? block_seq : TIMELINE_NONE;
     }
     timeline_block_seq = block_seq;
-    if (seq == NONE && block_seq == NONE) return;
+    if (seq == TIMELINE_NONE && block_seq == TIMELINE_NONE) return;
     const uint64_t grid = timeline_grid();
-    if (seq != NONE) {
+    if (seq != TIMELINE_NONE) {
         TimelineRecord r;
         r.file = file;
         r.line = line;
@@ -171,16 +170,16 @@ __device__ __forceinline__ void timeline_wait(uint32_t file, uint32_t line) {
         r.entry = entry;
         r.release = release;
         r.grid = grid;
-        timeline_ring.records[seq] = r;
+        ring.records[seq] = r;
     }
-    if (block_seq != NONE) {
+    if (block_seq != TIMELINE_NONE) {
         TimelineBlockRecord b;
         b.grid = grid;
         b.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
         b.sm = timeline_sm();
         b.entry = entry;
         b.release = release;
-        blocks[block_seq] = b;
+        ring.blocks[block_seq] = b;
     }
 }
 
@@ -188,8 +187,8 @@ __device__ __forceinline__ void timeline_wait(uint32_t file, uint32_t line) {
 // into the launch record (block 0) and the block's record.
 __device__ __forceinline__ void timeline_mark(int i) {
     if (!timeline_first_thread()) return;
-    const bool launch = timeline_recorder() && timeline_seq != 0xffffffffu;
-    const bool block = timeline_block_seq != 0xffffffffu;
+    const bool launch = timeline_recorder() && timeline_seq != TIMELINE_NONE;
+    const bool block = timeline_block_seq != TIMELINE_NONE;
     if (!launch && !block) return;
     const uint64_t now = timeline_now();
     if (launch) timeline_ring.records[timeline_seq].mark[i] = now;
