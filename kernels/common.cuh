@@ -144,7 +144,8 @@ namespace qtts::kernels {
 
 // Asks the copy engine to pull [ptr, ptr + bytes) into L2 (fire and forget). ptr and bytes must
 // be multiples of 16. Used for weights before pdl_wait(), so that they stream in while the
-// previous kernel finishes.
+// previous kernel finishes; sparingly, since these requests queue ahead of that kernel's own
+// loads (the gemv asks for at most GEMV_PREFETCH_MAX_BYTES, kernels/gemv_device.cuh).
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const char* p = static_cast<const char*>(ptr);

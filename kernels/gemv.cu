@@ -9,13 +9,29 @@ namespace qtts::kernels {
 
 namespace {
 
-template <int NB, int NMAT>
-void gemv_launch(const GemvArgs& a, const Launch& l) {
+template <int NB, int NMAT, bool DB>
+void gemv_launch_as(const GemvArgs& a, const Launch& l, bool prefetch_rest) {
     const dim3 grid((a.out + GEMV_WARPS - 1) / GEMV_WARPS, (a.rows + NB - 1) / NB);
     const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
     static std::atomic<uint64_t> raised{0};
-    smem_limit_raise(gemv_vec_kernel<NB, NMAT, false>, smem, raised);
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, false>, a));
+    smem_limit_raise(gemv_vec_kernel<NB, NMAT, DB>, smem, raised);
+    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, DB>, a, prefetch_rest));
+}
+
+// A one-row launch whose rows take three chunks or more and are not prefetched (the 1.7B
+// talker's down product: 6144 inputs, 16 MiB ahead) double-buffers its chunks, so that each
+// chunk's loads are in flight while the one before is summed ("Forty-sixth session": the talker
+// step -0.8%). Its 256 blocks fit two an SM, within the double-buffered kernel's three.
+template <int NB, int NMAT>
+void gemv_launch(const GemvArgs& a, const Launch& l) {
+    const bool prefetch_rest = gemv_prefetches_rest<NMAT>(a);
+    if constexpr (NB == 1) {
+        if (!prefetch_rest && a.in / 8 > 2 * gemv_step<NMAT>()) {
+            gemv_launch_as<NB, NMAT, true>(a, l, false);
+            return;
+        }
+    }
+    gemv_launch_as<NB, NMAT, false>(a, l, prefetch_rest);
 }
 
 // Rows per block: as many as the launch has (up to 8), fewer when their inputs would not fit in

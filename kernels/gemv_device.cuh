@@ -1,6 +1,6 @@
 // The device side of kernels/gemv.cu, shared with the kernel lab (apps/kernel-lab), which
-// measures the kernel's other instantiation (double-buffered weight chunks) and retired variants
-// against it. Include from .cu files only.
+// measures the kernel's instantiations (single- and double-buffered weight chunks) and retired
+// variants against each other. Include from .cu files only.
 #pragma once
 
 #ifdef __CUDACC__
@@ -14,6 +14,31 @@ namespace {
 
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_THREADS = GEMV_WARPS * 32;
+
+// 16-byte weight columns of a row's chunk (the loads a warp has in flight at once): 8 loads a
+// lane for one matrix, 4 a matrix for two.
+template <int NMAT>
+constexpr int gemv_step() {
+    return 32 * (8 / NMAT);
+}
+
+// The most bytes a launch asks L2 for ahead of its wait: the rest of its rows, past the first
+// chunk that every warp loads into registers. Launches that would ask for more skip the prefetch.
+// Those requests are issued while the launch before still loads its input and residual, and
+// queue ahead of them: with the 1.7B talker's gate/up (24 MiB ahead) and down (16 MiB) asking,
+// its o product took 3.4 µs longer in the chain (kernel timeline). Measured on an H100
+// ("Forty-sixth session", docs/performance.md), against the prefetch everywhere: without those
+// two, the talker step -6.5% and the frame -3.0%; without gate/up's alone, the talker -3.6%. The
+// 2 MiB of the predictor's down product (and of the 0.6B talker's) still pay: without any
+// prefetch the predictor was ~1% slower, the 0.6B frame 1.4%.
+constexpr size_t GEMV_PREFETCH_MAX_BYTES = size_t(8) << 20;
+
+template <int NMAT>
+bool gemv_prefetches_rest(const GemvArgs& a) {
+    const size_t in16 = size_t(a.in) / 8;  // 16-byte columns of a row
+    if (in16 <= size_t(gemv_step<NMAT>())) return false;
+    return size_t(a.out) * (in16 - gemv_step<NMAT>()) * 16u * NMAT <= GEMV_PREFETCH_MAX_BYTES;
+}
 
 // NB: rows of x handled together (weights are read once for all of them).
 // NMAT: weight matrices per output row (2 for SwiGLU: gate and up).
@@ -39,16 +64,17 @@ __device__ __forceinline__ void gemv_row_store(const GemvArgs& a, int row, const
 
 // The decode gemv: the input staged once in shared memory, without serial round trips.
 // Before griddepcontrol.wait each warp already issues the first chunk of its weight row into
-// registers (weights never depend on the previous kernel) and prefetches the rest into L2; after
-// the wait the block stages the input rows once (times norm_w for RMSNORM, sum of squares kept
-// aside) behind a single barrier, so the weight loads are in flight while the input arrives.
-// The 1/rms factor scales the finished dot product. DB: double-buffer the weight chunks (the
-// next chunk's loads are issued before the current one is used; more registers, so fewer
-// blocks per SM: 3 for one-row launches, 4 without it). The product launches DB = false ("vec1");
-// DB = true ("vec") is measured in the kernel lab (apps/kernel-lab).
+// registers (weights never depend on the previous kernel) and, with prefetch_rest
+// (gemv_prefetches_rest), asks L2 for the rest; after the wait the block stages the input rows
+// once (times norm_w for RMSNORM, sum of squares kept aside) behind a single barrier, so the
+// weight loads are in flight while the input arrives. The 1/rms factor scales the finished dot
+// product. DB: double-buffer the weight chunks (the next chunk's loads are issued before the
+// current one is used; more registers, so fewer blocks per SM: 3 for one-row launches, 4
+// without it). The product launches DB = false ("vec1"), and DB = true ("vec") for one-row
+// launches of three chunks or more without the prefetch (kernels/gemv.cu, gemv_launch).
 // blockIdx.y: the group of NB rows this block computes (rows r0 = NB * blockIdx.y ..).
 template <int NB, int NMAT, bool DB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs args) {
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs args, bool prefetch_rest) {
     GemvArgs a = args;
     if (blockIdx.y > 0) {
         const int r0 = NB * int(blockIdx.y);
@@ -61,7 +87,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
     float* xs = reinterpret_cast<float*>(gemv_vec_buf);  // [NB, in]
     __shared__ float partial[GEMV_WARPS][NB];
     constexpr int U = 8 / NMAT;     // 16-byte loads per lane per matrix per chunk
-    constexpr int STEP = 32 * U;    // 16-byte columns per chunk
+    constexpr int STEP = gemv_step<NMAT>();  // 16-byte columns per chunk (32 * U)
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * GEMV_WARPS + warp;
@@ -80,7 +106,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
                 if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
             }
         }
-        if (lane == 0 && in8 > STEP) {
+        if (prefetch_rest && lane == 0 && in8 > STEP) {
             prefetch_l2(w0 + STEP, uint32_t(in8 - STEP) * 16u);
             if (NMAT == 2) prefetch_l2(w1 + STEP, uint32_t(in8 - STEP) * 16u);
         }

@@ -109,13 +109,9 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 16 ? 1 : 2) skinny_kernel
         if constexpr (RING) copy_async_commit();
     };
 
-    // The block's weight rows stream into L2 while the previous kernel finishes (contiguous rows:
-    // one range, two for SwiGLU), so the loads below mostly hit L2.
-    if (threadIdx.x == 0) {
-        const uint32_t bytes = uint32_t(size_t(min(features * TILES, a.out - f0)) * in * sizeof(bf16_t));
-        prefetch_l2(a.w + size_t(f0) * in, bytes);
-        if (swiglu) prefetch_l2(a.w2 + size_t(f0) * in, bytes);
-    }
+    // No L2 prefetch of the block's rows before the wait: those requests (the whole matrix) queued
+    // ahead of the previous kernel's own loads; without them a 4-row step took 5% less, 16 rows
+    // up to 2% ("Forty-sixth session", docs/performance.md; gemv_device.cuh, GEMV_PREFETCH_MAX_BYTES).
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i) load_step(i, i);
     pdl_wait();  // the weights above are constant; x comes from the previous kernel

@@ -12,13 +12,15 @@
 //     row of x; its warps (8, or 16 when the product has fewer than 256 blocks: more loads in
 //     flight per SM, half the steps per warp) take the 32-input steps in turn (warp w: steps w,
 //     w + warps, ...), so a block reads its weight rows front to back together;
-//   * the block's weight rows are prefetched into L2 before the PDL wait (while the previous
-//     kernel finishes); each lane then copies its pieces of the mma.sync A fragments (one 16-byte
-//     piece per fragment row) eight steps ahead into its own slots of a shared-memory ring with
-//     cp.async, and reads them back when their step comes (SKINNY_WEIGHTS_SHARED, the default;
-//     the kernel before it held four steps in registers, SKINNY_WEIGHTS_REGISTERS: the registers
-//     also hold x, so twice the bytes in flight needed another place; twelve steps were slower:
-//     the ring then left too little of the SM's L1 for the x rows);
+//   * each lane copies its pieces of the mma.sync A fragments (one 16-byte piece per fragment
+//     row), the first steps before the PDL wait (while the previous kernel finishes), eight steps
+//     ahead into its own slots of a shared-memory ring with cp.async, and reads them back when
+//     their step comes (SKINNY_WEIGHTS_SHARED, the default; the kernel before it held four steps
+//     in registers, SKINNY_WEIGHTS_REGISTERS: the registers also hold x, so twice the bytes in
+//     flight needed another place; twelve steps were slower: the ring then left too little of
+//     the SM's L1 for the x rows);
+//   * nothing more is asked ahead: the block's whole rows prefetched into L2 before the wait
+//     queued ahead of the previous kernel's own loads (a 4-row step 5% slower with them);
 //   * x rows are read from global memory (L2) as float4 pairs, several steps' worth at once (a
 //     warp waits for L2 once per group; the groups are as long as the registers allow: longer in
 //     the kernel without an RMSNorm input, which holds no norm weights), and

@@ -326,7 +326,8 @@ void variant_launch(GemvVariant variant, const GemvArgs& a, const Launch& l) {
         case GemvVariant::GEMV_VARIANT_VEC: {
             static std::atomic<uint64_t> raised{0};
             smem_limit_raise(gemv_vec_kernel<NB, NMAT, true>, smem, raised);
-            KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, true>, a));
+            KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, true>, a,
+                                              gemv_prefetches_rest<NMAT>(a)));
             return;
         }
         case GemvVariant::GEMV_VARIANT_ROWS2: {
