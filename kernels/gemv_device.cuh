@@ -30,7 +30,7 @@ constexpr int gemv_step() {
 // ("Forty-sixth session", docs/performance.md), against the prefetch everywhere: without those
 // two, the talker step -6.5% and the frame -3.0%; without gate/up's alone, the talker -3.6%. The
 // 2 MiB of the predictor's down product (and of the 0.6B talker's) still pay: without any
-// prefetch the predictor was ~1% slower, the 0.6B frame 1.4%.
+// prefetch the predictor was ~1% slower, the 0.6B frame 0.8-1.0%.
 constexpr size_t GEMV_PREFETCH_MAX_BYTES = size_t(8) << 20;
 
 template <int NMAT>
