@@ -26,7 +26,7 @@ template <int NB, int NMAT>
 void gemv_launch(const GemvArgs& a, const Launch& l) {
     const bool prefetch_rest = gemv_prefetches_rest<NMAT>(a);
     if constexpr (NB == 1) {
-        if (!prefetch_rest && a.in / 8 > 2 * gemv_step<NMAT>()) {
+        if (!prefetch_rest && gemv_chunks<NMAT>(a) >= 3) {
             gemv_launch_as<NB, NMAT, true>(a, l, false);
             return;
         }

@@ -33,11 +33,17 @@ constexpr int gemv_step() {
 // prefetch the predictor was ~1% slower, the 0.6B frame 0.8-1.0%.
 constexpr size_t GEMV_PREFETCH_MAX_BYTES = size_t(8) << 20;
 
+// Chunks a row of the launch takes (its 16-byte columns over gemv_step).
+template <int NMAT>
+int gemv_chunks(const GemvArgs& a) {
+    return (a.in / 8 + gemv_step<NMAT>() - 1) / gemv_step<NMAT>();
+}
+
 template <int NMAT>
 bool gemv_prefetches_rest(const GemvArgs& a) {
-    const size_t in16 = size_t(a.in) / 8;  // 16-byte columns of a row
-    if (in16 <= size_t(gemv_step<NMAT>())) return false;
-    return size_t(a.out) * (in16 - gemv_step<NMAT>()) * 16u * NMAT <= GEMV_PREFETCH_MAX_BYTES;
+    if (gemv_chunks<NMAT>(a) < 2) return false;
+    const size_t rest = size_t(a.in / 8 - gemv_step<NMAT>()) * 16u;  // bytes of a row past its first chunk
+    return size_t(a.out) * rest * NMAT <= GEMV_PREFETCH_MAX_BYTES;
 }
 
 // NB: rows of x handled together (weights are read once for all of them).
@@ -106,7 +112,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
                 if (NMAT == 2) cur[NMAT - 1][u] = __ldg(w1 + k);
             }
         }
-        if (prefetch_rest && lane == 0 && in8 > STEP) {
+        if (prefetch_rest && lane == 0) {  // only launches with a rest (gemv_prefetches_rest)
             prefetch_l2(w0 + STEP, uint32_t(in8 - STEP) * 16u);
             if (NMAT == 2) prefetch_l2(w1 + STEP, uint32_t(in8 - STEP) * 16u);
         }
