@@ -115,7 +115,9 @@ void smem_limit_raise(Kernel kernel, size_t smem, std::atomic<uint64_t>& raised)
 // held those up (the kernel timeline):
 //   - the products that add into y (o, down), once their input is staged ("Forty-third
 //     session": the frame -0.8%; every product released there +1%; whether the release point or
-//     the register allocation it brought made the gain is not settled);
+//     the register allocation it brought made the gain is not settled), or, double-buffered (the
+//     1.7B talker's down), once they have asked for their last chunk ("Forty-seventh session":
+//     the talker step -0.6 to -0.9%);
 //   - the decode attention, once its new rows are normalised, rotated and in place ("Forty-fourth
 //     session": the 1.7B frame -3.1%; released after its scores instead, 1.2% slower than that);
 //   - the draw, once its logits are in ("Forty-fourth session": the frame -0.4%).
