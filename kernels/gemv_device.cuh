@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv
     pdl_wait();
     // The next launch is released here, or, by a product that adds into y (o and down), once its
     // input is staged (kernels/common.cuh, pdl_trigger(): measured -0.8% a 1.7B frame, though
-    // maybe for this form's registers, ptxas spilling 4 bytes where it spilled 24).
+    // maybe for this form's registers, ptxas spilling 4 bytes where it spilled 24), or, by such a
+    // product double-buffered, once it has asked for its last chunk (below).
     const bool release_after_staging = a.output == GemvOutput::GEMV_OUTPUT_ADD;
     if (!release_after_staging) pdl_trigger();
 
