@@ -166,6 +166,7 @@ __device__ __forceinline__ void attention_finish(const AttentionArgs& a, const S
     // hold keys (the blocks of later splits returned without taking part).
     const int active = active_slices(ctx, a.splits, chunk);
     if (!block_arrive_last(sb.counters + size_t(g) * query_tiles(a.T) + tile, uint32_t(active))) return;
+    timeline_mark(3);  // profiling builds: this block arrived last, the combine starts
     // Each warp loads its queries' (max, sum) pairs in one round, lane-strided over the splits,
     // into registers; then the weights w = exp(m - M) into s_s (free now) and the sums, in the
     // order of the loops that loaded the maxima and the sums one round after the other (the same

@@ -60,7 +60,8 @@ const char* file_name(uint32_t id) {
 // (K of them), medians over the frames but the first and the last, in µs from the launch's
 // release (block 0's wait returning): when its last block reached the wait and left it, when
 // the median block and the last block finished (a block's last stamp: its wait or its last
-// mark), and the next launch's release. A separate pass, because every block's atomic on the
+// mark), the next launch's release, and the marks of the block that finished last (the decode
+// attention's: its combining block, whose mark 3 says when its arrival was the last). A separate pass, because every block's atomic on the
 // ring's counter shifts the costs the launch records measure.
 int block_pass(qc::GpuContext& ctx, const qc::GraphExec& frame, int K, int frames) {
     const uint32_t capacity = uint32_t(frames) * 1024u, block_capacity = uint32_t(frames) * (1u << 18);
@@ -89,16 +90,20 @@ int block_pass(qc::GpuContext& ctx, const qc::GraphExec& frame, int K, int frame
     const auto us = [](uint64_t a, uint64_t c) { return (double(a) - double(c)) * 1e-3; };
     std::printf("  blocks: %d frames, %u block records; per launch, medians over frames 1..%d, us from its release\n",
                 frames, counts[1], frames - 2);
-    std::printf("  %4s %-22s %6s %8s %9s %9s %9s %9s %9s\n", "#", "kernel", "blocks", "recorded", "last in",
-                "last out", "half done", "last done", "next rel");
+    std::printf("  %4s %-22s %6s %8s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "#", "kernel", "blocks", "recorded",
+                "last in", "last out", "half done", "last done", "next rel", "lb mark0", "lb mark1", "lb mark2",
+                "lb mark3");
     for (int j = 0; j < K; ++j) {
         std::vector<double> recorded, last_in, last_out, half_done, last_done, next_rel;
+        std::vector<double> last_marks[k::TIMELINE_MARKS];  // of the block that finished last
         for (int f = 1; f + 1 < frames; ++f) {
             const k::TimelineRecord &c = r[size_t(f) * K + j], &n = r[size_t(f) * K + j + 1];
             const auto it = by_grid.find(c.grid);
             if (it == by_grid.end()) continue;
             double in = -1e9, out = -1e9;
             std::vector<double> done;
+            const k::TimelineBlockRecord* last_block = nullptr;
+            double last_block_done = -1e9;
             for (const uint32_t i : it->second) {
                 const k::TimelineBlockRecord& x = b[i];
                 if (std::abs(us(x.release, c.release)) > 1000.0) continue;  // the same graph node in another frame
@@ -107,8 +112,14 @@ int block_pass(qc::GpuContext& ctx, const qc::GraphExec& frame, int K, int frame
                 in = std::max(in, us(x.entry, c.release));
                 out = std::max(out, us(x.release, c.release));
                 done.push_back(us(last, c.release));
+                if (done.back() > last_block_done) {
+                    last_block_done = done.back();
+                    last_block = &x;
+                }
             }
             if (done.empty()) continue;
+            for (int m = 0; m < k::TIMELINE_MARKS; ++m)
+                if (last_block->mark[m]) last_marks[m].push_back(us(last_block->mark[m], c.release));
             std::sort(done.begin(), done.end());
             recorded.push_back(double(done.size()));
             last_in.push_back(in);
@@ -120,10 +131,13 @@ int block_pass(qc::GpuContext& ctx, const qc::GraphExec& frame, int K, int frame
         if (recorded.empty()) continue;
         char where[64];
         std::snprintf(where, sizeof where, "%s:%u", file_name(r[size_t(j)].file), r[size_t(j)].line);
-        std::printf("  %4d %-22s %6u %8.0f %9.2f %9.2f %9.2f %9.2f %9.2f\n", j, where, r[size_t(j)].blocks,
-                    qtts_cli::bench_median(recorded), qtts_cli::bench_median(last_in), qtts_cli::bench_median(last_out),
-                    qtts_cli::bench_median(half_done), qtts_cli::bench_median(last_done),
-                    qtts_cli::bench_median(next_rel));
+        double lb[k::TIMELINE_MARKS];
+        for (int m = 0; m < k::TIMELINE_MARKS; ++m)
+            lb[m] = last_marks[m].empty() ? -1.0 : qtts_cli::bench_median(last_marks[m]);
+        std::printf("  %4d %-22s %6u %8.0f %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.2f %8.2f %8.2f\n", j, where,
+                    r[size_t(j)].blocks, qtts_cli::bench_median(recorded), qtts_cli::bench_median(last_in),
+                    qtts_cli::bench_median(last_out), qtts_cli::bench_median(half_done),
+                    qtts_cli::bench_median(last_done), qtts_cli::bench_median(next_rel), lb[0], lb[1], lb[2], lb[3]);
     }
     return 0;
 }
