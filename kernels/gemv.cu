@@ -15,7 +15,8 @@ void gemv_launch_as(const GemvArgs& a, const Launch& l, bool prefetch_rest) {
     const size_t smem = size_t(NB) * size_t(a.in) * sizeof(float);
     static std::atomic<uint64_t> raised{0};
     smem_limit_raise(gemv_vec_kernel<NB, NMAT, DB>, smem, raised);
-    KERNEL_CUDA_CHECK(launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, DB>, a, prefetch_rest));
+    KERNEL_CUDA_CHECK(
+        launch_kernel(l, grid, dim3(GEMV_THREADS), smem, gemv_vec_kernel<NB, NMAT, DB>, a, prefetch_rest));
 }
 
 // A one-row launch whose rows take three chunks or more and are not prefetched (the 1.7B

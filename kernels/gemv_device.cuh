@@ -80,7 +80,8 @@ __device__ __forceinline__ void gemv_row_store(const GemvArgs& a, int row, const
 // launches of three chunks or more without the prefetch (kernels/gemv.cu, gemv_launch).
 // blockIdx.y: the group of NB rows this block computes (rows r0 = NB * blockIdx.y ..).
 template <int NB, int NMAT, bool DB>
-__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2) gemv_vec_kernel(const GemvArgs args, bool prefetch_rest) {
+__global__ void __launch_bounds__(GEMV_THREADS, NB == 1 ? (DB ? 3 : 4) : 2)
+    gemv_vec_kernel(const GemvArgs args, bool prefetch_rest) {
     GemvArgs a = args;
     if (blockIdx.y > 0) {
         const int r0 = NB * int(blockIdx.y);

@@ -61,8 +61,9 @@ const char* file_name(uint32_t id) {
 // release (block 0's wait returning): when its last block reached the wait and left it, when
 // the median block and the last block finished (a block's last stamp: its wait or its last
 // mark), the next launch's release, and the marks of the block that finished last (the decode
-// attention's: its combining block, whose mark 3 says when its arrival was the last). A separate pass, because every block's atomic on the
-// ring's counter shifts the costs the launch records measure.
+// attention's: its combining block, whose mark 3 says when its arrival was the last). A separate
+// pass, because every block's atomic on the ring's counter shifts the costs the launch records
+// measure.
 int block_pass(qc::GpuContext& ctx, const qc::GraphExec& frame, int K, int frames) {
     const uint32_t capacity = uint32_t(frames) * 1024u, block_capacity = uint32_t(frames) * (1u << 18);
     qc::DeviceArray<k::TimelineRecord> records(capacity);
