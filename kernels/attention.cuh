@@ -72,7 +72,8 @@ struct AttentionArgs {
     // pos_dev was written at least two launches before this one (the frame steps: the sampler
     // advances it at the end of a step), so a read before griddepcontrol.wait is final and the
     // blocks whose key slice lies past the context return before waiting, freeing their SM slot
-    // at once. Leave false where the previous kernel may still write the position.
+    // at once; the others keep that read after the wait instead of reading again. Leave false
+    // where the previous kernel may still write the position.
     bool pos_settled = false;
     float* out = nullptr;  // [T, ld_out], heads concatenated
     int ld_out = 0;
