@@ -17,6 +17,13 @@ constexpr int ATTN_WARPS = 4;
 constexpr int ATTN_THREADS = ATTN_WARPS * 32;
 constexpr int ATTN_KEY_BATCH = 4;   // key rows loaded per warp before use
 constexpr int ATTN_STAGE_KEYS = 32; // decode slices up to this many keys are staged in shared memory
+// Decode grids of at most this many blocks (the code predictor's: 8 KV heads, one slice) ask for
+// all the shared memory a block may have, so that each block has its SM to itself: the blocks of
+// the next launch, started early by programmatic dependent launch, find no room there and queue
+// on the other SMs instead of sharing the attention's. The predictor -0.4% a frame on an H100
+// (docs/performance.md, "Forty-ninth session"). The talker's grids (8 KV heads x its splits) and
+// a batch's are larger and keep what they need; they would close too many SMs to the next launch.
+constexpr unsigned ATTN_ALONE_MAX_BLOCKS = 16;
 
 __host__ __device__ inline int query_tiles(int T) { return (T + ATTN_TILE - 1) / ATTN_TILE; }
 
@@ -659,10 +666,12 @@ void attention(const AttentionArgs& a, const Launch& l) {
     const size_t smem = (size_t(nq_cap) * (a.head_dim + ATTN_KEYS_PER_SPLIT) + ATTN_WARPS * 128 +
                          2 * size_t(stage_keys) * a.head_dim) *
                         sizeof(float);
-    static std::atomic<uint64_t> raised{0};
-    smem_limit_raise(attention_kernel, smem, raised);
     const dim3 decode_grid(a.n_kv, a.grid_splits > 0 ? a.grid_splits : a.splits, grid.z);
-    KERNEL_CUDA_CHECK(launch_kernel(l, decode_grid, dim3(ATTN_THREADS), smem, attention_kernel, a, stage_keys));
+    const bool alone = decode_grid.x * decode_grid.y * decode_grid.z <= ATTN_ALONE_MAX_BLOCKS;
+    const size_t launch_smem = alone ? std::max(smem, smem_block_limit() - SMEM_STATIC_ALLOWANCE) : smem;
+    static std::atomic<uint64_t> raised{0};
+    smem_limit_raise(attention_kernel, launch_smem, raised);
+    KERNEL_CUDA_CHECK(launch_kernel(l, decode_grid, dim3(ATTN_THREADS), launch_smem, attention_kernel, a, stage_keys));
 }
 
 void kv_append(const AttentionArgs& a, const Launch& l) {
