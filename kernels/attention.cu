@@ -20,7 +20,7 @@ constexpr int ATTN_STAGE_KEYS = 32; // decode slices up to this many keys are st
 // Decode grids of at most this many blocks (the code predictor's: 8 KV heads, one slice) ask for
 // all the shared memory a block may have, so that each block has its SM to itself: the blocks of
 // the next launch, started early by programmatic dependent launch, find no room there and queue
-// on the other SMs instead of sharing the attention's. The predictor -0.4% a frame on an H100
+// on the other SMs instead of sharing the attention's: the predictor's 15 passes -0.4% on an H100
 // (docs/performance.md, "Forty-ninth session"). The talker's grids (8 KV heads x its splits) and
 // a batch's are larger and keep what they need; they would close too many SMs to the next launch.
 constexpr unsigned ATTN_ALONE_MAX_BLOCKS = 16;
